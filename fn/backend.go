@@ -1,0 +1,164 @@
+package fn
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/kube"
+	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+)
+
+// backend is the sandbox.Operations the front doors call. Until the
+// Kubernetes client exists it answers 503, so requests that arrive during
+// start-up get a clear, retryable answer instead of blocking.
+type backend struct {
+	cfg     *config.Config
+	metrics *metrics.Metrics
+	log     *slog.Logger
+
+	mgr         atomic.Pointer[sandbox.Manager]
+	client      atomic.Value // kubernetes.Interface
+	lastErr     atomic.Value // string
+	broadcaster record.EventBroadcaster
+
+	readyMu    sync.Mutex
+	readyAt    time.Time
+	readyErr   error
+	readyKnown bool
+}
+
+func newBackend(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) *backend {
+	b := &backend{cfg: cfg, metrics: m, log: log}
+	b.lastErr.Store("connecting to the Kubernetes API server")
+	return b
+}
+
+// connect builds the client, retrying until it can (a kubeconfig may be
+// mounted after we start). It never blocks the caller of Start.
+func (b *backend) connect(ctx context.Context) {
+	for attempt := 0; ; attempt++ {
+		err := b.tryConnect(ctx)
+		if err == nil {
+			return
+		}
+		b.lastErr.Store(err.Error())
+		if attempt == 0 || attempt%30 == 0 {
+			b.log.Warn("cannot build a Kubernetes client yet; retrying", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+func (b *backend) tryConnect(ctx context.Context) error {
+	rc, err := kube.RESTConfig(b.cfg)
+	if err != nil {
+		return err
+	}
+	client, err := kube.NewClient(rc, b.metrics.WrapTransport)
+	if err != nil {
+		return err
+	}
+	if b.cfg.CreateNamespace {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: b.cfg.Namespace}}
+		if _, err := client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+	}
+	opts := []sandbox.Option{sandbox.WithObserver(b.metrics)}
+	if b.cfg.EmitKubernetesEvents {
+		b.broadcaster = record.NewBroadcaster(record.WithContext(ctx))
+		b.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events(b.cfg.Namespace)})
+		opts = append(opts, sandbox.WithRecorder(b.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: kube.UserAgent})))
+	}
+	b.client.Store(client)
+	b.mgr.Store(sandbox.NewManager(b.cfg, client, opts...))
+	b.log.Info("connected to the Kubernetes API server", "host", rc.Host)
+	return nil
+}
+
+func (b *backend) shutdown() {
+	if b.broadcaster != nil {
+		b.broadcaster.Shutdown()
+	}
+}
+
+// ready pings the API server, at most once per readyCacheTTL.
+func (b *backend) ready(ctx context.Context) error {
+	c, _ := b.client.Load().(kubernetes.Interface)
+	if c == nil {
+		return errors.New(b.lastErr.Load().(string))
+	}
+	b.readyMu.Lock()
+	defer b.readyMu.Unlock()
+	if b.readyKnown && time.Since(b.readyAt) < readyCacheTTL {
+		return b.readyErr
+	}
+	b.readyErr = kube.Ping(ctx, c, 2*time.Second)
+	b.readyAt, b.readyKnown = time.Now(), true
+	return b.readyErr
+}
+
+func (b *backend) manager() (*sandbox.Manager, error) {
+	if m := b.mgr.Load(); m != nil {
+		return m, nil
+	}
+	return nil, &sandbox.Error{Kind: sandbox.KindUnavailable, Detail: "not connected to the Kubernetes API server yet (" + b.lastErr.Load().(string) + "); retry shortly"}
+}
+
+func (b *backend) Create(ctx context.Context, s sandbox.Spec, wait time.Duration) (sandbox.Sandbox, error) {
+	m, err := b.manager()
+	if err != nil {
+		return sandbox.Sandbox{}, err
+	}
+	return m.Create(ctx, s, wait)
+}
+
+func (b *backend) Get(ctx context.Context, id string, wait time.Duration) (sandbox.Sandbox, error) {
+	m, err := b.manager()
+	if err != nil {
+		return sandbox.Sandbox{}, err
+	}
+	return m.Get(ctx, id, wait)
+}
+
+func (b *backend) List(ctx context.Context) ([]sandbox.Sandbox, error) {
+	m, err := b.manager()
+	if err != nil {
+		return nil, err
+	}
+	return m.List(ctx)
+}
+
+func (b *backend) Destroy(ctx context.Context, id string) error {
+	m, err := b.manager()
+	if err != nil {
+		return err
+	}
+	return m.Destroy(ctx, id)
+}
+
+func (b *backend) Reap(ctx context.Context) (sandbox.Reaped, error) {
+	m, err := b.manager()
+	if err != nil {
+		return sandbox.Reaped{}, err
+	}
+	return m.Reap(ctx)
+}

@@ -1,0 +1,150 @@
+// Package fn is the function instance the Knative func runtime (or our own
+// main) drives: lifecycle hooks, wiring, and routing between the HTTP API and
+// CloudEvents on one handler.
+package fn
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/events"
+	"github.com/deerflow-sandbox/provisioner/pkg/httpapi"
+	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
+	"github.com/deerflow-sandbox/provisioner/pkg/problem"
+	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
+)
+
+// Function is the provisioner instance. It holds no sandbox state: only the
+// wiring to the API server, so a cold replica answers like a warm one.
+type Function struct {
+	started  atomic.Bool
+	log      *slog.Logger
+	cfg      *config.Config
+	api      http.Handler
+	events   *events.Handler
+	backend  *backend
+	inflight sync.WaitGroup
+	draining atomic.Bool
+	stop     context.CancelFunc
+}
+
+// New returns an instance; Start configures it.
+func New() *Function {
+	return &Function{log: slog.New(slog.NewJSONHandler(os.Stderr, nil))}
+}
+
+// Start reads the configuration (from the environment, with cfg filling in
+// variables the environment lacks) and begins connecting to the API server in
+// the background: start-up never blocks on a kubeconfig or an API server.
+// A bad configuration fails here, naming the variable.
+func (f *Function) Start(ctx context.Context, cfg map[string]string) error {
+	for k, v := range cfg {
+		if _, set := os.LookupEnv(k); !set {
+			_ = os.Setenv(k, v)
+		}
+	}
+	c, err := config.Load()
+	if err != nil {
+		return err
+	}
+	f.cfg = c
+	f.log = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: parseLevel(c.LogLevel)})).With("component", "sandbox-provisioner")
+	slog.SetDefault(f.log)
+	m := metrics.New()
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	f.stop = cancel
+	f.backend = newBackend(c, m, f.log)
+	f.api = httpapi.New(c, f.backend, m)
+	f.events = events.New(c, f.backend, m)
+	go f.backend.connect(runCtx)
+	if !c.AuthConfigured() {
+		f.log.Warn("no PROVISIONER_API_KEY set: every /api/* request will be refused (set PROVISIONER_AUTH_DISABLED=true to opt out)")
+	}
+	f.log.Info("started", "namespace", c.Namespace, "service_type", c.ServiceType, "image", c.SandboxImage)
+	f.started.Store(true)
+	return nil
+}
+
+// Stop drains in-flight requests (bounded by ctx) and stops background work.
+func (f *Function) Stop(ctx context.Context) error {
+	f.draining.Store(true)
+	done := make(chan struct{})
+	go func() { f.inflight.Wait(); close(done) }()
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = fmt.Errorf("stopping with requests still in flight: %w", ctx.Err())
+	}
+	if f.stop != nil {
+		f.stop()
+	}
+	if f.backend != nil {
+		f.backend.shutdown()
+	}
+	return err
+}
+
+// Ready is true once Start finished and the API server answers.
+func (f *Function) Ready(ctx context.Context) (bool, error) {
+	if !f.started.Load() {
+		return false, nil
+	}
+	if err := f.backend.ready(ctx); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// Alive is true while the process can serve; the API server's health is
+// readiness, not liveness, so an outage does not get us restarted.
+func (f *Function) Alive(context.Context) (bool, error) { return true, nil }
+
+// Handle routes one request: CloudEvents to the events door, POST / to the
+// invoke door, everything else to the DeerFlow-compatible HTTP API.
+func (f *Function) Handle(w http.ResponseWriter, r *http.Request) {
+	id := reqid.Sanitize(r.Header.Get(reqid.Header))
+	w.Header().Set(reqid.Header, id)
+	if !f.started.Load() {
+		if r.URL.Path == "/health" {
+			problem.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+			return
+		}
+		problem.WriteDetail(w, http.StatusServiceUnavailable, "the provisioner is starting; retry in a moment")
+		return
+	}
+	f.inflight.Add(1)
+	defer f.inflight.Done()
+	r = r.WithContext(reqid.With(r.Context(), f.log, id))
+	switch {
+	case events.IsCloudEvent(r):
+		f.events.ServeHTTP(w, r)
+	case r.Method == http.MethodPost && (r.URL.Path == "/" || r.URL.Path == ""):
+		f.events.Invoke(w, r)
+	default:
+		f.api.ServeHTTP(w, r)
+	}
+}
+
+func parseLevel(s string) slog.Level {
+	switch strings.ToLower(s) {
+	case "debug":
+		return slog.LevelDebug
+	case "warn":
+		return slog.LevelWarn
+	case "error":
+		return slog.LevelError
+	}
+	return slog.LevelInfo
+}
+
+// readyCacheTTL bounds how often readiness asks the API server.
+const readyCacheTTL = time.Second

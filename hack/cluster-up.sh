@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Brings up (or reuses) the local kwok cluster for `make run`: a real
+# kube-apiserver, scheduler, controller-manager and etcd, plus fake nodes
+# that advertise enough CPU, memory, pods and ephemeral storage for sandboxes.
+# Prints the kubeconfig path on stdout.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+NODES=${KWOK_NODES:-2}
+NAMESPACE=${K8S_NAMESPACE:-deer-flow}
+"$REPO_ROOT/hack/install-tools.sh"
+
+export KWOK_WORKDIR KWOK_KUBE_VERSION="$KUBE_VERSION"
+kwokctl="$KWOK_BIN_DIR/kwokctl"
+kubeconfig="$KWOK_WORKDIR/clusters/$CLUSTER_NAME/kubeconfig.yaml"
+
+if [[ -f "$kubeconfig" ]]; then
+  log "starting existing cluster $CLUSTER_NAME"
+  "$kwokctl" --name "$CLUSTER_NAME" start cluster --timeout 60s >/dev/null 2>&1 || true
+else
+  log "creating cluster $CLUSTER_NAME (kube $KUBE_VERSION, binary runtime)"
+  "$kwokctl" --name "$CLUSTER_NAME" create cluster --runtime binary \
+    --kube-apiserver-binary "$KUBE_BIN_DIR/kube-apiserver" \
+    --kube-scheduler-binary "$KUBE_BIN_DIR/kube-scheduler" \
+    --kube-controller-manager-binary "$KUBE_BIN_DIR/kube-controller-manager" \
+    --kwok-controller-binary "$KWOK_BIN_DIR/kwok" \
+    --etcd-binary "$ETCD_BIN" \
+    --kubeconfig "$KWOK_WORKDIR/kubeconfig-merged" \
+    --timeout 120s >/dev/null
+fi
+
+server=$(sed -n 's/^ *server: //p' "$kubeconfig" | head -n1)
+pki="$KWOK_WORKDIR/clusters/$CLUSTER_NAME/pki"
+api() {
+  curl -sS --fail-with-body --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" "$@"
+}
+
+log "waiting for the API server at $server"
+for _ in $(seq 1 60); do
+  [[ "$(api "$server/readyz" 2>/dev/null)" == ok ]] && break
+  sleep 1
+done
+[[ "$(api "$server/readyz" 2>/dev/null)" == ok ]] || die "API server at $server did not become ready"
+
+have=$(api "$server/api/v1/nodes" | grep -c '"kwok.x-k8s.io/node"' || true)
+if (( have < NODES )); then
+  log "adding $NODES kwok nodes"
+  "$kwokctl" --name "$CLUSTER_NAME" scale node --replicas "$NODES" \
+    --param '.allocatable.cpu=1000' --param '.allocatable.memory="4Ti"' \
+    --param '.allocatable.pods=5000' --param '.allocatable["ephemeral-storage"]="10Ti"' >/dev/null
+fi
+
+if ! api "$server/api/v1/namespaces/$NAMESPACE" >/dev/null 2>&1; then
+  log "creating namespace $NAMESPACE"
+  api -X POST -H 'Content-Type: application/json' "$server/api/v1/namespaces" \
+    -d "{\"apiVersion\":\"v1\",\"kind\":\"Namespace\",\"metadata\":{\"name\":\"$NAMESPACE\"}}" >/dev/null
+fi
+log "cluster $CLUSTER_NAME is up"
+echo "$kubeconfig"

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Shared settings for the hack/ scripts. Source it; do not run it.
+
+set -o errexit -o nounset -o pipefail
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+KUBE_VERSION=${KUBE_VERSION:-v1.36.3}
+KWOK_VERSION=${KWOK_VERSION:-v0.7.0}
+# Built binaries live outside the repository, keyed by version, so a fresh clone
+# reuses what an earlier clone on this machine already built.
+CACHE_DIR=${SANDBOX_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/sandbox-provisioner}
+KUBE_BIN_DIR="$CACHE_DIR/kube-$KUBE_VERSION"
+KWOK_BIN_DIR="$CACHE_DIR/kwok-$KWOK_VERSION"
+ETCD_BIN=${ETCD_BIN:-/usr/bin/etcd}
+CLUSTER_NAME=${CLUSTER_NAME:-sandbox-dev}
+KWOK_WORKDIR=${KWOK_WORKDIR:-$CACHE_DIR/kwok-clusters}
+
+log() { printf '\033[1;34m==>\033[0m %s\n' "$*" >&2; }
+die() { printf '\033[1;31merror:\033[0m %s\n' "$*" >&2; exit 1; }
+
+# run_with_progress prints a dot every 10 s while a long step runs, so CI logs
+# and terminals show that it is alive.
+run_with_progress() {
+  local label=$1; shift
+  local start=$SECONDS
+  "$@" &
+  local pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 10
+    kill -0 "$pid" 2>/dev/null && log "$label: still working ($((SECONDS - start))s)"
+  done
+  wait "$pid"
+  log "$label: done in $((SECONDS - start))s"
+}

@@ -1,0 +1,225 @@
+// Package config holds the provisioner's whole configuration: one struct, read
+// once at start-up from the environment (and the func runtime's cfg map), then
+// passed down. Nothing else in the program reads the environment.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/kelseyhightower/envconfig"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// Config mirrors every variable of DeerFlow's Python provisioner (same names,
+// defaults and meanings) and adds our own hardening, lifecycle and quota knobs.
+type Config struct {
+	// DeerFlow's variables.
+	Namespace                string `envconfig:"K8S_NAMESPACE" default:"deer-flow"`
+	SandboxImage             string `envconfig:"SANDBOX_IMAGE" default:"enterprise-public-cn-beijing.cr.volces.com/vefaas-public/all-in-one-sandbox:latest"`
+	SkillsHostPath           string `envconfig:"SKILLS_HOST_PATH" default:"/skills"`
+	ThreadsHostPath          string `envconfig:"THREADS_HOST_PATH" default:"/.deer-flow/threads"`
+	HostBaseDir              string `envconfig:"DEER_FLOW_HOST_BASE_DIR" default:"/.deer-flow"`
+	SkillsPVCName            string `envconfig:"SKILLS_PVC_NAME"`
+	UserdataPVCName          string `envconfig:"USERDATA_PVC_NAME"`
+	SkillsPVCSubpathTemplate string `envconfig:"SKILLS_PVC_SUBPATH_TEMPLATE" default:"skills/{name}"`
+	ContainerPort            int32  `envconfig:"SANDBOX_CONTAINER_PORT" default:"8080"`
+	ServiceType              string `envconfig:"SANDBOX_SERVICE_TYPE" default:"NodePort"`
+	KubeconfigPath           string `envconfig:"KUBECONFIG_PATH"`
+	NodeHost                 string `envconfig:"NODE_HOST" default:"host.docker.internal"`
+	APIServer                string `envconfig:"K8S_API_SERVER"`
+	APIKey                   string `envconfig:"PROVISIONER_API_KEY"`
+	LarkCLIInitImage         string `envconfig:"LARK_CLI_INIT_IMAGE"`
+	LarkCLIBrokerImage       string `envconfig:"LARK_CLI_BROKER_IMAGE"`
+
+	// AuthDisabled is the explicit opt-out of the API key; without it a
+	// provisioner with no key refuses every /api/* call.
+	AuthDisabled bool `envconfig:"PROVISIONER_AUTH_DISABLED" default:"false"`
+	// APIServerInsecure skips TLS verification for K8S_API_SERVER. Off unless
+	// asked for: DeerFlow's provisioner always skipped it, we never do silently.
+	APIServerInsecure bool `envconfig:"K8S_API_SERVER_INSECURE" default:"false"`
+	// CreateNamespace lets the function create K8S_NAMESPACE; off so that the
+	// default Role needs no cluster-wide verbs.
+	CreateNamespace bool `envconfig:"CREATE_NAMESPACE" default:"false"`
+
+	// Pod hardening.
+	RuntimeClassName string            `envconfig:"SANDBOX_RUNTIME_CLASS"`
+	NodeSelector     map[string]string `envconfig:"SANDBOX_NODE_SELECTOR"`
+	Tolerations      []string          `envconfig:"SANDBOX_TOLERATIONS"`
+	CapabilitiesAdd  []string          `envconfig:"SANDBOX_CAPABILITIES_ADD" default:"CHOWN,DAC_OVERRIDE,FOWNER,FSETID,KILL,NET_BIND_SERVICE,SETGID,SETUID"`
+	RunAsUser        int64             `envconfig:"SANDBOX_RUN_AS_USER" default:"-1"`
+	ReadOnlyRootFS   bool              `envconfig:"SANDBOX_READ_ONLY_ROOT_FS" default:"false"`
+
+	// Resources: defaults as DeerFlow's Pod, and the bounds a request may ask within.
+	CPURequest       string `envconfig:"SANDBOX_CPU_REQUEST" default:"100m"`
+	CPULimit         string `envconfig:"SANDBOX_CPU_LIMIT" default:"1"`
+	MemoryRequest    string `envconfig:"SANDBOX_MEMORY_REQUEST" default:"256Mi"`
+	MemoryLimit      string `envconfig:"SANDBOX_MEMORY_LIMIT" default:"1Gi"`
+	EphemeralStorage string `envconfig:"SANDBOX_EPHEMERAL_STORAGE" default:"500Mi"`
+	MaxCPULimit      string `envconfig:"SANDBOX_MAX_CPU_LIMIT" default:"4"`
+	MaxMemoryLimit   string `envconfig:"SANDBOX_MAX_MEMORY_LIMIT" default:"8Gi"`
+
+	// Lifecycle.
+	IdleTimeout      time.Duration `envconfig:"SANDBOX_IDLE_TIMEOUT" default:"1h"`
+	MaxLifetime      time.Duration `envconfig:"SANDBOX_MAX_LIFETIME" default:"24h"`
+	MaxIdleTimeout   time.Duration `envconfig:"SANDBOX_MAX_IDLE_TIMEOUT" default:"24h"`
+	MaxMaxLifetime   time.Duration `envconfig:"SANDBOX_MAX_MAX_LIFETIME" default:"168h"`
+	ActivityThrottle time.Duration `envconfig:"SANDBOX_ACTIVITY_THROTTLE" default:"1m"`
+	TerminatingWait  time.Duration `envconfig:"SANDBOX_TERMINATING_WAIT" default:"20s"`
+	MaxReadyWait     time.Duration `envconfig:"SANDBOX_MAX_READY_WAIT" default:"120s"`
+	RequestTimeout   time.Duration `envconfig:"REQUEST_TIMEOUT" default:"25s"`
+
+	// Quotas; 0 means no limit.
+	MaxSandboxes        int `envconfig:"MAX_SANDBOXES" default:"500"`
+	MaxSandboxesPerUser int `envconfig:"MAX_SANDBOXES_PER_USER" default:"0"`
+
+	// Isolation.
+	NetworkPolicy          bool              `envconfig:"SANDBOX_NETWORK_POLICY" default:"true"`
+	IngressFromPodLabels   map[string]string `envconfig:"SANDBOX_INGRESS_FROM_POD_LABELS"`
+	IngressFromNamespace   map[string]string `envconfig:"SANDBOX_INGRESS_FROM_NAMESPACE_LABELS"`
+	EgressDenyCIDRs        []string          `envconfig:"SANDBOX_EGRESS_DENY_CIDRS" default:"169.254.169.254/32,fd00:ec2::254/128"`
+	EgressAllowCIDRs       []string          `envconfig:"SANDBOX_EGRESS_ALLOW_CIDRS" default:"0.0.0.0/0,::/0"`
+	EventSourceAllowlist   []string          `envconfig:"EVENT_SOURCE_ALLOWLIST"`
+	EventsRequireAPIKey    bool              `envconfig:"EVENTS_REQUIRE_API_KEY" default:"false"`
+	EventsTrustNetwork     bool              `envconfig:"EVENTS_TRUST_NETWORK" default:"false"`
+	EventsDisabled         bool              `envconfig:"EVENTS_DISABLED" default:"false"`
+	EmitKubernetesEvents   bool              `envconfig:"EMIT_KUBERNETES_EVENTS" default:"true"`
+	ServiceAccountName     string            `envconfig:"SANDBOX_SERVICE_ACCOUNT"`
+	ListenAddress          string            `envconfig:"LISTEN_ADDRESS" default:"[::]:8080"`
+	LogLevel               string            `envconfig:"LOG_LEVEL" default:"info"`
+	MaxRequestBodyBytes    int64             `envconfig:"MAX_REQUEST_BODY_BYTES" default:"65536"`
+	ClientQPS              float32           `envconfig:"K8S_CLIENT_QPS" default:"100"`
+	ClientBurst            int               `envconfig:"K8S_CLIENT_BURST" default:"200"`
+	FunctionSourceOverride string            `envconfig:"K_SERVICE"`
+}
+
+// AllowedExtraMountPaths is DeerFlow's allow-list of container paths that an
+// extra mount may target. Anything else is refused.
+var AllowedExtraMountPaths = []string{
+	"/mnt/acp-workspace",
+	"/mnt/skills/custom",
+	"/mnt/skills/integrations",
+	"/mnt/integrations/lark-cli/config",
+	"/mnt/integrations/lark-cli/config/locks",
+	"/mnt/integrations/lark-cli/data",
+	"/mnt/integrations/lark-cli/runtime",
+}
+
+// Load reads the configuration from the environment and validates it. Every
+// error names the variable to fix.
+func Load() (*Config, error) {
+	var c Config
+	if err := envconfig.Process("", &c); err != nil {
+		return nil, fmt.Errorf("configuration: %w", err)
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+// Validate checks values that envconfig's types cannot, so that a bad value
+// fails start-up instead of the first create.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(name, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", name, fmt.Sprintf(format, args...)))
+	}
+	if msgs := validation.IsDNS1123Label(c.Namespace); len(msgs) > 0 {
+		bad("K8S_NAMESPACE", "%q is not a namespace name: %s", c.Namespace, strings.Join(msgs, "; "))
+	}
+	if strings.TrimSpace(c.SandboxImage) == "" || strings.ContainsAny(c.SandboxImage, " \t\n") {
+		bad("SANDBOX_IMAGE", "%q is not an image reference", c.SandboxImage)
+	}
+	for name, p := range map[string]string{
+		"SKILLS_HOST_PATH": c.SkillsHostPath, "THREADS_HOST_PATH": c.ThreadsHostPath, "DEER_FLOW_HOST_BASE_DIR": c.HostBaseDir,
+	} {
+		if !path.IsAbs(p) || path.Clean(p) != p {
+			bad(name, "%q must be an absolute, clean path", p)
+		}
+	}
+	for name, v := range map[string]string{"SKILLS_PVC_NAME": c.SkillsPVCName, "USERDATA_PVC_NAME": c.UserdataPVCName} {
+		if v == "" {
+			continue
+		}
+		if msgs := validation.IsDNS1123Subdomain(v); len(msgs) > 0 {
+			bad(name, "%q is not a PVC name: %s", v, strings.Join(msgs, "; "))
+		}
+	}
+	if t := c.SkillsPVCSubpathTemplate; !strings.Contains(t, "{name}") || strings.HasPrefix(t, "/") || strings.Contains(t, "..") {
+		bad("SKILLS_PVC_SUBPATH_TEMPLATE", "%q must be a relative path containing {name} (and optionally {user_id}), without ..", t)
+	}
+	if c.ContainerPort < 1 || c.ContainerPort > 65535 {
+		bad("SANDBOX_CONTAINER_PORT", "%d is not a port", c.ContainerPort)
+	}
+	if c.ServiceType != "NodePort" && c.ServiceType != "ClusterIP" {
+		bad("SANDBOX_SERVICE_TYPE", "%q must be NodePort or ClusterIP", c.ServiceType)
+	}
+	if c.APIServer != "" {
+		if u, err := url.Parse(c.APIServer); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			bad("K8S_API_SERVER", "%q must be an http(s) URL", c.APIServer)
+		}
+	}
+	if c.RuntimeClassName != "" {
+		if msgs := validation.IsDNS1123Subdomain(c.RuntimeClassName); len(msgs) > 0 {
+			bad("SANDBOX_RUNTIME_CLASS", "%q: %s", c.RuntimeClassName, strings.Join(msgs, "; "))
+		}
+	}
+	if _, err := ParseTolerations(c.Tolerations); err != nil {
+		bad("SANDBOX_TOLERATIONS", "%v", err)
+	}
+	for _, q := range []struct{ name, v string }{
+		{"SANDBOX_CPU_REQUEST", c.CPURequest}, {"SANDBOX_CPU_LIMIT", c.CPULimit},
+		{"SANDBOX_MEMORY_REQUEST", c.MemoryRequest}, {"SANDBOX_MEMORY_LIMIT", c.MemoryLimit},
+		{"SANDBOX_EPHEMERAL_STORAGE", c.EphemeralStorage},
+		{"SANDBOX_MAX_CPU_LIMIT", c.MaxCPULimit}, {"SANDBOX_MAX_MEMORY_LIMIT", c.MaxMemoryLimit},
+	} {
+		if qty, err := resource.ParseQuantity(q.v); err != nil || qty.Sign() <= 0 {
+			bad(q.name, "%q is not a positive quantity", q.v)
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"SANDBOX_IDLE_TIMEOUT", c.IdleTimeout}, {"SANDBOX_MAX_LIFETIME", c.MaxLifetime},
+		{"SANDBOX_MAX_IDLE_TIMEOUT", c.MaxIdleTimeout}, {"SANDBOX_MAX_MAX_LIFETIME", c.MaxMaxLifetime},
+		{"REQUEST_TIMEOUT", c.RequestTimeout}, {"SANDBOX_MAX_READY_WAIT", c.MaxReadyWait},
+	} {
+		if d.v <= 0 {
+			bad(d.name, "%s must be positive", d.v)
+		}
+	}
+	if c.IdleTimeout > c.MaxIdleTimeout {
+		bad("SANDBOX_IDLE_TIMEOUT", "%s exceeds SANDBOX_MAX_IDLE_TIMEOUT %s", c.IdleTimeout, c.MaxIdleTimeout)
+	}
+	if c.MaxLifetime > c.MaxMaxLifetime {
+		bad("SANDBOX_MAX_LIFETIME", "%s exceeds SANDBOX_MAX_MAX_LIFETIME %s", c.MaxLifetime, c.MaxMaxLifetime)
+	}
+	if c.MaxLifetime < time.Second {
+		bad("SANDBOX_MAX_LIFETIME", "%s is under one second", c.MaxLifetime)
+	}
+	if c.MaxSandboxes < 0 || c.MaxSandboxesPerUser < 0 {
+		bad("MAX_SANDBOXES", "quotas must be 0 (no limit) or positive")
+	}
+	if c.MaxRequestBodyBytes < 1024 {
+		bad("MAX_REQUEST_BODY_BYTES", "%d is below 1024", c.MaxRequestBodyBytes)
+	}
+	if c.NodeHost == "" || strings.ContainsAny(c.NodeHost, "/ @?#") {
+		bad("NODE_HOST", "%q must be a bare host name or address", c.NodeHost)
+	}
+	switch strings.ToLower(c.LogLevel) {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("LOG_LEVEL", "%q must be debug, info, warn or error", c.LogLevel)
+	}
+	return errors.Join(errs...)
+}
+
+// AuthConfigured reports whether /api/* can be served at all.
+func (c *Config) AuthConfigured() bool { return c.APIKey != "" || c.AuthDisabled }

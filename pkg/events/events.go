@@ -1,0 +1,312 @@
+// Package events is the CloudEvents front door (binary and structured mode),
+// and the plain-JSON invoke door that `kn func invoke --format http` uses.
+// Both call the same domain operations as the HTTP API.
+package events
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/binding"
+	"github.com/cloudevents/sdk-go/v2/event"
+	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
+	"github.com/google/uuid"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/httpapi"
+	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
+	"github.com/deerflow-sandbox/provisioner/pkg/problem"
+	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+)
+
+// Request and reply types. A reply type never equals a request type, or a
+// broker trigger would feed our replies back to us.
+const (
+	TypeCreate  = "dev.deerflow.sandbox.create"
+	TypeGet     = "dev.deerflow.sandbox.get"
+	TypeList    = "dev.deerflow.sandbox.list"
+	TypeDestroy = "dev.deerflow.sandbox.destroy"
+	TypeReap    = "dev.deerflow.sandbox.reap"
+	TypePing    = "dev.knative.sources.ping"
+
+	TypeCreated   = "dev.deerflow.sandbox.created"
+	TypeStatus    = "dev.deerflow.sandbox.status"
+	TypeListed    = "dev.deerflow.sandbox.listed"
+	TypeDestroyed = "dev.deerflow.sandbox.destroyed"
+	TypeReaped    = "dev.deerflow.sandbox.reaped"
+
+	// ExtensionAPIKey carries the API key inside an event, for senders that
+	// cannot set HTTP headers.
+	ExtensionAPIKey = "apikey"
+)
+
+// RequestTypes lists the event types we accept, in the order we document them.
+var RequestTypes = []string{TypeCreate, TypeGet, TypeList, TypeDestroy, TypeReap, TypePing}
+
+// operation is one request type's behaviour.
+type operation struct {
+	name      string
+	replyType string
+	mutating  bool // needs authentication unless the network is trusted
+	run       func(h *Handler, ctx context.Context, data []byte, subject string) (any, string, error)
+}
+
+var operations = map[string]operation{
+	TypeCreate:  {"create", TypeCreated, true, (*Handler).create},
+	TypeGet:     {"get", TypeStatus, false, (*Handler).get},
+	TypeList:    {"list", TypeListed, false, (*Handler).list},
+	TypeDestroy: {"destroy", TypeDestroyed, true, (*Handler).destroy},
+	TypeReap:    {"reap", TypeReaped, false, (*Handler).reap},
+	TypePing:    {"reap", TypeReaped, false, (*Handler).reap},
+}
+
+// Handler serves CloudEvents and POST / invocations.
+type Handler struct {
+	cfg     *config.Config
+	ops     sandbox.Operations
+	metrics *metrics.Metrics
+	source  string
+}
+
+// New returns the events front door over ops.
+func New(cfg *config.Config, ops sandbox.Operations, m *metrics.Metrics) *Handler {
+	svc := cfg.FunctionSourceOverride
+	if svc == "" {
+		svc = "local"
+	}
+	return &Handler{cfg: cfg, ops: ops, metrics: m, source: "/deerflow/sandbox-provisioner/" + svc}
+}
+
+// IsCloudEvent reports whether r carries a CloudEvent (binary or structured).
+func IsCloudEvent(r *http.Request) bool {
+	return r.Header.Get("Ce-Specversion") != "" ||
+		strings.HasPrefix(strings.ToLower(r.Header.Get("Content-Type")), "application/cloudevents")
+}
+
+// ServeHTTP handles one CloudEvent and replies with one.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	opName, code := "unknown", 0
+	defer func() { h.metrics.ObserveRequest(opName, "cloudevent", code, time.Since(start)) }()
+
+	if h.cfg.EventsDisabled {
+		code = writeDetail(w, http.StatusNotFound, "CloudEvents are disabled on this provisioner (EVENTS_DISABLED=true)")
+		return
+	}
+	if r.Method != http.MethodPost {
+		code = writeDetail(w, http.StatusMethodNotAllowed, "CloudEvents must be sent with POST")
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, h.cfg.MaxRequestBodyBytes)
+	ev, err := cehttp.NewEventFromHTTPRequest(r)
+	if err != nil {
+		code = writeDetail(w, http.StatusBadRequest, "malformed CloudEvent: "+err.Error())
+		return
+	}
+	if err := ev.Validate(); err != nil {
+		code = writeDetail(w, http.StatusBadRequest, "invalid CloudEvent: "+err.Error())
+		return
+	}
+	ctx := reqid.With(r.Context(), reqid.Logger(r.Context()), reqid.Sanitize(ev.ID()))
+	log := reqid.Logger(ctx).With("event_type", ev.Type(), "event_source", ev.Source())
+
+	op, ok := operations[ev.Type()]
+	if !ok {
+		code = writeDetail(w, http.StatusBadRequest, fmt.Sprintf("unsupported event type %q; this function accepts %s",
+			truncate(ev.Type()), strings.Join(RequestTypes, ", ")))
+		log.Info("event refused", "status", code)
+		return
+	}
+	opName = op.name
+	if c, detail := h.authorize(r, ev, op); c != 0 {
+		code = writeDetail(w, c, detail)
+		log.Warn("event refused", "status", code, "reason", detail)
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, h.cfg.RequestTimeout+h.cfg.MaxReadyWait)
+	defer cancel()
+	reply, subject, err := op.run(h, ctx, ev.Data(), ev.Subject())
+	if err != nil {
+		code = problem.Write(w, err)
+		log.Info("event failed", "status", code, "error", err)
+		return
+	}
+	out := event.New()
+	out.SetID(uuid.NewString())
+	out.SetType(op.replyType)
+	out.SetSource(h.source)
+	out.SetTime(time.Now())
+	if subject != "" {
+		out.SetSubject(subject)
+	}
+	if err := out.SetData(event.ApplicationJSON, reply); err != nil {
+		code = problem.Write(w, err)
+		return
+	}
+	wctx := ctx
+	if strings.HasPrefix(strings.ToLower(r.Header.Get("Content-Type")), "application/cloudevents") {
+		wctx = binding.WithForceStructured(ctx)
+	}
+	code = http.StatusOK
+	if err := cehttp.WriteResponseWriter(wctx, binding.ToMessage(&out), code, w); err != nil {
+		log.Error("writing the reply event", "error", err)
+	}
+	log.Info("event handled", "status", code, "subject", subject, "duration_ms", time.Since(start).Milliseconds())
+}
+
+// authorize applies the trust model: mutating events need the API key (header
+// X-API-Key or the apikey extension) unless the operator declared the
+// network trusted (EVENTS_TRUST_NETWORK, set for a cluster-local Service
+// behind a broker). An EVENT_SOURCE_ALLOWLIST restricts senders further.
+func (h *Handler) authorize(r *http.Request, ev *event.Event, op operation) (int, string) {
+	if len(h.cfg.EventSourceAllowlist) > 0 && !slices.Contains(h.cfg.EventSourceAllowlist, ev.Source()) {
+		return http.StatusForbidden, fmt.Sprintf("event source %q is not in EVENT_SOURCE_ALLOWLIST", truncate(ev.Source()))
+	}
+	if !op.mutating && !h.cfg.EventsRequireAPIKey {
+		return 0, ""
+	}
+	return h.checkKey(r.Header.Get("X-API-Key"), extensionString(ev, ExtensionAPIKey))
+}
+
+func (h *Handler) checkKey(keys ...string) (int, string) {
+	if h.cfg.EventsTrustNetwork || h.cfg.AuthDisabled {
+		return 0, ""
+	}
+	if h.cfg.APIKey == "" {
+		return http.StatusUnauthorized, "this provisioner has no API key configured, so it refuses mutating events; set PROVISIONER_API_KEY or EVENTS_TRUST_NETWORK=true"
+	}
+	for _, k := range keys {
+		if httpapi.KeyMatches(k, h.cfg.APIKey) {
+			return 0, ""
+		}
+	}
+	return http.StatusUnauthorized, "mutating events need the API key in the X-API-Key header or the apikey extension attribute"
+}
+
+func extensionString(ev *event.Event, name string) string {
+	v, ok := ev.Extensions()[name]
+	if !ok {
+		return ""
+	}
+	s, _ := v.(string)
+	return s
+}
+
+// idRequest is the data of get and destroy events.
+type idRequest struct {
+	SandboxID   string   `json:"sandbox_id"`
+	WaitSeconds *float64 `json:"wait_seconds"`
+}
+
+func (h *Handler) create(ctx context.Context, data []byte, subject string) (any, string, error) {
+	req, err := sandbox.DecodeCreateRequest(data)
+	if err != nil {
+		return nil, "", asInvalid(err)
+	}
+	var extra struct {
+		WaitSeconds *float64 `json:"wait_seconds"`
+	}
+	_ = json.Unmarshal(data, &extra) // already known to be valid JSON
+	if req.SandboxID == "" {
+		req.SandboxID = subject
+	}
+	wait, err := h.wait(extra.WaitSeconds)
+	if err != nil {
+		return nil, "", err
+	}
+	spec, err := req.Validate(h.cfg, time.Now())
+	if err != nil {
+		return nil, "", err
+	}
+	sb, err := h.ops.Create(ctx, spec, wait)
+	return sb, spec.ID, err
+}
+
+func (h *Handler) get(ctx context.Context, data []byte, subject string) (any, string, error) {
+	req, err := decodeID(data, subject)
+	if err != nil {
+		return nil, "", err
+	}
+	wait, err := h.wait(req.WaitSeconds)
+	if err != nil {
+		return nil, "", err
+	}
+	sb, err := h.ops.Get(ctx, req.SandboxID, wait)
+	return sb, req.SandboxID, err
+}
+
+func (h *Handler) list(ctx context.Context, _ []byte, _ string) (any, string, error) {
+	all, err := h.ops.List(ctx)
+	return sandbox.ListResponse{Sandboxes: all, Count: len(all)}, "", err
+}
+
+func (h *Handler) destroy(ctx context.Context, data []byte, subject string) (any, string, error) {
+	req, err := decodeID(data, subject)
+	if err != nil {
+		return nil, "", err
+	}
+	err = h.ops.Destroy(ctx, req.SandboxID)
+	return sandbox.DestroyResponse{OK: true, SandboxID: req.SandboxID}, req.SandboxID, err
+}
+
+func (h *Handler) reap(ctx context.Context, _ []byte, _ string) (any, string, error) {
+	res, err := h.ops.Reap(ctx)
+	return res, "", err
+}
+
+func (h *Handler) wait(secs *float64) (time.Duration, error) {
+	if secs == nil {
+		return 0, nil
+	}
+	max := h.cfg.MaxReadyWait
+	if *secs < 0 || *secs > max.Seconds() {
+		return 0, sandbox.Invalidf("wait_seconds must be between 0 and %g", max.Seconds())
+	}
+	return time.Duration(*secs * float64(time.Second)), nil
+}
+
+// decodeID reads {"sandbox_id"} from data, falling back to the event subject.
+func decodeID(data []byte, subject string) (idRequest, error) {
+	var req idRequest
+	if len(strings.TrimSpace(string(data))) > 0 {
+		if err := json.Unmarshal(data, &req); err != nil {
+			return req, sandbox.Invalidf("event data must be a JSON object like {\"sandbox_id\": \"...\"}: %v", err)
+		}
+	}
+	if req.SandboxID == "" {
+		req.SandboxID = subject
+	}
+	if req.SandboxID == "" {
+		return req, sandbox.Invalidf("sandbox_id is required, in the data or as the event subject")
+	}
+	return req, sandbox.ValidateID(req.SandboxID)
+}
+
+// asInvalid reports undecodable event data as invalid data (422): the event
+// itself was well-formed, its payload was not.
+func asInvalid(err error) error {
+	var e *sandbox.Error
+	if errors.As(err, &e) && e.Kind == sandbox.KindMalformed {
+		return &sandbox.Error{Kind: sandbox.KindInvalid, Detail: "event data: " + e.Detail}
+	}
+	return err
+}
+
+func writeDetail(w http.ResponseWriter, code int, detail string) int {
+	problem.WriteDetail(w, code, detail)
+	return code
+}
+
+func truncate(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "…"
+	}
+	return s
+}

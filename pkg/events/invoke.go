@@ -1,0 +1,81 @@
+package events
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/problem"
+	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
+)
+
+// invokeOperations maps the "operation" of a POST / body to its event type.
+var invokeOperations = map[string]string{
+	"create": TypeCreate, "get": TypeGet, "list": TypeList, "destroy": TypeDestroy, "reap": TypeReap,
+}
+
+// Invoke handles POST / with a plain JSON body, which is what
+// `kn func invoke --format http` sends: {"operation": "create", ...} runs the
+// same operation as the event of that type, with the rest of the body as its
+// data. func's default body ({"message": "Hello World"}) gets a 400 that says
+// how to call us instead.
+func (h *Handler) Invoke(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	opName, code := "invoke", 0
+	defer func() { h.metrics.ObserveRequest(opName, "invoke", code, time.Since(start)) }()
+
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxRequestBodyBytes))
+	if err != nil {
+		code = writeDetail(w, http.StatusRequestEntityTooLarge, "request body too large or unreadable: "+err.Error())
+		return
+	}
+	var envelope struct {
+		Operation string `json:"operation"`
+	}
+	if err := json.Unmarshal(body, &envelope); err != nil || envelope.Operation == "" {
+		code = writeDetail(w, http.StatusBadRequest, fmt.Sprintf(
+			"POST / expects a JSON object with \"operation\" (one of %s) and that operation's fields, e.g. "+
+				`{"operation":"create","sandbox_id":"abcd1234"}; DeerFlow's API is under /api/sandboxes, and CloudEvents of types %s are accepted here too`,
+			strings.Join(sortedKeys(invokeOperations), ", "), strings.Join(RequestTypes, ", ")))
+		return
+	}
+	evType, ok := invokeOperations[envelope.Operation]
+	if !ok {
+		code = writeDetail(w, http.StatusBadRequest, fmt.Sprintf("unknown operation %q; use one of %s",
+			truncate(envelope.Operation), strings.Join(sortedKeys(invokeOperations), ", ")))
+		return
+	}
+	op := operations[evType]
+	opName = op.name
+	if op.mutating || h.cfg.EventsRequireAPIKey {
+		if c, detail := h.checkKey(r.Header.Get("X-API-Key")); c != 0 {
+			code = writeDetail(w, c, detail)
+			return
+		}
+	}
+	ctx := r.Context()
+	ctx, cancel := context.WithTimeout(ctx, h.cfg.RequestTimeout+h.cfg.MaxReadyWait)
+	defer cancel()
+	reply, _, err := op.run(h, ctx, body, "")
+	if err != nil {
+		code = problem.Write(w, err)
+		reqid.Logger(ctx).Info("invoke failed", "operation", opName, "status", code, "error", err)
+		return
+	}
+	code = http.StatusOK
+	problem.WriteJSON(w, code, reply)
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

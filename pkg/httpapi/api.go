@@ -1,0 +1,257 @@
+// Package httpapi is the HTTP front door, wire-compatible with DeerFlow's
+// sandbox provisioner: decode, authenticate, validate, call the domain, answer.
+package httpapi
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
+	"github.com/deerflow-sandbox/provisioner/pkg/problem"
+	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+)
+
+// Version is reported by /api/capabilities; the build sets it.
+var Version = "dev"
+
+// API serves the HTTP contract.
+type API struct {
+	cfg     *config.Config
+	ops     sandbox.Operations
+	metrics *metrics.Metrics
+	now     func() time.Time
+	mux     *http.ServeMux
+}
+
+// New returns the HTTP front door over ops.
+func New(cfg *config.Config, ops sandbox.Operations, m *metrics.Metrics) *API {
+	a := &API{cfg: cfg, ops: ops, metrics: m, now: time.Now, mux: http.NewServeMux()}
+	a.mux.HandleFunc("GET /health", a.health)
+	a.mux.Handle("GET /metrics", m.Handler())
+	a.route("GET /api/capabilities", "capabilities", a.capabilities)
+	a.route("POST /api/sandboxes", "create", a.create)
+	a.route("GET /api/sandboxes", "list", a.list)
+	a.route("GET /api/sandboxes/{id}", "get", a.get)
+	a.route("DELETE /api/sandboxes/{id}", "destroy", a.destroy)
+	a.route("POST /api/reap", "reap", a.reap)
+	a.mux.HandleFunc("/", a.notFound)
+	return a
+}
+
+// ServeHTTP implements http.Handler.
+func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.mux.ServeHTTP(w, r) }
+
+// handlerFunc answers one request and returns the status it wrote.
+type handlerFunc func(w http.ResponseWriter, r *http.Request) int
+
+// route wraps h with authentication, a deadline and metrics.
+func (a *API) route(pattern, operation string, h handlerFunc) {
+	a.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		start := a.now()
+		code := a.authenticate(w, r)
+		if code == 0 {
+			code = h(w, r)
+		}
+		a.metrics.ObserveRequest(operation, "http", code, time.Since(start))
+		reqid.Logger(r.Context()).Info("request", "operation", operation, "method", r.Method, "path", r.URL.Path,
+			"status", code, "duration_ms", time.Since(start).Milliseconds())
+	})
+}
+
+// authenticate checks X-API-Key in constant time. It fails closed: with no key
+// configured, /api/* refuses unless the operator explicitly disabled auth.
+func (a *API) authenticate(w http.ResponseWriter, r *http.Request) int {
+	if a.cfg.AuthDisabled {
+		return 0
+	}
+	if a.cfg.APIKey == "" {
+		problem.WriteDetail(w, http.StatusUnauthorized, "the provisioner has no API key configured; set PROVISIONER_API_KEY (or PROVISIONER_AUTH_DISABLED=true to opt out)")
+		return http.StatusUnauthorized
+	}
+	if !KeyMatches(r.Header.Get("X-API-Key"), a.cfg.APIKey) {
+		problem.WriteDetail(w, http.StatusUnauthorized, "invalid or missing API key; send it in the X-API-Key header")
+		return http.StatusUnauthorized
+	}
+	return 0
+}
+
+// KeyMatches compares keys in constant time. Hashing first makes the time
+// independent of the length too.
+func KeyMatches(got, want string) bool {
+	g, w := sha256.Sum256([]byte(got)), sha256.Sum256([]byte(want))
+	return subtle.ConstantTimeCompare(g[:], w[:]) == 1 && got != ""
+}
+
+func (a *API) health(w http.ResponseWriter, _ *http.Request) {
+	problem.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// Capabilities is the body of /api/capabilities.
+type Capabilities struct {
+	LarkCLIInitImage    bool     `json:"lark_cli_init_image"`
+	LarkCLIBrokerImage  bool     `json:"lark_cli_broker_image"`
+	MaxShellSessions    bool     `json:"max_shell_sessions"`
+	ServiceType         string   `json:"service_type"`
+	Namespace           string   `json:"namespace"`
+	MaxExtraMounts      int      `json:"max_extra_mounts"`
+	ExtraMountPaths     []string `json:"extra_mount_paths"`
+	MaxSandboxes        int      `json:"max_sandboxes"`
+	MaxSandboxesPerUser int      `json:"max_sandboxes_per_user"`
+	IdleTimeoutSeconds  int64    `json:"idle_timeout_seconds"`
+	MaxLifetimeSeconds  int64    `json:"max_lifetime_seconds"`
+	WaitForReady        bool     `json:"wait_for_ready"`
+	CloudEvents         bool     `json:"cloudevents"`
+	Version             string   `json:"version"`
+}
+
+func (a *API) capabilities(w http.ResponseWriter, _ *http.Request) int {
+	problem.WriteJSON(w, http.StatusOK, Capabilities{
+		LarkCLIInitImage:    a.cfg.LarkCLIInitImage != "",
+		LarkCLIBrokerImage:  a.cfg.LarkCLIBrokerImage != "",
+		MaxShellSessions:    true,
+		ServiceType:         a.cfg.ServiceType,
+		Namespace:           a.cfg.Namespace,
+		MaxExtraMounts:      10,
+		ExtraMountPaths:     config.AllowedExtraMountPaths,
+		MaxSandboxes:        a.cfg.MaxSandboxes,
+		MaxSandboxesPerUser: a.cfg.MaxSandboxesPerUser,
+		IdleTimeoutSeconds:  int64(a.cfg.IdleTimeout / time.Second),
+		MaxLifetimeSeconds:  int64(a.cfg.MaxLifetime / time.Second),
+		WaitForReady:        true,
+		CloudEvents:         !a.cfg.EventsDisabled,
+		Version:             Version,
+	})
+	return http.StatusOK
+}
+
+func (a *API) create(w http.ResponseWriter, r *http.Request) int {
+	wait, err := ParseWait(r.URL.Query().Get("wait"), a.cfg.MaxReadyWait)
+	if err != nil {
+		return problem.Write(w, err)
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.cfg.MaxRequestBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			problem.WriteDetail(w, http.StatusRequestEntityTooLarge, "request body exceeds "+strconv.FormatInt(tooBig.Limit, 10)+" bytes; a create request is a small JSON object")
+			return http.StatusRequestEntityTooLarge
+		}
+		return problem.Write(w, sandbox.Malformedf("could not read the request body: %v", err))
+	}
+	req, err := sandbox.DecodeCreateRequest(body)
+	if err != nil {
+		return problem.Write(w, err)
+	}
+	spec, err := req.Validate(a.cfg, a.now())
+	if err != nil {
+		return problem.Write(w, err)
+	}
+	ctx, cancel := a.deadline(r.Context(), wait)
+	defer cancel()
+	sb, err := a.ops.Create(ctx, spec, wait)
+	if err != nil {
+		return a.fail(w, r, err, "sandbox_id", spec.ID)
+	}
+	problem.WriteJSON(w, http.StatusOK, sb)
+	return http.StatusOK
+}
+
+func (a *API) get(w http.ResponseWriter, r *http.Request) int {
+	wait, err := ParseWait(r.URL.Query().Get("wait"), a.cfg.MaxReadyWait)
+	if err != nil {
+		return problem.Write(w, err)
+	}
+	ctx, cancel := a.deadline(r.Context(), wait)
+	defer cancel()
+	id := r.PathValue("id")
+	sb, err := a.ops.Get(ctx, id, wait)
+	if err != nil {
+		return a.fail(w, r, err, "sandbox_id", id)
+	}
+	problem.WriteJSON(w, http.StatusOK, sb)
+	return http.StatusOK
+}
+
+func (a *API) list(w http.ResponseWriter, r *http.Request) int {
+	ctx, cancel := a.deadline(r.Context(), 0)
+	defer cancel()
+	all, err := a.ops.List(ctx)
+	if err != nil {
+		return a.fail(w, r, err)
+	}
+	problem.WriteJSON(w, http.StatusOK, sandbox.ListResponse{Sandboxes: all, Count: len(all)})
+	return http.StatusOK
+}
+
+func (a *API) destroy(w http.ResponseWriter, r *http.Request) int {
+	ctx, cancel := a.deadline(r.Context(), 0)
+	defer cancel()
+	id := r.PathValue("id")
+	if err := a.ops.Destroy(ctx, id); err != nil {
+		return a.fail(w, r, err, "sandbox_id", id)
+	}
+	problem.WriteJSON(w, http.StatusOK, sandbox.DestroyResponse{OK: true, SandboxID: id})
+	return http.StatusOK
+}
+
+func (a *API) reap(w http.ResponseWriter, r *http.Request) int {
+	ctx, cancel := a.deadline(r.Context(), 0)
+	defer cancel()
+	res, err := a.ops.Reap(ctx)
+	if err != nil {
+		return a.fail(w, r, err)
+	}
+	problem.WriteJSON(w, http.StatusOK, res)
+	return http.StatusOK
+}
+
+func (a *API) notFound(w http.ResponseWriter, r *http.Request) {
+	problem.WriteDetail(w, http.StatusNotFound, "no such endpoint "+r.Method+" "+r.URL.Path+
+		"; the API is GET /health, GET /api/capabilities, POST|GET /api/sandboxes, GET|DELETE /api/sandboxes/{id}, POST /api/reap")
+}
+
+// fail logs a failed operation (server-side failures at error level) and answers.
+func (a *API) fail(w http.ResponseWriter, r *http.Request, err error, attrs ...any) int {
+	code := problem.Write(w, err)
+	log := reqid.Logger(r.Context()).With(attrs...)
+	if code >= 500 {
+		log.Error("operation failed", "status", code, "error", err)
+	} else {
+		log.Info("operation refused", "status", code, "error", err)
+	}
+	return code
+}
+
+// deadline bounds the request: the configured timeout plus any wait asked for.
+func (a *API) deadline(ctx context.Context, wait time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, a.cfg.RequestTimeout+wait)
+}
+
+// ParseWait reads a wait duration: seconds ("30") or a Go duration ("30s"),
+// at most max. Empty means do not wait.
+func ParseWait(v string, max time.Duration) (time.Duration, error) {
+	if v == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		secs, convErr := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if convErr != nil {
+			return 0, sandbox.Invalidf("wait %q must be seconds (30) or a duration (30s)", v)
+		}
+		d = time.Duration(secs * float64(time.Second))
+	}
+	if d < 0 || d > max {
+		return 0, sandbox.Invalidf("wait must be between 0 and %s", max)
+	}
+	return d, nil
+}

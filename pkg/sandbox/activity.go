@@ -1,0 +1,56 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// lifetime is what a Pod's annotations say about its expiry.
+type lifetime struct {
+	created, lastActivity time.Time
+	idle, max             time.Duration
+}
+
+func lifetimeOf(pod *corev1.Pod) (lifetime, bool) {
+	a := pod.Annotations
+	created, err1 := time.Parse(time.RFC3339, a[AnnotationCreatedAt])
+	last, err2 := time.Parse(time.RFC3339, a[AnnotationLastActivity])
+	idle, err3 := strconv.ParseInt(a[AnnotationIdleTimeout], 10, 64)
+	max, err4 := strconv.ParseInt(a[AnnotationMaxLifetime], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil {
+		return lifetime{}, false
+	}
+	return lifetime{created: created, lastActivity: last, idle: time.Duration(idle) * time.Second, max: time.Duration(max) * time.Second}, true
+}
+
+func (l lifetime) expiresAt() time.Time { return expiresAt(l.created, l.lastActivity, l.idle, l.max) }
+
+// touch records activity on a sandbox, at most once per ActivityThrottle, so
+// a busy sandbox is not patched on every request. A failed write is logged by
+// the caller's metrics, not returned: activity is best effort, the answer is not.
+func (m *Manager) touch(ctx context.Context, pod *corev1.Pod) *corev1.Pod {
+	lt, ok := lifetimeOf(pod)
+	if !ok {
+		return pod // not ours (DeerFlow's provisioner made it): no expiry to extend
+	}
+	now := m.now().UTC().Truncate(time.Second)
+	if now.Sub(lt.lastActivity) < m.cfg.ActivityThrottle {
+		return pod
+	}
+	lt.lastActivity = now
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
+		AnnotationLastActivity: now.Format(time.RFC3339),
+		AnnotationExpiresAt:    lt.expiresAt().Format(time.RFC3339),
+	}}})
+	patched, err := m.client.CoreV1().Pods(m.cfg.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
+		return pod
+	}
+	return patched
+}

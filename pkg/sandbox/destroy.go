@@ -1,0 +1,69 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	corev1 "k8s.io/api/core/v1"
+	"sync"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Destroy removes a sandbox's Pod, Service and NetworkPolicy, concurrently.
+// An id that never existed is not an error. The Service and NetworkPolicy
+// are owned by the Pod, so the GC removes them even if this call dies midway.
+func (m *Manager) Destroy(ctx context.Context, id string) error {
+	if err := ValidateID(id); err != nil {
+		return err
+	}
+	background := metav1.DeletePropagationBackground
+	podOpts := metav1.DeleteOptions{PropagationPolicy: &background}
+	deletes := []func() error{
+		func() error {
+			return m.client.CoreV1().Pods(m.cfg.Namespace).Delete(ctx, PodName(id), podOpts)
+		},
+		func() error {
+			return m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, ServiceName(id), metav1.DeleteOptions{})
+		},
+	}
+	if m.cfg.NetworkPolicy {
+		deletes = append(deletes, func() error {
+			return m.client.NetworkingV1().NetworkPolicies(m.cfg.Namespace).Delete(ctx, NetworkPolicyName(id), metav1.DeleteOptions{})
+		})
+	}
+	return classify(runAll(deletes), "delete sandbox "+id)
+}
+
+// undoCreate removes what a refused create made. Preconditions on the UIDs
+// keep it from deleting a Pod or Service that another caller created since;
+// the NetworkPolicy follows the Pod through the GC.
+func (m *Manager) undoCreate(ctx context.Context, pod *corev1.Pod, svc *corev1.Service) error {
+	deletes := []func() error{func() error {
+		return m.client.CoreV1().Pods(m.cfg.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(pod.UID))})
+	}}
+	if svc != nil && ownerUID(svc.OwnerReferences) == pod.UID {
+		deletes = append(deletes, func() error {
+			return m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, svc.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(svc.UID))})
+		})
+	}
+	return classify(runAll(deletes), "remove the sandbox refused by the quota")
+}
+
+// runAll runs deletes concurrently. An object already gone, or replaced by a
+// newer one (a failed precondition), counts as done.
+func runAll(deletes []func() error) error {
+	errs := make([]error, len(deletes))
+	var wg sync.WaitGroup
+	for i, del := range deletes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := del(); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+				errs[i] = err
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}

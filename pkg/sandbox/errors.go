@@ -1,0 +1,119 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+)
+
+// Kind classifies a domain error. The front doors map kinds to HTTP statuses;
+// nothing in this package knows about status codes.
+type Kind int
+
+const (
+	// KindInternal is a fault on our side or a misconfiguration (RBAC, missing namespace).
+	KindInternal Kind = iota
+	// KindMalformed is a request that cannot be parsed at all.
+	KindMalformed
+	// KindInvalid is a well-formed request that can never succeed as sent.
+	KindInvalid
+	// KindNotFound is an absent sandbox.
+	KindNotFound
+	// KindConflict is a sandbox in a state that forbids the request right now.
+	KindConflict
+	// KindQuota is a refusal by a configured limit.
+	KindQuota
+	// KindUnavailable is a transient failure of the API server: retry later.
+	KindUnavailable
+	// KindTimeout is a deadline that ran out before the API server answered.
+	KindTimeout
+)
+
+// Error is the one error type the domain returns.
+type Error struct {
+	Kind   Kind
+	Detail string // a sentence a person can act on
+	Err    error  // the cause, for logs
+}
+
+func (e *Error) Error() string {
+	if e.Err != nil {
+		return e.Detail + ": " + e.Err.Error()
+	}
+	return e.Detail
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+func newError(kind Kind, cause error, format string, args ...any) *Error {
+	return &Error{Kind: kind, Detail: fmt.Sprintf(format, args...), Err: cause}
+}
+
+// Invalidf builds a KindInvalid error.
+func Invalidf(format string, args ...any) *Error { return newError(KindInvalid, nil, format, args...) }
+
+// Malformedf builds a KindMalformed error.
+func Malformedf(format string, args ...any) *Error {
+	return newError(KindMalformed, nil, format, args...)
+}
+
+// KindOf returns the kind of err, KindInternal for foreign errors.
+func KindOf(err error) Kind {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Kind
+	}
+	return KindInternal
+}
+
+// DetailOf returns the human-readable detail of err.
+func DetailOf(err error) string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Detail
+	}
+	return "internal error"
+}
+
+// classify turns an error from the API server into a domain error. Its main
+// job is the rule DeerFlow depends on: a transient failure must never look
+// like "not found", or the backend throws away a healthy sandbox.
+func classify(err error, action string) error {
+	if err == nil {
+		return nil
+	}
+	var de *Error
+	if errors.As(err, &de) {
+		return err
+	}
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err):
+		return newError(KindTimeout, err, "the Kubernetes API server did not answer in time while trying to %s; retry", action)
+	case errors.Is(err, context.Canceled):
+		return newError(KindUnavailable, err, "the request was cancelled while trying to %s", action)
+	case apierrors.IsForbidden(err):
+		return newError(KindInternal, err, "the provisioner's ServiceAccount is not allowed to %s; check its Role", action)
+	case apierrors.IsInvalid(err):
+		return newError(KindInvalid, err, "the Kubernetes API server rejected the objects built to %s: %s", action, apierrors.ReasonForError(err))
+	case apierrors.IsTooManyRequests(err) || apierrors.IsServiceUnavailable(err) || apierrors.IsInternalError(err) || apierrors.IsUnexpectedServerError(err):
+		return newError(KindUnavailable, err, "the Kubernetes API server is overloaded or unavailable while trying to %s; retry", action)
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) || isConnectionError(err) {
+		return newError(KindUnavailable, err, "the Kubernetes API server is unreachable while trying to %s; retry", action)
+	}
+	if _, ok := err.(apierrors.APIStatus); ok {
+		return newError(KindInternal, err, "the Kubernetes API server refused to %s", action)
+	}
+	// Anything we cannot recognise is treated as transient: retrying a 503 is
+	// harmless, mistaking an outage for "gone" is not.
+	return newError(KindUnavailable, err, "could not %s", action)
+}
+
+func isConnectionError(err error) bool {
+	var opErr *net.OpError
+	return errors.As(err, &opErr)
+}

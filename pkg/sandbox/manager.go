@@ -1,0 +1,145 @@
+package sandbox
+
+import (
+	"net"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
+)
+
+// Sandbox is what the provisioner reports about one sandbox. The first three
+// fields are DeerFlow's SandboxResponse; the rest are extra, which DeerFlow ignores.
+type Sandbox struct {
+	ID               string   `json:"sandbox_id"`
+	URL              string   `json:"sandbox_url"`
+	Status           string   `json:"status"`
+	MaxShellSessions *int     `json:"max_shell_sessions,omitempty"`
+	Ready            bool     `json:"ready"`
+	ExpiresAt        string   `json:"expires_at,omitempty"`
+	Missing          []string `json:"missing,omitempty"`
+	// WaitTimedOut and Reason are set when a caller asked to wait for
+	// readiness and the wait ended first; Reason says what the Pod is stuck on.
+	WaitTimedOut bool   `json:"wait_timed_out,omitempty"`
+	Reason       string `json:"reason,omitempty"`
+}
+
+// StatusNotFound is DeerFlow's status for a sandbox whose Pod is gone.
+const StatusNotFound = "NotFound"
+
+// Recorder is the subset of client-go's record.EventRecorder we use.
+type Recorder interface {
+	Eventf(object runtime.Object, eventtype, reason, messageFmt string, args ...interface{})
+}
+
+// Observer receives lifecycle measurements (metrics live outside this package).
+type Observer interface {
+	CreateToReady(d time.Duration)
+	Reaped(reason string)
+	QuotaRefused(scope string)
+}
+
+// Manager runs the sandbox operations against the Kubernetes API. It holds no
+// state about sandboxes: every answer comes from the cluster, so any number of
+// replicas can serve at once.
+type Manager struct {
+	cfg      *config.Config
+	client   kubernetes.Interface
+	now      func() time.Time
+	recorder Recorder
+	observer Observer
+}
+
+// Option customises a Manager.
+type Option func(*Manager)
+
+// WithClock replaces time.Now, for tests of expiry.
+func WithClock(now func() time.Time) Option { return func(m *Manager) { m.now = now } }
+
+// WithRecorder makes the Manager emit Kubernetes Events.
+func WithRecorder(r Recorder) Option { return func(m *Manager) { m.recorder = r } }
+
+// WithObserver makes the Manager report lifecycle measurements.
+func WithObserver(o Observer) Option { return func(m *Manager) { m.observer = o } }
+
+// NewManager returns a Manager over client.
+func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option) *Manager {
+	m := &Manager{cfg: cfg, client: client, now: time.Now, recorder: nopRecorder{}, observer: nopObserver{}}
+	for _, o := range opts {
+		o(m)
+	}
+	return m
+}
+
+type nopRecorder struct{}
+
+func (nopRecorder) Eventf(runtime.Object, string, string, string, ...interface{}) {}
+
+type nopObserver struct{}
+
+func (nopObserver) CreateToReady(time.Duration) {}
+func (nopObserver) Reaped(string)               {}
+func (nopObserver) QuotaRefused(string)         {}
+
+// view joins a sandbox's Pod and Service (either may be nil) into a Sandbox.
+func (m *Manager) view(id string, pod *corev1.Pod, svc *corev1.Service) Sandbox {
+	sb := Sandbox{ID: id, Status: StatusNotFound}
+	if svc != nil {
+		sb.URL = m.url(svc)
+	} else {
+		sb.Missing = append(sb.Missing, "service")
+	}
+	if pod == nil {
+		sb.Missing = append(sb.Missing, "pod")
+		return sb
+	}
+	sb.Status = string(pod.Status.Phase)
+	if sb.Status == "" {
+		sb.Status = string(corev1.PodPending)
+	}
+	sb.Ready = podReady(pod) && svc != nil
+	if n, err := strconv.Atoi(pod.Annotations[AnnotationMaxShellSessions]); err == nil {
+		sb.MaxShellSessions = &n
+	}
+	sb.ExpiresAt = pod.Annotations[AnnotationExpiresAt]
+	// A Pod that DeerFlow cannot reach is not alive to it: without a Service
+	// it reports Pending, so the backend's next create repairs it.
+	if svc == nil && sb.Status == string(corev1.PodRunning) {
+		sb.Status = string(corev1.PodPending)
+	}
+	return sb
+}
+
+// url is how the agent backend reaches the sandbox: the node port on
+// NODE_HOST, or the Service's cluster DNS name.
+func (m *Manager) url(svc *corev1.Service) string {
+	if svc.Spec.Type == corev1.ServiceTypeNodePort {
+		for _, p := range svc.Spec.Ports {
+			if p.NodePort != 0 {
+				return "http://" + joinHostPort(m.cfg.NodeHost, p.NodePort)
+			}
+		}
+		return ""
+	}
+	return "http://" + joinHostPort(svc.Name+"."+svc.Namespace+".svc.cluster.local", m.cfg.ContainerPort)
+}
+
+func joinHostPort(host string, port int32) string {
+	return net.JoinHostPort(host, strconv.Itoa(int(port)))
+}
+
+func podReady(pod *corev1.Pod) bool {
+	if pod.DeletionTimestamp != nil || pod.Status.Phase != corev1.PodRunning {
+		return false
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}

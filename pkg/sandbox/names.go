@@ -1,0 +1,68 @@
+package sandbox
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// Label and annotation keys. The first four labels are DeerFlow's, so its
+// tooling and ours see the same sandboxes.
+const (
+	LabelApp       = "app"
+	LabelAppValue  = "deer-flow-sandbox"
+	LabelID        = "sandbox-id"
+	LabelName      = "app.kubernetes.io/name"
+	LabelComponent = "app.kubernetes.io/component"
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	ManagedByValue = "deerflow-sandbox-provisioner"
+	LabelUser      = "sandbox.deerflow.dev/user"
+	LabelThread    = "sandbox.deerflow.dev/thread"
+
+	AnnotationUserID           = "sandbox.deerflow.dev/user-id"
+	AnnotationThreadID         = "sandbox.deerflow.dev/thread-id"
+	AnnotationCreatedAt        = "sandbox.deerflow.dev/created-at"
+	AnnotationLastActivity     = "sandbox.deerflow.dev/last-activity"
+	AnnotationIdleTimeout      = "sandbox.deerflow.dev/idle-timeout-seconds"
+	AnnotationMaxLifetime      = "sandbox.deerflow.dev/max-lifetime-seconds"
+	AnnotationExpiresAt        = "sandbox.deerflow.dev/expires-at"
+	AnnotationMaxShellSessions = "sandbox.deerflow.dev/max-shell-sessions"
+
+	containerName = "sandbox"
+	portName      = "http"
+)
+
+// PodName is the name DeerFlow's provisioner gives a sandbox's Pod.
+func PodName(id string) string { return "sandbox-" + id }
+
+// ServiceName is the name DeerFlow's provisioner gives a sandbox's Service.
+func ServiceName(id string) string { return "sandbox-" + id + "-svc" }
+
+// NetworkPolicyName names the per-sandbox NetworkPolicy.
+func NetworkPolicyName(id string) string { return "sandbox-" + id + "-netpol" }
+
+// selectorAll selects every sandbox, ours and DeerFlow's, so list adopts leftovers.
+var selectorAll = LabelApp + "=" + LabelAppValue
+
+// LabelValue returns v if it is a valid label value, otherwise a stable hash
+// of it: user and thread ids may be 64 characters or start with '_'.
+func LabelValue(v string) string {
+	if len(validation.IsValidLabelValue(v)) == 0 {
+		return v
+	}
+	sum := sha256.Sum256([]byte(v))
+	return "h-" + hex.EncodeToString(sum[:])[:40]
+}
+
+func labels(s Spec) map[string]string {
+	return map[string]string{
+		LabelApp:       LabelAppValue,
+		LabelID:        s.ID,
+		LabelName:      "deer-flow",
+		LabelComponent: "sandbox",
+		LabelManagedBy: ManagedByValue,
+		LabelUser:      LabelValue(s.UserID),
+		LabelThread:    LabelValue(s.ThreadID),
+	}
+}

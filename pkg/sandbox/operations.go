@@ -1,0 +1,30 @@
+package sandbox
+
+import (
+	"context"
+	"time"
+)
+
+// Operations is what the front doors (HTTP and CloudEvents) call: one domain
+// call per operation, so the two cannot drift apart.
+type Operations interface {
+	Create(ctx context.Context, s Spec, wait time.Duration) (Sandbox, error)
+	Get(ctx context.Context, id string, wait time.Duration) (Sandbox, error)
+	List(ctx context.Context) ([]Sandbox, error)
+	Destroy(ctx context.Context, id string) error
+	Reap(ctx context.Context) (Reaped, error)
+}
+
+var _ Operations = (*Manager)(nil)
+
+// ListResponse is DeerFlow's list body.
+type ListResponse struct {
+	Sandboxes []Sandbox `json:"sandboxes"`
+	Count     int       `json:"count"`
+}
+
+// DestroyResponse is DeerFlow's delete body.
+type DestroyResponse struct {
+	OK        bool   `json:"ok"`
+	SandboxID string `json:"sandbox_id"`
+}

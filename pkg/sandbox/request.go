@@ -1,0 +1,266 @@
+package sandbox
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
+)
+
+// CreateRequest is the body DeerFlow's backend sends to create a sandbox, plus
+// our optional fields. Unknown fields are ignored, as DeerFlow's server does.
+type CreateRequest struct {
+	SandboxID               string       `json:"sandbox_id"`
+	ThreadID                *string      `json:"thread_id"`
+	UserID                  *string      `json:"user_id"`
+	ExtraMounts             []ExtraMount `json:"extra_mounts"`
+	IncludeLegacySkills     bool         `json:"include_legacy_skills"`
+	ProvisionLarkCLIRuntime bool         `json:"provision_lark_cli_runtime"`
+	ProvisionLarkCLIBroker  bool         `json:"provision_lark_cli_broker"`
+	MaxShellSessions        *int         `json:"max_shell_sessions"`
+
+	// Ours: lifecycle and resources within operator bounds.
+	IdleTimeoutSeconds *int64 `json:"idle_timeout_seconds"`
+	MaxLifetimeSeconds *int64 `json:"max_lifetime_seconds"`
+	CPU                string `json:"cpu"`
+	Memory             string `json:"memory"`
+}
+
+// ExtraMount is one host directory DeerFlow asks to mount into the sandbox.
+type ExtraMount struct {
+	HostPath      string `json:"host_path"`
+	ContainerPath string `json:"container_path"`
+	// ReadOnly defaults to true when omitted: a mount is writable only when asked.
+	ReadOnly *bool `json:"read_only"`
+}
+
+// Spec is a validated, normalised create request: everything the builders need.
+type Spec struct {
+	ID                  string
+	ThreadID            string
+	UserID              string
+	Mounts              []Mount
+	IncludeLegacySkills bool
+	LarkCLIRuntime      bool
+	LarkCLIBroker       bool
+	MaxShellSessions    int // 0: not set
+	IdleTimeout         time.Duration
+	MaxLifetime         time.Duration
+	CPULimit            resource.Quantity
+	MemoryLimit         resource.Quantity
+	Now                 time.Time // creation time, so builders stay pure
+}
+
+// Mount is a validated extra mount.
+type Mount struct {
+	HostPath      string
+	ContainerPath string
+	ReadOnly      bool
+}
+
+const (
+	maxExtraMounts     = 10
+	maxMaxShellSession = 1024
+	// maxIDLen keeps "sandbox-<id>-svc" within the 63 characters of a DNS label.
+	maxIDLen = 63 - len("sandbox-") - len("-svc")
+)
+
+var (
+	idPattern       = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+	safeNamePattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+)
+
+// ValidateID checks a sandbox id as it comes from a path or an event.
+func ValidateID(id string) error {
+	switch {
+	case id == "":
+		return Invalidf("sandbox_id is required")
+	case len(id) > maxIDLen:
+		return Invalidf("sandbox_id %q is %d characters; at most %d fit the Service name sandbox-<id>-svc", truncate(id), len(id), maxIDLen)
+	case !idPattern.MatchString(id):
+		return Invalidf("sandbox_id %q must be lowercase letters, digits and '-', starting and ending with a letter or digit", truncate(id))
+	}
+	return nil
+}
+
+// DecodeCreateRequest parses a JSON create body. It refuses trailing data and
+// reports type errors with the field name, so the caller can say what to fix.
+func DecodeCreateRequest(body []byte) (CreateRequest, error) {
+	var req CreateRequest
+	if len(bytes.TrimSpace(body)) == 0 {
+		return req, Malformedf("request body is empty; send a JSON object with at least sandbox_id")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(&req); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) {
+			return req, Invalidf("field %q must be of JSON type %s, not %s", typeErr.Field, jsonTypeName(typeErr.Type.String()), typeErr.Value)
+		}
+		return req, Malformedf("request body is not valid JSON: %v", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return req, Malformedf("request body has data after the JSON object")
+	}
+	return req, nil
+}
+
+func jsonTypeName(goType string) string {
+	switch {
+	case strings.Contains(goType, "string"):
+		return "string"
+	case strings.Contains(goType, "bool"):
+		return "boolean"
+	case strings.Contains(goType, "int"):
+		return "integer"
+	case strings.HasPrefix(goType, "[]"):
+		return "array"
+	}
+	return "object"
+}
+
+// Validate turns a request into a Spec, or explains what is wrong with it.
+func (r CreateRequest) Validate(cfg *config.Config, now time.Time) (Spec, error) {
+	if err := ValidateID(r.SandboxID); err != nil {
+		return Spec{}, err
+	}
+	s := Spec{
+		ID:                  r.SandboxID,
+		ThreadID:            r.SandboxID, // DeerFlow: a null thread_id means "use sandbox_id"
+		UserID:              "default",
+		IncludeLegacySkills: r.IncludeLegacySkills,
+		LarkCLIRuntime:      r.ProvisionLarkCLIRuntime && cfg.LarkCLIInitImage != "",
+		LarkCLIBroker:       r.ProvisionLarkCLIBroker && cfg.LarkCLIBrokerImage != "",
+		IdleTimeout:         cfg.IdleTimeout,
+		MaxLifetime:         cfg.MaxLifetime,
+		CPULimit:            resource.MustParse(cfg.CPULimit),
+		MemoryLimit:         resource.MustParse(cfg.MemoryLimit),
+		Now:                 now.UTC().Truncate(time.Second),
+	}
+	if r.ThreadID != nil {
+		if !safeNamePattern.MatchString(*r.ThreadID) {
+			return Spec{}, Invalidf("thread_id %q must be 1-64 letters, digits, '_' or '-'", truncate(*r.ThreadID))
+		}
+		s.ThreadID = *r.ThreadID
+	}
+	if r.UserID != nil {
+		if !safeNamePattern.MatchString(*r.UserID) {
+			return Spec{}, Invalidf("user_id %q must be 1-64 letters, digits, '_' or '-'", truncate(*r.UserID))
+		}
+		s.UserID = *r.UserID
+	}
+	if r.MaxShellSessions != nil {
+		n := *r.MaxShellSessions
+		if n < 1 || n > maxMaxShellSession {
+			return Spec{}, Invalidf("max_shell_sessions must be between 1 and %d, not %d", maxMaxShellSession, n)
+		}
+		s.MaxShellSessions = n
+	}
+	var err error
+	if s.IdleTimeout, err = boundedSeconds("idle_timeout_seconds", r.IdleTimeoutSeconds, cfg.IdleTimeout, cfg.MaxIdleTimeout); err != nil {
+		return Spec{}, err
+	}
+	if s.MaxLifetime, err = boundedSeconds("max_lifetime_seconds", r.MaxLifetimeSeconds, cfg.MaxLifetime, cfg.MaxMaxLifetime); err != nil {
+		return Spec{}, err
+	}
+	if s.CPULimit, err = boundedQuantity("cpu", r.CPU, cfg.CPULimit, cfg.CPURequest, cfg.MaxCPULimit); err != nil {
+		return Spec{}, err
+	}
+	if s.MemoryLimit, err = boundedQuantity("memory", r.Memory, cfg.MemoryLimit, cfg.MemoryRequest, cfg.MaxMemoryLimit); err != nil {
+		return Spec{}, err
+	}
+	if s.Mounts, err = validateMounts(cfg, r.ExtraMounts); err != nil {
+		return Spec{}, err
+	}
+	return s, nil
+}
+
+func boundedSeconds(field string, v *int64, def, max time.Duration) (time.Duration, error) {
+	if v == nil {
+		return def, nil
+	}
+	d := time.Duration(*v) * time.Second
+	if *v < 1 || d > max || *v > int64(max/time.Second) {
+		return 0, Invalidf("%s must be between 1 and %d", field, int64(max/time.Second))
+	}
+	return d, nil
+}
+
+func boundedQuantity(field, v, def, min, max string) (resource.Quantity, error) {
+	if v == "" {
+		return resource.MustParse(def), nil
+	}
+	q, err := resource.ParseQuantity(v)
+	lo, hi := resource.MustParse(min), resource.MustParse(max)
+	if err != nil || q.Cmp(lo) < 0 || q.Cmp(hi) > 0 {
+		return resource.Quantity{}, Invalidf("%s %q must be a quantity between %s and %s", field, truncate(v), min, max)
+	}
+	return q, nil
+}
+
+// validateMounts enforces DeerFlow's rules: at most ten, host paths absolute,
+// clean and under the DeerFlow base directory, container paths from the
+// allow-list, and no container path twice.
+func validateMounts(cfg *config.Config, in []ExtraMount) ([]Mount, error) {
+	if len(in) > maxExtraMounts {
+		return nil, Invalidf("extra_mounts has %d entries; at most %d are allowed", len(in), maxExtraMounts)
+	}
+	base := cfg.HostBaseDir
+	out := make([]Mount, 0, len(in))
+	seen := map[string]bool{}
+	for i, m := range in {
+		where := fmt.Sprintf("extra_mounts[%d]", i)
+		hp := m.HostPath
+		switch {
+		case hp == "":
+			return nil, Invalidf("%s.host_path is required", where)
+		case !path.IsAbs(hp):
+			return nil, Invalidf("%s.host_path %q must be absolute", where, truncate(hp))
+		case strings.ContainsAny(hp, "\x00\\:") || hasDotSegment(hp) || path.Clean(hp) != hp:
+			return nil, Invalidf("%s.host_path %q must be a clean path without '.', '..', '\\' or ':'", where, truncate(hp))
+		case hp != base && !strings.HasPrefix(hp, base+"/") || hp == base:
+			return nil, Invalidf("%s.host_path %q must lie under %s", where, truncate(hp), base)
+		}
+		cp := m.ContainerPath
+		if !slices.Contains(config.AllowedExtraMountPaths, cp) {
+			return nil, Invalidf("%s.container_path %q is not allowed; use one of %s", where, truncate(cp), strings.Join(config.AllowedExtraMountPaths, ", "))
+		}
+		if seen[cp] {
+			return nil, Invalidf("%s.container_path %q appears twice", where, cp)
+		}
+		seen[cp] = true
+		ro := true
+		if m.ReadOnly != nil {
+			ro = *m.ReadOnly
+		}
+		out = append(out, Mount{HostPath: hp, ContainerPath: cp, ReadOnly: ro})
+	}
+	return out, nil
+}
+
+func hasDotSegment(p string) bool {
+	for _, seg := range strings.Split(p, "/") {
+		if seg == "." || seg == ".." {
+			return true
+		}
+	}
+	return false
+}
+
+// truncate keeps error messages short when a client sends a huge value.
+func truncate(s string) string {
+	const max = 80
+	if len(s) > max {
+		return s[:max] + "…"
+	}
+	return s
+}

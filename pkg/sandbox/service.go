@@ -1,0 +1,41 @@
+package sandbox
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
+)
+
+// BuildService returns the Service that exposes the sandbox Pod. It is owned
+// by the Pod, so the cluster's garbage collector removes it with the Pod
+// whatever happens to this process mid-request.
+func BuildService(cfg *config.Config, s Spec, pod *corev1.Pod) *corev1.Service {
+	return &corev1.Service{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:            ServiceName(s.ID),
+			Namespace:       cfg.Namespace,
+			Labels:          labels(s),
+			OwnerReferences: []metav1.OwnerReference{ownerRef(pod)},
+		},
+		Spec: corev1.ServiceSpec{
+			Type:     corev1.ServiceType(cfg.ServiceType),
+			Selector: map[string]string{LabelID: s.ID},
+			Ports: []corev1.ServicePort{{
+				Name: portName, Port: cfg.ContainerPort, TargetPort: intstr.FromInt32(cfg.ContainerPort), Protocol: corev1.ProtocolTCP,
+			}},
+		},
+	}
+}
+
+// ownerRef makes pod the controller-less owner of a dependent object. Not a
+// controller reference: nothing reconciles these objects but the GC.
+func ownerRef(pod *corev1.Pod) metav1.OwnerReference {
+	return metav1.OwnerReference{
+		APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID,
+		BlockOwnerDeletion: ptr.To(false),
+	}
+}

@@ -1,0 +1,175 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
+)
+
+// watchPod follows one Pod by watch, from the version we already hold, until
+// done says stop, the Pod is deleted (nil is passed to done), or ctx ends.
+// Watches the server closes are resumed; nothing here polls.
+func (m *Manager) watchPod(ctx context.Context, pod *corev1.Pod, done func(*corev1.Pod) bool) (*corev1.Pod, error) {
+	pods := m.client.CoreV1().Pods(m.cfg.Namespace)
+	current := pod
+	rv := pod.ResourceVersion
+	for {
+		w, err := pods.Watch(ctx, metav1.ListOptions{
+			FieldSelector:   fields.OneTermEqualSelector("metadata.name", pod.Name).String(),
+			ResourceVersion: rv,
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return current, ctx.Err()
+			}
+			return current, classify(err, "watch the sandbox Pod")
+		}
+		expired := false
+		for !expired {
+			select {
+			case <-ctx.Done():
+				w.Stop()
+				return current, ctx.Err()
+			case ev, ok := <-w.ResultChan():
+				if !ok {
+					expired = true
+					break
+				}
+				switch ev.Type {
+				case watch.Error:
+					// Usually "resource version too old": start over from a fresh read.
+					w.Stop()
+					fresh, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
+					if apierrors.IsNotFound(err) || (err == nil && fresh.UID != pod.UID) {
+						if done(nil) {
+							return nil, nil
+						}
+					} else if err != nil {
+						return current, classify(err, "read the sandbox Pod")
+					} else {
+						current, rv = fresh, fresh.ResourceVersion
+						if done(current) {
+							return current, nil
+						}
+					}
+					expired = true
+				case watch.Deleted:
+					w.Stop()
+					if done(nil) {
+						return nil, nil
+					}
+				case watch.Added, watch.Modified:
+					p, ok := ev.Object.(*corev1.Pod)
+					if !ok || p.UID != pod.UID {
+						continue
+					}
+					current, rv = p, p.ResourceVersion
+					if done(current) {
+						w.Stop()
+						return current, nil
+					}
+				}
+			}
+		}
+	}
+}
+
+// waitGone waits, bounded by SANDBOX_TERMINATING_WAIT, for a terminating Pod
+// to disappear, so that a create right after a delete recreates the sandbox
+// instead of answering with the dying one.
+func (m *Manager) waitGone(ctx context.Context, pod *corev1.Pod) error {
+	wctx, cancel := context.WithTimeout(ctx, m.cfg.TerminatingWait)
+	defer cancel()
+	_, err := m.watchPod(wctx, pod, func(p *corev1.Pod) bool { return p == nil })
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return classify(ctx.Err(), "wait for the old sandbox Pod to terminate")
+	}
+	if wctx.Err() != nil {
+		return &Error{Kind: KindConflict, Detail: fmt.Sprintf(
+			"sandbox %s is still terminating after %s; retry when it is gone", pod.Labels[LabelID], m.cfg.TerminatingWait)}
+	}
+	return err
+}
+
+// waitReady waits up to wait for the Pod to become Ready. When the wait ends
+// first it still answers, with the reason the Pod is not ready.
+func (m *Manager) waitReady(ctx context.Context, id string, pod *corev1.Pod, svc *corev1.Service, wait time.Duration) (Sandbox, error) {
+	if wait > m.cfg.MaxReadyWait {
+		wait = m.cfg.MaxReadyWait
+	}
+	if podReady(pod) {
+		return m.view(id, pod, svc), nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	last, err := m.watchPod(wctx, pod, func(p *corev1.Pod) bool {
+		return p == nil || podReady(p) || p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded
+	})
+	if err != nil && wctx.Err() == nil {
+		return Sandbox{}, err
+	}
+	if ctx.Err() != nil {
+		return Sandbox{}, classify(ctx.Err(), "wait for the sandbox to become ready")
+	}
+	sb := m.view(id, last, svc)
+	if last != nil && podReady(last) {
+		m.observer.CreateToReady(readySince(last).Sub(last.CreationTimestamp.Time))
+		return sb, nil
+	}
+	sb.Reason = notReadyReason(last)
+	sb.WaitTimedOut = err != nil
+	return sb, nil
+}
+
+func readySince(pod *corev1.Pod) time.Time {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady && !c.LastTransitionTime.IsZero() {
+			return c.LastTransitionTime.Time
+		}
+	}
+	return time.Now()
+}
+
+// notReadyReason says what a Pod is stuck on, in the terms kubectl shows.
+func notReadyReason(pod *corev1.Pod) string {
+	if pod == nil {
+		return "the Pod was deleted"
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
+			return strings.TrimSpace(fmt.Sprintf("%s: %s", orDefault(c.Reason, "Unschedulable"), c.Message))
+		}
+	}
+	for _, cs := range append(append([]corev1.ContainerStatus{}, pod.Status.InitContainerStatuses...), pod.Status.ContainerStatuses...) {
+		if w := cs.State.Waiting; w != nil && w.Reason != "" && w.Reason != "ContainerCreating" && w.Reason != "PodInitializing" {
+			return strings.TrimSpace(fmt.Sprintf("container %s: %s: %s", cs.Name, w.Reason, w.Message))
+		}
+		if t := cs.State.Terminated; t != nil {
+			return fmt.Sprintf("container %s terminated: %s (exit code %d)", cs.Name, t.Reason, t.ExitCode)
+		}
+	}
+	if pod.Status.Reason != "" {
+		return fmt.Sprintf("Pod is %s: %s %s", pod.Status.Phase, pod.Status.Reason, pod.Status.Message)
+	}
+	if pod.Spec.NodeName == "" {
+		return "the Pod is not scheduled yet"
+	}
+	return fmt.Sprintf("the Pod is %s on node %s and not ready yet", orDefault(string(pod.Status.Phase), "Pending"), pod.Spec.NodeName)
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
