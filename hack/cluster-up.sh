@@ -24,6 +24,7 @@ else
     --kube-controller-manager-binary "$KUBE_BIN_DIR/kube-controller-manager" \
     --kwok-controller-binary "$KWOK_BIN_DIR/kwok" \
     --etcd-binary "$ETCD_BIN" \
+    --extra-args kube-apiserver=service-cluster-ip-range=10.96.0.0/16 \
     --kubeconfig "$KWOK_WORKDIR/kubeconfig-merged" \
     --timeout 120s >/dev/null
 fi

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 )
@@ -94,6 +95,9 @@ func classify(err error, action string) error {
 		return newError(KindTimeout, err, "the Kubernetes API server did not answer in time while trying to %s; retry", action)
 	case errors.Is(err, context.Canceled):
 		return newError(KindUnavailable, err, "the request was cancelled while trying to %s", action)
+	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "error looking up service account"):
+		// A namespace seconds old has no default ServiceAccount yet.
+		return newError(KindUnavailable, err, "the namespace's ServiceAccount does not exist yet, so the API server refused to %s; retry", action)
 	case apierrors.IsForbidden(err):
 		return newError(KindInternal, err, "the provisioner's ServiceAccount is not allowed to %s; check its Role", action)
 	case apierrors.IsInvalid(err):

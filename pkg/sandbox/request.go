@@ -103,6 +103,9 @@ func DecodeCreateRequest(body []byte) (CreateRequest, error) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&req); err != nil {
 		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) && typeErr.Field == "" {
+			return req, Invalidf("request body must be a JSON object, not %s", typeErr.Value)
+		}
 		if errors.As(err, &typeErr) {
 			return req, Invalidf("field %q must be of JSON type %s, not %s", typeErr.Field, jsonTypeName(typeErr.Type.String()), typeErr.Value)
 		}

@@ -1,0 +1,92 @@
+# Sandbox provisioner: a Knative Function that provisions DeerFlow sandboxes.
+# `make help` lists the targets.
+
+SHELL := /usr/bin/env bash
+.SHELLFLAGS := -o errexit -o nounset -o pipefail -c
+.DEFAULT_GOAL := help
+
+GO       ?= go
+VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS  := -s -w -X github.com/deerflow-sandbox/provisioner/pkg/httpapi.Version=$(VERSION)
+BIN_DIR  := bin
+E2E_TIMEOUT ?= 40m
+
+##@ General
+
+## help: show this help
+.PHONY: help
+help:
+	@awk 'BEGIN {FS = ":.*?## "} /^##@/ {printf "\n\033[1m%s\033[0m\n", substr($$0, 5)} /^## / {sub(/^## /, ""); i = index($$0, ": "); printf "  \033[36m%-14s\033[0m %s\n", substr($$0, 1, i - 1), substr($$0, i + 2)}' $(MAKEFILE_LIST)
+
+##@ Develop
+
+## build: build the provisioner binary into bin/
+.PHONY: build
+build:
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN_DIR)/provisioner ./cmd/provisioner
+
+## run: serve the function on 127.0.0.1:8080 (brings up a local kwok cluster when KUBECONFIG is unset)
+.PHONY: run
+run: build
+	hack/run.sh $(BIN_DIR)/provisioner
+
+## tools: build/install etcd, kwok and the Kubernetes control plane (cached)
+.PHONY: tools
+tools:
+	hack/install-tools.sh
+
+## cluster-up: bring up the local kwok cluster and print its kubeconfig path
+.PHONY: cluster-up
+cluster-up:
+	hack/cluster-up.sh
+
+## cluster-down: delete the local kwok cluster
+.PHONY: cluster-down
+cluster-down:
+	hack/cluster-down.sh
+
+##@ Test
+
+## test: run every test: unit, fuzz seed corpora and end-to-end against a real API server
+.PHONY: test
+test: test-unit test-e2e
+
+## test-unit: run the unit tests (and the fuzz seed corpora)
+.PHONY: test-unit
+test-unit:
+	$(GO) test -race -count=1 ./...
+
+## test-e2e: run the end-to-end suite against a kwok cluster it starts itself
+.PHONY: test-e2e
+test-e2e: tools
+	$(GO) test -tags e2e -count=1 -timeout $(E2E_TIMEOUT) -v ./test/e2e/... 2>&1 | hack/summarize-tests.sh
+
+## bench: measure latency, throughput, cold start and memory against the client-go floor
+.PHONY: bench
+bench: tools
+	$(GO) test -tags e2e -count=1 -timeout 30m -run '^$$' -bench . -benchtime 1x ./test/bench/...
+
+## load: create and destroy 1,000 sandboxes at concurrency 32 and check nothing is left behind
+.PHONY: load
+load: tools
+	LOAD=1 $(GO) test -tags e2e -count=1 -timeout 20m -v -run 'TestLoad' ./test/e2e/...
+
+## fuzz: run each fuzz target for FUZZTIME (default 1m)
+.PHONY: fuzz
+fuzz:
+	hack/fuzz.sh $(or $(FUZZTIME),1m)
+
+##@ Verify
+
+## verify: check formatting, vet and go.mod tidiness
+.PHONY: verify
+verify:
+	hack/verify-gofmt.sh
+	hack/verify-govet.sh
+	hack/verify-gomod.sh
+
+## update: apply gofmt and go mod tidy
+.PHONY: update
+update:
+	hack/update-gofmt.sh
+	hack/update-gomod.sh

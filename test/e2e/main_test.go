@@ -1,0 +1,146 @@
+//go:build e2e
+
+// Package e2e runs the provisioner against a real kube-apiserver (with kwok
+// nodes) that the suite starts itself.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/deerflow-sandbox/provisioner/test/apiproxy"
+	"github.com/deerflow-sandbox/provisioner/test/cluster"
+	"github.com/deerflow-sandbox/provisioner/test/harness"
+)
+
+var (
+	kc         *cluster.Cluster
+	proxy      *apiproxy.Proxy
+	kubeconfig string // points at the proxy
+	workdir    string
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	start := time.Now()
+	var err error
+	if kc, err = cluster.Up(ctx, "e2e", 2); err != nil {
+		fmt.Fprintln(os.Stderr, "bringing up the test cluster:", err)
+		return 1
+	}
+	defer kc.Down()
+	if proxy, err = apiproxy.Start(kc.Config); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer proxy.Close()
+	if workdir, err = os.MkdirTemp("", "e2e-"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(workdir)
+	if kubeconfig, err = proxy.WriteKubeconfig(workdir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Fprintf(os.Stderr, "test cluster up in %s\n", time.Since(start).Round(time.Millisecond))
+	return m.Run()
+}
+
+func client() kubernetes.Interface { return kc.Client }
+
+// namespace creates a namespace for one test and deletes it afterwards.
+func namespace(t *testing.T) string {
+	t.Helper()
+	name := strings.ToLower(strings.NewReplacer("/", "-", "_", "-").Replace(t.Name()))
+	if len(name) > 50 {
+		name = name[:50]
+	}
+	name = strings.Trim(name, "-") + "-" + fmt.Sprint(time.Now().UnixNano()%100000)
+	if err := kc.EnsureNamespace(context.Background(), name); err != nil {
+		t.Fatal(err)
+	}
+	// Pods are refused until the ServiceAccount controller made "default".
+	eventually(t, 30*time.Second, "default ServiceAccount", func() (bool, error) {
+		_, err := kc.Client.CoreV1().ServiceAccounts(name).Get(context.Background(), "default", metav1.GetOptions{})
+		return err == nil, err
+	})
+	t.Cleanup(func() {
+		_ = kc.Client.CoreV1().Namespaces().Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+	return name
+}
+
+// start runs a function for ns, with extra settings over the base ones.
+func start(t *testing.T, ns string, extra map[string]string) *harness.Function {
+	t.Helper()
+	env := harness.BaseEnv(kubeconfig, ns)
+	for k, v := range extra {
+		env[k] = v
+	}
+	return harness.Start(t, env)
+}
+
+// eventually polls cond (bounded by timeout) until it holds.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var lastErr error
+	for time.Now().Before(deadline) {
+		ok, err := cond()
+		if ok {
+			return
+		}
+		lastErr = err
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s: not true after %s (last error: %v)", what, timeout, lastErr)
+}
+
+func pods(t *testing.T, ns, selector string) []corev1.Pod {
+	t.Helper()
+	l, err := client().CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l.Items
+}
+
+func services(t *testing.T, ns, selector string) []corev1.Service {
+	t.Helper()
+	l, err := client().CoreV1().Services(ns).List(context.Background(), metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l.Items
+}
+
+// mustDo sends a request and fails the test on a transport error.
+func mustDo(t *testing.T, f *harness.Function, method, path string, body any) harness.Response {
+	t.Helper()
+	r, err := f.Do(method, path, body)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	return r
+}
+
+func expectCode(t *testing.T, r harness.Response, want int, what string) {
+	t.Helper()
+	if r.Code != want {
+		t.Fatalf("%s: status %d, want %d; body %s", what, r.Code, want, r.Raw)
+	}
+}

@@ -1,0 +1,225 @@
+// Package harness starts the function for tests and benchmarks, in-process on
+// 127.0.0.1:0 (as func-go's own tests do) or as the built binary, and talks
+// to it over real HTTP.
+package harness
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	function "github.com/deerflow-sandbox/provisioner"
+	"github.com/deerflow-sandbox/provisioner/pkg/server"
+)
+
+// Key is the API key tests configure.
+const Key = "test-key"
+
+// Function is a running function instance.
+type Function struct {
+	URL    string
+	Client *http.Client
+	cancel context.CancelFunc
+	done   chan error
+	cmd    *exec.Cmd
+}
+
+// BaseEnv is the configuration every test starts from.
+func BaseEnv(kubeconfig, namespace string) map[string]string {
+	return map[string]string{
+		"KUBECONFIG_PATH":        kubeconfig,
+		"K8S_NAMESPACE":          namespace,
+		"PROVISIONER_API_KEY":    Key,
+		"NODE_HOST":              "127.0.0.1",
+		"SANDBOX_IMAGE":          "sandbox:test",
+		"LOG_LEVEL":              "warn",
+		"EMIT_KUBERNETES_EVENTS": "true",
+	}
+}
+
+// Start runs the function in this process with env (via t.Setenv, so tests
+// that use it must not run in parallel) and waits until it is ready.
+func Start(t testing.TB, env map[string]string) *Function {
+	t.Helper()
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	f := &Function{URL: "http://" + ln.Addr().String(), Client: &http.Client{Timeout: 60 * time.Second}, cancel: cancel, done: make(chan error, 1)}
+	go func() { f.done <- server.Serve(ctx, function.New(), ln, 10*time.Second) }()
+	t.Cleanup(f.Stop)
+	if err := f.WaitReady(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// Stop shuts the in-process function down (drain included).
+func (f *Function) Stop() {
+	if f.cancel != nil {
+		f.cancel()
+		select {
+		case <-f.done:
+		case <-time.After(15 * time.Second):
+		}
+		f.cancel = nil
+	}
+	if f.cmd != nil && f.cmd.Process != nil {
+		_ = f.cmd.Process.Kill()
+		_ = f.cmd.Wait()
+		f.cmd = nil
+	}
+}
+
+// WaitReady polls /health/readiness (bounded) until it answers 200.
+func (f *Function) WaitReady(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		resp, err := f.Client.Get(f.URL + "/health/readiness")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("function at %s not ready after %s (last: %v)", f.URL, timeout, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Response is a decoded answer.
+type Response struct {
+	Code   int
+	Body   map[string]any
+	Raw    []byte
+	Header http.Header
+}
+
+// Detail returns the error detail of the answer.
+func (r Response) Detail() string { s, _ := r.Body["detail"].(string); return s }
+
+// Do sends a request with the test API key. body may be nil, a string
+// (sent as is) or any value (sent as JSON).
+func (f *Function) Do(method, path string, body any) (Response, error) {
+	return f.DoWithHeaders(method, path, body, map[string]string{"X-API-Key": Key})
+}
+
+// DoWithHeaders sends a request with exactly the given headers.
+func (f *Function) DoWithHeaders(method, path string, body any, headers map[string]string) (Response, error) {
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		rd = bytes.NewBufferString(b)
+	case []byte:
+		rd = bytes.NewReader(b)
+	default:
+		raw, err := json.Marshal(b)
+		if err != nil {
+			return Response{}, err
+		}
+		rd = bytes.NewReader(raw)
+	}
+	req, err := http.NewRequest(method, f.URL+path, rd)
+	if err != nil {
+		return Response{}, err
+	}
+	if rd != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	resp, err := f.Client.Do(req)
+	if err != nil {
+		return Response{}, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return Response{}, err
+	}
+	out := Response{Code: resp.StatusCode, Raw: raw, Header: resp.Header}
+	_ = json.Unmarshal(raw, &out.Body)
+	return out, nil
+}
+
+// Build compiles the provisioner binary into dir and returns its path.
+func Build(dir string) (string, error) {
+	bin := filepath.Join(dir, "provisioner")
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/deerflow-sandbox/provisioner/cmd/provisioner")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build: %w\n%s", err, out)
+	}
+	return bin, nil
+}
+
+// FreeAddr returns a loopback address with a free port.
+func FreeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// StartBinary runs the built binary as a separate process with env and
+// waits until it is ready. Logs go to logPath.
+func StartBinary(bin string, env map[string]string, logPath string) (*Function, error) {
+	addr, err := FreeAddr()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), "LISTEN_ADDRESS="+addr)
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	f := &Function{URL: "http://" + addr, Client: &http.Client{Timeout: 60 * time.Second}, cmd: cmd}
+	if err := f.WaitReady(20 * time.Second); err != nil {
+		f.Stop()
+		return nil, err
+	}
+	return f, nil
+}
+
+// Kill ends a binary function with SIGKILL: no drain, no cleanup.
+func (f *Function) Kill() {
+	if f.cmd != nil && f.cmd.Process != nil {
+		_ = f.cmd.Process.Kill()
+		_ = f.cmd.Wait()
+		f.cmd = nil
+	}
+}
+
+// PID returns the process id of a binary function.
+func (f *Function) PID() int {
+	if f.cmd == nil || f.cmd.Process == nil {
+		return 0
+	}
+	return f.cmd.Process.Pid
+}
