@@ -6,7 +6,9 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
+	"regexp"
 	"path"
 	"strings"
 	"time"
@@ -97,6 +99,8 @@ type Config struct {
 	ClientBurst            int               `envconfig:"K8S_CLIENT_BURST" default:"200"`
 	FunctionSourceOverride string            `envconfig:"K_SERVICE"`
 }
+
+var capabilityPattern = regexp.MustCompile(`^[A-Z_]+$`)
 
 // AllowedExtraMountPaths is DeerFlow's allow-list of container paths that an
 // extra mount may target. Anything else is refused.
@@ -209,6 +213,24 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxRequestBodyBytes < 1024 {
 		bad("MAX_REQUEST_BODY_BYTES", "%d is below 1024", c.MaxRequestBodyBytes)
+	}
+	for _, list := range []struct {
+		name  string
+		cidrs []string
+	}{{"SANDBOX_EGRESS_DENY_CIDRS", c.EgressDenyCIDRs}, {"SANDBOX_EGRESS_ALLOW_CIDRS", c.EgressAllowCIDRs}} {
+		for _, cidr := range list.cidrs {
+			if _, _, err := net.ParseCIDR(cidr); err != nil {
+				bad(list.name, "%q is not a CIDR such as 169.254.169.254/32", cidr)
+			}
+		}
+	}
+	for _, capability := range c.CapabilitiesAdd {
+		if !capabilityPattern.MatchString(capability) {
+			bad("SANDBOX_CAPABILITIES_ADD", "%q is not a capability name such as CHOWN", capability)
+		}
+		if capability == "SYS_ADMIN" || capability == "ALL" || capability == "NET_RAW" || capability == "SYS_PTRACE" || capability == "SYS_MODULE" {
+			bad("SANDBOX_CAPABILITIES_ADD", "%s would let a sandbox escape or attack its node; refused", capability)
+		}
 	}
 	if c.NodeHost == "" || strings.ContainsAny(c.NodeHost, "/ @?#") {
 		bad("NODE_HOST", "%q must be a bare host name or address", c.NodeHost)

@@ -1,0 +1,90 @@
+package config
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestLoadDefaultsMatchDeerFlow(t *testing.T) {
+	c, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]any{
+		"K8S_NAMESPACE": c.Namespace, "SKILLS_HOST_PATH": c.SkillsHostPath, "THREADS_HOST_PATH": c.ThreadsHostPath,
+		"DEER_FLOW_HOST_BASE_DIR": c.HostBaseDir, "SANDBOX_CONTAINER_PORT": c.ContainerPort, "SANDBOX_SERVICE_TYPE": c.ServiceType,
+		"NODE_HOST": c.NodeHost, "SANDBOX_IDLE_TIMEOUT": c.IdleTimeout, "auth configured": c.AuthConfigured(),
+	}
+	want := map[string]any{
+		"K8S_NAMESPACE": "deer-flow", "SKILLS_HOST_PATH": "/skills", "THREADS_HOST_PATH": "/.deer-flow/threads",
+		"DEER_FLOW_HOST_BASE_DIR": "/.deer-flow", "SANDBOX_CONTAINER_PORT": int32(8080), "SANDBOX_SERVICE_TYPE": "NodePort",
+		"NODE_HOST": "host.docker.internal", "SANDBOX_IDLE_TIMEOUT": time.Hour, "auth configured": false,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("defaults (-want +got):\n%s", diff)
+	}
+}
+
+func TestLoadRejectsBadValuesNamingTheVariable(t *testing.T) {
+	tests := []struct{ name, value string }{
+		{"K8S_NAMESPACE", "Deer_Flow"},
+		{"SANDBOX_SERVICE_TYPE", "LoadBalancer"},
+		{"SANDBOX_CONTAINER_PORT", "70000"},
+		{"SANDBOX_CONTAINER_PORT", "http"},
+		{"SKILLS_HOST_PATH", "skills"},
+		{"DEER_FLOW_HOST_BASE_DIR", "/a/../b"},
+		{"K8S_API_SERVER", "ftp://x"},
+		{"SANDBOX_IDLE_TIMEOUT", "soon"},
+		{"SANDBOX_IDLE_TIMEOUT", "-1s"},
+		{"SANDBOX_CPU_LIMIT", "lots"},
+		{"SANDBOX_TOLERATIONS", "key=value"},
+		{"SANDBOX_RUNTIME_CLASS", "Not Valid"},
+		{"SKILLS_PVC_SUBPATH_TEMPLATE", "/abs/{name}"},
+		{"USERDATA_PVC_NAME", "UPPER"},
+		{"NODE_HOST", "http://x"},
+		{"LOG_LEVEL", "loud"},
+		{"SANDBOX_EGRESS_DENY_CIDRS", "169.254.169.254"},
+		{"SANDBOX_CAPABILITIES_ADD", "sys_admin"},
+		{"MAX_SANDBOXES", "-1"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
+			t.Setenv(tc.name, tc.value)
+			_, err := Load()
+			if err == nil || !strings.Contains(err.Error(), tc.name) {
+				t.Errorf("Load() error = %v, want one naming %s", err, tc.name)
+			}
+		})
+	}
+}
+
+func TestParseTolerations(t *testing.T) {
+	got, err := ParseTolerations([]string{"dedicated=sandbox:NoSchedule", "gpu:NoExecute"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].Value != "sandbox" || got[1].Operator != "Exists" {
+		t.Errorf("ParseTolerations = %+v", got)
+	}
+}
+
+func FuzzConfig(f *testing.F) {
+	f.Add("K8S_NAMESPACE", "deer-flow")
+	f.Add("SANDBOX_TOLERATIONS", "a=b:NoSchedule,c:NoExecute")
+	f.Add("SANDBOX_NODE_SELECTOR", "a:b,c:d")
+	f.Add("SANDBOX_EGRESS_DENY_CIDRS", "10.0.0.0/8")
+	f.Fuzz(func(t *testing.T, name, value string) {
+		known := map[string]bool{"K8S_NAMESPACE": true, "SANDBOX_TOLERATIONS": true, "SANDBOX_NODE_SELECTOR": true,
+			"SANDBOX_EGRESS_DENY_CIDRS": true, "SANDBOX_CPU_LIMIT": true, "SANDBOX_IDLE_TIMEOUT": true, "NODE_HOST": true}
+		if !known[name] || strings.ContainsRune(value, 0) {
+			return
+		}
+		t.Setenv(name, value)
+		if _, err := Load(); err != nil && err.Error() == "" {
+			t.Fatal("empty error")
+		}
+	})
+}

@@ -1,0 +1,226 @@
+package events
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+)
+
+// fakeOps records calls; the domain itself is tested against a real API server.
+type fakeOps struct{ calls []string }
+
+func (f *fakeOps) Create(_ context.Context, s sandbox.Spec, _ time.Duration) (sandbox.Sandbox, error) {
+	f.calls = append(f.calls, "create "+s.ID)
+	return sandbox.Sandbox{ID: s.ID, URL: "http://n:1", Status: "Pending"}, nil
+}
+func (f *fakeOps) Get(_ context.Context, id string, _ time.Duration) (sandbox.Sandbox, error) {
+	f.calls = append(f.calls, "get "+id)
+	if id == "missing" {
+		return sandbox.Sandbox{}, &sandbox.Error{Kind: sandbox.KindNotFound, Detail: "sandbox missing not found"}
+	}
+	return sandbox.Sandbox{ID: id, Status: "Running"}, nil
+}
+func (f *fakeOps) List(context.Context) ([]sandbox.Sandbox, error) {
+	f.calls = append(f.calls, "list")
+	return []sandbox.Sandbox{}, nil
+}
+func (f *fakeOps) Destroy(_ context.Context, id string) error {
+	f.calls = append(f.calls, "destroy "+id)
+	return nil
+}
+func (f *fakeOps) Reap(context.Context) (sandbox.Reaped, error) {
+	f.calls = append(f.calls, "reap")
+	return sandbox.Reaped{Removed: []sandbox.ReapedSandbox{}}, nil
+}
+
+func newHandler(t testing.TB, env map[string]string) (*Handler, *fakeOps) {
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	cfg, err := config.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops := &fakeOps{}
+	return New(cfg, ops, metrics.New()), ops
+}
+
+func binaryEvent(typ, subject, data string, extra map[string]string) *http.Request {
+	r := httptest.NewRequest("POST", "/", strings.NewReader(data))
+	r.Header.Set("Ce-Specversion", "1.0")
+	r.Header.Set("Ce-Id", "id-1")
+	r.Header.Set("Ce-Source", "/test")
+	r.Header.Set("Ce-Type", typ)
+	if subject != "" {
+		r.Header.Set("Ce-Subject", subject)
+	}
+	r.Header.Set("Content-Type", "application/json")
+	for k, v := range extra {
+		r.Header.Set(k, v)
+	}
+	return r
+}
+
+func TestRouting(t *testing.T) {
+	h, ops := newHandler(t, map[string]string{"PROVISIONER_API_KEY": "k"})
+	key := map[string]string{"X-API-Key": "k"}
+	tests := []struct {
+		name      string
+		req       *http.Request
+		wantCode  int
+		wantType  string
+		wantSubj  string
+		wantCalls []string
+	}{
+		{"create", binaryEvent(TypeCreate, "", `{"sandbox_id":"abc"}`, key), 200, TypeCreated, "abc", []string{"create abc"}},
+		{"create by subject", binaryEvent(TypeCreate, "abd", `{}`, key), 200, TypeCreated, "abd", []string{"create abd"}},
+		{"get by subject", binaryEvent(TypeGet, "abc", ``, nil), 200, TypeStatus, "abc", []string{"get abc"}},
+		{"get missing", binaryEvent(TypeGet, "missing", ``, nil), 404, "", "", []string{"get missing"}},
+		{"list", binaryEvent(TypeList, "", ``, nil), 200, TypeListed, "", []string{"list"}},
+		{"destroy", binaryEvent(TypeDestroy, "", `{"sandbox_id":"abc"}`, key), 200, TypeDestroyed, "abc", []string{"destroy abc"}},
+		{"ping reaps", binaryEvent(TypePing, "", ``, nil), 200, TypeReaped, "", []string{"reap"}},
+		{"reap", binaryEvent(TypeReap, "", ``, nil), 200, TypeReaped, "", []string{"reap"}},
+		{"create without key is refused", binaryEvent(TypeCreate, "", `{"sandbox_id":"abc"}`, nil), 401, "", "", nil},
+		{"destroy with a wrong key extension is refused", binaryEvent(TypeDestroy, "abc", ``, map[string]string{"Ce-Apikey": "nope"}), 401, "", "", nil},
+		{"create with the key extension", binaryEvent(TypeCreate, "", `{"sandbox_id":"abe"}`, map[string]string{"Ce-Apikey": "k"}), 200, TypeCreated, "abe", []string{"create abe"}},
+		{"unknown type", binaryEvent("boson.fn", "", `{"message":"Hello World"}`, nil), 400, "", "", nil},
+		{"invalid data", binaryEvent(TypeCreate, "", `{"sandbox_id":"UPPER"}`, key), 422, "", "", nil},
+		{"undecodable data", binaryEvent(TypeCreate, "", `{"sandbox_id":`, key), 422, "", "", nil},
+		{"missing id", binaryEvent(TypeGet, "", `{}`, nil), 422, "", "", nil},
+		{"malformed event", func() *http.Request {
+			r := binaryEvent(TypeGet, "abc", ``, nil)
+			r.Header.Del("Ce-Id")
+			return r
+		}(), 400, "", "", nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ops.calls = nil
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, tc.req)
+			if w.Code != tc.wantCode {
+				t.Fatalf("status %d, want %d: %s", w.Code, tc.wantCode, w.Body)
+			}
+			if diff := cmp.Diff(tc.wantCalls, ops.calls); diff != "" {
+				t.Errorf("calls (-want +got):\n%s", diff)
+			}
+			if tc.wantCode != 200 {
+				var body map[string]string
+				if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil || body["detail"] == "" {
+					t.Errorf("error without detail: %s", w.Body)
+				}
+				return
+			}
+			if got := w.Header().Get("Ce-Type"); got != tc.wantType {
+				t.Errorf("reply type %q, want %q", got, tc.wantType)
+			}
+			if got := w.Header().Get("Ce-Subject"); got != tc.wantSubj {
+				t.Errorf("reply subject %q, want %q", got, tc.wantSubj)
+			}
+			if w.Header().Get("Ce-Source") == "" || w.Header().Get("Ce-Id") == "" {
+				t.Errorf("reply lacks source or id: %v", w.Header())
+			}
+		})
+	}
+}
+
+func TestReplyTypesNeverEqualRequestTypes(t *testing.T) {
+	for req, op := range operations {
+		if _, loops := operations[op.replyType]; loops {
+			t.Errorf("reply type %s of %s is itself a request type: a broker trigger would loop", op.replyType, req)
+		}
+	}
+}
+
+func TestUnknownTypeNamesSupportedTypes(t *testing.T) {
+	h, _ := newHandler(t, nil)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, binaryEvent("boson.fn", "", `{"message":"Hello World"}`, nil))
+	for _, typ := range RequestTypes {
+		if !strings.Contains(w.Body.String(), typ) {
+			t.Errorf("detail does not name %s: %s", typ, w.Body)
+		}
+	}
+}
+
+func TestSourceAllowlist(t *testing.T) {
+	h, ops := newHandler(t, map[string]string{"EVENT_SOURCE_ALLOWLIST": "/apis/v1/namespaces/deer-flow/pingsources/reap"})
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, binaryEvent(TypeReap, "", ``, nil))
+	if w.Code != http.StatusForbidden || len(ops.calls) != 0 {
+		t.Errorf("event from a source outside the allow-list: %d %v", w.Code, ops.calls)
+	}
+}
+
+func TestInvoke(t *testing.T) {
+	h, ops := newHandler(t, map[string]string{"EVENTS_TRUST_NETWORK": "true"})
+	tests := []struct {
+		body      string
+		wantCode  int
+		wantCalls []string
+	}{
+		{`{"message":"Hello World"}`, 400, nil},
+		{`not json`, 400, nil},
+		{`{"operation":"explode"}`, 400, nil},
+		{`{"operation":"create","sandbox_id":"abc"}`, 200, []string{"create abc"}},
+		{`{"operation":"get","sandbox_id":"abc"}`, 200, []string{"get abc"}},
+		{`{"operation":"list"}`, 200, []string{"list"}},
+		{`{"operation":"destroy","sandbox_id":"abc"}`, 200, []string{"destroy abc"}},
+		{`{"operation":"reap"}`, 200, []string{"reap"}},
+	}
+	for _, tc := range tests {
+		ops.calls = nil
+		w := httptest.NewRecorder()
+		h.Invoke(w, httptest.NewRequest("POST", "/", bytes.NewBufferString(tc.body)))
+		if w.Code != tc.wantCode {
+			t.Errorf("%s: status %d, want %d: %s", tc.body, w.Code, tc.wantCode, w.Body)
+		}
+		if diff := cmp.Diff(tc.wantCalls, ops.calls); diff != "" {
+			t.Errorf("%s: calls (-want +got):\n%s", tc.body, diff)
+		}
+	}
+}
+
+// FuzzEvent sends arbitrary event attributes and data: the handler must
+// answer every one without panicking, and never with a 5xx (the fake domain
+// never fails, so any 5xx would be ours).
+func FuzzEvent(f *testing.F) {
+	f.Add(TypeCreate, "", `{"sandbox_id":"abc"}`, false)
+	f.Add(TypeGet, "abc", ``, false)
+	f.Add("boson.fn", "", `{"message":"Hello World"}`, true)
+	f.Add(TypeDestroy, "../x", `{"sandbox_id":1}`, true)
+	f.Fuzz(func(t *testing.T, typ, subject, data string, structured bool) {
+		h, _ := newHandler(t, map[string]string{"EVENTS_TRUST_NETWORK": "true"})
+		var r *http.Request
+		if structured {
+			ev := map[string]any{"specversion": "1.0", "id": "1", "source": "/f", "type": typ, "subject": subject, "datacontenttype": "application/json"}
+			if json.Valid([]byte(data)) {
+				ev["data"] = json.RawMessage(data)
+			}
+			raw, _ := json.Marshal(ev)
+			r = httptest.NewRequest("POST", "/", bytes.NewReader(raw))
+			r.Header.Set("Content-Type", "application/cloudevents+json")
+		} else {
+			if strings.ContainsAny(typ+subject, "\r\n\x00") {
+				return
+			}
+			r = binaryEvent(typ, subject, data, nil)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code >= 500 {
+			t.Fatalf("status %d for type %q subject %q data %q: %s", w.Code, typ, subject, data, w.Body)
+		}
+	})
+}

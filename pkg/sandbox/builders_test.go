@@ -1,0 +1,324 @@
+package sandbox
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
+)
+
+var created = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func testConfig(t *testing.T, env map[string]string) *config.Config {
+	t.Helper()
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	c, err := config.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func testSpec() Spec {
+	return Spec{
+		ID: "0123456789abcdef", ThreadID: "t1", UserID: "user-1",
+		IdleTimeout: time.Hour, MaxLifetime: 24 * time.Hour,
+		CPULimit: resource.MustParse("1"), MemoryLimit: resource.MustParse("1Gi"),
+		Now: created,
+	}
+}
+
+func wantLabels() map[string]string {
+	return map[string]string{
+		"app": "deer-flow-sandbox", "sandbox-id": "0123456789abcdef",
+		"app.kubernetes.io/name": "deer-flow", "app.kubernetes.io/component": "sandbox",
+		"app.kubernetes.io/managed-by": "deerflow-sandbox-provisioner",
+		"sandbox.deerflow.dev/user":    "user-1", "sandbox.deerflow.dev/thread": "t1",
+	}
+}
+
+func wantAnnotations() map[string]string {
+	return map[string]string{
+		"sandbox.deerflow.dev/user-id": "user-1", "sandbox.deerflow.dev/thread-id": "t1",
+		"sandbox.deerflow.dev/created-at":           "2026-01-02T03:04:05Z",
+		"sandbox.deerflow.dev/last-activity":        "2026-01-02T03:04:05Z",
+		"sandbox.deerflow.dev/idle-timeout-seconds": "3600",
+		"sandbox.deerflow.dev/max-lifetime-seconds": "86400",
+		"sandbox.deerflow.dev/expires-at":           "2026-01-02T04:04:05Z",
+	}
+}
+
+func hostPath(name, path string) corev1.Volume {
+	return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{
+		Path: path, Type: ptr.To(corev1.HostPathDirectoryOrCreate)}}}
+}
+
+// wantPod is DeerFlow's Pod with our hardening, for the given volumes.
+func wantPod(volumes []corev1.Volume, mounts []corev1.VolumeMount, env []corev1.EnvVar) *corev1.Pod {
+	probe := func(delay, period int32) *corev1.Probe {
+		return &corev1.Probe{
+			ProbeHandler:        corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/v1/sandbox", Port: intstr.FromInt32(8080), Scheme: corev1.URISchemeHTTP}},
+			InitialDelaySeconds: delay, PeriodSeconds: period, TimeoutSeconds: 3, FailureThreshold: 3, SuccessThreshold: 1,
+		}
+	}
+	return &corev1.Pod{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{Name: "sandbox-0123456789abcdef", Namespace: "deer-flow", Labels: wantLabels(), Annotations: wantAnnotations()},
+		Spec: corev1.PodSpec{
+			Containers: []corev1.Container{{
+				Name: "sandbox", Image: "sandbox:1", ImagePullPolicy: corev1.PullIfNotPresent,
+				Ports:          []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}},
+				Env:            env,
+				ReadinessProbe: probe(5, 5), LivenessProbe: probe(10, 10),
+				Resources: corev1.ResourceRequirements{
+					Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("256Mi"), corev1.ResourceEphemeralStorage: resource.MustParse("500Mi")},
+					Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("1Gi"), corev1.ResourceEphemeralStorage: resource.MustParse("500Mi")},
+				},
+				VolumeMounts: mounts,
+				SecurityContext: &corev1.SecurityContext{
+					Privileged: ptr.To(false), AllowPrivilegeEscalation: ptr.To(false), ReadOnlyRootFilesystem: ptr.To(false),
+					Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"},
+						Add: []corev1.Capability{"CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "NET_BIND_SERVICE", "SETGID", "SETUID"}},
+					SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+				},
+			}},
+			Volumes:                       volumes,
+			RestartPolicy:                 corev1.RestartPolicyAlways,
+			ActiveDeadlineSeconds:         ptr.To(int64(86400)),
+			AutomountServiceAccountToken:  ptr.To(false),
+			EnableServiceLinks:            ptr.To(false),
+			TerminationGracePeriodSeconds: ptr.To(int64(10)),
+			SecurityContext:               &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
+		},
+	}
+}
+
+func TestBuildPod(t *testing.T) {
+	tests := []struct {
+		name string
+		env  map[string]string
+		spec func(*Spec)
+		want *corev1.Pod
+	}{{
+		name: "host-path mode",
+		want: wantPod(
+			[]corev1.Volume{hostPath("skills-public", "/skills/public"), hostPath("skills-custom", "/skills/custom"), hostPath("user-data", "/.deer-flow/threads/t1/user-data")},
+			[]corev1.VolumeMount{
+				{Name: "skills-public", MountPath: "/mnt/skills/public", ReadOnly: true},
+				{Name: "skills-custom", MountPath: "/mnt/skills/custom", ReadOnly: true},
+				{Name: "user-data", MountPath: "/mnt/user-data"},
+			}, nil),
+	}, {
+		name: "host-path mode, legacy skills, extra mounts replacing the built-in custom skills",
+		spec: func(s *Spec) {
+			s.IncludeLegacySkills = true
+			s.MaxShellSessions = 4
+			s.Mounts = []Mount{
+				{HostPath: "/.deer-flow/users/user-1/threads/t1/acp-workspace", ContainerPath: "/mnt/acp-workspace", ReadOnly: true},
+				{HostPath: "/.deer-flow/users/user-1/skills_view/custom", ContainerPath: "/mnt/skills/custom", ReadOnly: true},
+			}
+		},
+		want: func() *corev1.Pod {
+			p := wantPod(
+				[]corev1.Volume{hostPath("skills-public", "/skills/public"), hostPath("extra-1", "/.deer-flow/users/user-1/skills_view/custom"),
+					hostPath("skills-legacy", "/skills/legacy"), hostPath("user-data", "/.deer-flow/threads/t1/user-data"),
+					hostPath("extra-0", "/.deer-flow/users/user-1/threads/t1/acp-workspace")},
+				[]corev1.VolumeMount{
+					{Name: "skills-public", MountPath: "/mnt/skills/public", ReadOnly: true},
+					{Name: "extra-1", MountPath: "/mnt/skills/custom", ReadOnly: true},
+					{Name: "skills-legacy", MountPath: "/mnt/skills/legacy", ReadOnly: true},
+					{Name: "user-data", MountPath: "/mnt/user-data"},
+					{Name: "extra-0", MountPath: "/mnt/acp-workspace", ReadOnly: true},
+				}, []corev1.EnvVar{{Name: "MAX_SHELL_SESSIONS", Value: "4"}})
+			p.Annotations["sandbox.deerflow.dev/max-shell-sessions"] = "4"
+			return p
+		}(),
+	}, {
+		name: "PVC mode",
+		env:  map[string]string{"SKILLS_PVC_NAME": "skills", "USERDATA_PVC_NAME": "user-data"},
+		want: wantPod(
+			[]corev1.Volume{
+				{Name: "skills", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "skills", ReadOnly: true}}},
+				{Name: "user-data", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "user-data"}}},
+			},
+			[]corev1.VolumeMount{
+				{Name: "skills", MountPath: "/mnt/skills/public", SubPath: "skills/public", ReadOnly: true},
+				{Name: "skills", MountPath: "/mnt/skills/custom", SubPath: "skills/custom", ReadOnly: true},
+				{Name: "user-data", MountPath: "/mnt/user-data", SubPath: "users/user-1/threads/t1/user-data"},
+			}, nil),
+	}, {
+		name: "runtime class, node selector, tolerations, non-root, read-only root",
+		env: map[string]string{"SANDBOX_RUNTIME_CLASS": "gvisor", "SANDBOX_NODE_SELECTOR": "pool:sandbox",
+			"SANDBOX_TOLERATIONS": "sandbox=true:NoSchedule", "SANDBOX_RUN_AS_USER": "1000", "SANDBOX_READ_ONLY_ROOT_FS": "true",
+			"SANDBOX_CAPABILITIES_ADD": ""},
+		want: func() *corev1.Pod {
+			p := wantPod(
+				[]corev1.Volume{hostPath("skills-public", "/skills/public"), hostPath("skills-custom", "/skills/custom"), hostPath("user-data", "/.deer-flow/threads/t1/user-data"),
+					{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
+				[]corev1.VolumeMount{
+					{Name: "skills-public", MountPath: "/mnt/skills/public", ReadOnly: true},
+					{Name: "skills-custom", MountPath: "/mnt/skills/custom", ReadOnly: true},
+					{Name: "user-data", MountPath: "/mnt/user-data"},
+					{Name: "tmp", MountPath: "/tmp"},
+				}, nil)
+			p.Spec.RuntimeClassName = ptr.To("gvisor")
+			p.Spec.NodeSelector = map[string]string{"pool": "sandbox"}
+			p.Spec.Tolerations = []corev1.Toleration{{Key: "sandbox", Operator: corev1.TolerationOpEqual, Value: "true", Effect: corev1.TaintEffectNoSchedule}}
+			p.Spec.SecurityContext.RunAsUser = ptr.To(int64(1000))
+			p.Spec.SecurityContext.RunAsNonRoot = ptr.To(true)
+			sc := p.Spec.Containers[0].SecurityContext
+			sc.ReadOnlyRootFilesystem = ptr.To(true)
+			sc.Capabilities.Add = nil
+			return p
+		}(),
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			env := map[string]string{"SANDBOX_IMAGE": "sandbox:1"}
+			for k, v := range tc.env {
+				env[k] = v
+			}
+			cfg := testConfig(t, env)
+			s := testSpec()
+			if tc.spec != nil {
+				tc.spec(&s)
+			}
+			if diff := cmp.Diff(tc.want, BuildPod(cfg, s)); diff != "" {
+				t.Errorf("BuildPod (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestBuildService(t *testing.T) {
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-0123456789abcdef", UID: "uid-1"}}
+	owner := []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "sandbox-0123456789abcdef", UID: "uid-1", BlockOwnerDeletion: ptr.To(false)}}
+	want := func(typ corev1.ServiceType) *corev1.Service {
+		return &corev1.Service{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+			ObjectMeta: metav1.ObjectMeta{Name: "sandbox-0123456789abcdef-svc", Namespace: "deer-flow", Labels: wantLabels(), OwnerReferences: owner},
+			Spec: corev1.ServiceSpec{
+				Type:     typ,
+				Selector: map[string]string{"sandbox-id": "0123456789abcdef"},
+				Ports:    []corev1.ServicePort{{Name: "http", Port: 8080, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}},
+			},
+		}
+	}
+	tests := []struct {
+		name string
+		env  map[string]string
+		want *corev1.Service
+	}{{
+		name: "NodePort",
+		want: want(corev1.ServiceTypeNodePort),
+	}, {
+		name: "ClusterIP",
+		env:  map[string]string{"SANDBOX_SERVICE_TYPE": "ClusterIP"},
+		want: want(corev1.ServiceTypeClusterIP),
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t, tc.env)
+			if diff := cmp.Diff(tc.want, BuildService(cfg, testSpec(), pod)); diff != "" {
+				t.Errorf("BuildService (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestSandboxURL(t *testing.T) {
+	tests := []struct {
+		name string
+		env  map[string]string
+		svc  corev1.Service
+		want string
+	}{{
+		name: "NodePort on NODE_HOST",
+		env:  map[string]string{"NODE_HOST": "10.0.0.5"},
+		svc:  corev1.Service{Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Ports: []corev1.ServicePort{{NodePort: 31234}}}},
+		want: "http://10.0.0.5:31234",
+	}, {
+		name: "NodePort on an IPv6 NODE_HOST",
+		env:  map[string]string{"NODE_HOST": "fd00::5"},
+		svc:  corev1.Service{Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Ports: []corev1.ServicePort{{NodePort: 31234}}}},
+		want: "http://[fd00::5]:31234",
+	}, {
+		name: "ClusterIP by DNS name",
+		env:  map[string]string{"SANDBOX_SERVICE_TYPE": "ClusterIP"},
+		svc:  corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-a-svc", Namespace: "deer-flow"}, Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP}},
+		want: "http://sandbox-a-svc.deer-flow.svc.cluster.local:8080",
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := NewManager(testConfig(t, tc.env), nil)
+			if got := m.url(&tc.svc); got != tc.want {
+				t.Errorf("url = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestBuildNetworkPolicy(t *testing.T) {
+	cfg := testConfig(t, map[string]string{"SANDBOX_INGRESS_FROM_POD_LABELS": "app:deer-flow-backend"})
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-0123456789abcdef", UID: "uid-1"}}
+	port := intstr.FromInt32(8080)
+	want := &networkingv1.NetworkPolicy{
+		TypeMeta: metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
+		ObjectMeta: metav1.ObjectMeta{Name: "sandbox-0123456789abcdef-netpol", Namespace: "deer-flow", Labels: wantLabels(),
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "sandbox-0123456789abcdef", UID: "uid-1", BlockOwnerDeletion: ptr.To(false)}}},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"sandbox-id": "0123456789abcdef"}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				Ports: []networkingv1.NetworkPolicyPort{{Protocol: ptr.To(corev1.ProtocolTCP), Port: &port}},
+				From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "deer-flow-backend"}}}},
+			}},
+			Egress: []networkingv1.NetworkPolicyEgressRule{{
+				Ports: []networkingv1.NetworkPolicyPort{
+					{Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To(intstr.FromInt32(53))},
+					{Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(intstr.FromInt32(53))},
+				},
+			}, {
+				To: []networkingv1.NetworkPolicyPeer{
+					{IPBlock: &networkingv1.IPBlock{CIDR: "0.0.0.0/0", Except: []string{"169.254.169.254/32"}}},
+					{IPBlock: &networkingv1.IPBlock{CIDR: "::/0", Except: []string{"fd00:ec2::254/128"}}},
+				},
+			}},
+		},
+	}
+	if diff := cmp.Diff(want, BuildNetworkPolicy(cfg, testSpec(), pod)); diff != "" {
+		t.Errorf("BuildNetworkPolicy (-want +got):\n%s", diff)
+	}
+}
+
+func TestLabelValue(t *testing.T) {
+	if got := LabelValue("user-1"); got != "user-1" {
+		t.Errorf("LabelValue(user-1) = %q, want it unchanged", got)
+	}
+	// Valid user and thread ids that are not valid label values get a
+	// stable hash, distinct per input.
+	seen := map[string]string{}
+	for _, in := range []string{"_leading", "trailing-", "a_", "x234567890123456789012345678901234567890123456789012345678901234"} {
+		got := LabelValue(in)
+		if got == in || len(got) > 63 || got[:2] != "h-" {
+			t.Errorf("LabelValue(%q) = %q, want a hashed label value", in, got)
+		}
+		if LabelValue(in) != got {
+			t.Errorf("LabelValue(%q) is not stable", in)
+		}
+		if prev, dup := seen[got]; dup {
+			t.Errorf("LabelValue(%q) collides with LabelValue(%q)", in, prev)
+		}
+		seen[got] = in
+	}
+}
