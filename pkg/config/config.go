@@ -8,8 +8,8 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"regexp"
 	"path"
+	"regexp"
 	"strings"
 	"time"
 

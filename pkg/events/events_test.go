@@ -200,8 +200,8 @@ func FuzzEvent(f *testing.F) {
 	f.Add(TypeGet, "abc", ``, false)
 	f.Add("boson.fn", "", `{"message":"Hello World"}`, true)
 	f.Add(TypeDestroy, "../x", `{"sandbox_id":1}`, true)
+	h, _ := newHandler(f, map[string]string{"EVENTS_TRUST_NETWORK": "true"})
 	f.Fuzz(func(t *testing.T, typ, subject, data string, structured bool) {
-		h, _ := newHandler(t, map[string]string{"EVENTS_TRUST_NETWORK": "true"})
 		var r *http.Request
 		if structured {
 			ev := map[string]any{"specversion": "1.0", "id": "1", "source": "/f", "type": typ, "subject": subject, "datacontenttype": "application/json"}
