@@ -12,6 +12,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -30,6 +32,8 @@ type Cluster struct {
 	Config     *rest.Config
 	Client     kubernetes.Interface
 	kwokctl    string
+
+	apiserverArgs []string
 }
 
 func cacheDir() string {
@@ -56,7 +60,7 @@ func Up(ctx context.Context, name string, nodes int) (*Cluster, error) {
 	kubeVersion := envOr("KUBE_VERSION", "v1.36.3")
 	kubeBin := envOr("KUBE_BIN_DIR", filepath.Join(cacheDir(), "kube-"+kubeVersion))
 	kwokBin := envOr("KWOK_BIN_DIR", filepath.Join(cacheDir(), "kwok-"+envOr("KWOK_VERSION", "v0.7.0")))
-	etcd := envOr("ETCD_BIN", "/usr/bin/etcd")
+	etcd := envOr("ETCD_BIN", filepath.Join(cacheDir(), "etcd-"+envOr("ETCD_VERSION", "v3.6.5"), "etcd"))
 	for _, f := range []string{kubeBin + "/kube-apiserver", kwokBin + "/kwokctl", kwokBin + "/kwok", etcd} {
 		if _, err := os.Stat(f); err != nil {
 			return nil, fmt.Errorf("%s is missing; run hack/install-tools.sh (make tools) first: %w", f, err)
@@ -135,12 +139,64 @@ func (c *Cluster) WaitReady(ctx context.Context, timeout time.Duration) error {
 	}
 }
 
-// Stop takes the control plane down, keeping its data: an API server outage.
-func (c *Cluster) Stop(ctx context.Context) error { return c.run(ctx, "stop", "cluster") }
+// StopAPIServer kills the kube-apiserver (etcd, the controllers and kwok
+// stay up): an API server outage. kwokctl's own stop/start would do, but a
+// kwok controller restarted that way stops moving Pods to Running.
+func (c *Cluster) StopAPIServer() error {
+	pidFile := filepath.Join(c.Workdir, "clusters", c.Name, "pids", "kube-apiserver.pid")
+	raw, err := os.ReadFile(pidFile)
+	if err != nil {
+		return err
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil {
+		return fmt.Errorf("%s: %w", pidFile, err)
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return err
+	}
+	c.apiserverArgs = strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+	proc, err := os.FindProcess(pid)
+	if err != nil {
+		return err
+	}
+	if err := proc.Kill(); err != nil {
+		return err
+	}
+	// Wait until the port is closed, so callers really see an outage.
+	for i := 0; i < 100; i++ {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
+			return nil
+		}
+		if st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); strings.Contains(string(st), ") Z ") {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("kube-apiserver %d did not exit", pid)
+}
 
-// Start brings a stopped control plane back and waits for it.
-func (c *Cluster) Start(ctx context.Context) error {
-	if err := c.run(ctx, "start", "cluster", "--timeout", "120s"); err != nil {
+// StartAPIServer runs the kube-apiserver stopped by StopAPIServer again, with
+// the same arguments, and waits until it is ready.
+func (c *Cluster) StartAPIServer(ctx context.Context) error {
+	if len(c.apiserverArgs) == 0 {
+		return fmt.Errorf("kube-apiserver was not stopped by StopAPIServer")
+	}
+	dir := filepath.Join(c.Workdir, "clusters", c.Name)
+	logf, err := os.OpenFile(filepath.Join(dir, "logs", "kube-apiserver.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(c.apiserverArgs[0], c.apiserverArgs[1:]...)
+	cmd.Dir, cmd.Stdout, cmd.Stderr = dir, logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	go func() { _ = cmd.Wait() }()
+	if err := os.WriteFile(filepath.Join(dir, "pids", "kube-apiserver.pid"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
 		return err
 	}
 	return c.WaitReady(ctx, 60*time.Second)

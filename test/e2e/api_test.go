@@ -435,13 +435,13 @@ func TestAPIServerDownIsUnavailableNotNotFound(t *testing.T) {
 	f := start(t, ns, map[string]string{"REQUEST_TIMEOUT": "5s"})
 	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "out1"}), 200, "create")
 	ctx := context.Background()
-	if err := kc.Stop(ctx); err != nil {
+	if err := kc.StopAPIServer(); err != nil {
 		t.Fatal(err)
 	}
 	restarted := false
 	defer func() {
 		if !restarted {
-			_ = kc.Start(ctx)
+			_ = kc.StartAPIServer(ctx)
 		}
 	}()
 	eventually(t, 15*time.Second, "readiness false during the outage", func() (bool, error) {
@@ -467,7 +467,7 @@ func TestAPIServerDownIsUnavailableNotNotFound(t *testing.T) {
 	if h := mustDo(t, f, "GET", "/health", nil); h.Code != 200 {
 		t.Errorf("/health during outage: %d", h.Code)
 	}
-	if err := kc.Start(ctx); err != nil {
+	if err := kc.StartAPIServer(ctx); err != nil {
 		t.Fatal(err)
 	}
 	restarted = true

@@ -1,0 +1,216 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
+)
+
+const serviceAccount = "system:serviceaccount:deer-flow:sandbox-provisioner"
+
+// moduleDir finds a module's source in the module cache, downloading it
+// through the module proxy if needed.
+func moduleDir(t *testing.T, module string) string {
+	t.Helper()
+	out, err := exec.Command("go", "mod", "download", "-json", module).Output()
+	if err != nil {
+		t.Fatalf("go mod download %s: %v", module, err)
+	}
+	var info struct{ Dir, Error string }
+	if err := json.Unmarshal(out, &info); err != nil || info.Dir == "" {
+		t.Fatalf("go mod download %s: %s %v", module, info.Error, err)
+	}
+	return info.Dir
+}
+
+// readObjects decodes every YAML document in files.
+func readObjects(t *testing.T, files ...string) []*unstructured.Unstructured {
+	t.Helper()
+	var objs []*unstructured.Unstructured
+	for _, file := range files {
+		f, err := os.Open(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := yaml.NewYAMLOrJSONDecoder(f, 4096)
+		for {
+			var u unstructured.Unstructured
+			err := dec.Decode(&u.Object)
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", file, err)
+			}
+			if len(u.Object) > 0 {
+				objs = append(objs, &u)
+			}
+		}
+		f.Close()
+	}
+	return objs
+}
+
+// applyServerSide applies objs with server-side apply, as
+// `kubectl apply --server-side` would, and fails on any error.
+func applyServerSide(t *testing.T, objs []*unstructured.Unstructured) {
+	t.Helper()
+	dyn := dynamic.NewForConfigOrDie(kc.Config)
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(kc.Client.Discovery()))
+	ctx := context.Background()
+	for _, o := range objs {
+		gvk := o.GroupVersionKind()
+		var mapping *meta.RESTMapping
+		var err error
+		// A CRD applied a moment ago takes a little while to be served.
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			mapping, err = mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+			if err == nil || time.Now().After(deadline) {
+				break
+			}
+			mapper.Reset()
+			time.Sleep(200 * time.Millisecond)
+		}
+		if err != nil {
+			t.Fatalf("no resource for %s: %v", gvk, err)
+		}
+		raw, err := json.Marshal(o.Object)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ri dynamic.ResourceInterface = dyn.Resource(mapping.Resource)
+		if mapping.Scope.Name() == meta.RESTScopeNameNamespace {
+			ri = dyn.Resource(mapping.Resource).Namespace(o.GetNamespace())
+		}
+		force := true
+		if _, err := ri.Patch(ctx, o.GetName(), types.ApplyPatchType, raw, metav1.PatchOptions{FieldManager: "e2e", Force: &force}); err != nil {
+			t.Fatalf("server-side apply of %s %s/%s: %v", gvk.Kind, o.GetNamespace(), o.GetName(), err)
+		}
+	}
+}
+
+func configFiles(t *testing.T) []string {
+	files, err := filepath.Glob(filepath.Join("..", "..", "config", "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no manifests in config/: %v", err)
+	}
+	sort.Strings(files)
+	return files
+}
+
+// TestManifestsApplyServerSide installs Knative's CRDs from the Knative
+// modules and applies all of config/ server-side to the real API server.
+func TestManifestsApplyServerSide(t *testing.T) {
+	serving := moduleDir(t, "knative.dev/serving@v0.42.2")
+	eventing := moduleDir(t, "knative.dev/eventing@v0.42.1")
+	crdFiles, err := filepath.Glob(filepath.Join(serving, "config", "core", "300-resources", "*.yaml"))
+	if err != nil || len(crdFiles) == 0 {
+		t.Fatalf("no Knative Serving CRDs in %s", serving)
+	}
+	for _, name := range []string{"broker.yaml", "trigger.yaml", "pingsource.yaml"} {
+		crdFiles = append(crdFiles, filepath.Join(eventing, "config", "core", "resources", name))
+	}
+	applyServerSide(t, readObjects(t, crdFiles...))
+
+	objs := readObjects(t, configFiles(t)...)
+	kinds := map[string]int{}
+	for _, o := range objs {
+		kinds[o.GetKind()]++
+	}
+	for _, k := range []string{"Namespace", "ServiceAccount", "Role", "RoleBinding", "Service", "Trigger", "PingSource", "NetworkPolicy"} {
+		if kinds[k] == 0 {
+			t.Errorf("config/ has no %s", k)
+		}
+	}
+	if kinds["Trigger"] != 5 {
+		t.Errorf("config/ has %d Triggers, want one per request type (5)", kinds["Trigger"])
+	}
+	applyServerSide(t, objs)
+}
+
+// TestRBACWithConfigRole runs the provisioner as the ServiceAccount from
+// config/, bound to the Role from config/: everything works, and anything
+// outside the Role is denied.
+func TestRBACWithConfigRole(t *testing.T) {
+	var rbac []string
+	for _, f := range configFiles(t) {
+		base := filepath.Base(f)
+		if strings.HasPrefix(base, "1") || strings.HasPrefix(base, "2") {
+			rbac = append(rbac, f)
+		}
+	}
+	applyServerSide(t, readObjects(t, rbac...))
+	ctx := context.Background()
+	eventually(t, 30*time.Second, "default ServiceAccount in deer-flow", func() (bool, error) {
+		_, err := client().CoreV1().ServiceAccounts("deer-flow").Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, err
+	})
+
+	proxy.Impersonate(serviceAccount)
+	defer proxy.Impersonate("")
+	f := start(t, "deer-flow", nil)
+
+	cr := mustDo(t, f, "POST", "/api/sandboxes?wait=30s", map[string]any{"sandbox_id": "rbac1", "thread_id": "t"})
+	expectCode(t, cr, 200, "create as the ServiceAccount")
+	if cr.Body["status"] != "Running" {
+		t.Errorf("create with wait as the ServiceAccount: %s", cr.Raw)
+	}
+	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "rbac1", "thread_id": "t"}), 200, "idempotent create")
+	expectCode(t, mustDo(t, f, "GET", "/api/sandboxes/rbac1", nil), 200, "get")
+	expectCode(t, mustDo(t, f, "GET", "/api/sandboxes", nil), 200, "list")
+	expectCode(t, mustDo(t, f, "POST", "/api/reap", nil), 200, "reap")
+	// Repair path: a Service DeerFlow's provisioner left behind is adopted (update).
+	if err := client().CoreV1().Services("deer-flow").Delete(ctx, "sandbox-rbac1-svc", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "rbac1"}), 200, "repairing create")
+	expectCode(t, mustDo(t, f, "DELETE", "/api/sandboxes/rbac1", nil), 200, "delete")
+	eventually(t, 30*time.Second, "sandbox removed", func() (bool, error) {
+		return len(pods(t, "deer-flow", "sandbox-id=rbac1")) == 0, nil
+	})
+
+	// Outside the Role: denied.
+	rc := rest.CopyConfig(kc.Config)
+	rc.Impersonate = rest.ImpersonationConfig{UserName: serviceAccount}
+	sa := kubernetes.NewForConfigOrDie(rc)
+	_, err := sa.CoreV1().Secrets("deer-flow").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "nope"}}, metav1.CreateOptions{})
+	if !apierrors.IsForbidden(err) {
+		t.Errorf("creating a Secret as the ServiceAccount: %v, want Forbidden", err)
+	}
+	_, err = sa.CoreV1().Pods("default").List(ctx, metav1.ListOptions{})
+	if !apierrors.IsForbidden(err) {
+		t.Errorf("listing Pods in another namespace: %v, want Forbidden", err)
+	}
+	_, err = sa.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nope"}}, metav1.CreateOptions{})
+	if !apierrors.IsForbidden(err) {
+		t.Errorf("creating a namespace: %v, want Forbidden", err)
+	}
+	_, err = sa.CoreV1().Pods("deer-flow").Update(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "x"}}, metav1.UpdateOptions{})
+	if !apierrors.IsForbidden(err) {
+		t.Errorf("updating a Pod (not a verb we use): %v, want Forbidden", err)
+	}
+}
