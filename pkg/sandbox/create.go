@@ -2,6 +2,8 @@ package sandbox
 
 import (
 	"context"
+	"errors"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"time"
@@ -21,9 +23,45 @@ const maxConvergeAttempts = 5
 // replica, converges on one Pod and one Service. A half-present sandbox is
 // repaired. With wait > 0 it also waits (by watch) until the Pod is Ready.
 func (m *Manager) Create(ctx context.Context, s Spec, wait time.Duration) (Sandbox, error) {
-	pod, existed, err := m.ensurePod(ctx, s)
+	for attempt := 0; ; attempt++ {
+		pod, svc, existed, repaired, err := m.createOnce(ctx, s)
+		var qe *quotaError
+		if errors.As(err, &qe) && qe.contended && attempt < maxQuotaRetries {
+			// Racing creates refused each other: back off for a random
+			// moment so that the next round admits some of them.
+			if err := sleepCtx(ctx, time.Duration(attempt+1)*time.Duration(50+rand.IntN(150))*time.Millisecond); err != nil {
+				return Sandbox{}, classify(err, "create the sandbox")
+			}
+			continue
+		}
+		if qe != nil {
+			m.observer.QuotaRefused(qe.scope) // once per refused request, not per round
+		}
+		if err != nil {
+			return Sandbox{}, err
+		}
+		switch {
+		case !existed:
+			m.recorder.Eventf(pod, corev1.EventTypeNormal, "SandboxCreated", "Created sandbox %s for user %s", s.ID, s.UserID)
+		case repaired:
+			m.recorder.Eventf(pod, corev1.EventTypeNormal, "SandboxRepaired", "Recreated the missing Service of sandbox %s", s.ID)
+		}
+		if wait > 0 {
+			return m.waitReady(ctx, s.ID, pod, svc, wait)
+		}
+		return m.view(s.ID, pod, svc), nil
+	}
+}
+
+// maxQuotaRetries bounds the rounds a create spends on a contended quota.
+const maxQuotaRetries = 4
+
+// createOnce makes one attempt: Pod first, then Service, NetworkPolicy and
+// the quota count concurrently.
+func (m *Manager) createOnce(ctx context.Context, s Spec) (pod *corev1.Pod, svc *corev1.Service, existed, repaired bool, err error) {
+	pod, existed, err = m.ensurePod(ctx, s)
 	if err != nil {
-		return Sandbox{}, err
+		return nil, nil, false, false, err
 	}
 	if existed {
 		pod = m.touch(ctx, pod)
@@ -34,19 +72,17 @@ func (m *Manager) Create(ctx context.Context, s Spec, wait time.Duration) (Sandb
 	// overlap, so a create costs two API round trips, like the bare floor.
 	var (
 		wg                      sync.WaitGroup
-		svc                     *corev1.Service
-		svcRepaired             bool
 		svcErr, npErr, quotaErr error
 	)
 	wg.Add(1)
-	go func() { defer wg.Done(); svc, svcRepaired, svcErr = m.ensureService(ctx, s, pod) }()
+	go func() { defer wg.Done(); svc, repaired, svcErr = m.ensureService(ctx, s, pod) }()
 	if m.cfg.NetworkPolicy {
 		wg.Add(1)
 		go func() { defer wg.Done(); npErr = m.ensureNetworkPolicy(ctx, s, pod) }()
 	}
 	if !existed && (m.cfg.MaxSandboxes > 0 || m.cfg.MaxSandboxesPerUser > 0) {
 		wg.Add(1)
-		go func() { defer wg.Done(); quotaErr = m.checkQuota(ctx, s) }()
+		go func() { defer wg.Done(); quotaErr = m.checkQuota(ctx, s, pod) }()
 	}
 	wg.Wait()
 
@@ -54,27 +90,18 @@ func (m *Manager) Create(ctx context.Context, s Spec, wait time.Duration) (Sandb
 		if KindOf(quotaErr) == KindQuota {
 			// Undo what this call created; a refused create leaves nothing behind.
 			if err := m.undoCreate(context.WithoutCancel(ctx), pod, svc); err != nil {
-				return Sandbox{}, err
+				return nil, nil, false, false, err
 			}
 		}
-		return Sandbox{}, quotaErr
+		return nil, nil, false, false, quotaErr
 	}
 	if svcErr != nil {
-		return Sandbox{}, svcErr
+		return nil, nil, false, false, svcErr
 	}
 	if npErr != nil {
-		return Sandbox{}, npErr
+		return nil, nil, false, false, npErr
 	}
-	switch {
-	case !existed:
-		m.recorder.Eventf(pod, corev1.EventTypeNormal, "SandboxCreated", "Created sandbox %s for user %s", s.ID, s.UserID)
-	case svcRepaired:
-		m.recorder.Eventf(pod, corev1.EventTypeNormal, "SandboxRepaired", "Recreated the missing Service of sandbox %s", s.ID)
-	}
-	if wait > 0 {
-		return m.waitReady(ctx, s.ID, pod, svc, wait)
-	}
-	return m.view(s.ID, pod, svc), nil
+	return pod, svc, existed, repaired, nil
 }
 
 // ensurePod creates the Pod or adopts the existing one. A Pod that is being

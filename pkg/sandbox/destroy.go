@@ -40,7 +40,11 @@ func (m *Manager) Destroy(ctx context.Context, id string) error {
 // the NetworkPolicy follows the Pod through the GC.
 func (m *Manager) undoCreate(ctx context.Context, pod *corev1.Pod, svc *corev1.Service) error {
 	deletes := []func() error{func() error {
-		return m.client.CoreV1().Pods(m.cfg.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(pod.UID))})
+		// No grace period: the Pod never served anyone, and a retry of this
+		// create must not wait for it to terminate.
+		zero := int64(0)
+		return m.client.CoreV1().Pods(m.cfg.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+			Preconditions: metav1.NewUIDPreconditions(string(pod.UID)), GracePeriodSeconds: &zero})
 	}}
 	if svc != nil && ownerUID(svc.OwnerReferences) == pod.UID {
 		deletes = append(deletes, func() error {

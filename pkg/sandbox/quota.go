@@ -3,43 +3,65 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
+// quotaError is a quota refusal; contended says whether racing creates (not
+// long-lived sandboxes) fill the limit, so that another round may succeed.
+type quotaError struct {
+	err       *Error
+	scope     string // total or user
+	contended bool
+}
+
+func (e *quotaError) Error() string { return e.err.Error() }
+func (e *quotaError) Unwrap() error { return e.err }
+
+// settled is how old a Pod must be to count as a long-lived sandbox rather
+// than a racing create that may yet withdraw.
+const settled = 3 * time.Second
+
 // checkQuota counts sandboxes after this call's Pod exists. Counting after
 // creating (not before) is what bounds the overshoot at zero across replicas:
 // of any set of racing creates, the last Pod created sees all of them in its
 // consistent list, so the total admitted never exceeds the limit. The price is
-// that a burst at the limit may refuse a create that would have fit; the
-// client retries. The caller deletes its Pod when this refuses.
-func (m *Manager) checkQuota(ctx context.Context, s Spec) error {
+// that racing creates at the limit can refuse each other; Create then retries
+// a few rounds with random backoff. The caller deletes its Pod on refusal.
+func (m *Manager) checkQuota(ctx context.Context, s Spec, own *corev1.Pod) error {
 	list, err := m.client.CoreV1().Pods(m.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: selectorAll})
 	if err != nil {
 		return classify(err, "count sandboxes for the quota")
 	}
-	total, mine := 0, 0
+	total, mine, settledTotal, settledMine := 0, 0, 0, 0
 	user := LabelValue(s.UserID)
+	cutoff := m.now().Add(-settled)
 	for i := range list.Items {
 		p := &list.Items[i]
 		if p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue // on its way out; the reaper removes ended Pods
 		}
+		old := p.UID != own.UID && p.CreationTimestamp.Time.Before(cutoff)
 		total++
+		if old {
+			settledTotal++
+		}
 		if p.Labels[LabelUser] == user {
 			mine++
+			if old {
+				settledMine++
+			}
 		}
 	}
 	if m.cfg.MaxSandboxes > 0 && total > m.cfg.MaxSandboxes {
-		m.observer.QuotaRefused("total")
-		return &Error{Kind: KindQuota, Detail: fmt.Sprintf(
-			"the provisioner's limit of %d sandboxes in total is reached; destroy a sandbox or raise MAX_SANDBOXES", m.cfg.MaxSandboxes)}
+		return &quotaError{scope: "total", contended: settledTotal < m.cfg.MaxSandboxes, err: &Error{Kind: KindQuota, Detail: fmt.Sprintf(
+			"the provisioner's limit of %d sandboxes in total is reached; destroy a sandbox or raise MAX_SANDBOXES", m.cfg.MaxSandboxes)}}
 	}
 	if m.cfg.MaxSandboxesPerUser > 0 && mine > m.cfg.MaxSandboxesPerUser {
-		m.observer.QuotaRefused("user")
-		return &Error{Kind: KindQuota, Detail: fmt.Sprintf(
-			"user %s has reached the limit of %d sandboxes per user; destroy one or raise MAX_SANDBOXES_PER_USER", s.UserID, m.cfg.MaxSandboxesPerUser)}
+		return &quotaError{scope: "user", contended: settledMine < m.cfg.MaxSandboxesPerUser, err: &Error{Kind: KindQuota, Detail: fmt.Sprintf(
+			"user %s has reached the limit of %d sandboxes per user; destroy one or raise MAX_SANDBOXES_PER_USER", s.UserID, m.cfg.MaxSandboxesPerUser)}}
 	}
 	return nil
 }

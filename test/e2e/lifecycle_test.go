@@ -1,0 +1,389 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/events"
+	"github.com/deerflow-sandbox/provisioner/test/harness"
+)
+
+func create(t *testing.T, f *harness.Function, body map[string]any) harness.Response {
+	t.Helper()
+	r := mustDo(t, f, "POST", "/api/sandboxes", body)
+	expectCode(t, r, 200, fmt.Sprintf("create %v", body["sandbox_id"]))
+	return r
+}
+
+func reapedIDs(t *testing.T, body map[string]any) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	removed, _ := body["removed"].([]any)
+	for _, r := range removed {
+		m := r.(map[string]any)
+		out[m["sandbox_id"].(string)] = m["reason"].(string)
+	}
+	return out
+}
+
+func TestExpiryAndReaping(t *testing.T) {
+	ns := namespace(t)
+	f := start(t, ns, map[string]string{"SANDBOX_ACTIVITY_THROTTLE": "0s", "EVENTS_TRUST_NETWORK": "false"})
+	t0 := time.Now()
+	// Annotations have one-second resolution, so every deadline below keeps
+	// at least half a second of margin on either side.
+	create(t, f, map[string]any{"sandbox_id": "idle-a", "idle_timeout_seconds": 5})
+	create(t, f, map[string]any{"sandbox_id": "idle-b", "idle_timeout_seconds": 5})
+	create(t, f, map[string]any{"sandbox_id": "old-c", "idle_timeout_seconds": 60, "max_lifetime_seconds": 7})
+	pod, err := client().CoreV1().Pods(ns).Get(context.Background(), "sandbox-old-c", metav1.GetOptions{})
+	if err != nil || pod.Spec.ActiveDeadlineSeconds == nil || *pod.Spec.ActiveDeadlineSeconds != 7 {
+		t.Fatalf("activeDeadlineSeconds of old-c: %v %v", err, pod.Spec.ActiveDeadlineSeconds)
+	}
+	sleepUntil(t0.Add(2 * time.Second))
+	expectCode(t, mustDo(t, f, "GET", "/api/sandboxes/idle-b", nil), 200, "touch idle-b")
+	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "old-c"}), 200, "touch old-c by create")
+
+	sleepUntil(t0.Add(5500 * time.Millisecond))
+	r := mustDo(t, f, "POST", "/api/reap", nil)
+	expectCode(t, r, 200, "reap over HTTP")
+	if diff := cmp.Diff(map[string]string{"idle-a": "idle"}, reapedIDs(t, r.Body)); diff != "" {
+		t.Errorf("first reap removed (-want +got):\n%s", diff)
+	}
+
+	sleepUntil(t0.Add(6500 * time.Millisecond))
+	expectCode(t, mustDo(t, f, "GET", "/api/sandboxes/old-c", nil), 200, "keep old-c active")
+	sleepUntil(t0.Add(7500 * time.Millisecond))
+	reply, code := send(t, f, false, events.TypePing, "", nil, nil)
+	if code != 200 {
+		t.Fatalf("reap by PingSource event: %d", code)
+	}
+	got := reapedIDs(t, replyData(t, reply))
+	if got["idle-b"] != "idle" || (got["old-c"] != "lifetime" && got["old-c"] != "ended") || len(got) != 2 {
+		t.Errorf("second reap removed %v, want idle-b (idle) and old-c (lifetime, although active)", got)
+	}
+	eventually(t, 30*time.Second, "reaped Pods and Services gone", func() (bool, error) {
+		return len(pods(t, ns, "app=deer-flow-sandbox")) == 0 && len(services(t, ns, "app=deer-flow-sandbox")) == 0, nil
+	})
+	evs, err := client().CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reasons := map[string]int{}
+	for _, e := range evs.Items {
+		reasons[e.Reason]++
+	}
+	if reasons["SandboxCreated"] < 3 || reasons["SandboxReaped"] < 3 {
+		t.Errorf("Kubernetes Events by reason: %v, want SandboxCreated and SandboxReaped for each sandbox", reasons)
+	}
+}
+
+func sleepUntil(at time.Time) { time.Sleep(time.Until(at)) }
+
+func TestConcurrentReapsRemoveEachOnce(t *testing.T) {
+	ns := namespace(t)
+	f := start(t, ns, nil)
+	g := start(t, ns, nil) // a second replica
+	const n = 12
+	for i := 0; i < n; i++ {
+		create(t, f, map[string]any{"sandbox_id": fmt.Sprintf("r%02d", i), "idle_timeout_seconds": 1})
+	}
+	create(t, f, map[string]any{"sandbox_id": "keep", "idle_timeout_seconds": 600})
+	time.Sleep(2500 * time.Millisecond)
+	var wg sync.WaitGroup
+	results := make([]harness.Response, 4)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fn := f
+			if i%2 == 1 {
+				fn = g
+			}
+			results[i], _ = fn.Do("POST", "/api/reap", nil)
+		}()
+	}
+	wg.Wait()
+	seen := map[string]int{}
+	for i, r := range results {
+		expectCode(t, r, 200, fmt.Sprintf("reap %d", i))
+		for id := range reapedIDs(t, r.Body) {
+			seen[id]++
+		}
+	}
+	if len(seen) != n || seen["keep"] != 0 {
+		t.Errorf("concurrent reaps removed %d sandboxes (%v), want the %d expired ones and not keep", len(seen), seen, n)
+	}
+	for id, times := range seen {
+		if times != 1 {
+			t.Errorf("%s reported removed %d times", id, times)
+		}
+	}
+}
+
+func TestQuota(t *testing.T) {
+	ns := namespace(t)
+	f := start(t, ns, map[string]string{"MAX_SANDBOXES": "3", "MAX_SANDBOXES_PER_USER": "2"})
+	create(t, f, map[string]any{"sandbox_id": "q1", "user_id": "alice"})
+	create(t, f, map[string]any{"sandbox_id": "q2", "user_id": "alice"})
+	r := mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "q3", "user_id": "alice"})
+	if r.Code != http.StatusTooManyRequests || !strings.Contains(r.Detail(), "MAX_SANDBOXES_PER_USER") {
+		t.Errorf("third sandbox of alice: %d %s, want 429 naming the per-user limit", r.Code, r.Raw)
+	}
+	create(t, f, map[string]any{"sandbox_id": "q3", "user_id": "bob"})
+	r = mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "q4", "user_id": "carol"})
+	if r.Code != http.StatusTooManyRequests || !strings.HasSuffix(r.Detail(), "raise MAX_SANDBOXES") {
+		t.Errorf("fourth sandbox: %d %s, want 429 naming the total limit", r.Code, r.Raw)
+	}
+	// An existing id is never refused.
+	create(t, f, map[string]any{"sandbox_id": "q1", "user_id": "alice"})
+	expectCode(t, mustDo(t, f, "DELETE", "/api/sandboxes/q2", nil), 200, "delete")
+	create(t, f, map[string]any{"sandbox_id": "q4", "user_id": "carol"})
+	if p := pods(t, ns, "sandbox-id=q4"); len(p) != 1 {
+		t.Errorf("q4 after a delete made room: %d Pods", len(p))
+	}
+	// Refused creates left nothing behind.
+	live := 0
+	for _, p := range pods(t, ns, "app=deer-flow-sandbox") {
+		if p.DeletionTimestamp == nil {
+			live++
+		}
+	}
+	if live != 3 {
+		t.Errorf("%d live sandboxes, want 3", live)
+	}
+}
+
+// TestQuotaUnderConcurrency races 24 creates of distinct ids through two
+// replicas against a limit of 5: the documented bound is no overshoot at all.
+func TestQuotaUnderConcurrency(t *testing.T) {
+	ns := namespace(t)
+	env := map[string]string{"MAX_SANDBOXES": "5"}
+	replicas := []*harness.Function{start(t, ns, env), start(t, ns, env)}
+	const n = 24
+	codes := make([]int, n)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := replicas[i%2].Do("POST", "/api/sandboxes", map[string]any{"sandbox_id": fmt.Sprintf("c%02d", i)})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			codes[i] = r.Code
+		}()
+	}
+	wg.Wait()
+	admitted := 0
+	for i, c := range codes {
+		switch c {
+		case 200:
+			admitted++
+		case 429:
+		default:
+			t.Errorf("create %d: status %d", i, c)
+		}
+	}
+	live := 0
+	for _, p := range pods(t, ns, "app=deer-flow-sandbox") {
+		if p.DeletionTimestamp == nil {
+			live++
+		}
+	}
+	t.Logf("admitted %d of %d racing creates; %d live sandboxes; limit 5", admitted, n, live)
+	if admitted > 5 || live > 5 {
+		t.Errorf("quota overshoot: %d admitted, %d live, limit 5", admitted, live)
+	}
+	if admitted == 0 {
+		t.Errorf("no create admitted")
+	}
+	// Once the burst is over the limit is reachable exactly.
+	for i := 0; live < 5 && i < 10; i++ {
+		r := mustDo(t, replicas[0], "POST", "/api/sandboxes", map[string]any{"sandbox_id": fmt.Sprintf("d%02d", i)})
+		if r.Code == 200 {
+			live++
+		}
+	}
+	if live != 5 {
+		t.Errorf("could not fill the quota after the burst: %d live", live)
+	}
+	r := mustDo(t, replicas[1], "POST", "/api/sandboxes", map[string]any{"sandbox_id": "over"})
+	expectCode(t, r, 429, "create at the limit")
+}
+
+func TestWaitForReady(t *testing.T) {
+	ns := namespace(t)
+	f := start(t, ns, nil)
+	r := mustDo(t, f, "POST", "/api/sandboxes?wait=30s", map[string]any{"sandbox_id": "w1"})
+	expectCode(t, r, 200, "create with wait")
+	if r.Body["status"] != "Running" || r.Body["ready"] != true || !nodePortURL.MatchString(r.Body["sandbox_url"].(string)) {
+		t.Errorf("create with wait: %s", r.Raw)
+	}
+	g := mustDo(t, f, "GET", "/api/sandboxes/w1?wait=10", nil)
+	if g.Code != 200 || g.Body["status"] != "Running" {
+		t.Errorf("get with wait: %s", g.Raw)
+	}
+
+	// A Pod that cannot schedule: the wait ends with the scheduler's reason.
+	u := start(t, ns, map[string]string{"SANDBOX_NODE_SELECTOR": "pool:does-not-exist"})
+	began := time.Now()
+	r = mustDo(t, u, "POST", "/api/sandboxes?wait=3s", map[string]any{"sandbox_id": "w2"})
+	expectCode(t, r, 200, "create of an unschedulable sandbox with wait")
+	if r.Body["wait_timed_out"] != true || !strings.Contains(fmt.Sprint(r.Body["reason"]), "Unschedulable") || r.Body["status"] != "Pending" {
+		t.Errorf("unschedulable wait: %s", r.Raw)
+	}
+	if d := time.Since(began); d < 3*time.Second || d > 10*time.Second {
+		t.Errorf("wait of 3s took %s", d)
+	}
+}
+
+func TestMaxShellSessions(t *testing.T) {
+	ns := namespace(t)
+	f := start(t, ns, nil)
+	r := create(t, f, map[string]any{"sandbox_id": "ms1", "max_shell_sessions": 4})
+	if r.Body["max_shell_sessions"] != float64(4) {
+		t.Errorf("max_shell_sessions not echoed: %s", r.Raw)
+	}
+	p := pods(t, ns, "sandbox-id=ms1")
+	if len(p) != 1 || !cmp.Equal(p[0].Spec.Containers[0].Env, []corev1.EnvVar{{Name: "MAX_SHELL_SESSIONS", Value: "4"}}) {
+		t.Errorf("Pod env: %+v", p)
+	}
+	create(t, f, map[string]any{"sandbox_id": "ms1", "max_shell_sessions": 2})
+	r = mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "ms1", "max_shell_sessions": 8})
+	if r.Code != http.StatusConflict || r.Detail() == "" {
+		t.Errorf("create asking for more sessions than the Pod has: %d %s, want 409", r.Code, r.Raw)
+	}
+}
+
+func TestNetworkPolicyShape(t *testing.T) {
+	ns := namespace(t)
+	f := start(t, ns, map[string]string{"SANDBOX_INGRESS_FROM_POD_LABELS": "app:deer-flow-backend", "SANDBOX_EGRESS_DENY_CIDRS": "169.254.169.254/32"})
+	create(t, f, map[string]any{"sandbox_id": "np1"})
+	np, err := client().NetworkingV1().NetworkPolicies(ns).Get(context.Background(), "sandbox-np1-netpol", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := intstr.FromInt32(8080)
+	dns := intstr.FromInt32(53)
+	want := networkingv1.NetworkPolicySpec{
+		PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"sandbox-id": "np1"}},
+		PolicyTypes: []networkingv1.PolicyType{"Ingress", "Egress"},
+		Ingress: []networkingv1.NetworkPolicyIngressRule{{
+			Ports: []networkingv1.NetworkPolicyPort{{Protocol: ptr.To(corev1.ProtocolTCP), Port: &port}},
+			From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "deer-flow-backend"}}}},
+		}},
+		Egress: []networkingv1.NetworkPolicyEgressRule{
+			{Ports: []networkingv1.NetworkPolicyPort{{Protocol: ptr.To(corev1.ProtocolUDP), Port: &dns}, {Protocol: ptr.To(corev1.ProtocolTCP), Port: &dns}}},
+			{To: []networkingv1.NetworkPolicyPeer{
+				{IPBlock: &networkingv1.IPBlock{CIDR: "0.0.0.0/0", Except: []string{"169.254.169.254/32"}}},
+				{IPBlock: &networkingv1.IPBlock{CIDR: "::/0"}},
+			}},
+		},
+	}
+	if diff := cmp.Diff(want, np.Spec); diff != "" {
+		t.Errorf("NetworkPolicy spec (-want +got):\n%s", diff)
+	}
+	if len(np.OwnerReferences) != 1 || np.OwnerReferences[0].Name != "sandbox-np1" {
+		t.Errorf("NetworkPolicy owner: %v", np.OwnerReferences)
+	}
+	zero := int64(0)
+	if err := client().CoreV1().Pods(ns).Delete(context.Background(), "sandbox-np1", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, "NetworkPolicy garbage-collected with its Pod", func() (bool, error) {
+		l, err := client().NetworkingV1().NetworkPolicies(ns).List(context.Background(), metav1.ListOptions{})
+		return err == nil && len(l.Items) == 0, err
+	})
+}
+
+// scrape returns the samples of /metrics whose name starts with prefix,
+// keyed by the sample line's name and labels.
+func scrape(t *testing.T, f *harness.Function, prefix string) map[string]float64 {
+	t.Helper()
+	resp, err := f.Client.Get(f.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, prefix) {
+			continue
+		}
+		i := strings.LastIndex(line, " ")
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err == nil {
+			out[line[:i]] = v
+		}
+	}
+	return out
+}
+
+func TestMetricsFollowCalls(t *testing.T) {
+	ns := namespace(t)
+	f := start(t, ns, map[string]string{"MAX_SANDBOXES": "1"})
+	before := scrape(t, f, "sandbox_provisioner_")
+	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes?wait=20s", map[string]any{"sandbox_id": "m1", "idle_timeout_seconds": 1}), 200, "create with wait")
+	expectCode(t, mustDo(t, f, "GET", "/api/sandboxes/m1", nil), 200, "get")
+	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "m2"}), 429, "over quota")
+	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "BAD"}), 422, "bad id")
+	expectCode(t, mustDo(t, f, "GET", "/api/sandboxes", nil), 200, "list")
+	time.Sleep(2 * time.Second)
+	r := mustDo(t, f, "POST", "/api/reap", nil)
+	if reapedIDs(t, r.Body)["m1"] != "idle" {
+		t.Fatalf("reap: %s", r.Raw)
+	}
+	after := scrape(t, f, "sandbox_provisioner_")
+	delta := func(key string) float64 { return after[key] - before[key] }
+	wants := map[string]float64{
+		`sandbox_provisioner_requests_total{code="200",operation="create",transport="http"}`:      1,
+		`sandbox_provisioner_requests_total{code="429",operation="create",transport="http"}`:      1,
+		`sandbox_provisioner_requests_total{code="422",operation="create",transport="http"}`:      1,
+		`sandbox_provisioner_requests_total{code="200",operation="get",transport="http"}`:         1,
+		`sandbox_provisioner_requests_total{code="200",operation="list",transport="http"}`:        1,
+		`sandbox_provisioner_requests_total{code="200",operation="reap",transport="http"}`:        1,
+		`sandbox_provisioner_quota_refusals_total{scope="total"}`:                                 1,
+		`sandbox_provisioner_sandboxes_reaped_total{reason="idle"}`:                               1,
+		`sandbox_provisioner_create_to_ready_seconds_count`:                                       1,
+		`sandbox_provisioner_request_duration_seconds_count{operation="create",transport="http"}`: 3,
+	}
+	var got []string
+	for key, want := range wants {
+		if d := delta(key); d != want {
+			got = append(got, fmt.Sprintf("%s changed by %g, want %g", key, d, want))
+		}
+	}
+	sort.Strings(got)
+	for _, g := range got {
+		t.Error(g)
+	}
+	for _, key := range []string{
+		`sandbox_provisioner_kube_requests_total{code="201",resource="pods",verb="create"}`,
+		`sandbox_provisioner_kube_requests_total{code="200",resource="pods",verb="list"}`,
+		`sandbox_provisioner_kube_request_duration_seconds_count{resource="services",verb="create"}`,
+	} {
+		if delta(key) < 1 {
+			t.Errorf("%s did not grow", key)
+		}
+	}
+}
