@@ -43,6 +43,10 @@ func (m *Manager) Reap(ctx context.Context) (Reaped, error) {
 	}
 	var victims []victim
 	live := map[string]bool{}
+	svcByID := map[string]*corev1.Service{}
+	for i := range svcs {
+		svcByID[svcs[i].Labels[LabelID]] = &svcs[i]
+	}
 	for i := range pods {
 		p := &pods[i]
 		id := p.Labels[LabelID]
@@ -55,10 +59,23 @@ func (m *Manager) Reap(ctx context.Context) (Reaped, error) {
 			continue
 		}
 		uid, rv := p.UID, p.ResourceVersion
+		svc := svcByID[id]
 		victims = append(victims, victim{id: id, reason: reason, obj: p, del: func() error {
-			return m.client.CoreV1().Pods(m.cfg.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{
+			err := m.client.CoreV1().Pods(m.cfg.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{
 				Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv},
 			})
+			if err != nil || svc == nil || ownerUID(svc.OwnerReferences) != uid {
+				return err
+			}
+			// The GC would remove the Service too, but only eventually: a
+			// later reap must not find it and report this sandbox again.
+			err = m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, svc.Name, metav1.DeleteOptions{
+				Preconditions: metav1.NewUIDPreconditions(string(svc.UID)),
+			})
+			if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+				return nil
+			}
+			return err
 		}})
 	}
 	for i := range svcs {

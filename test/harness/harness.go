@@ -31,6 +31,8 @@ type Function struct {
 	cancel context.CancelFunc
 	done   chan error
 	cmd    *exec.Cmd
+	// Started is when the process was started (binary functions only).
+	Started time.Time
 }
 
 // BaseEnv is the configuration every test starts from.
@@ -186,6 +188,19 @@ func StartBinary(bin string, env map[string]string, logPath string) (*Function, 
 	if err != nil {
 		return nil, err
 	}
+	f, err := StartProcess(bin, env, addr, logPath)
+	if err != nil {
+		return nil, err
+	}
+	if err := f.WaitReady(20 * time.Second); err != nil {
+		f.Stop()
+		return nil, err
+	}
+	return f, nil
+}
+
+// StartProcess starts the binary listening on addr and returns at once.
+func StartProcess(bin string, env map[string]string, addr, logPath string) (*Function, error) {
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(), "LISTEN_ADDRESS="+addr)
 	for k, v := range env {
@@ -195,16 +210,13 @@ func StartBinary(bin string, env map[string]string, logPath string) (*Function, 
 	if err != nil {
 		return nil, err
 	}
+	defer logf.Close()
 	cmd.Stdout, cmd.Stderr = logf, logf
+	started := time.Now()
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	f := &Function{URL: "http://" + addr, Client: &http.Client{Timeout: 60 * time.Second}, cmd: cmd}
-	if err := f.WaitReady(20 * time.Second); err != nil {
-		f.Stop()
-		return nil, err
-	}
-	return f, nil
+	return &Function{URL: "http://" + addr, Client: &http.Client{Timeout: 60 * time.Second}, cmd: cmd, Started: started}, nil
 }
 
 // Kill ends a binary function with SIGKILL: no drain, no cleanup.

@@ -1,0 +1,424 @@
+//go:build e2e
+
+// Package bench measures the provisioner against the floor: the bare
+// client-go calls each operation needs, in the same run, against the same
+// API server. `make bench` runs it and prints a table; it also writes JSON,
+// Markdown and a PNG chart under results/ (ignored by git).
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+	"github.com/deerflow-sandbox/provisioner/test/cluster"
+	"github.com/deerflow-sandbox/provisioner/test/harness"
+)
+
+const ns = "bench"
+
+// Row is one measured operation.
+type Row struct {
+	Operation   string  `json:"operation"`
+	Concurrency int     `json:"concurrency"`
+	N           int     `json:"n"`
+	OursP50     float64 `json:"ours_p50_ms"`
+	OursP95     float64 `json:"ours_p95_ms"`
+	OursP99     float64 `json:"ours_p99_ms"`
+	OursOps     float64 `json:"ours_ops_per_s"`
+	FloorP50    float64 `json:"floor_p50_ms"`
+	FloorP95    float64 `json:"floor_p95_ms"`
+	FloorP99    float64 `json:"floor_p99_ms"`
+	FloorOps    float64 `json:"floor_ops_per_s"`
+	Errors      int     `json:"errors"`
+}
+
+// Results is everything one run measured.
+type Results struct {
+	When            time.Time `json:"when"`
+	Rows            []Row     `json:"rows"`
+	ColdStartMs     float64   `json:"cold_start_to_first_health_ms_median"`
+	ColdStartRuns   int       `json:"cold_start_runs"`
+	IdleRSSMiB      float64   `json:"idle_rss_mib_median"`
+	RSSAfter1000MiB float64   `json:"rss_after_1000_creates_mib"`
+	Targets         []Target  `json:"targets"`
+}
+
+// Target is one issue target and whether this run met it.
+type Target struct {
+	Name  string  `json:"name"`
+	Value float64 `json:"value"`
+	Limit string  `json:"limit"`
+	Met   bool    `json:"met"`
+}
+
+type sample struct {
+	d   []time.Duration
+	err int
+	all time.Duration
+}
+
+// run performs n ops at concurrency c, bounded by a deadline.
+func run(n, c int, op func(i int) error) sample {
+	var (
+		mu   sync.Mutex
+		s    sample
+		next atomic.Int64
+		wg   sync.WaitGroup
+	)
+	deadline := time.Now().Add(3 * time.Minute)
+	start := time.Now()
+	for w := 0; w < c; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n || time.Now().After(deadline) {
+					return
+				}
+				t := time.Now()
+				err := op(i)
+				d := time.Since(t)
+				mu.Lock()
+				s.d = append(s.d, d)
+				if err != nil {
+					s.err++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	s.all = time.Since(start)
+	return s
+}
+
+func pct(ds []time.Duration, p float64) float64 {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	i := int(p*float64(len(s))+0.5) - 1
+	if i < 0 {
+		i = 0
+	}
+	if i >= len(s) {
+		i = len(s) - 1
+	}
+	return float64(s[i].Microseconds()) / 1000
+}
+
+func row(op string, c int, ours, floor sample) Row {
+	return Row{Operation: op, Concurrency: c, N: len(ours.d),
+		OursP50: pct(ours.d, .5), OursP95: pct(ours.d, .95), OursP99: pct(ours.d, .99), OursOps: float64(len(ours.d)) / ours.all.Seconds(),
+		FloorP50: pct(floor.d, .5), FloorP95: pct(floor.d, .95), FloorP99: pct(floor.d, .99), FloorOps: float64(len(floor.d)) / floor.all.Seconds(),
+		Errors: ours.err + floor.err}
+}
+
+// floor does what each operation needs with bare client-go calls.
+type floor struct {
+	cfg    *config.Config
+	client kubernetes.Interface
+}
+
+func (f floor) create(ctx context.Context, id string) error {
+	spec, err := sandbox.CreateRequest{SandboxID: id}.Validate(f.cfg, time.Now())
+	if err != nil {
+		return err
+	}
+	pod, err := f.client.CoreV1().Pods(ns).Create(ctx, sandbox.BuildPod(f.cfg, spec), metav1.CreateOptions{})
+	if err != nil {
+		return err
+	}
+	_, err = f.client.CoreV1().Services(ns).Create(ctx, sandbox.BuildService(f.cfg, spec, pod), metav1.CreateOptions{})
+	return err
+}
+
+func (f floor) get(ctx context.Context, id string) error {
+	if _, err := f.client.CoreV1().Pods(ns).Get(ctx, sandbox.PodName(id), metav1.GetOptions{}); err != nil {
+		return err
+	}
+	_, err := f.client.CoreV1().Services(ns).Get(ctx, sandbox.ServiceName(id), metav1.GetOptions{})
+	return err
+}
+
+func (f floor) list(ctx context.Context) error {
+	sel := metav1.ListOptions{LabelSelector: "app=deer-flow-sandbox"}
+	if _, err := f.client.CoreV1().Pods(ns).List(ctx, sel); err != nil {
+		return err
+	}
+	_, err := f.client.CoreV1().Services(ns).List(ctx, sel)
+	return err
+}
+
+func (f floor) delete(ctx context.Context, id string) error {
+	if err := f.client.CoreV1().Services(ns).Delete(ctx, sandbox.ServiceName(id), metav1.DeleteOptions{}); err != nil {
+		return err
+	}
+	return f.client.CoreV1().Pods(ns).Delete(ctx, sandbox.PodName(id), metav1.DeleteOptions{})
+}
+
+func ours(fn *harness.Function, method, path string, body any) error {
+	r, err := fn.Do(method, path, body)
+	if err != nil {
+		return err
+	}
+	if r.Code != http.StatusOK {
+		return fmt.Errorf("%s %s: %d %s", method, path, r.Code, r.Raw)
+	}
+	return nil
+}
+
+func rssMiB(pid int) float64 {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if strings.HasPrefix(line, "VmRSS:") {
+			var kb float64
+			fmt.Sscanf(strings.TrimSpace(strings.TrimPrefix(line, "VmRSS:")), "%f", &kb)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+func median(xs []float64) float64 {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	if len(s) == 0 {
+		return 0
+	}
+	return s[len(s)/2]
+}
+
+func BenchmarkProvisioner(b *testing.B) {
+	ctx := context.Background()
+	kc, err := cluster.Up(ctx, "bench", 2)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer kc.Down()
+	if err := kc.EnsureNamespace(ctx, ns); err != nil {
+		b.Fatal(err)
+	}
+	for i := 0; i < 300; i++ { // Pods are refused until the default ServiceAccount exists
+		if _, err := kc.Client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{}); err == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	dir := b.TempDir()
+	bin, err := harness.Build(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	env := harness.BaseEnv(kc.Kubeconfig, ns)
+	env["MAX_SANDBOXES"] = "5000"
+	res := Results{When: time.Now().UTC()}
+
+	// Cold start: process start to the first 200 on /health, and idle RSS.
+	var starts, idle []float64
+	for i := 0; i < 15; i++ {
+		ms, rss, err := coldStart(bin, env, filepath.Join(dir, "cold.log"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		starts, idle = append(starts, ms), append(idle, rss)
+	}
+	res.ColdStartMs, res.IdleRSSMiB, res.ColdStartRuns = median(starts), median(idle), len(starts)
+
+	fn, err := harness.StartBinary(bin, env, filepath.Join(dir, "fn.log"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer fn.Stop()
+	cfg, err := loadConfig(env)
+	if err != nil {
+		b.Fatal(err)
+	}
+	fl := floor{cfg: cfg, client: kc.Client}
+
+	// Warm both paths (connections, caches) before measuring.
+	for i := 0; i < 20; i++ {
+		_ = fl.create(ctx, fmt.Sprintf("warm-f%d", i))
+		_ = ours(fn, "POST", "/api/sandboxes", map[string]any{"sandbox_id": fmt.Sprintf("warm-o%d", i)})
+	}
+	for _, c := range []int{1, 8} {
+		n := 100
+		if c == 8 {
+			n = 240
+		}
+		fc := run(n, c, func(i int) error { return fl.create(ctx, fmt.Sprintf("f%d-%d", c, i)) })
+		oc := run(n, c, func(i int) error {
+			return ours(fn, "POST", "/api/sandboxes", map[string]any{"sandbox_id": fmt.Sprintf("o%d-%d", c, i)})
+		})
+		res.Rows = append(res.Rows, row("create", c, oc, fc))
+		fg := run(n, c, func(i int) error { return fl.get(ctx, fmt.Sprintf("f%d-%d", c, i)) })
+		og := run(n, c, func(i int) error { return ours(fn, "GET", fmt.Sprintf("/api/sandboxes/o%d-%d", c, i), nil) })
+		res.Rows = append(res.Rows, row("get", c, og, fg))
+		fli := run(n/4, c, func(int) error { return fl.list(ctx) })
+		oli := run(n/4, c, func(int) error { return ours(fn, "GET", "/api/sandboxes", nil) })
+		res.Rows = append(res.Rows, row(fmt.Sprintf("list (%d sandboxes)", countSandboxes(ctx, kc.Client)), c, oli, fli))
+		fd := run(n, c, func(i int) error { return fl.delete(ctx, fmt.Sprintf("f%d-%d", c, i)) })
+		od := run(n, c, func(i int) error { return ours(fn, "DELETE", fmt.Sprintf("/api/sandboxes/o%d-%d", c, i), nil) })
+		res.Rows = append(res.Rows, row("delete", c, od, fd))
+	}
+
+	// List at 1,000 sandboxes, and memory after 1,000 creates.
+	setup := run(1000, 32, func(i int) error {
+		return ours(fn, "POST", "/api/sandboxes", map[string]any{"sandbox_id": fmt.Sprintf("k%04d", i)})
+	})
+	if setup.err > 0 {
+		b.Fatalf("%d of 1000 creates failed", setup.err)
+	}
+	res.RSSAfter1000MiB = rssMiB(fn.PID())
+	total := countSandboxes(ctx, kc.Client)
+	fl1k := run(30, 1, func(int) error { return fl.list(ctx) })
+	ol1k := run(30, 1, func(int) error { return ours(fn, "GET", "/api/sandboxes", nil) })
+	res.Rows = append(res.Rows, row(fmt.Sprintf("list (%d sandboxes)", total), 1, ol1k, fl1k))
+
+	res.Targets = targets(res)
+	report(b, res)
+}
+
+func countSandboxes(ctx context.Context, c kubernetes.Interface) int {
+	l, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=deer-flow-sandbox"})
+	if err != nil {
+		return -1
+	}
+	n := 0
+	for _, p := range l.Items {
+		if p.DeletionTimestamp == nil && p.Status.Phase != corev1.PodFailed {
+			n++
+		}
+	}
+	return n
+}
+
+func loadConfig(env map[string]string) (*config.Config, error) {
+	for k, v := range env {
+		os.Setenv(k, v)
+	}
+	return config.Load()
+}
+
+func coldStart(bin string, env map[string]string, logPath string) (ms, rss float64, err error) {
+	addr, err := harness.FreeAddr()
+	if err != nil {
+		return 0, 0, err
+	}
+	f, err := harness.StartProcess(bin, env, addr, logPath)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Kill()
+	start := f.Started
+	client := &http.Client{Timeout: time.Second}
+	for time.Since(start) < 10*time.Second {
+		resp, err := client.Get("http://" + addr + "/health")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				ms = float64(time.Since(start).Microseconds()) / 1000
+				break
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if ms == 0 {
+		return 0, 0, fmt.Errorf("no /health within 10s")
+	}
+	if err := f.WaitReady(10 * time.Second); err != nil {
+		return 0, 0, err
+	}
+	time.Sleep(time.Second)
+	return ms, rssMiB(f.PID()), nil
+}
+
+func targets(r Results) []Target {
+	find := func(op string, c int) Row {
+		for _, row := range r.Rows {
+			if strings.HasPrefix(row.Operation, op) && row.Concurrency == c {
+				return row
+			}
+		}
+		return Row{}
+	}
+	c1, c8 := find("create", 1), find("create", 8)
+	l1k := r.Rows[len(r.Rows)-1]
+	ratio := func(a, b float64) float64 {
+		if b == 0 {
+			return 0
+		}
+		return a / b
+	}
+	t := []Target{
+		{"create p50 at concurrency 1, ours/floor", ratio(c1.OursP50, c1.FloorP50), "≤ 1.15", ratio(c1.OursP50, c1.FloorP50) <= 1.15},
+		{"create throughput at concurrency 8, ours/floor", ratio(c8.OursOps, c8.FloorOps), "≥ 0.9", ratio(c8.OursOps, c8.FloorOps) >= 0.9},
+		{"list p50 at 1,000 sandboxes, ours/floor", ratio(l1k.OursP50, l1k.FloorP50), "≤ 1.5", ratio(l1k.OursP50, l1k.FloorP50) <= 1.5},
+		{"cold start to first /health (ms, median)", r.ColdStartMs, "< 50", r.ColdStartMs < 50},
+		{"resident memory at idle (MiB, median)", r.IdleRSSMiB, "< 30", r.IdleRSSMiB < 30},
+		{"resident memory after 1,000 creates (MiB)", r.RSSAfter1000MiB, "< 40", r.RSSAfter1000MiB < 40},
+	}
+	return t
+}
+
+func report(b *testing.B, r Results) {
+	var md strings.Builder
+	fmt.Fprintf(&md, "# Benchmark %s\n\n", r.When.Format(time.RFC3339))
+	fmt.Fprintf(&md, "| operation | conc | n | ours p50 | p95 | p99 | ours ops/s | floor p50 | p95 | p99 | floor ops/s | p50 ratio | ops ratio | errors |\n")
+	fmt.Fprintf(&md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, x := range r.Rows {
+		fmt.Fprintf(&md, "| %s | %d | %d | %.2f | %.2f | %.2f | %.0f | %.2f | %.2f | %.2f | %.0f | %.2f× | %.2f× | %d |\n",
+			x.Operation, x.Concurrency, x.N, x.OursP50, x.OursP95, x.OursP99, x.OursOps, x.FloorP50, x.FloorP95, x.FloorP99, x.FloorOps,
+			x.OursP50/x.FloorP50, x.OursOps/x.FloorOps, x.Errors)
+	}
+	fmt.Fprintf(&md, "\nLatencies in ms. Cold start to first /health: %.1f ms (median of %d); idle RSS %.1f MiB; RSS after 1,000 creates %.1f MiB.\n\n",
+		r.ColdStartMs, r.ColdStartRuns, r.IdleRSSMiB, r.RSSAfter1000MiB)
+	fmt.Fprintf(&md, "| target | value | limit | met |\n|---|---|---|---|\n")
+	for _, t := range r.Targets {
+		fmt.Fprintf(&md, "| %s | %.2f | %s | %v |\n", t.Name, t.Value, t.Limit, t.Met)
+	}
+	fmt.Println(md.String())
+
+	dir := filepath.Join("..", "..", "results")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	stamp := r.When.Format("20060102-150405")
+	raw, _ := json.MarshalIndent(r, "", "  ")
+	for name, data := range map[string][]byte{"bench-" + stamp + ".json": raw, "bench-" + stamp + ".md": []byte(md.String())} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	png := filepath.Join(dir, "bench-"+stamp+".png")
+	if err := drawChart(png, r.Rows); err != nil {
+		b.Fatal(err)
+	}
+	fmt.Printf("wrote %s/bench-%s.{json,md,png}\n", dir, stamp)
+	for _, x := range r.Rows {
+		if x.Errors > 0 {
+			b.Errorf("%s at concurrency %d: %d errors", x.Operation, x.Concurrency, x.Errors)
+		}
+	}
+}

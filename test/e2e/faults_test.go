@@ -1,0 +1,338 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+	"github.com/deerflow-sandbox/provisioner/test/harness"
+)
+
+// ledger records what the provisioner promised: ids whose create answered
+// 200 and ids whose delete answered 200, in order per id.
+type ledger struct {
+	mu      sync.Mutex
+	last    map[string]string // id -> "created" | "deleted"
+	answers map[int]int
+}
+
+func newLedger() *ledger { return &ledger{last: map[string]string{}, answers: map[int]int{}} }
+
+func (l *ledger) note(id, what string, code int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.answers[code]++
+	switch {
+	case code == http.StatusOK:
+		l.last[id] = what
+	default:
+		// No answer, or a failure: the operation may or may not have taken
+		// effect, so nothing was promised about this id any more.
+		l.last[id] = "unknown"
+	}
+}
+
+// load runs workers that create and delete distinct sandboxes until stop is
+// closed (bounded by max iterations), through whichever function target holds.
+func load(t *testing.T, target *atomic.Pointer[harness.Function], workers, maxIter int, stop <-chan struct{}, l *ledger, prefix string) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < maxIter; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				id := fmt.Sprintf("%s%d-%d", prefix, w, i)
+				f := target.Load()
+				r, err := f.Do("POST", "/api/sandboxes", map[string]any{"sandbox_id": id})
+				if err != nil {
+					l.note(id, "created", -1)
+					time.Sleep(20 * time.Millisecond)
+					continue
+				}
+				l.note(id, "created", r.Code)
+				if i%2 == 1 { // keep every other sandbox, delete the rest
+					continue
+				}
+				r, err = f.Do("DELETE", "/api/sandboxes/"+id, nil)
+				if err != nil {
+					l.note(id, "deleted", -1)
+					continue
+				}
+				l.note(id, "deleted", r.Code)
+			}
+		}()
+	}
+	return &wg
+}
+
+// checkInvariants asserts the ledger against the cluster: every sandbox whose
+// last answer was a successful create is whole, every successful delete is
+// gone, and a half-present sandbox is mended by one create or one reap.
+func checkInvariants(t *testing.T, f *harness.Function, ns string, l *ledger) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	eventually(t, 60*time.Second, "deleted sandboxes gone", func() (bool, error) {
+		podIDs, svcIDs := idSet(pods(t, ns, "app=deer-flow-sandbox")), idSetSvc(services(t, ns, "app=deer-flow-sandbox"))
+		for id, what := range l.last {
+			if what == "deleted" && (podIDs[id] || svcIDs[id]) {
+				return false, fmt.Errorf("%s was deleted (200) but still has pod=%v service=%v", id, podIDs[id], svcIDs[id])
+			}
+		}
+		return true, nil
+	})
+	podIDs, svcIDs := idSet(pods(t, ns, "app=deer-flow-sandbox")), idSetSvc(services(t, ns, "app=deer-flow-sandbox"))
+	created := 0
+	for id, what := range l.last {
+		if what != "created" {
+			continue
+		}
+		created++
+		if !podIDs[id] || !svcIDs[id] {
+			t.Errorf("%s: create answered 200 but pod=%v service=%v", id, podIDs[id], svcIDs[id])
+		}
+	}
+	// Half-sandboxes left by the fault: one create or one reap mends each.
+	var half []string
+	for id := range podIDs {
+		if !svcIDs[id] {
+			half = append(half, id)
+			expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": id}), 200, "repair "+id)
+		}
+	}
+	orphans := 0
+	for id := range svcIDs {
+		if !podIDs[id] {
+			orphans++
+		}
+	}
+	if orphans > 0 {
+		expectCode(t, mustDo(t, f, "POST", "/api/reap", nil), 200, "reap orphans")
+	}
+	eventually(t, 30*time.Second, "no half-sandbox after one create or reap", func() (bool, error) {
+		p, s := idSet(pods(t, ns, "app=deer-flow-sandbox")), idSetSvc(services(t, ns, "app=deer-flow-sandbox"))
+		for id := range p {
+			if !s[id] {
+				return false, fmt.Errorf("%s has a Pod and no Service", id)
+			}
+		}
+		for id := range s {
+			if !p[id] {
+				return false, fmt.Errorf("%s has a Service and no Pod", id)
+			}
+		}
+		return true, nil
+	})
+	t.Logf("answers %v; %d sandboxes promised and whole; %d Pod-only repaired by create; %d orphaned Services reaped", l.answers, created, len(half), orphans)
+}
+
+func idSet(items []corev1.Pod) map[string]bool {
+	out := map[string]bool{}
+	for _, it := range items {
+		out[it.Labels[sandbox.LabelID]] = true
+	}
+	return out
+}
+
+func idSetSvc(items []corev1.Service) map[string]bool {
+	out := map[string]bool{}
+	for _, it := range items {
+		out[it.Labels[sandbox.LabelID]] = true
+	}
+	return out
+}
+
+func TestFunctionKilledMidLoad(t *testing.T) {
+	ns := namespace(t)
+	dir := t.TempDir()
+	bin, err := harness.Build(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := harness.BaseEnv(kubeconfig, ns)
+	f, err := harness.StartBinary(bin, env, filepath.Join(dir, "fn.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Stop()
+	var target atomic.Pointer[harness.Function]
+	target.Store(f)
+	l := newLedger()
+	stop := make(chan struct{})
+	wg := load(t, &target, 12, 200, stop, l, "k")
+	time.Sleep(1500 * time.Millisecond)
+	f.Kill() // SIGKILL: no drain, requests cut mid-flight
+	time.Sleep(300 * time.Millisecond)
+	g, err := harness.StartBinary(bin, env, filepath.Join(dir, "fn2.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Stop()
+	target.Store(g)
+	time.Sleep(1500 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	if l.answers[-1] == 0 {
+		t.Logf("no request was cut by the kill (answers %v)", l.answers)
+	}
+	checkInvariants(t, g, ns, l)
+}
+
+func TestAPIServerStoppedMidLoad(t *testing.T) {
+	ns := namespace(t)
+	f := start(t, ns, map[string]string{"REQUEST_TIMEOUT": "3s"})
+	var target atomic.Pointer[harness.Function]
+	target.Store(f)
+	l := newLedger()
+	stop := make(chan struct{})
+	wg := load(t, &target, 8, 400, stop, l, "a")
+
+	// Readers that must never see a 404 or NotFound for a live sandbox.
+	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "witness"}), 200, "witness")
+	var bad atomic.Int64
+	var outageAnswers sync.Map
+	readers := sync.WaitGroup{}
+	for i := 0; i < 2; i++ {
+		readers.Add(1)
+		go func() {
+			defer readers.Done()
+			for j := 0; j < 2000; j++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				r, err := f.Do("GET", "/api/sandboxes/witness", nil)
+				if err != nil {
+					continue
+				}
+				if r.Code == 404 || strings.Contains(string(r.Raw), sandbox.StatusNotFound) || (r.Code >= 500 && r.Detail() == "") {
+					bad.Add(1)
+					t.Errorf("during load/outage: %d %s", r.Code, r.Raw)
+				}
+				if r.Code >= 500 {
+					v, _ := outageAnswers.LoadOrStore(r.Code, new(atomic.Int64))
+					v.(*atomic.Int64).Add(1)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}()
+	}
+	time.Sleep(time.Second)
+	ctx := context.Background()
+	if err := kc.StopAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 15*time.Second, "readiness false during the outage", func() (bool, error) {
+		resp, err := f.Client.Get(f.URL + "/health/readiness")
+		if err != nil {
+			return false, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusServiceUnavailable, nil
+	})
+	time.Sleep(2 * time.Second)
+	if err := kc.StartAPIServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.WaitReady(30 * time.Second); err != nil {
+		t.Fatalf("readiness did not come back: %v", err)
+	}
+	time.Sleep(time.Second)
+	close(stop)
+	wg.Wait()
+	readers.Wait()
+	codes := map[int]int64{}
+	outageAnswers.Range(func(k, v any) bool { codes[k.(int)] = v.(*atomic.Int64).Load(); return true })
+	if len(codes) == 0 {
+		t.Errorf("the witness never saw the outage")
+	}
+	for code := range codes {
+		if code != 503 && code != 504 {
+			t.Errorf("outage answered %d, want 503 or 504", code)
+		}
+	}
+	t.Logf("witness answers during the outage: %v", codes)
+	checkInvariants(t, f, ns, l)
+}
+
+func TestSlowAPIServerEndsWithinDeadline(t *testing.T) {
+	ns := namespace(t)
+	f := start(t, ns, map[string]string{"REQUEST_TIMEOUT": "1s"})
+	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "slow1"}), 200, "create before the slowdown")
+	for i := 0; i < 5; i++ {
+		mustDo(t, f, "GET", "/api/sandboxes/slow1", nil)
+	}
+	runtime.GC()
+	time.Sleep(200 * time.Millisecond)
+	before := runtime.NumGoroutine()
+
+	proxy.SetDelay(3 * time.Second)
+	var wg sync.WaitGroup
+	const n = 16
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var r harness.Response
+			var err error
+			began := time.Now()
+			switch i % 4 {
+			case 0:
+				r, err = f.Do("POST", "/api/sandboxes", map[string]any{"sandbox_id": fmt.Sprintf("slow-%d", i)})
+			case 1:
+				r, err = f.Do("GET", "/api/sandboxes/slow1", nil)
+			case 2:
+				r, err = f.Do("GET", "/api/sandboxes", nil)
+			case 3:
+				r, err = f.Do("DELETE", fmt.Sprintf("/api/sandboxes/slow-%d", i), nil)
+			}
+			took := time.Since(began)
+			if err != nil {
+				t.Errorf("request %d: %v", i, err)
+				return
+			}
+			if r.Code != http.StatusGatewayTimeout || !strings.Contains(r.Detail(), "did not answer in time") {
+				t.Errorf("request %d: %d %s, want 504 with a clear detail", i, r.Code, r.Raw)
+			}
+			if took > 2500*time.Millisecond {
+				t.Errorf("request %d took %s, beyond its 1s deadline", i, took)
+			}
+		}()
+	}
+	wg.Wait()
+	proxy.SetDelay(0)
+	expectCode(t, mustDo(t, f, "GET", "/api/sandboxes/slow1", nil), 200, "get after the slowdown")
+	// Every goroutine the slow requests started must end.
+	var after int
+	for i := 0; i < 100; i++ {
+		runtime.GC()
+		after = runtime.NumGoroutine()
+		if after <= before+4 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if after > before+4 {
+		buf := make([]byte, 1<<20)
+		t.Errorf("goroutines: %d before, %d after %d slow requests\n%s", before, after, n, buf[:runtime.Stack(buf, true)])
+	}
+	t.Logf("goroutines: %d before, %d after", before, after)
+}
