@@ -95,8 +95,8 @@ type Config struct {
 	ListenAddress          string            `envconfig:"LISTEN_ADDRESS" default:"[::]:8080"`
 	LogLevel               string            `envconfig:"LOG_LEVEL" default:"info"`
 	MaxRequestBodyBytes    int64             `envconfig:"MAX_REQUEST_BODY_BYTES" default:"65536"`
-	ClientQPS              float32           `envconfig:"K8S_CLIENT_QPS" default:"100"`
-	ClientBurst            int               `envconfig:"K8S_CLIENT_BURST" default:"200"`
+	ClientQPS              float32           `envconfig:"K8S_CLIENT_QPS" default:"500"`
+	ClientBurst            int               `envconfig:"K8S_CLIENT_BURST" default:"1000"`
 	FunctionSourceOverride string            `envconfig:"K_SERVICE"`
 }
 
