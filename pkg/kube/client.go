@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
 )
 
 // UserAgent identifies us in API server audit logs.
@@ -51,7 +52,18 @@ func RESTConfig(c *config.Config) (*rest.Config, error) {
 	}
 	rc.QPS, rc.Burst = c.ClientQPS, c.ClientBurst
 	rc.UserAgent = UserAgent
+	rc.WarningHandlerWithContext = slogWarnings{}
 	return rc, nil
+}
+
+// slogWarnings sends the API server's warnings (deprecations, Pod Security
+// "would violate" notices) to our structured log instead of klog's stderr.
+type slogWarnings struct{}
+
+func (slogWarnings) HandleWarningHeaderWithContext(ctx context.Context, code int, agent, text string) {
+	if code == 299 && text != "" {
+		reqid.Logger(ctx).WarnContext(ctx, "Kubernetes API warning", "warning", text)
+	}
 }
 
 // NewClient builds a clientset; wrap, if not nil, instruments its transport.

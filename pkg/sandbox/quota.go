@@ -31,6 +31,24 @@ const settled = 3 * time.Second
 // that racing creates at the limit can refuse each other; Create then retries
 // a few rounds with random backoff. The caller deletes its Pod on refusal.
 func (m *Manager) checkQuota(ctx context.Context, s Spec, own *corev1.Pod) error {
+	if m.cfg.MaxSandboxesPerUser == 0 {
+		// Fast path: every sandbox is a Pod in the namespace, so if the
+		// namespace holds no more Pods than the limit, neither can the
+		// sandboxes be over it. A consistent list of one item tells the total
+		// through remainingItemCount, at a fraction of the cost of listing
+		// every sandbox; the full count runs only near the limit.
+		page, err := m.client.CoreV1().Pods(m.cfg.Namespace).List(ctx, metav1.ListOptions{Limit: 1})
+		if err != nil {
+			return classify(err, "count sandboxes for the quota")
+		}
+		total := int64(len(page.Items))
+		if page.RemainingItemCount != nil {
+			total += *page.RemainingItemCount
+		}
+		if (page.Continue == "" || page.RemainingItemCount != nil) && total <= int64(m.cfg.MaxSandboxes) {
+			return nil
+		}
+	}
 	list, err := m.client.CoreV1().Pods(m.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: selectorAll})
 	if err != nil {
 		return classify(err, "count sandboxes for the quota")

@@ -236,6 +236,7 @@ func BenchmarkProvisioner(b *testing.B) {
 	res := Results{When: time.Now().UTC()}
 
 	// Cold start: process start to the first 200 on /health, and idle RSS.
+	progress("cold start, 15 runs")
 	var starts, idle []float64
 	for i := 0; i < 15; i++ {
 		ms, rss, err := coldStart(bin, env, filepath.Join(dir, "cold.log"))
@@ -263,6 +264,7 @@ func BenchmarkProvisioner(b *testing.B) {
 		_ = ours(fn, "POST", "/api/sandboxes", map[string]any{"sandbox_id": fmt.Sprintf("warm-o%d", i)})
 	}
 	for _, c := range []int{1, 8} {
+		progress("create, get, list and delete at concurrency %d", c)
 		n := 100
 		if c == 8 {
 			n = 240
@@ -283,7 +285,33 @@ func BenchmarkProvisioner(b *testing.B) {
 		res.Rows = append(res.Rows, row("delete", c, od, fd))
 	}
 
+	// The same creates without the two extra writes our defaults add per
+	// sandbox (its NetworkPolicy and a Kubernetes Event), to show their cost.
+	lenv := map[string]string{"SANDBOX_NETWORK_POLICY": "false", "EMIT_KUBERNETES_EVENTS": "false"}
+	for k, v := range env {
+		if _, set := lenv[k]; !set {
+			lenv[k] = v
+		}
+	}
+	lean, err := harness.StartBinary(bin, lenv, filepath.Join(dir, "lean.log"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, c := range []int{1, 8} {
+		progress("lean creates at concurrency %d", c)
+		n := map[int]int{1: 100, 8: 240}[c]
+		fc := run(n, c, func(i int) error { return fl.create(ctx, fmt.Sprintf("lf%d-%d", c, i)) })
+		oc := run(n, c, func(i int) error {
+			return ours(lean, "POST", "/api/sandboxes", map[string]any{"sandbox_id": fmt.Sprintf("lo%d-%d", c, i)})
+		})
+		res.Rows = append(res.Rows, row("create (no NetworkPolicy, no Event)", c, oc, fc))
+		run(n, 8, func(i int) error { return fl.delete(ctx, fmt.Sprintf("lf%d-%d", c, i)) })
+		run(n, 8, func(i int) error { return ours(lean, "DELETE", fmt.Sprintf("/api/sandboxes/lo%d-%d", c, i), nil) })
+	}
+	lean.Stop()
+
 	// List at 1,000 sandboxes, and memory after 1,000 creates.
+	progress("1,000 creates at concurrency 32, then list")
 	setup := run(1000, 32, func(i int) error {
 		return ours(fn, "POST", "/api/sandboxes", map[string]any{"sandbox_id": fmt.Sprintf("k%04d", i)})
 	})
@@ -298,6 +326,11 @@ func BenchmarkProvisioner(b *testing.B) {
 
 	res.Targets = targets(res)
 	report(b, res)
+}
+
+// progress tells a person watching `make bench` where it is.
+func progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench %s: %s\n", time.Now().Format("15:04:05"), fmt.Sprintf(format, args...))
 }
 
 func countSandboxes(ctx context.Context, c kubernetes.Interface) int {
@@ -357,14 +390,19 @@ func coldStart(bin string, env map[string]string, logPath string) (ms, rss float
 func targets(r Results) []Target {
 	find := func(op string, c int) Row {
 		for _, row := range r.Rows {
-			if strings.HasPrefix(row.Operation, op) && row.Concurrency == c {
+			if row.Operation == op && row.Concurrency == c {
 				return row
 			}
 		}
 		return Row{}
 	}
 	c1, c8 := find("create", 1), find("create", 8)
-	l1k := r.Rows[len(r.Rows)-1]
+	l1k := find("list (1", 1)
+	for _, row := range r.Rows {
+		if strings.HasPrefix(row.Operation, "list") && row.N == 30 {
+			l1k = row
+		}
+	}
 	ratio := func(a, b float64) float64 {
 		if b == 0 {
 			return 0

@@ -434,24 +434,8 @@ func TestAPIServerDownIsUnavailableNotNotFound(t *testing.T) {
 	ns := namespace(t)
 	f := start(t, ns, map[string]string{"REQUEST_TIMEOUT": "5s"})
 	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "out1"}), 200, "create")
-	ctx := context.Background()
-	if err := kc.StopAPIServer(); err != nil {
-		t.Fatal(err)
-	}
-	restarted := false
-	defer func() {
-		if !restarted {
-			_ = kc.StartAPIServer(ctx)
-		}
-	}()
-	eventually(t, 15*time.Second, "readiness false during the outage", func() (bool, error) {
-		resp, err := f.Client.Get(f.URL + "/health/readiness")
-		if err != nil {
-			return false, err
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusServiceUnavailable, nil
-	})
+	restore := outage(t)
+	waitReadiness(t, f, http.StatusServiceUnavailable)
 	for _, rq := range []struct{ method, path string }{
 		{"GET", "/api/sandboxes/out1"}, {"GET", "/api/sandboxes"}, {"DELETE", "/api/sandboxes/out1"}, {"POST", "/api/sandboxes"},
 	} {
@@ -467,13 +451,8 @@ func TestAPIServerDownIsUnavailableNotNotFound(t *testing.T) {
 	if h := mustDo(t, f, "GET", "/health", nil); h.Code != 200 {
 		t.Errorf("/health during outage: %d", h.Code)
 	}
-	if err := kc.StartAPIServer(ctx); err != nil {
-		t.Fatal(err)
-	}
-	restarted = true
-	if err := f.WaitReady(30 * time.Second); err != nil {
-		t.Fatal(err)
-	}
+	restore()
+	waitReadiness(t, f, http.StatusOK)
 	g := mustDo(t, f, "GET", "/api/sandboxes/out1", nil)
 	expectCode(t, g, 200, "get after the outage")
 }

@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"path/filepath"
@@ -236,25 +235,11 @@ func TestAPIServerStoppedMidLoad(t *testing.T) {
 		}()
 	}
 	time.Sleep(time.Second)
-	ctx := context.Background()
-	if err := kc.StopAPIServer(); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 15*time.Second, "readiness false during the outage", func() (bool, error) {
-		resp, err := f.Client.Get(f.URL + "/health/readiness")
-		if err != nil {
-			return false, err
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusServiceUnavailable, nil
-	})
+	restore := outage(t)
+	waitReadiness(t, f, http.StatusServiceUnavailable)
 	time.Sleep(2 * time.Second)
-	if err := kc.StartAPIServer(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.WaitReady(30 * time.Second); err != nil {
-		t.Fatalf("readiness did not come back: %v", err)
-	}
+	restore()
+	waitReadiness(t, f, http.StatusOK)
 	time.Sleep(time.Second)
 	close(stop)
 	wg.Wait()

@@ -144,3 +144,37 @@ func expectCode(t *testing.T, r harness.Response, want int, what string) {
 		t.Fatalf("%s: status %d, want %d; body %s", what, r.Code, want, r.Raw)
 	}
 }
+
+// outage kills the API server and returns a function that brings it back;
+// the cleanup brings it back too if the test ends first.
+func outage(t *testing.T) (restore func()) {
+	t.Helper()
+	if err := kc.StopAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	restored := false
+	restore = func() {
+		if restored {
+			return
+		}
+		restored = true
+		if err := kc.StartAPIServer(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(restore)
+	return restore
+}
+
+// waitReadiness polls the function's readiness probe until it answers code.
+func waitReadiness(t *testing.T, f *harness.Function, code int) {
+	t.Helper()
+	eventually(t, 30*time.Second, fmt.Sprintf("readiness %d", code), func() (bool, error) {
+		resp, err := f.Client.Get(f.URL + "/health/readiness")
+		if err != nil {
+			return false, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode == code, nil
+	})
+}
