@@ -12,13 +12,29 @@ NAMESPACE=${K8S_NAMESPACE:-deer-flow}
 export KWOK_WORKDIR KWOK_KUBE_VERSION="$KUBE_VERSION"
 kwokctl="$KWOK_BIN_DIR/kwokctl"
 kubeconfig="$KWOK_WORKDIR/clusters/$CLUSTER_NAME/kubeconfig.yaml"
+mkdir -p "$KWOK_WORKDIR"
+kwoklog="$KWOK_WORKDIR/kwokctl-$CLUSTER_NAME.log"
+# kwokctl logs JSON to stderr; keep it in a file and show it only on failure.
+kwok() { "$kwokctl" --name "$CLUSTER_NAME" "$@" >>"$kwoklog" 2>&1 || { tail -n 20 "$kwoklog" >&2; die "kwokctl $1 $2 failed (log: $kwoklog)"; }; }
 
-if [[ -f "$kubeconfig" ]]; then
-  log "starting existing cluster $CLUSTER_NAME"
-  "$kwokctl" --name "$CLUSTER_NAME" start cluster --timeout 60s >/dev/null 2>&1 || true
+server() { sed -n 's/^ *server: //p' "$kubeconfig" | head -n1; }
+pki="$KWOK_WORKDIR/clusters/$CLUSTER_NAME/pki"
+api() {
+  curl -sS --fail-with-body --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" "$@"
+}
+
+if [[ -f "$kubeconfig" && "$(api "$(server)/readyz" 2>/dev/null)" == ok ]]; then
+  log "reusing running cluster $CLUSTER_NAME"
 else
+  if [[ -d "$KWOK_WORKDIR/clusters/$CLUSTER_NAME" ]]; then
+    # A stopped kwok cluster restarts with a kwok controller that no longer
+    # moves Pods to Running; a dev cluster is cheap to make anew (~4 s).
+    log "recreating stopped cluster $CLUSTER_NAME"
+    "$kwokctl" --name "$CLUSTER_NAME" delete cluster >>"$kwoklog" 2>&1 || true
+    rm -rf "$KWOK_WORKDIR/clusters/$CLUSTER_NAME"
+  fi
   log "creating cluster $CLUSTER_NAME (kube $KUBE_VERSION, binary runtime)"
-  "$kwokctl" --name "$CLUSTER_NAME" create cluster --runtime binary \
+  kwok create cluster --runtime binary \
     --kube-apiserver-binary "$KUBE_BIN_DIR/kube-apiserver" \
     --kube-scheduler-binary "$KUBE_BIN_DIR/kube-scheduler" \
     --kube-controller-manager-binary "$KUBE_BIN_DIR/kube-controller-manager" \
@@ -26,14 +42,10 @@ else
     --etcd-binary "$ETCD_BIN" \
     --extra-args kube-apiserver=service-cluster-ip-range=10.96.0.0/16 \
     --kubeconfig "$KWOK_WORKDIR/kubeconfig-merged" \
-    --timeout 120s >/dev/null
+    --timeout 120s
 fi
 
-server=$(sed -n 's/^ *server: //p' "$kubeconfig" | head -n1)
-pki="$KWOK_WORKDIR/clusters/$CLUSTER_NAME/pki"
-api() {
-  curl -sS --fail-with-body --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" "$@"
-}
+server=$(server)
 
 log "waiting for the API server at $server"
 for _ in $(seq 1 60); do
@@ -45,9 +57,9 @@ done
 have=$(api "$server/api/v1/nodes" | grep -c '"kwok.x-k8s.io/node"' || true)
 if (( have < NODES )); then
   log "adding $NODES kwok nodes"
-  "$kwokctl" --name "$CLUSTER_NAME" scale node --replicas "$NODES" \
+  kwok scale node --replicas "$NODES" \
     --param '.allocatable.cpu=1000' --param '.allocatable.memory="4Ti"' \
-    --param '.allocatable.pods=5000' --param '.allocatable["ephemeral-storage"]="10Ti"' >/dev/null
+    --param '.allocatable.pods=5000' --param '.allocatable["ephemeral-storage"]="10Ti"'
 fi
 
 if ! api "$server/api/v1/namespaces/$NAMESPACE" >/dev/null 2>&1; then

@@ -1,10 +1,12 @@
 package sandbox
 
 import (
+	"fmt"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"path"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -26,6 +28,17 @@ func FuzzCreateRequest(f *testing.F) {
 	}
 	cfg := fuzzConfig(f)
 	f.Fuzz(func(t *testing.T, body []byte) {
+		// Go's fuzzer has no per-input timeout: a slow input would stall it
+		// silently, so crash loudly and let it record the input.
+		done := make(chan struct{})
+		defer close(done)
+		go func() {
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				panic(fmt.Sprintf("one input took over 5s: %q", body))
+			}
+		}()
 		req, err := DecodeCreateRequest(body)
 		if err != nil {
 			if k := KindOf(err); k != KindMalformed && k != KindInvalid {

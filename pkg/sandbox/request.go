@@ -78,6 +78,7 @@ const (
 var (
 	idPattern       = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 	safeNamePattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+	quantityPattern = regexp.MustCompile(`^[0-9]{1,9}(\.[0-9]{1,6})?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$`)
 )
 
 // ValidateID checks a sandbox id as it comes from a path or an event.
@@ -201,6 +202,11 @@ func boundedSeconds(field string, v *int64, def, max time.Duration) (time.Durati
 func boundedQuantity(field, v, def, min, max string) (resource.Quantity, error) {
 	if v == "" {
 		return resource.MustParse(def), nil
+	}
+	// Only plain quantities: a scientific exponent such as 1E99999999 makes
+	// the comparison below run for a minute (found by fuzzing).
+	if !quantityPattern.MatchString(v) {
+		return resource.Quantity{}, Invalidf("%s %q must be a plain quantity such as 500m, 2 or 4Gi", field, truncate(v))
 	}
 	q, err := resource.ParseQuantity(v)
 	lo, hi := resource.MustParse(min), resource.MustParse(max)

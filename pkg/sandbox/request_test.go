@@ -59,6 +59,9 @@ func TestValidateCreateRequest(t *testing.T) {
 		name: "memory under the request", body: `{"sandbox_id":"abcd1234","memory":"1Mi"}`,
 		wantErr: "memory", kind: KindInvalid,
 	}, {
+		name: "scientific quantities are refused before they are compared (slow)", body: `{"sandbox_id":"abcd1234","cpu":"1E99999999"}`,
+		wantErr: "plain quantity", kind: KindInvalid,
+	}, {
 		name: "host path equal to the base dir", body: `{"sandbox_id":"abcd1234","extra_mounts":[{"host_path":"/.deer-flow","container_path":"/mnt/acp-workspace"}]}`,
 		wantErr: "must lie under", kind: KindInvalid,
 	}, {
