@@ -15,6 +15,8 @@ import (
 )
 
 func main() {
+	// JSON from the first line on; Start refines the level and adds fields.
+	slog.SetDefault(slog.New(slog.NewJSONHandler(os.Stderr, nil)))
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()
 	addr := os.Getenv("LISTEN_ADDRESS")
