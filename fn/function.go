@@ -57,10 +57,11 @@ func (f *Function) Start(ctx context.Context, cfg map[string]string) error {
 		return err
 	}
 	f.cfg = c
-	if _, set := os.LookupEnv("GOMEMLIMIT"); !set {
-		// A scale-to-zero function is packed by memory: keep the heap near
-		// what it uses instead of letting it double between collections.
-		debug.SetMemoryLimit(defaultMemoryLimit)
+	if _, set := os.LookupEnv("GOGC"); !set {
+		// A scale-to-zero function is packed by memory: let the heap grow
+		// by half between collections, not double (a list of a thousand
+		// sandboxes is the largest thing it holds, briefly).
+		debug.SetGCPercent(50)
 	}
 	f.log = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: parseLevel(c.LogLevel)})).With("component", "sandbox-provisioner")
 	slog.SetDefault(f.log)
@@ -151,9 +152,6 @@ func parseLevel(s string) slog.Level {
 	}
 	return slog.LevelInfo
 }
-
-// defaultMemoryLimit is the soft heap limit when GOMEMLIMIT is not set.
-const defaultMemoryLimit = 24 << 20
 
 // readyCacheTTL bounds how often readiness asks the API server.
 const readyCacheTTL = time.Second

@@ -23,7 +23,7 @@ func (unavailable) Get(context.Context, string, time.Duration) (sandbox.Sandbox,
 	return sandbox.Sandbox{}, &sandbox.Error{Kind: sandbox.KindTimeout, Detail: "slow"}
 }
 func (unavailable) List(context.Context) ([]sandbox.Sandbox, error) { return nil, nil }
-func (unavailable) Destroy(context.Context, string) error          { return nil }
+func (unavailable) Destroy(context.Context, string) error           { return nil }
 func (unavailable) Reap(context.Context) (sandbox.Reaped, error)    { return sandbox.Reaped{}, nil }
 
 func newAPI(t *testing.T, env map[string]string) *API {
