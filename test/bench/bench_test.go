@@ -328,7 +328,7 @@ func BenchmarkProvisioner(b *testing.B) {
 			func(i int) error {
 				return ours(lean, "POST", "/api/sandboxes", map[string]any{"sandbox_id": fmt.Sprintf("lo%d-%d", c, i)})
 			})
-		res.Rows = append(res.Rows, row("create (no NetworkPolicy, no Event)", c, oc, fc))
+		res.Rows = append(res.Rows, row("create, lean", c, oc, fc))
 		run(n, 8, func(i int) error { return fl.delete(ctx, fmt.Sprintf("lf%d-%d", c, i)) })
 		run(n, 8, func(i int) error { return ours(lean, "DELETE", fmt.Sprintf("/api/sandboxes/lo%d-%d", c, i), nil) })
 	}
@@ -450,6 +450,7 @@ func report(b *testing.B, r Results) {
 			x.Operation, x.Concurrency, x.N, x.OursP50, x.OursP95, x.OursP99, x.OursOps, x.FloorP50, x.FloorP95, x.FloorP99, x.FloorOps,
 			x.OursP50/x.FloorP50, x.OursOps/x.FloorOps, x.Errors)
 	}
+	fmt.Fprintf(&md, "\n\"create, lean\": a second function with SANDBOX_NETWORK_POLICY=false and EMIT_KUBERNETES_EVENTS=false.\n")
 	fmt.Fprintf(&md, "\nLatencies in ms. Cold start to first /health: %.1f ms (median of %d); idle RSS %.1f MiB; RSS after 1,000 creates %.1f MiB.\n\n",
 		r.ColdStartMs, r.ColdStartRuns, r.IdleRSSMiB, r.RSSAfter1000MiB)
 	fmt.Fprintf(&md, "| target | value | limit | met |\n|---|---|---|---|\n")
