@@ -1,0 +1,59 @@
+package fn
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+func TestBeforeStart(t *testing.T) {
+	f := New()
+	if ok, _ := f.Ready(context.Background()); ok {
+		t.Error("ready before Start")
+	}
+	for path, want := range map[string]int{"/health": http.StatusOK, "/api/sandboxes": http.StatusServiceUnavailable} {
+		w := httptest.NewRecorder()
+		f.Handle(w, httptest.NewRequest("GET", path, nil))
+		if w.Code != want {
+			t.Errorf("GET %s before Start: %d, want %d", path, w.Code, want)
+		}
+	}
+}
+
+func TestStartRejectsBadConfigNamingTheVariable(t *testing.T) {
+	t.Setenv("SANDBOX_SERVICE_TYPE", "LoadBalancer")
+	err := New().Start(context.Background(), nil)
+	if err == nil || !strings.Contains(err.Error(), "SANDBOX_SERVICE_TYPE") {
+		t.Fatalf("Start error = %v, want one naming SANDBOX_SERVICE_TYPE", err)
+	}
+}
+
+// TestStartNeverBlocks: without any kubeconfig, Start returns at once,
+// /health answers, and readiness says why it is not ready.
+func TestStartNeverBlocks(t *testing.T) {
+	t.Setenv("KUBECONFIG", "/nonexistent/kubeconfig")
+	t.Setenv("KUBECONFIG_PATH", "/nonexistent/kubeconfig")
+	t.Setenv("PROVISIONER_API_KEY", "k")
+	f := New()
+	if err := f.Start(context.Background(), map[string]string{"LOG_LEVEL": "error"}); err != nil {
+		t.Fatal(err)
+	}
+	defer f.Stop(context.Background())
+	w := httptest.NewRecorder()
+	f.Handle(w, httptest.NewRequest("GET", "/health", nil))
+	if w.Code != http.StatusOK {
+		t.Errorf("/health: %d", w.Code)
+	}
+	if ok, err := f.Ready(context.Background()); ok || err == nil {
+		t.Errorf("Ready = %v, %v; want false with a reason", ok, err)
+	}
+	r := httptest.NewRequest("GET", "/api/sandboxes", nil)
+	r.Header.Set("X-API-Key", "k")
+	w = httptest.NewRecorder()
+	f.Handle(w, r)
+	if w.Code != http.StatusServiceUnavailable {
+		t.Errorf("list without a cluster: %d %s, want 503", w.Code, w.Body)
+	}
+}
