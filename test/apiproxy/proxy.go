@@ -111,7 +111,8 @@ func (p *Proxy) Counts() map[string]int {
 	return out
 }
 
-// Total returns the number of requests counted, excluding probes of /readyz.
+// Total returns the number of requests counted, excluding the readiness
+// probes of /readyz (they are not part of any operation).
 func (p *Proxy) Total() int {
 	n := 0
 	for k, v := range p.Counts() {
