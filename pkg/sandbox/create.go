@@ -75,10 +75,10 @@ func (m *Manager) createOnce(ctx context.Context, s Spec) (pod *corev1.Pod, svc 
 		svcErr, npErr, quotaErr error
 	)
 	wg.Add(1)
-	go func() { defer wg.Done(); svc, repaired, svcErr = m.ensureService(ctx, s, pod) }()
+	go func() { defer wg.Done(); svc, repaired, svcErr = m.ensureService(ctx, s, pod, existed) }()
 	if m.cfg.NetworkPolicy {
 		wg.Add(1)
-		go func() { defer wg.Done(); npErr = m.ensureNetworkPolicy(ctx, s, pod) }()
+		go func() { defer wg.Done(); npErr = m.ensureNetworkPolicy(ctx, s, pod, existed) }()
 	}
 	if !existed && (m.cfg.MaxSandboxes > 0 || m.cfg.MaxSandboxesPerUser > 0) {
 		wg.Add(1)
@@ -161,18 +161,22 @@ func checkCapacity(pod *corev1.Pod, s Spec) error {
 
 // ensureService creates the Service owned by pod, adopting or replacing an
 // existing one. It reports whether it had to create one for a Pod that
-// already existed (a repair).
-func (m *Manager) ensureService(ctx context.Context, s Spec, pod *corev1.Pod) (*corev1.Service, bool, error) {
+// already existed (a repair). For a Pod that already existed it reads first,
+// since the Service most likely exists too (DeerFlow creates on every reuse).
+func (m *Manager) ensureService(ctx context.Context, s Spec, pod *corev1.Pod, readFirst bool) (*corev1.Service, bool, error) {
 	want := BuildService(m.cfg, s, pod)
 	svcs := m.client.CoreV1().Services(m.cfg.Namespace)
 	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
-		created, err := svcs.Create(ctx, want, metav1.CreateOptions{})
-		if err == nil {
-			return created, true, nil
+		if !readFirst {
+			created, err := svcs.Create(ctx, want, metav1.CreateOptions{})
+			if err == nil {
+				return created, true, nil
+			}
+			if !apierrors.IsAlreadyExists(err) {
+				return nil, false, classify(err, "create the sandbox Service")
+			}
 		}
-		if !apierrors.IsAlreadyExists(err) {
-			return nil, false, classify(err, "create the sandbox Service")
-		}
+		readFirst = false
 		existing, err := svcs.Get(ctx, want.Name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			continue
@@ -216,17 +220,21 @@ func (m *Manager) adopt(ctx context.Context, svc *corev1.Service, pod *corev1.Po
 	return updated, nil
 }
 
-func (m *Manager) ensureNetworkPolicy(ctx context.Context, s Spec, pod *corev1.Pod) error {
+// ensureNetworkPolicy is ensureService for the NetworkPolicy.
+func (m *Manager) ensureNetworkPolicy(ctx context.Context, s Spec, pod *corev1.Pod, readFirst bool) error {
 	want := BuildNetworkPolicy(m.cfg, s, pod)
 	nps := m.client.NetworkingV1().NetworkPolicies(m.cfg.Namespace)
 	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
-		_, err := nps.Create(ctx, want, metav1.CreateOptions{})
-		if err == nil {
-			return nil
+		if !readFirst {
+			_, err := nps.Create(ctx, want, metav1.CreateOptions{})
+			if err == nil {
+				return nil
+			}
+			if !apierrors.IsAlreadyExists(err) {
+				return classify(err, "create the sandbox NetworkPolicy")
+			}
 		}
-		if !apierrors.IsAlreadyExists(err) {
-			return classify(err, "create the sandbox NetworkPolicy")
-		}
+		readFirst = false
 		existing, err := nps.Get(ctx, want.Name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			continue

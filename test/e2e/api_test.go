@@ -451,3 +451,18 @@ func TestAPIServerDownIsUnavailableNotNotFound(t *testing.T) {
 	g := mustDo(t, f, "GET", "/api/sandboxes/out1", nil)
 	expectCode(t, g, 200, "get after the outage")
 }
+
+// TestRecreateOfExistingSandboxIsCheap: DeerFlow calls create on every reuse,
+// so an existing sandbox costs reads, not failed writes.
+func TestRecreateOfExistingSandboxIsCheap(t *testing.T) {
+	ns := namespace(t)
+	f := start(t, ns, map[string]string{"EMIT_KUBERNETES_EVENTS": "false"})
+	body := map[string]any{"sandbox_id": "reuse1", "thread_id": "t"}
+	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", body), 200, "create")
+	proxy.Reset()
+	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", body), 200, "re-create")
+	// Pod create (already exists) and get; Service get; NetworkPolicy get.
+	if total := proxy.Total(); total > 4 {
+		t.Errorf("re-create of an existing sandbox made %d API calls (%v), want at most 4", total, proxy.Counts())
+	}
+}
