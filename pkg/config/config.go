@@ -81,23 +81,23 @@ type Config struct {
 	MaxSandboxesPerUser int `envconfig:"MAX_SANDBOXES_PER_USER" default:"0"`
 
 	// Isolation.
-	NetworkPolicy          bool              `envconfig:"SANDBOX_NETWORK_POLICY" default:"true"`
-	IngressFromPodLabels   map[string]string `envconfig:"SANDBOX_INGRESS_FROM_POD_LABELS"`
-	IngressFromNamespace   map[string]string `envconfig:"SANDBOX_INGRESS_FROM_NAMESPACE_LABELS"`
-	EgressDenyCIDRs        []string          `envconfig:"SANDBOX_EGRESS_DENY_CIDRS" default:"169.254.169.254/32,fd00:ec2::254/128"`
-	EgressAllowCIDRs       []string          `envconfig:"SANDBOX_EGRESS_ALLOW_CIDRS" default:"0.0.0.0/0,::/0"`
-	EventSourceAllowlist   []string          `envconfig:"EVENT_SOURCE_ALLOWLIST"`
-	EventsRequireAPIKey    bool              `envconfig:"EVENTS_REQUIRE_API_KEY" default:"false"`
-	EventsTrustNetwork     bool              `envconfig:"EVENTS_TRUST_NETWORK" default:"false"`
-	EventsDisabled         bool              `envconfig:"EVENTS_DISABLED" default:"false"`
-	EmitKubernetesEvents   bool              `envconfig:"EMIT_KUBERNETES_EVENTS" default:"true"`
-	ServiceAccountName     string            `envconfig:"SANDBOX_SERVICE_ACCOUNT"`
-	ListenAddress          string            `envconfig:"LISTEN_ADDRESS" default:"[::]:8080"`
-	LogLevel               string            `envconfig:"LOG_LEVEL" default:"info"`
-	MaxRequestBodyBytes    int64             `envconfig:"MAX_REQUEST_BODY_BYTES" default:"65536"`
-	ClientQPS              float32           `envconfig:"K8S_CLIENT_QPS" default:"500"`
-	ClientBurst            int               `envconfig:"K8S_CLIENT_BURST" default:"1000"`
-	FunctionSourceOverride string            `envconfig:"K_SERVICE"`
+	NetworkPolicy        bool              `envconfig:"SANDBOX_NETWORK_POLICY" default:"true"`
+	IngressFromPodLabels map[string]string `envconfig:"SANDBOX_INGRESS_FROM_POD_LABELS"`
+	IngressFromNamespace map[string]string `envconfig:"SANDBOX_INGRESS_FROM_NAMESPACE_LABELS"`
+	EgressDenyCIDRs      []string          `envconfig:"SANDBOX_EGRESS_DENY_CIDRS" default:"169.254.169.254/32,fd00:ec2::254/128"`
+	EgressAllowCIDRs     []string          `envconfig:"SANDBOX_EGRESS_ALLOW_CIDRS" default:"0.0.0.0/0,::/0"`
+	EventSourceAllowlist []string          `envconfig:"EVENT_SOURCE_ALLOWLIST"`
+	EventsRequireAPIKey  bool              `envconfig:"EVENTS_REQUIRE_API_KEY" default:"false"`
+	EventsTrustNetwork   bool              `envconfig:"EVENTS_TRUST_NETWORK" default:"false"`
+	EventsDisabled       bool              `envconfig:"EVENTS_DISABLED" default:"false"`
+	EmitKubernetesEvents bool              `envconfig:"EMIT_KUBERNETES_EVENTS" default:"true"`
+	ServiceAccountName   string            `envconfig:"SANDBOX_SERVICE_ACCOUNT"`
+	ListenAddress        string            `envconfig:"LISTEN_ADDRESS" default:"[::]:8080"`
+	LogLevel             string            `envconfig:"LOG_LEVEL" default:"info"`
+	MaxRequestBodyBytes  int64             `envconfig:"MAX_REQUEST_BODY_BYTES" default:"65536"`
+	ClientQPS            float32           `envconfig:"K8S_CLIENT_QPS" default:"500"`
+	ClientBurst          int               `envconfig:"K8S_CLIENT_BURST" default:"1000"`
+	KService             string            `envconfig:"K_SERVICE"` // set by Knative Serving
 }
 
 var capabilityPattern = regexp.MustCompile(`^[A-Z_]+$`)

@@ -77,7 +77,7 @@ type Handler struct {
 
 // New returns the events front door over ops.
 func New(cfg *config.Config, ops sandbox.Operations, m *metrics.Metrics) *Handler {
-	svc := cfg.FunctionSourceOverride
+	svc := cfg.KService
 	if svc == "" {
 		svc = "local"
 	}
@@ -120,7 +120,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	op, ok := operations[ev.Type()]
 	if !ok {
 		code = writeDetail(w, http.StatusBadRequest, fmt.Sprintf("unsupported event type %q; this function accepts %s",
-			truncate(ev.Type()), strings.Join(RequestTypes, ", ")))
+			sandbox.Truncate(ev.Type()), strings.Join(RequestTypes, ", ")))
 		log.Info("event refused", "status", code)
 		return
 	}
@@ -167,7 +167,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // behind a broker). An EVENT_SOURCE_ALLOWLIST restricts senders further.
 func (h *Handler) authorize(r *http.Request, ev *event.Event, op operation) (int, string) {
 	if len(h.cfg.EventSourceAllowlist) > 0 && !slices.Contains(h.cfg.EventSourceAllowlist, ev.Source()) {
-		return http.StatusForbidden, fmt.Sprintf("event source %q is not in EVENT_SOURCE_ALLOWLIST", truncate(ev.Source()))
+		return http.StatusForbidden, fmt.Sprintf("event source %q is not in EVENT_SOURCE_ALLOWLIST", sandbox.Truncate(ev.Source()))
 	}
 	if !op.mutating && !h.cfg.EventsRequireAPIKey {
 		return 0, ""
@@ -302,11 +302,4 @@ func asInvalid(err error) error {
 func writeDetail(w http.ResponseWriter, code int, detail string) int {
 	problem.WriteDetail(w, code, detail)
 	return code
-}
-
-func truncate(s string) string {
-	if len(s) > 80 {
-		return s[:80] + "…"
-	}
-	return s
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"io"
 	"net/http"
 	"slices"
@@ -18,6 +19,9 @@ import (
 var invokeOperations = map[string]string{
 	"create": TypeCreate, "get": TypeGet, "list": TypeList, "destroy": TypeDestroy, "reap": TypeReap,
 }
+
+// invokeNames lists the operations for error details.
+var invokeNames = strings.Join(sortedKeys(invokeOperations), ", ")
 
 // Invoke handles POST / with a plain JSON body, which is what
 // `kn func invoke --format http` sends: {"operation": "create", ...} runs the
@@ -41,13 +45,13 @@ func (h *Handler) Invoke(w http.ResponseWriter, r *http.Request) {
 		code = writeDetail(w, http.StatusBadRequest, fmt.Sprintf(
 			"POST / expects a JSON object with \"operation\" (one of %s) and that operation's fields, e.g. "+
 				`{"operation":"create","sandbox_id":"abcd1234"}; DeerFlow's API is under /api/sandboxes, and CloudEvents of types %s are accepted here too`,
-			strings.Join(sortedKeys(invokeOperations), ", "), strings.Join(RequestTypes, ", ")))
+			invokeNames, strings.Join(RequestTypes, ", ")))
 		return
 	}
 	evType, ok := invokeOperations[envelope.Operation]
 	if !ok {
 		code = writeDetail(w, http.StatusBadRequest, fmt.Sprintf("unknown operation %q; use one of %s",
-			truncate(envelope.Operation), strings.Join(sortedKeys(invokeOperations), ", ")))
+			sandbox.Truncate(envelope.Operation), invokeNames))
 		return
 	}
 	op := operations[evType]

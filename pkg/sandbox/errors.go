@@ -106,7 +106,7 @@ func classify(err error, action string) error {
 		return newError(KindUnavailable, err, "the Kubernetes API server is overloaded or unavailable while trying to %s; retry", action)
 	}
 	var netErr net.Error
-	if errors.As(err, &netErr) || isConnectionError(err) {
+	if errors.As(err, &netErr) {
 		return newError(KindUnavailable, err, "the Kubernetes API server is unreachable while trying to %s; retry", action)
 	}
 	if _, ok := err.(apierrors.APIStatus); ok {
@@ -115,9 +115,4 @@ func classify(err error, action string) error {
 	// Anything we cannot recognise is treated as transient: retrying a 503 is
 	// harmless, mistaking an outage for "gone" is not.
 	return newError(KindUnavailable, err, "could not %s", action)
-}
-
-func isConnectionError(err error) bool {
-	var opErr *net.OpError
-	return errors.As(err, &opErr)
 }

@@ -87,9 +87,9 @@ func ValidateID(id string) error {
 	case id == "":
 		return Invalidf("sandbox_id is required")
 	case len(id) > maxIDLen:
-		return Invalidf("sandbox_id %q is %d characters; at most %d fit the Service name sandbox-<id>-svc", truncate(id), len(id), maxIDLen)
+		return Invalidf("sandbox_id %q is %d characters; at most %d fit the Service name sandbox-<id>-svc", Truncate(id), len(id), maxIDLen)
 	case !idPattern.MatchString(id):
-		return Invalidf("sandbox_id %q must be lowercase letters, digits and '-', starting and ending with a letter or digit", truncate(id))
+		return Invalidf("sandbox_id %q must be lowercase letters, digits and '-', starting and ending with a letter or digit", Truncate(id))
 	}
 	return nil
 }
@@ -152,13 +152,13 @@ func (r CreateRequest) Validate(cfg *config.Config, now time.Time) (Spec, error)
 	}
 	if r.ThreadID != nil {
 		if !safeNamePattern.MatchString(*r.ThreadID) {
-			return Spec{}, Invalidf("thread_id %q must be 1-64 letters, digits, '_' or '-'", truncate(*r.ThreadID))
+			return Spec{}, Invalidf("thread_id %q must be 1-64 letters, digits, '_' or '-'", Truncate(*r.ThreadID))
 		}
 		s.ThreadID = *r.ThreadID
 	}
 	if r.UserID != nil {
 		if !safeNamePattern.MatchString(*r.UserID) {
-			return Spec{}, Invalidf("user_id %q must be 1-64 letters, digits, '_' or '-'", truncate(*r.UserID))
+			return Spec{}, Invalidf("user_id %q must be 1-64 letters, digits, '_' or '-'", Truncate(*r.UserID))
 		}
 		s.UserID = *r.UserID
 	}
@@ -206,12 +206,12 @@ func boundedQuantity(field, v, def, min, max string) (resource.Quantity, error) 
 	// Only plain quantities: a scientific exponent such as 1E99999999 makes
 	// the comparison below run for a minute (found by fuzzing).
 	if !quantityPattern.MatchString(v) {
-		return resource.Quantity{}, Invalidf("%s %q must be a plain quantity such as 500m, 2 or 4Gi", field, truncate(v))
+		return resource.Quantity{}, Invalidf("%s %q must be a plain quantity such as 500m, 2 or 4Gi", field, Truncate(v))
 	}
 	q, err := resource.ParseQuantity(v)
 	lo, hi := resource.MustParse(min), resource.MustParse(max)
 	if err != nil || q.Cmp(lo) < 0 || q.Cmp(hi) > 0 {
-		return resource.Quantity{}, Invalidf("%s %q must be a quantity between %s and %s", field, truncate(v), min, max)
+		return resource.Quantity{}, Invalidf("%s %q must be a quantity between %s and %s", field, Truncate(v), min, max)
 	}
 	return q, nil
 }
@@ -233,15 +233,15 @@ func validateMounts(cfg *config.Config, in []ExtraMount) ([]Mount, error) {
 		case hp == "":
 			return nil, Invalidf("%s.host_path is required", where)
 		case !path.IsAbs(hp):
-			return nil, Invalidf("%s.host_path %q must be absolute", where, truncate(hp))
+			return nil, Invalidf("%s.host_path %q must be absolute", where, Truncate(hp))
 		case strings.ContainsAny(hp, "\x00\\:") || hasDotSegment(hp) || path.Clean(hp) != hp:
-			return nil, Invalidf("%s.host_path %q must be a clean path without '.', '..', '\\' or ':'", where, truncate(hp))
+			return nil, Invalidf("%s.host_path %q must be a clean path without '.', '..', '\\' or ':'", where, Truncate(hp))
 		case hp != base && !strings.HasPrefix(hp, base+"/") || hp == base:
-			return nil, Invalidf("%s.host_path %q must lie under %s", where, truncate(hp), base)
+			return nil, Invalidf("%s.host_path %q must lie under %s", where, Truncate(hp), base)
 		}
 		cp := m.ContainerPath
 		if !slices.Contains(config.AllowedExtraMountPaths, cp) {
-			return nil, Invalidf("%s.container_path %q is not allowed; use one of %s", where, truncate(cp), strings.Join(config.AllowedExtraMountPaths, ", "))
+			return nil, Invalidf("%s.container_path %q is not allowed; use one of %s", where, Truncate(cp), strings.Join(config.AllowedExtraMountPaths, ", "))
 		}
 		if seen[cp] {
 			return nil, Invalidf("%s.container_path %q appears twice", where, cp)
@@ -265,8 +265,8 @@ func hasDotSegment(p string) bool {
 	return false
 }
 
-// truncate keeps error messages short when a client sends a huge value.
-func truncate(s string) string {
+// Truncate keeps error messages short when a client sends a huge value.
+func Truncate(s string) string {
 	const max = 80
 	if len(s) > max {
 		return s[:max] + "…"

@@ -94,13 +94,17 @@ func TestDeerFlowContract(t *testing.T) {
 	if seen["/mnt/skills/custom"] != 1 || seen["/mnt/acp-workspace"] != 1 || seen["/mnt/user-data"] != 1 {
 		t.Errorf("mounts = %v, want /mnt/skills/custom, /mnt/acp-workspace and /mnt/user-data", seen)
 	}
-	for _, v := range pod.Spec.Volumes {
-		if v.HostPath != nil && v.HostPath.Path == "/.deer-flow/users/user-1/skills_view/custom" {
-			goto found
+	hostPathAt := map[string]string{}
+	for _, m := range pod.Spec.Containers[0].VolumeMounts {
+		for _, v := range pod.Spec.Volumes {
+			if v.Name == m.Name && v.HostPath != nil {
+				hostPathAt[m.MountPath] = v.HostPath.Path
+			}
 		}
 	}
-	t.Errorf("the extra mount's host path does not back /mnt/skills/custom")
-found:
+	if got := hostPathAt["/mnt/skills/custom"]; got != "/.deer-flow/users/user-1/skills_view/custom" {
+		t.Errorf("/mnt/skills/custom is backed by %q, want the extra mount's host path", got)
+	}
 
 	anon := send(reqs[1])
 	if anon["sandbox_id"] != "abcd1234" {

@@ -79,11 +79,7 @@ func (f *Function) Stop() {
 		}
 		f.cancel = nil
 	}
-	if f.cmd != nil && f.cmd.Process != nil {
-		_ = f.cmd.Process.Kill()
-		_ = f.cmd.Wait()
-		f.cmd = nil
-	}
+	f.Kill()
 }
 
 // WaitReady polls /health/readiness (bounded) until it answers 200.
