@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -72,13 +73,14 @@ func (m *Manager) createOnce(ctx context.Context, s Spec) (pod *corev1.Pod, svc 
 	// overlap, so a create costs two API round trips, like the bare floor.
 	var (
 		wg                      sync.WaitGroup
+		np                      *networkingv1.NetworkPolicy
 		svcErr, npErr, quotaErr error
 	)
 	wg.Add(1)
 	go func() { defer wg.Done(); svc, repaired, svcErr = m.ensureService(ctx, s, pod, existed) }()
 	if m.cfg.NetworkPolicy {
 		wg.Add(1)
-		go func() { defer wg.Done(); npErr = m.ensureNetworkPolicy(ctx, s, pod, existed) }()
+		go func() { defer wg.Done(); np, npErr = m.ensureNetworkPolicy(ctx, s, pod, existed) }()
 	}
 	if !existed && (m.cfg.MaxSandboxes > 0 || m.cfg.MaxSandboxesPerUser > 0) {
 		wg.Add(1)
@@ -89,7 +91,7 @@ func (m *Manager) createOnce(ctx context.Context, s Spec) (pod *corev1.Pod, svc 
 	if quotaErr != nil {
 		if KindOf(quotaErr) == KindQuota {
 			// Undo what this call created; a refused create leaves nothing behind.
-			if err := m.undoCreate(context.WithoutCancel(ctx), pod, svc); err != nil {
+			if err := m.undoCreate(context.WithoutCancel(ctx), pod, svc, np); err != nil {
 				return nil, nil, false, false, err
 			}
 		}
@@ -220,18 +222,19 @@ func (m *Manager) adopt(ctx context.Context, svc *corev1.Service, pod *corev1.Po
 	return updated, nil
 }
 
-// ensureNetworkPolicy is ensureService for the NetworkPolicy.
-func (m *Manager) ensureNetworkPolicy(ctx context.Context, s Spec, pod *corev1.Pod, readFirst bool) error {
+// ensureNetworkPolicy is ensureService for the NetworkPolicy. It returns the
+// policy it created, or nil when it found this Pod's policy already there.
+func (m *Manager) ensureNetworkPolicy(ctx context.Context, s Spec, pod *corev1.Pod, readFirst bool) (*networkingv1.NetworkPolicy, error) {
 	want := BuildNetworkPolicy(m.cfg, s, pod)
 	nps := m.client.NetworkingV1().NetworkPolicies(m.cfg.Namespace)
 	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
 		if !readFirst {
-			_, err := nps.Create(ctx, want, metav1.CreateOptions{})
+			created, err := nps.Create(ctx, want, metav1.CreateOptions{})
 			if err == nil {
-				return nil
+				return created, nil
 			}
 			if !apierrors.IsAlreadyExists(err) {
-				return classify(err, "create the sandbox NetworkPolicy")
+				return nil, classify(err, "create the sandbox NetworkPolicy")
 			}
 		}
 		readFirst = false
@@ -240,17 +243,17 @@ func (m *Manager) ensureNetworkPolicy(ctx context.Context, s Spec, pod *corev1.P
 			continue
 		}
 		if err != nil {
-			return classify(err, "read the existing sandbox NetworkPolicy")
+			return nil, classify(err, "read the existing sandbox NetworkPolicy")
 		}
 		if ownerUID(existing.OwnerReferences) == pod.UID {
-			return nil
+			return existing, nil
 		}
 		err = nps.Delete(ctx, existing.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(existing.UID))})
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-			return classify(err, "replace a stale sandbox NetworkPolicy")
+			return nil, classify(err, "replace a stale sandbox NetworkPolicy")
 		}
 	}
-	return &Error{Kind: KindConflict, Detail: "the NetworkPolicy of sandbox " + s.ID + " is changing concurrently; retry"}
+	return nil, &Error{Kind: KindConflict, Detail: "the NetworkPolicy of sandbox " + s.ID + " is changing concurrently; retry"}
 }
 
 func ownerUID(refs []metav1.OwnerReference) types.UID {

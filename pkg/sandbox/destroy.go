@@ -3,9 +3,10 @@ package sandbox
 import (
 	"context"
 	"errors"
-	corev1 "k8s.io/api/core/v1"
 	"sync"
 
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -35,10 +36,11 @@ func (m *Manager) Destroy(ctx context.Context, id string) error {
 	return classify(runAll(deletes), "delete sandbox "+id)
 }
 
-// undoCreate removes what a refused create made. Preconditions on the UIDs
-// keep it from deleting a Pod or Service that another caller created since;
-// the NetworkPolicy follows the Pod through the GC.
-func (m *Manager) undoCreate(ctx context.Context, pod *corev1.Pod, svc *corev1.Service) error {
+// undoCreate removes what a refused create made, all of it at once rather
+// than leaving the Service and NetworkPolicy to the GC, so a retry of the same
+// id finds nothing stale. Preconditions on the UIDs keep it from deleting
+// objects that another caller created since.
+func (m *Manager) undoCreate(ctx context.Context, pod *corev1.Pod, svc *corev1.Service, np *networkingv1.NetworkPolicy) error {
 	deletes := []func() error{func() error {
 		// No grace period: the Pod never served anyone, and a retry of this
 		// create must not wait for it to terminate.
@@ -49,6 +51,11 @@ func (m *Manager) undoCreate(ctx context.Context, pod *corev1.Pod, svc *corev1.S
 	if svc != nil && ownerUID(svc.OwnerReferences) == pod.UID {
 		deletes = append(deletes, func() error {
 			return m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, svc.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(svc.UID))})
+		})
+	}
+	if np != nil && ownerUID(np.OwnerReferences) == pod.UID {
+		deletes = append(deletes, func() error {
+			return m.client.NetworkingV1().NetworkPolicies(m.cfg.Namespace).Delete(ctx, np.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(np.UID))})
 		})
 	}
 	return classify(runAll(deletes), "remove the sandbox refused by the quota")

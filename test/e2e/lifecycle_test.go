@@ -146,7 +146,18 @@ func TestQuota(t *testing.T) {
 	if r.Code != http.StatusTooManyRequests || !strings.Contains(r.Detail(), "MAX_SANDBOXES_PER_USER") {
 		t.Errorf("third sandbox of alice: %d %s, want 429 naming the per-user limit", r.Code, r.Raw)
 	}
-	create(t, f, map[string]any{"sandbox_id": "q3", "user_id": "bob"})
+	// The refusal removed all it made at once, not through the GC later.
+	nps, err := client().NetworkingV1().NetworkPolicies(ns).List(context.Background(), metav1.ListOptions{LabelSelector: "sandbox-id=q3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, s := pods(t, ns, "sandbox-id=q3"), services(t, ns, "sandbox-id=q3"); len(p)+len(s)+len(nps.Items) != 0 {
+		t.Errorf("refused q3 left %d Pods, %d Services, %d NetworkPolicies", len(p), len(s), len(nps.Items))
+	}
+	// Bob's sandbox takes a fresh id: kwok force-deletes Pods by name with no
+	// UID precondition (the kubelet sends one), so a Pod recreated under the
+	// name of the refused one could be removed by kwok's delayed delete.
+	create(t, f, map[string]any{"sandbox_id": "b1", "user_id": "bob"})
 	r = mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "q4", "user_id": "carol"})
 	if r.Code != http.StatusTooManyRequests || !strings.HasSuffix(r.Detail(), "raise MAX_SANDBOXES") {
 		t.Errorf("fourth sandbox: %d %s, want 429 naming the total limit", r.Code, r.Raw)
