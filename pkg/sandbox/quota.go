@@ -6,6 +6,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -27,17 +28,17 @@ const settled = 3 * time.Second
 // checkQuota counts sandboxes after this call's Pod exists. Counting after
 // creating (not before) is what bounds the overshoot at zero across replicas:
 // of any set of racing creates, the last Pod created sees all of them in its
-// consistent list, so the total admitted never exceeds the limit. The price is
+// list (see countList), so the total admitted never exceeds the limit. The price is
 // that racing creates at the limit can refuse each other; Create then retries
 // a few rounds with random backoff. The caller deletes its Pod on refusal.
 func (m *Manager) checkQuota(ctx context.Context, s Spec, own *corev1.Pod) error {
 	if m.cfg.MaxSandboxesPerUser == 0 {
 		// Fast path: every sandbox is a Pod in the namespace, so if the
 		// namespace holds no more Pods than the limit, neither can the
-		// sandboxes be over it. A consistent list of one item tells the total
-		// through remainingItemCount, at a fraction of the cost of listing
-		// every sandbox; the full count runs only near the limit.
-		page, err := m.client.CoreV1().Pods(m.cfg.Namespace).List(ctx, metav1.ListOptions{Limit: 1})
+		// sandboxes be over it. A list of one item tells the total through
+		// remainingItemCount, at a fraction of the cost of listing every
+		// sandbox; the full count runs only near the limit.
+		page, err := m.countList(ctx, own, metav1.ListOptions{Limit: 1})
 		if err != nil {
 			return classify(err, "count sandboxes for the quota")
 		}
@@ -49,7 +50,7 @@ func (m *Manager) checkQuota(ctx context.Context, s Spec, own *corev1.Pod) error
 			return nil
 		}
 	}
-	list, err := m.client.CoreV1().Pods(m.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: selectorAll})
+	list, err := m.countList(ctx, own, metav1.ListOptions{LabelSelector: selectorAll})
 	if err != nil {
 		return classify(err, "count sandboxes for the quota")
 	}
@@ -82,4 +83,23 @@ func (m *Manager) checkQuota(ctx context.Context, s Spec, own *corev1.Pod) error
 			"user %s has reached the limit of %d sandboxes per user; destroy one or raise MAX_SANDBOXES_PER_USER", s.UserID, m.cfg.MaxSandboxesPerUser)}}
 	}
 	return nil
+}
+
+// countList lists Pods as of no earlier than own's creation. That is all the
+// zero-overshoot argument needs (of two racing creates, the one committed
+// later sees the other), and unlike a consistent read it needs no round trip
+// to etcd for its current revision nor waits for writes made after ours: the
+// watch cache answers as soon as it holds our Pod. Should the cache lag too
+// far behind, the consistent read that etcd can serve is the fallback.
+func (m *Manager) countList(ctx context.Context, own *corev1.Pod, opts metav1.ListOptions) (*corev1.PodList, error) {
+	pods := m.client.CoreV1().Pods(m.cfg.Namespace)
+	if own.ResourceVersion != "" {
+		fresh := opts
+		fresh.ResourceVersion, fresh.ResourceVersionMatch = own.ResourceVersion, metav1.ResourceVersionMatchNotOlderThan
+		list, err := pods.List(ctx, fresh)
+		if !apierrors.HasStatusCause(err, metav1.CauseTypeResourceVersionTooLarge) {
+			return list, err
+		}
+	}
+	return pods.List(ctx, opts)
 }
