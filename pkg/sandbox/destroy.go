@@ -11,29 +11,37 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// Destroy removes a sandbox's Pod, Service and NetworkPolicy, concurrently.
-// An id that never existed is not an error. The Service and NetworkPolicy
-// are owned by the Pod, so the GC removes them even if this call dies midway.
+// Destroy removes a sandbox's Service and NetworkPolicy (concurrently), then
+// its Pod. An id that never existed is not an error. The order is for speed:
+// a Pod deleted while its Service still exists makes the EndpointSlice
+// controller rewrite the slice to mark the endpoint terminating, a write that
+// competes with the Service's own (slow: it releases the cluster IP and node
+// port) deletion; with the Service gone first the controller just drops the
+// slice. Were this call to die between the two steps, the Pod is left, and a
+// create repairs it or a second delete finishes.
 func (m *Manager) Destroy(ctx context.Context, id string) error {
 	if err := ValidateID(id); err != nil {
 		return err
 	}
-	background := metav1.DeletePropagationBackground
-	podOpts := metav1.DeleteOptions{PropagationPolicy: &background}
-	deletes := []func() error{
-		func() error {
-			return m.client.CoreV1().Pods(m.cfg.Namespace).Delete(ctx, PodName(id), podOpts)
-		},
+	first := []func() error{
 		func() error {
 			return m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, ServiceName(id), metav1.DeleteOptions{})
 		},
 	}
 	if m.cfg.NetworkPolicy {
-		deletes = append(deletes, func() error {
+		first = append(first, func() error {
 			return m.client.NetworkingV1().NetworkPolicies(m.cfg.Namespace).Delete(ctx, NetworkPolicyName(id), metav1.DeleteOptions{})
 		})
 	}
-	return classify(runAll(deletes), "delete sandbox "+id)
+	if err := runAll(first); err != nil {
+		return classify(err, "delete sandbox "+id)
+	}
+	background := metav1.DeletePropagationBackground
+	err := m.client.CoreV1().Pods(m.cfg.Namespace).Delete(ctx, PodName(id), metav1.DeleteOptions{PropagationPolicy: &background})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return classify(err, "delete sandbox "+id)
+	}
+	return nil
 }
 
 // undoCreate removes what a refused create made, all of it at once rather
