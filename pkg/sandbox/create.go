@@ -223,7 +223,7 @@ func (m *Manager) adopt(ctx context.Context, svc *corev1.Service, pod *corev1.Po
 }
 
 // ensureNetworkPolicy is ensureService for the NetworkPolicy. It returns the
-// policy it created, or nil when it found this Pod's policy already there.
+// policy, created or found, so that a refused create can remove it.
 func (m *Manager) ensureNetworkPolicy(ctx context.Context, s Spec, pod *corev1.Pod, readFirst bool) (*networkingv1.NetworkPolicy, error) {
 	want := BuildNetworkPolicy(m.cfg, s, pod)
 	nps := m.client.NetworkingV1().NetworkPolicies(m.cfg.Namespace)
