@@ -25,14 +25,27 @@ const maxConvergeAttempts = 5
 // repaired. With wait > 0 it also waits (by watch) until the Pod is Ready.
 func (m *Manager) Create(ctx context.Context, s Spec, wait time.Duration) (Sandbox, error) {
 	for attempt := 0; ; attempt++ {
-		pod, svc, existed, repaired, err := m.createOnce(ctx, s)
-		var qe *quotaError
-		if errors.As(err, &qe) && qe.contended && attempt < maxQuotaRetries {
-			// Racing creates refused each other: back off for a random
-			// moment so that the next round admits some of them.
-			if err := sleepCtx(ctx, time.Duration(attempt+1)*time.Duration(50+rand.IntN(150))*time.Millisecond); err != nil {
+		var (
+			pod               *corev1.Pod
+			svc               *corev1.Service
+			existed, repaired bool
+			err               error
+		)
+		if attempt > 0 {
+			// Racing creates refused each other: back off for a random moment
+			// so that the next round admits some of them, and create again only
+			// if a count shows room, so that a quota full of young sandboxes
+			// does not cost a Pod created and deleted per round.
+			if err := sleepCtx(ctx, time.Duration(attempt)*time.Duration(50+rand.IntN(150))*time.Millisecond); err != nil {
 				return Sandbox{}, classify(err, "create the sandbox")
 			}
+			err = m.checkQuota(ctx, s, nil)
+		}
+		if err == nil {
+			pod, svc, existed, repaired, err = m.createOnce(ctx, s)
+		}
+		var qe *quotaError
+		if errors.As(err, &qe) && qe.contended && attempt < maxQuotaRetries {
 			continue
 		}
 		if qe != nil {

@@ -28,10 +28,20 @@ const settled = 3 * time.Second
 // checkQuota counts sandboxes after this call's Pod exists. Counting after
 // creating (not before) is what bounds the overshoot at zero across replicas:
 // of any set of racing creates, the last Pod created sees all of them in its
-// list (see countList), so the total admitted never exceeds the limit. The price is
-// that racing creates at the limit can refuse each other; Create then retries
-// a few rounds with random backoff. The caller deletes its Pod on refusal.
+// list (see countList), so the total admitted never exceeds the limit. The
+// price is that racing creates at the limit can refuse each other; Create
+// then retries a few rounds with random backoff. The caller deletes its Pod
+// on refusal.
+//
+// With own nil it is the look for room a retry makes before it creates again:
+// the Pod that the retry would create counts as one more, and a sandbox of
+// this id that someone else created meanwhile means room (it is never
+// refused).
 func (m *Manager) checkQuota(ctx context.Context, s Spec, own *corev1.Pod) error {
+	prospective := 0
+	if own == nil {
+		prospective = 1
+	}
 	if m.cfg.MaxSandboxesPerUser == 0 {
 		// Fast path: every sandbox is a Pod in the namespace, so if the
 		// namespace holds no more Pods than the limit, neither can the
@@ -42,7 +52,7 @@ func (m *Manager) checkQuota(ctx context.Context, s Spec, own *corev1.Pod) error
 		if err != nil {
 			return classify(err, "count sandboxes for the quota")
 		}
-		total := int64(len(page.Items))
+		total := int64(len(page.Items) + prospective)
 		if page.RemainingItemCount != nil {
 			total += *page.RemainingItemCount
 		}
@@ -54,7 +64,7 @@ func (m *Manager) checkQuota(ctx context.Context, s Spec, own *corev1.Pod) error
 	if err != nil {
 		return classify(err, "count sandboxes for the quota")
 	}
-	total, mine, settledTotal, settledMine := 0, 0, 0, 0
+	total, mine, settledTotal, settledMine := prospective, prospective, 0, 0
 	user := LabelValue(s.UserID)
 	cutoff := m.now().Add(-settled)
 	for i := range list.Items {
@@ -62,7 +72,10 @@ func (m *Manager) checkQuota(ctx context.Context, s Spec, own *corev1.Pod) error
 		if p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue // on its way out; the reaper removes ended Pods
 		}
-		old := p.UID != own.UID && p.CreationTimestamp.Time.Before(cutoff)
+		if own == nil && p.Labels[LabelID] == s.ID {
+			return nil
+		}
+		old := (own == nil || p.UID != own.UID) && p.CreationTimestamp.Time.Before(cutoff)
 		total++
 		if old {
 			settledTotal++
@@ -90,10 +103,11 @@ func (m *Manager) checkQuota(ctx context.Context, s Spec, own *corev1.Pod) error
 // later sees the other), and unlike a consistent read it needs no round trip
 // to etcd for its current revision nor waits for writes made after ours: the
 // watch cache answers as soon as it holds our Pod. Should the cache lag too
-// far behind, the consistent read that etcd can serve is the fallback.
+// far behind, the consistent read that etcd can serve is the fallback. Without
+// own, it is that consistent read.
 func (m *Manager) countList(ctx context.Context, own *corev1.Pod, opts metav1.ListOptions) (*corev1.PodList, error) {
 	pods := m.client.CoreV1().Pods(m.cfg.Namespace)
-	if own.ResourceVersion != "" {
+	if own != nil && own.ResourceVersion != "" {
 		fresh := opts
 		fresh.ResourceVersion, fresh.ResourceVersionMatch = own.ResourceVersion, metav1.ResourceVersionMatchNotOlderThan
 		list, err := pods.List(ctx, fresh)

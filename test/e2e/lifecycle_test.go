@@ -181,6 +181,25 @@ func TestQuota(t *testing.T) {
 	}
 }
 
+// TestRefusalAtAFullQuotaCreatesOnePod: a quota full of sandboxes younger
+// than the settle time looks like a race, so the refused create retries; the
+// retries look for room before creating, instead of creating and deleting a
+// Pod per round.
+func TestRefusalAtAFullQuotaCreatesOnePod(t *testing.T) {
+	ns := namespace(t)
+	f := start(t, ns, map[string]string{"MAX_SANDBOXES": "1", "EMIT_KUBERNETES_EVENTS": "false"})
+	create(t, f, map[string]any{"sandbox_id": "y1"})
+	proxy.Reset()
+	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "y2"}), 429, "create at the limit")
+	counts := proxy.Counts()
+	if counts["POST pods"] != 1 || counts["DELETE pods"] != 1 {
+		t.Errorf("refused create: %d Pod creates and %d Pod deletes (%v), want 1 and 1", counts["POST pods"], counts["DELETE pods"], counts)
+	}
+	if counts["GET pods"] < 2 {
+		t.Errorf("refused create counted %d times (%v), want the count after its create and a look per retry", counts["GET pods"], counts)
+	}
+}
+
 // TestQuotaUnderConcurrency races 24 creates of distinct ids through two
 // replicas against a limit of 5: the documented bound is no overshoot at all.
 func TestQuotaUnderConcurrency(t *testing.T) {
