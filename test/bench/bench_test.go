@@ -281,14 +281,20 @@ func BenchmarkProvisioner(b *testing.B) {
 		_ = fl.create(ctx, fmt.Sprintf("warm-f%d", i))
 		_ = ours(fn, "POST", "/api/sandboxes", map[string]any{"sandbox_id": fmt.Sprintf("warm-o%d", i)})
 	}
+	// creates measures the floor's creates against those through target, at
+	// concurrency c; the ids are <prefix>f<c>-<i> and <prefix>o<c>-<i>.
+	creates := func(target *harness.Function, prefix string, c int) (sample, sample) {
+		n, chunks := sizes(c)
+		return alternate(n, c, chunks,
+			func(i int) error { return fl.create(ctx, fmt.Sprintf("%sf%d-%d", prefix, c, i)) },
+			func(i int) error {
+				return ours(target, "POST", "/api/sandboxes", map[string]any{"sandbox_id": fmt.Sprintf("%so%d-%d", prefix, c, i)})
+			})
+	}
 	for _, c := range []int{1, 8} {
 		progress("create, get, list and delete at concurrency %d", c)
 		n, chunks := sizes(c)
-		fc, oc := alternate(n, c, chunks,
-			func(i int) error { return fl.create(ctx, fmt.Sprintf("f%d-%d", c, i)) },
-			func(i int) error {
-				return ours(fn, "POST", "/api/sandboxes", map[string]any{"sandbox_id": fmt.Sprintf("o%d-%d", c, i)})
-			})
+		fc, oc := creates(fn, "", c)
 		res.Rows = append(res.Rows, row("create", c, oc, fc))
 		fg, og := alternate(n, c, chunks,
 			func(i int) error { return fl.get(ctx, fmt.Sprintf("f%d-%d", c, i)) },
@@ -318,12 +324,8 @@ func BenchmarkProvisioner(b *testing.B) {
 	}
 	for _, c := range []int{1, 8} {
 		progress("lean creates at concurrency %d", c)
-		n, chunks := sizes(c)
-		fc, oc := alternate(n, c, chunks,
-			func(i int) error { return fl.create(ctx, fmt.Sprintf("lf%d-%d", c, i)) },
-			func(i int) error {
-				return ours(lean, "POST", "/api/sandboxes", map[string]any{"sandbox_id": fmt.Sprintf("lo%d-%d", c, i)})
-			})
+		n, _ := sizes(c)
+		fc, oc := creates(lean, "l", c)
 		res.Rows = append(res.Rows, row("create, lean", c, oc, fc))
 		run(n, 8, func(i int) error { return fl.delete(ctx, fmt.Sprintf("lf%d-%d", c, i)) })
 		run(n, 8, func(i int) error { return ours(lean, "DELETE", fmt.Sprintf("/api/sandboxes/lo%d-%d", c, i), nil) })
