@@ -114,7 +114,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		code = writeDetail(w, http.StatusBadRequest, "invalid CloudEvent: "+err.Error())
 		return
 	}
-	ctx := reqid.With(r.Context(), reqid.Logger(r.Context()), reqid.Sanitize(ev.ID()))
+	id := reqid.Sanitize(ev.ID())
+	w.Header().Set(reqid.Header, id)
+	ctx := reqid.Rebind(r.Context(), id)
 	log := reqid.Logger(ctx).With("event_type", ev.Type(), "event_source", ev.Source())
 
 	op, ok := operations[ev.Type()]

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
+	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 )
 
@@ -223,4 +225,22 @@ func FuzzEvent(f *testing.F) {
 			t.Fatalf("status %d for type %q subject %q data %q: %s", w.Code, typ, subject, data, w.Body)
 		}
 	})
+}
+
+// TestEventIDIsTheRequestID: an event delivered over HTTP is logged under its
+// own id, once, not beside the id its HTTP delivery got, and answers with it.
+func TestEventIDIsTheRequestID(t *testing.T) {
+	h, _ := newHandler(t, nil)
+	var logs bytes.Buffer
+	r := binaryEvent(TypeList, "", `{}`, nil)
+	r = r.WithContext(reqid.With(r.Context(), slog.New(slog.NewJSONHandler(&logs, nil)), "http-id"))
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if got := w.Header().Get(reqid.Header); got != "id-1" {
+		t.Errorf("%s = %q, want the event id id-1", reqid.Header, got)
+	}
+	line, _, _ := strings.Cut(logs.String(), "\n")
+	if n := strings.Count(line, `"request_id"`); n != 1 || !strings.Contains(line, `"request_id":"id-1"`) {
+		t.Errorf("log record has %d request_id fields, want one with the event id: %s", n, line)
+	}
 }

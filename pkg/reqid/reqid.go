@@ -12,9 +12,10 @@ import (
 
 type ctxKey struct{}
 
+// value keeps the logger without the id too, so that Rebind can replace the
+// id rather than log a second one beside it.
 type value struct {
-	id     string
-	logger *slog.Logger
+	base, logger *slog.Logger
 }
 
 // Header is where clients may send their own request id.
@@ -37,15 +38,19 @@ func New() string {
 	return hex.EncodeToString(b[:])
 }
 
-// With returns ctx carrying id and a logger that adds it to every record.
+// With returns ctx carrying a logger that adds id to every record.
 func With(ctx context.Context, base *slog.Logger, id string) context.Context {
-	return context.WithValue(ctx, ctxKey{}, value{id: id, logger: base.With("request_id", id)})
+	return context.WithValue(ctx, ctxKey{}, value{base: base, logger: base.With("request_id", id)})
 }
 
-// ID returns the request id in ctx, or "".
-func ID(ctx context.Context) string {
-	v, _ := ctx.Value(ctxKey{}).(value)
-	return v.id
+// Rebind gives the request in ctx a new id: a CloudEvent's own id replaces
+// the one its HTTP delivery got.
+func Rebind(ctx context.Context, id string) context.Context {
+	base := slog.Default()
+	if v, ok := ctx.Value(ctxKey{}).(value); ok {
+		base = v.base
+	}
+	return With(ctx, base, id)
 }
 
 // Logger returns the request's logger, or slog's default.
