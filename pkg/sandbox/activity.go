@@ -39,7 +39,7 @@ func (m *Manager) touch(ctx context.Context, pod *corev1.Pod) *corev1.Pod {
 	if !ok {
 		return pod // not ours (DeerFlow's provisioner made it): no expiry to extend
 	}
-	now := m.now().UTC().Truncate(time.Second)
+	now := time.Now().UTC().Truncate(time.Second)
 	if now.Sub(lt.lastActivity) < m.cfg.ActivityThrottle {
 		return pod
 	}

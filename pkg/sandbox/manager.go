@@ -49,16 +49,12 @@ type Observer interface {
 type Manager struct {
 	cfg      *config.Config
 	client   kubernetes.Interface
-	now      func() time.Time
 	recorder Recorder
 	observer Observer
 }
 
 // Option customises a Manager.
 type Option func(*Manager)
-
-// WithClock replaces time.Now, for tests of expiry.
-func WithClock(now func() time.Time) Option { return func(m *Manager) { m.now = now } }
 
 // WithRecorder makes the Manager emit Kubernetes Events.
 func WithRecorder(r Recorder) Option { return func(m *Manager) { m.recorder = r } }
@@ -68,7 +64,7 @@ func WithObserver(o Observer) Option { return func(m *Manager) { m.observer = o 
 
 // NewManager returns a Manager over client.
 func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option) *Manager {
-	m := &Manager{cfg: cfg, client: client, now: time.Now, recorder: nopRecorder{}, observer: nopObserver{}}
+	m := &Manager{cfg: cfg, client: client, recorder: nopRecorder{}, observer: nopObserver{}}
 	for _, o := range opts {
 		o(m)
 	}

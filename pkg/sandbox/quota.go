@@ -66,7 +66,7 @@ func (m *Manager) checkQuota(ctx context.Context, s Spec, own *corev1.Pod) error
 	}
 	total, mine, settledTotal, settledMine := prospective, prospective, 0, 0
 	user := LabelValue(s.UserID)
-	cutoff := m.now().Add(-settled)
+	cutoff := time.Now().Add(-settled)
 	for i := range list.Items {
 		p := &list.Items[i]
 		if p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {

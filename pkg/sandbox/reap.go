@@ -35,7 +35,7 @@ func (m *Manager) Reap(ctx context.Context) (Reaped, error) {
 	if err != nil {
 		return Reaped{}, err
 	}
-	now := m.now()
+	now := time.Now()
 	type victim struct {
 		id, reason string
 		obj        runtime.Object
