@@ -16,6 +16,7 @@ import (
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/auth"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/kube"
 	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
@@ -88,9 +89,15 @@ func (b *backend) tryConnect(ctx context.Context) error {
 		b.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events(b.cfg.Namespace)})
 		opts = append(opts, sandbox.WithRecorder(b.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: kube.UserAgent})))
 	}
+	mgr := sandbox.NewManager(b.cfg, client, opts...)
 	b.client.Store(client)
-	b.mgr.Store(sandbox.NewManager(b.cfg, client, opts...))
+	b.mgr.Store(mgr)
 	b.log.Info("connected to the Kubernetes API server", "host", rc.Host)
+	// Fail closed: until the shared NetworkPolicy exists, creates are
+	// refused (each retries this check), other operations go on.
+	if err := mgr.EnsureIsolation(ctx); err != nil {
+		b.log.Error("sandboxes will not be created until they can be isolated", "error", err)
+	}
 	return nil
 }
 
@@ -161,4 +168,13 @@ func (b *backend) Reap(ctx context.Context) (sandbox.Reaped, error) {
 		return sandbox.Reaped{}, err
 	}
 	return m.Reap(ctx)
+}
+
+// Review verifies a bearer token with the API server once connected.
+func (b *backend) Review(ctx context.Context, token, audience string) (auth.Review, error) {
+	c, _ := b.client.Load().(kubernetes.Interface)
+	if c == nil {
+		return auth.Review{}, errors.New(b.lastErr.Load().(string))
+	}
+	return auth.TokenReviewer{Client: c}.Review(ctx, token, audience)
 }

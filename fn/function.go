@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/auth"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/events"
 	"github.com/deerflow-sandbox/provisioner/pkg/httpapi"
@@ -69,11 +70,18 @@ func (f *Function) Start(ctx context.Context, cfg map[string]string) error {
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	f.stop = cancel
 	f.backend = newBackend(c, m, f.log)
-	f.api = httpapi.New(c, f.backend, m)
-	f.events = events.New(c, f.backend, m)
+	authn := auth.FromConfig(c, f.backend)
+	f.api = httpapi.New(c, authn, f.backend, m)
+	f.events = events.New(c, authn, f.backend, m)
 	go f.backend.connect(runCtx)
-	if !c.AuthConfigured() {
-		f.log.Warn("no PROVISIONER_API_KEY set: every /api/* request will be refused (set PROVISIONER_AUTH_DISABLED=true to opt out)")
+	switch {
+	case c.AuthDisabled:
+		f.log.Warn("PROVISIONER_AUTH_DISABLED=true: every request is accepted without credentials (development only, loopback only)")
+	case !authn.KeyUsable():
+		f.log.Error("API keys are refused: "+authn.KeyProblem()+"; only bearer tokens can authenticate", "token_audience", c.TokenAudience)
+	}
+	if authn.TokensEnabled() && len(c.AllowedSubjects) == 0 {
+		f.log.Warn("AUTH_TOKEN_AUDIENCE is set but AUTH_ALLOWED_SUBJECTS is empty: every verified token gets 403")
 	}
 	f.log.Info("started", "namespace", c.Namespace, "service_type", c.ServiceType, "image", c.SandboxImage)
 	f.started.Store(true)

@@ -35,7 +35,7 @@ func TestStartRejectsBadConfigNamingTheVariable(t *testing.T) {
 func TestStartNeverBlocks(t *testing.T) {
 	t.Setenv("KUBECONFIG", "/nonexistent/kubeconfig")
 	t.Setenv("KUBECONFIG_PATH", "/nonexistent/kubeconfig")
-	t.Setenv("PROVISIONER_API_KEY", "k")
+	t.Setenv("PROVISIONER_API_KEY", "0123456789abcdef-key")
 	f := New()
 	if err := f.Start(context.Background(), map[string]string{"LOG_LEVEL": "error"}); err != nil {
 		t.Fatal(err)
@@ -50,7 +50,7 @@ func TestStartNeverBlocks(t *testing.T) {
 		t.Errorf("Ready = %v, %v; want false with a reason", ok, err)
 	}
 	r := httptest.NewRequest("GET", "/api/sandboxes", nil)
-	r.Header.Set("X-API-Key", "k")
+	r.Header.Set("X-API-Key", "0123456789abcdef-key")
 	w = httptest.NewRecorder()
 	f.Handle(w, r)
 	if w.Code != http.StatusServiceUnavailable {

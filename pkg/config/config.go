@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"path"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -24,7 +25,7 @@ type Config struct {
 	// DeerFlow's variables.
 	Namespace                string `envconfig:"K8S_NAMESPACE" default:"deer-flow"`
 	SandboxImage             string `envconfig:"SANDBOX_IMAGE" default:"enterprise-public-cn-beijing.cr.volces.com/vefaas-public/all-in-one-sandbox:latest"`
-	SkillsHostPath           string `envconfig:"SKILLS_HOST_PATH" default:"/skills"`
+	SkillsHostPath           string `envconfig:"SKILLS_HOST_PATH" default:"/.deer-flow/skills"`
 	ThreadsHostPath          string `envconfig:"THREADS_HOST_PATH" default:"/.deer-flow/threads"`
 	HostBaseDir              string `envconfig:"DEER_FLOW_HOST_BASE_DIR" default:"/.deer-flow"`
 	SkillsPVCName            string `envconfig:"SKILLS_PVC_NAME"`
@@ -39,9 +40,17 @@ type Config struct {
 	LarkCLIInitImage         string `envconfig:"LARK_CLI_INIT_IMAGE"`
 	LarkCLIBrokerImage       string `envconfig:"LARK_CLI_BROKER_IMAGE"`
 
-	// AuthDisabled is the explicit opt-out of the API key; without it a
-	// provisioner with no key refuses every /api/* call.
+	// AuthDisabled accepts every request without credentials. It is a
+	// development switch: start-up refuses it unless LISTEN_ADDRESS is a
+	// loopback address, so a deployed function can never run with it.
 	AuthDisabled bool `envconfig:"PROVISIONER_AUTH_DISABLED" default:"false"`
+	// TokenAudience is the audience a bearer token must be issued for (the
+	// Triggers' subscriber.audience, the PingSource's sink.audience). Empty
+	// turns bearer tokens off.
+	TokenAudience string `envconfig:"AUTH_TOKEN_AUDIENCE"`
+	// AllowedSubjects lists the service accounts whose verified tokens may
+	// act: system:serviceaccount:<ns>:<name>, or <ns>:* for a whole namespace.
+	AllowedSubjects []string `envconfig:"AUTH_ALLOWED_SUBJECTS"`
 	// APIServerInsecure skips TLS verification for K8S_API_SERVER. Off unless
 	// asked for: DeerFlow's provisioner always skipped it, we never do silently.
 	APIServerInsecure bool `envconfig:"K8S_API_SERVER_INSECURE" default:"false"`
@@ -54,8 +63,15 @@ type Config struct {
 	NodeSelector     map[string]string `envconfig:"SANDBOX_NODE_SELECTOR"`
 	Tolerations      []string          `envconfig:"SANDBOX_TOLERATIONS"`
 	CapabilitiesAdd  []string          `envconfig:"SANDBOX_CAPABILITIES_ADD" default:"CHOWN,DAC_OVERRIDE,FOWNER,FSETID,KILL,NET_BIND_SERVICE,SETGID,SETUID"`
-	RunAsUser        int64             `envconfig:"SANDBOX_RUN_AS_USER" default:"-1"`
+	RunAsNonRoot     bool              `envconfig:"SANDBOX_RUN_AS_NON_ROOT" default:"true"`
+	RunAsUser        int64             `envconfig:"SANDBOX_RUN_AS_USER" default:"1000"`
 	ReadOnlyRootFS   bool              `envconfig:"SANDBOX_READ_ONLY_ROOT_FS" default:"false"`
+	// UserNamespace runs sandboxes with hostUsers: false: root inside is an
+	// unprivileged user on the node.
+	UserNamespace bool `envconfig:"SANDBOX_USER_NAMESPACE" default:"true"`
+	// MemoryRequestEqualsLimit requests the memory a sandbox may use, so no
+	// sandbox can overcommit its node.
+	MemoryRequestEqualsLimit bool `envconfig:"SANDBOX_MEMORY_REQUEST_EQUALS_LIMIT" default:"true"`
 
 	// Resources: defaults as DeerFlow's Pod, and the bounds a request may ask within.
 	CPURequest       string `envconfig:"SANDBOX_CPU_REQUEST" default:"100m"`
@@ -73,34 +89,62 @@ type Config struct {
 	MaxMaxLifetime   time.Duration `envconfig:"SANDBOX_MAX_MAX_LIFETIME" default:"168h"`
 	ActivityThrottle time.Duration `envconfig:"SANDBOX_ACTIVITY_THROTTLE" default:"1m"`
 	TerminatingWait  time.Duration `envconfig:"SANDBOX_TERMINATING_WAIT" default:"20s"`
-	MaxReadyWait     time.Duration `envconfig:"SANDBOX_MAX_READY_WAIT" default:"120s"`
-	RequestTimeout   time.Duration `envconfig:"REQUEST_TIMEOUT" default:"25s"`
+	// A request's deadline is REQUEST_TIMEOUT plus the wait it asked for; the
+	// two together must fit the func runtime's 30 s write timeout, or the
+	// answer is lost (see RuntimeWriteBudget).
+	MaxReadyWait   time.Duration `envconfig:"SANDBOX_MAX_READY_WAIT" default:"20s"`
+	RequestTimeout time.Duration `envconfig:"REQUEST_TIMEOUT" default:"8s"`
 
 	// Quotas; 0 means no limit.
 	MaxSandboxes        int `envconfig:"MAX_SANDBOXES" default:"500"`
 	MaxSandboxesPerUser int `envconfig:"MAX_SANDBOXES_PER_USER" default:"0"`
 
 	// Isolation.
+	// One shared NetworkPolicy isolates every sandbox (see
+	// sandbox.BuildNetworkPolicy and config/700-networkpolicy-sandboxes.yaml).
+	// With SANDBOX_NETWORK_POLICY on, no sandbox is created until it exists.
 	NetworkPolicy        bool              `envconfig:"SANDBOX_NETWORK_POLICY" default:"true"`
-	IngressFromPodLabels map[string]string `envconfig:"SANDBOX_INGRESS_FROM_POD_LABELS"`
+	NetworkPolicyName    string            `envconfig:"SANDBOX_NETWORK_POLICY_NAME" default:"deer-flow-sandbox-isolation"`
+	EnsureNetworkPolicy  bool              `envconfig:"SANDBOX_NETWORK_POLICY_ENSURE" default:"false"`
+	IngressFromPodLabels map[string]string `envconfig:"SANDBOX_INGRESS_FROM_POD_LABELS" default:"app.kubernetes.io/name:deer-flow-backend"`
 	IngressFromNamespace map[string]string `envconfig:"SANDBOX_INGRESS_FROM_NAMESPACE_LABELS"`
-	EgressDenyCIDRs      []string          `envconfig:"SANDBOX_EGRESS_DENY_CIDRS" default:"169.254.169.254/32,fd00:ec2::254/128"`
+	IngressNodeCIDRs     []string          `envconfig:"SANDBOX_INGRESS_NODE_CIDRS"`
+	EgressMode           string            `envconfig:"SANDBOX_EGRESS_MODE" default:"internet"`
+	EgressDenyCIDRs      []string          `envconfig:"SANDBOX_EGRESS_DENY_CIDRS" default:"10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,169.254.0.0/16,100.64.0.0/10,169.254.169.254/32,169.254.170.2/32,100.100.100.200/32,168.63.129.16/32,fc00::/7,fe80::/10,fd00:ec2::254/128"`
 	EgressAllowCIDRs     []string          `envconfig:"SANDBOX_EGRESS_ALLOW_CIDRS" default:"0.0.0.0/0,::/0"`
+	DNSNamespaceLabels   map[string]string `envconfig:"SANDBOX_DNS_NAMESPACE_LABELS" default:"kubernetes.io/metadata.name:kube-system"`
+	DNSPodLabels         map[string]string `envconfig:"SANDBOX_DNS_POD_LABELS" default:"k8s-app:kube-dns"`
 	EventSourceAllowlist []string          `envconfig:"EVENT_SOURCE_ALLOWLIST"`
-	EventsRequireAPIKey  bool              `envconfig:"EVENTS_REQUIRE_API_KEY" default:"false"`
-	EventsTrustNetwork   bool              `envconfig:"EVENTS_TRUST_NETWORK" default:"false"`
 	EventsDisabled       bool              `envconfig:"EVENTS_DISABLED" default:"false"`
 	EmitKubernetesEvents bool              `envconfig:"EMIT_KUBERNETES_EVENTS" default:"true"`
 	ServiceAccountName   string            `envconfig:"SANDBOX_SERVICE_ACCOUNT"`
 	ListenAddress        string            `envconfig:"LISTEN_ADDRESS" default:"[::]:8080"`
 	LogLevel             string            `envconfig:"LOG_LEVEL" default:"info"`
 	MaxRequestBodyBytes  int64             `envconfig:"MAX_REQUEST_BODY_BYTES" default:"65536"`
-	ClientQPS            float32           `envconfig:"K8S_CLIENT_QPS" default:"500"`
-	ClientBurst          int               `envconfig:"K8S_CLIENT_BURST" default:"1000"`
-	KService             string            `envconfig:"K_SERVICE"` // set by Knative Serving
+	// Client-side rate limit towards the API server, per replica. The API
+	// server's priority and fairness is the real guard; this keeps one busy
+	// replica from crowding out the rest of the cluster (kubelet-sized).
+	ClientQPS   float32 `envconfig:"K8S_CLIENT_QPS" default:"50"`
+	ClientBurst int     `envconfig:"K8S_CLIENT_BURST" default:"100"`
+	// MaxConcurrentWaits caps the requests of one replica that wait for
+	// readiness at once (each holds an API watch); beyond it, 429.
+	MaxConcurrentWaits int    `envconfig:"MAX_CONCURRENT_WAITS" default:"32"`
+	KService           string `envconfig:"K_SERVICE"` // set by Knative Serving
 }
 
-var capabilityPattern = regexp.MustCompile(`^[A-Z_]+$`)
+// RuntimeWriteBudget is how long a request may take before the func
+// runtime's 30 s write timeout drops its answer, less a margin for writing it.
+const RuntimeWriteBudget = 28 * time.Second
+
+var subjectPattern = regexp.MustCompile(`^system:serviceaccount:[a-z0-9]([-a-z0-9]*[a-z0-9])?:(\*|[a-z0-9]([-a-z0-9.]*[a-z0-9])?)$`)
+
+// AllowedCapabilities are the only capabilities a sandbox may be given: the
+// file-ownership and process ones a package manager or a shell needs (the
+// container runtime's defaults, less NET_RAW, MKNOD, SYS_CHROOT, SETFCAP,
+// SETPCAP and AUDIT_WRITE). The README says why each is there. Anything else
+// (NET_ADMIN, BPF, SYS_RAWIO, DAC_READ_SEARCH, SYS_ADMIN, ...) is refused at
+// start-up, and the admission policy in config/ refuses it again.
+var AllowedCapabilities = []string{"CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "NET_BIND_SERVICE", "SETGID", "SETUID"}
 
 // AllowedExtraMountPaths is DeerFlow's allow-list of container paths that an
 // extra mount may target. Anything else is refused.
@@ -146,6 +190,17 @@ func (c *Config) Validate() error {
 		if !path.IsAbs(p) || path.Clean(p) != p {
 			bad(name, "%q must be an absolute, clean path", p)
 		}
+	}
+	for name, p := range map[string]string{"SKILLS_HOST_PATH": c.SkillsHostPath, "THREADS_HOST_PATH": c.ThreadsHostPath} {
+		// Every host-backed mount is a subPath of one hostPath volume for
+		// the base directory, which the kubelet resolves without following
+		// symlinks out of it: so every host path must lie under the base.
+		if !strings.HasPrefix(p, c.HostBaseDir+"/") {
+			bad(name, "%q must lie under DEER_FLOW_HOST_BASE_DIR %q", p, c.HostBaseDir)
+		}
+	}
+	if c.HostBaseDir == "/" {
+		bad("DEER_FLOW_HOST_BASE_DIR", "must not be the node's root")
 	}
 	for name, v := range map[string]string{"SKILLS_PVC_NAME": c.SkillsPVCName, "USERDATA_PVC_NAME": c.UserdataPVCName} {
 		if v == "" {
@@ -205,6 +260,44 @@ func (c *Config) Validate() error {
 	if c.MaxLifetime > c.MaxMaxLifetime {
 		bad("SANDBOX_MAX_LIFETIME", "%s exceeds SANDBOX_MAX_MAX_LIFETIME %s", c.MaxLifetime, c.MaxMaxLifetime)
 	}
+	if c.RunAsNonRoot && c.RunAsUser == 0 {
+		bad("SANDBOX_RUN_AS_USER", "0 (root) contradicts SANDBOX_RUN_AS_NON_ROOT=true")
+	}
+	if c.RunAsUser < -1 {
+		bad("SANDBOX_RUN_AS_USER", "%d must be a user id, or -1 for the image's user", c.RunAsUser)
+	}
+	if c.EgressMode != "internet" && c.EgressMode != "deny-all" {
+		bad("SANDBOX_EGRESS_MODE", "%q must be internet or deny-all", c.EgressMode)
+	}
+	if c.NetworkPolicy && len(c.IngressFromPodLabels) == 0 {
+		bad("SANDBOX_INGRESS_FROM_POD_LABELS", "must select the agent backend's Pods (an empty selector would admit every Pod, sandboxes included)")
+	}
+	if c.IngressFromPodLabels["app"] == "deer-flow-sandbox" {
+		bad("SANDBOX_INGRESS_FROM_POD_LABELS", "selects sandboxes; a sandbox must never reach another")
+	}
+	if msgs := validation.IsDNS1123Subdomain(c.NetworkPolicyName); len(msgs) > 0 {
+		bad("SANDBOX_NETWORK_POLICY_NAME", "%q: %s", c.NetworkPolicyName, strings.Join(msgs, "; "))
+	}
+	if c.RequestTimeout+c.MaxReadyWait > RuntimeWriteBudget {
+		bad("SANDBOX_MAX_READY_WAIT", "%s plus REQUEST_TIMEOUT %s exceeds %s: the func runtime drops answers after 30 s", c.MaxReadyWait, c.RequestTimeout, RuntimeWriteBudget)
+	}
+	if c.MaxConcurrentWaits < 1 {
+		bad("MAX_CONCURRENT_WAITS", "%d must be at least 1", c.MaxConcurrentWaits)
+	}
+	if c.ClientQPS <= 0 || c.ClientBurst < 1 {
+		bad("K8S_CLIENT_QPS", "QPS and K8S_CLIENT_BURST must be positive")
+	}
+	for _, s := range c.AllowedSubjects {
+		if !subjectPattern.MatchString(s) {
+			bad("AUTH_ALLOWED_SUBJECTS", "%q must be system:serviceaccount:<namespace>:<name> or system:serviceaccount:<namespace>:*", s)
+		}
+	}
+	if c.TokenAudience != "" && strings.ContainsAny(c.TokenAudience, " \t\n,") {
+		bad("AUTH_TOKEN_AUDIENCE", "%q must be one audience without spaces or commas", c.TokenAudience)
+	}
+	if c.AuthDisabled && !IsLoopback(c.ListenAddress) {
+		bad("PROVISIONER_AUTH_DISABLED", "is a development switch and needs a loopback LISTEN_ADDRESS (127.0.0.1:8080), not %q", c.ListenAddress)
+	}
 	if c.MaxLifetime < time.Second {
 		bad("SANDBOX_MAX_LIFETIME", "%s is under one second", c.MaxLifetime)
 	}
@@ -217,7 +310,7 @@ func (c *Config) Validate() error {
 	for _, list := range []struct {
 		name  string
 		cidrs []string
-	}{{"SANDBOX_EGRESS_DENY_CIDRS", c.EgressDenyCIDRs}, {"SANDBOX_EGRESS_ALLOW_CIDRS", c.EgressAllowCIDRs}} {
+	}{{"SANDBOX_EGRESS_DENY_CIDRS", c.EgressDenyCIDRs}, {"SANDBOX_EGRESS_ALLOW_CIDRS", c.EgressAllowCIDRs}, {"SANDBOX_INGRESS_NODE_CIDRS", c.IngressNodeCIDRs}} {
 		for _, cidr := range list.cidrs {
 			if _, _, err := net.ParseCIDR(cidr); err != nil {
 				bad(list.name, "%q is not a CIDR such as 169.254.169.254/32", cidr)
@@ -225,11 +318,8 @@ func (c *Config) Validate() error {
 		}
 	}
 	for _, capability := range c.CapabilitiesAdd {
-		if !capabilityPattern.MatchString(capability) {
-			bad("SANDBOX_CAPABILITIES_ADD", "%q is not a capability name such as CHOWN", capability)
-		}
-		if capability == "SYS_ADMIN" || capability == "ALL" || capability == "NET_RAW" || capability == "SYS_PTRACE" || capability == "SYS_MODULE" {
-			bad("SANDBOX_CAPABILITIES_ADD", "%s would let a sandbox escape or attack its node; refused", capability)
+		if !slices.Contains(AllowedCapabilities, capability) {
+			bad("SANDBOX_CAPABILITIES_ADD", "%q is not on the allow-list %s; a sandbox may not add it", capability, strings.Join(AllowedCapabilities, ","))
 		}
 	}
 	if c.NodeHost == "" || strings.ContainsAny(c.NodeHost, "/ @?#") {
@@ -243,5 +333,15 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// AuthConfigured reports whether /api/* can be served at all.
-func (c *Config) AuthConfigured() bool { return c.APIKey != "" || c.AuthDisabled }
+// IsLoopback reports whether a listen address binds only to loopback.
+func IsLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

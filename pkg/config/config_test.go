@@ -16,12 +16,16 @@ func TestLoadDefaultsMatchDeerFlow(t *testing.T) {
 	got := map[string]any{
 		"K8S_NAMESPACE": c.Namespace, "SKILLS_HOST_PATH": c.SkillsHostPath, "THREADS_HOST_PATH": c.ThreadsHostPath,
 		"DEER_FLOW_HOST_BASE_DIR": c.HostBaseDir, "SANDBOX_CONTAINER_PORT": c.ContainerPort, "SANDBOX_SERVICE_TYPE": c.ServiceType,
-		"NODE_HOST": c.NodeHost, "SANDBOX_IDLE_TIMEOUT": c.IdleTimeout, "auth configured": c.AuthConfigured(),
+		"NODE_HOST": c.NodeHost, "SANDBOX_IDLE_TIMEOUT": c.IdleTimeout, "PROVISIONER_AUTH_DISABLED": c.AuthDisabled,
+		"AUTH_TOKEN_AUDIENCE": c.TokenAudience, "SANDBOX_RUN_AS_NON_ROOT": c.RunAsNonRoot, "SANDBOX_USER_NAMESPACE": c.UserNamespace,
+		"SANDBOX_EGRESS_MODE": c.EgressMode, "waits fit the runtime": c.RequestTimeout+c.MaxReadyWait <= RuntimeWriteBudget,
 	}
 	want := map[string]any{
-		"K8S_NAMESPACE": "deer-flow", "SKILLS_HOST_PATH": "/skills", "THREADS_HOST_PATH": "/.deer-flow/threads",
+		"K8S_NAMESPACE": "deer-flow", "SKILLS_HOST_PATH": "/.deer-flow/skills", "THREADS_HOST_PATH": "/.deer-flow/threads",
 		"DEER_FLOW_HOST_BASE_DIR": "/.deer-flow", "SANDBOX_CONTAINER_PORT": int32(8080), "SANDBOX_SERVICE_TYPE": "NodePort",
-		"NODE_HOST": "host.docker.internal", "SANDBOX_IDLE_TIMEOUT": time.Hour, "auth configured": false,
+		"NODE_HOST": "host.docker.internal", "SANDBOX_IDLE_TIMEOUT": time.Hour, "PROVISIONER_AUTH_DISABLED": false,
+		"AUTH_TOKEN_AUDIENCE": "", "SANDBOX_RUN_AS_NON_ROOT": true, "SANDBOX_USER_NAMESPACE": true,
+		"SANDBOX_EGRESS_MODE": "internet", "waits fit the runtime": true,
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("defaults (-want +got):\n%s", diff)
@@ -49,6 +53,23 @@ func TestLoadRejectsBadValuesNamingTheVariable(t *testing.T) {
 		{"SANDBOX_EGRESS_DENY_CIDRS", "169.254.169.254"},
 		{"SANDBOX_CAPABILITIES_ADD", "sys_admin"},
 		{"MAX_SANDBOXES", "-1"},
+		// The capability allow-list: each of these used to pass a deny-list.
+		{"SANDBOX_CAPABILITIES_ADD", "NET_ADMIN"},
+		{"SANDBOX_CAPABILITIES_ADD", "BPF"},
+		{"SANDBOX_CAPABILITIES_ADD", "SYS_RAWIO"},
+		{"SANDBOX_CAPABILITIES_ADD", "CHOWN,DAC_READ_SEARCH"},
+		{"SKILLS_HOST_PATH", "/skills"},
+		{"THREADS_HOST_PATH", "/var/lib"},
+		{"SANDBOX_RUN_AS_USER", "0"},
+		{"SANDBOX_EGRESS_MODE", "none"},
+		{"SANDBOX_INGRESS_FROM_POD_LABELS", "app:deer-flow-sandbox"},
+		{"SANDBOX_MAX_READY_WAIT", "60s"},
+		{"REQUEST_TIMEOUT", "25s"},
+		{"MAX_CONCURRENT_WAITS", "0"},
+		{"AUTH_ALLOWED_SUBJECTS", "system:serviceaccount:*:*"},
+		{"AUTH_ALLOWED_SUBJECTS", "alice"},
+		{"AUTH_ALLOWED_SUBJECTS", "system:serviceaccount:deer-flow:a*"},
+		{"PROVISIONER_AUTH_DISABLED", "true"}, // LISTEN_ADDRESS defaults to [::]:8080
 	}
 	for _, tc := range tests {
 		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
@@ -56,6 +77,25 @@ func TestLoadRejectsBadValuesNamingTheVariable(t *testing.T) {
 			_, err := Load()
 			if err == nil || !strings.Contains(err.Error(), tc.name) {
 				t.Errorf("Load() error = %v, want one naming %s", err, tc.name)
+			}
+		})
+	}
+}
+
+func TestAuthDisabledOnlyOnLoopback(t *testing.T) {
+	for _, tc := range []struct {
+		addr string
+		ok   bool
+	}{
+		{"127.0.0.1:8080", true}, {"[::1]:8080", true}, {"localhost:8080", true},
+		{"[::]:8080", false}, {"0.0.0.0:8080", false}, {"10.0.0.5:8080", false}, {":8080", false},
+	} {
+		t.Run(tc.addr, func(t *testing.T) {
+			t.Setenv("PROVISIONER_AUTH_DISABLED", "true")
+			t.Setenv("LISTEN_ADDRESS", tc.addr)
+			_, err := Load()
+			if (err == nil) != tc.ok {
+				t.Errorf("Load() with LISTEN_ADDRESS=%s: %v, want ok=%v", tc.addr, err, tc.ok)
 			}
 		})
 	}

@@ -18,10 +18,11 @@ import (
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 	"github.com/google/uuid"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/auth"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
-	"github.com/deerflow-sandbox/provisioner/pkg/httpapi"
 	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
 	"github.com/deerflow-sandbox/provisioner/pkg/problem"
+	"github.com/deerflow-sandbox/provisioner/pkg/readywait"
 	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 )
@@ -41,47 +42,44 @@ const (
 	TypeListed    = "dev.deerflow.sandbox.listed"
 	TypeDestroyed = "dev.deerflow.sandbox.destroyed"
 	TypeReaped    = "dev.deerflow.sandbox.reaped"
-
-	// ExtensionAPIKey carries the API key inside an event, for senders that
-	// cannot set HTTP headers.
-	ExtensionAPIKey = "apikey"
 )
 
 // RequestTypes lists the event types we accept, in the order we document them.
 var RequestTypes = []string{TypeCreate, TypeGet, TypeList, TypeDestroy, TypeReap, TypePing}
 
-// operation is one request type's behaviour.
+// operation is one request type's behaviour. Every operation, reads and
+// reap included, needs a credential.
 type operation struct {
 	name      string
 	replyType string
-	mutating  bool // needs authentication unless the network is trusted
 	run       func(h *Handler, ctx context.Context, data []byte, subject string) (any, string, error)
 }
 
 var operations = map[string]operation{
-	TypeCreate:  {"create", TypeCreated, true, (*Handler).create},
-	TypeGet:     {"get", TypeStatus, false, (*Handler).get},
-	TypeList:    {"list", TypeListed, false, (*Handler).list},
-	TypeDestroy: {"destroy", TypeDestroyed, true, (*Handler).destroy},
-	TypeReap:    {"reap", TypeReaped, false, (*Handler).reap},
-	TypePing:    {"reap", TypeReaped, false, (*Handler).reap},
+	TypeCreate:  {"create", TypeCreated, (*Handler).create},
+	TypeGet:     {"get", TypeStatus, (*Handler).get},
+	TypeList:    {"list", TypeListed, (*Handler).list},
+	TypeDestroy: {"destroy", TypeDestroyed, (*Handler).destroy},
+	TypeReap:    {"reap", TypeReaped, (*Handler).reap},
+	TypePing:    {"reap", TypeReaped, (*Handler).reap},
 }
 
 // Handler serves CloudEvents and POST / invocations.
 type Handler struct {
 	cfg     *config.Config
+	auth    *auth.Authenticator
 	ops     sandbox.Operations
 	metrics *metrics.Metrics
 	source  string
 }
 
 // New returns the events front door over ops.
-func New(cfg *config.Config, ops sandbox.Operations, m *metrics.Metrics) *Handler {
+func New(cfg *config.Config, authn *auth.Authenticator, ops sandbox.Operations, m *metrics.Metrics) *Handler {
 	svc := cfg.KService
 	if svc == "" {
 		svc = "local"
 	}
-	return &Handler{cfg: cfg, ops: ops, metrics: m, source: "/deerflow/sandbox-provisioner/" + svc}
+	return &Handler{cfg: cfg, auth: authn, ops: ops, metrics: m, source: "/deerflow/sandbox-provisioner/" + svc}
 }
 
 // IsCloudEvent reports whether r carries a CloudEvent (binary or structured).
@@ -97,7 +95,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer func() { h.metrics.ObserveRequest(opName, "cloudevent", code, time.Since(start)) }()
 
 	if h.cfg.EventsDisabled {
-		code = writeDetail(w, http.StatusNotFound, "CloudEvents are disabled on this provisioner (EVENTS_DISABLED=true)")
+		code = writeDetail(w, http.StatusNotFound, eventsDisabled)
 		return
 	}
 	if r.Method != http.MethodPost {
@@ -127,13 +125,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	opName = op.name
-	if c, detail := h.authorize(r, ev, op); c != 0 {
+	if c, detail := h.admit(ctx, r, ev.Source(), ev.Data()); c != 0 {
 		code = writeDetail(w, c, detail)
 		log.Warn("event refused", "status", code, "reason", detail)
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, h.cfg.RequestTimeout+h.cfg.MaxReadyWait)
-	defer cancel()
 	reply, subject, err := op.run(h, ctx, ev.Data(), ev.Subject())
 	if err != nil {
 		code = problem.Write(w, err)
@@ -163,42 +159,34 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	log.Info("event handled", "status", code, "subject", subject, "duration_ms", time.Since(start).Milliseconds())
 }
 
-// authorize applies the trust model: mutating events need the API key (header
-// X-API-Key or the apikey extension) unless the operator declared the
-// network trusted (EVENTS_TRUST_NETWORK, set for a cluster-local Service
-// behind a broker). An EVENT_SOURCE_ALLOWLIST restricts senders further.
-func (h *Handler) authorize(r *http.Request, ev *event.Event, op operation) (int, string) {
-	if len(h.cfg.EventSourceAllowlist) > 0 && !slices.Contains(h.cfg.EventSourceAllowlist, ev.Source()) {
-		return http.StatusForbidden, fmt.Sprintf("event source %q is not in EVENT_SOURCE_ALLOWLIST", sandbox.Truncate(ev.Source()))
+const eventsDisabled = "events are disabled on this provisioner (EVENTS_DISABLED=true), on POST / as on CloudEvents"
+
+// admit applies the event settings and authentication, identically for a
+// CloudEvent and a POST / invocation: the source allow-list, then a
+// credential (X-API-Key, a bearer token, or the api_key field of the JSON
+// data for senders that cannot set headers, such as kn func invoke).
+func (h *Handler) admit(ctx context.Context, r *http.Request, source string, data []byte) (int, string) {
+	if len(h.cfg.EventSourceAllowlist) > 0 && !slices.Contains(h.cfg.EventSourceAllowlist, source) {
+		return http.StatusForbidden, fmt.Sprintf("event source %q is not in EVENT_SOURCE_ALLOWLIST", sandbox.Truncate(source))
 	}
-	if !op.mutating && !h.cfg.EventsRequireAPIKey {
-		return 0, ""
+	creds := auth.FromRequest(r)
+	if creds.Key == "" && creds.Token == "" {
+		creds.Key = dataKey(data)
 	}
-	return h.checkKey(r.Header.Get("X-API-Key"), extensionString(ev, ExtensionAPIKey))
+	d := h.auth.Check(ctx, creds)
+	return d.Code, d.Detail
 }
 
-func (h *Handler) checkKey(keys ...string) (int, string) {
-	if h.cfg.EventsTrustNetwork || h.cfg.AuthDisabled {
-		return 0, ""
+// dataKey reads the api_key field of JSON data. It is never logged or
+// echoed: the operations decode their own fields and ignore this one.
+func dataKey(data []byte) string {
+	var v struct {
+		APIKey string `json:"api_key"`
 	}
-	if h.cfg.APIKey == "" {
-		return http.StatusUnauthorized, "this provisioner has no API key configured, so it refuses mutating events; set PROVISIONER_API_KEY or EVENTS_TRUST_NETWORK=true"
-	}
-	for _, k := range keys {
-		if httpapi.KeyMatches(k, h.cfg.APIKey) {
-			return 0, ""
-		}
-	}
-	return http.StatusUnauthorized, "mutating events need the API key in the X-API-Key header or the apikey extension attribute"
-}
-
-func extensionString(ev *event.Event, name string) string {
-	v, ok := ev.Extensions()[name]
-	if !ok {
+	if json.Unmarshal(data, &v) != nil {
 		return ""
 	}
-	s, _ := v.(string)
-	return s
+	return v.APIKey
 }
 
 // idRequest is the data of get and destroy events.
@@ -219,7 +207,7 @@ func (h *Handler) create(ctx context.Context, data []byte, subject string) (any,
 	if req.SandboxID == "" {
 		req.SandboxID = subject
 	}
-	wait, err := h.wait(extra.WaitSeconds)
+	wait, err := readywait.FromSeconds(h.cfg, extra.WaitSeconds, "wait_seconds")
 	if err != nil {
 		return nil, "", err
 	}
@@ -227,6 +215,8 @@ func (h *Handler) create(ctx context.Context, data []byte, subject string) (any,
 	if err != nil {
 		return nil, "", err
 	}
+	ctx, cancel := readywait.Deadline(ctx, h.cfg, wait)
+	defer cancel()
 	sb, err := h.ops.Create(ctx, spec, wait)
 	return sb, spec.ID, err
 }
@@ -236,15 +226,19 @@ func (h *Handler) get(ctx context.Context, data []byte, subject string) (any, st
 	if err != nil {
 		return nil, "", err
 	}
-	wait, err := h.wait(req.WaitSeconds)
+	wait, err := readywait.FromSeconds(h.cfg, req.WaitSeconds, "wait_seconds")
 	if err != nil {
 		return nil, "", err
 	}
+	ctx, cancel := readywait.Deadline(ctx, h.cfg, wait)
+	defer cancel()
 	sb, err := h.ops.Get(ctx, req.SandboxID, wait)
 	return sb, req.SandboxID, err
 }
 
 func (h *Handler) list(ctx context.Context, _ []byte, _ string) (any, string, error) {
+	ctx, cancel := readywait.Deadline(ctx, h.cfg, 0)
+	defer cancel()
 	all, err := h.ops.List(ctx)
 	return sandbox.ListResponse{Sandboxes: all, Count: len(all)}, "", err
 }
@@ -254,24 +248,17 @@ func (h *Handler) destroy(ctx context.Context, data []byte, subject string) (any
 	if err != nil {
 		return nil, "", err
 	}
+	ctx, cancel := readywait.Deadline(ctx, h.cfg, 0)
+	defer cancel()
 	err = h.ops.Destroy(ctx, req.SandboxID)
 	return sandbox.DestroyResponse{OK: true, SandboxID: req.SandboxID}, req.SandboxID, err
 }
 
 func (h *Handler) reap(ctx context.Context, _ []byte, _ string) (any, string, error) {
+	ctx, cancel := readywait.Deadline(ctx, h.cfg, 0)
+	defer cancel()
 	res, err := h.ops.Reap(ctx)
 	return res, "", err
-}
-
-func (h *Handler) wait(secs *float64) (time.Duration, error) {
-	if secs == nil {
-		return 0, nil
-	}
-	max := h.cfg.MaxReadyWait
-	if *secs < 0 || *secs > max.Seconds() {
-		return 0, sandbox.Invalidf("wait_seconds must be between 0 and %g", max.Seconds())
-	}
-	return time.Duration(*secs * float64(time.Second)), nil
 }
 
 // decodeID reads {"sandbox_id"} from data, falling back to the event subject.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/auth"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
 	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
@@ -46,7 +47,12 @@ func (f *fakeOps) Reap(context.Context) (sandbox.Reaped, error) {
 	return sandbox.Reaped{Removed: []sandbox.ReapedSandbox{}}, nil
 }
 
+const testKey = "0123456789abcdef-test"
+
+var withKey = map[string]string{"X-API-Key": testKey}
+
 func newHandler(t testing.TB, env map[string]string) (*Handler, *fakeOps) {
+	t.Setenv("PROVISIONER_API_KEY", testKey)
 	for k, v := range env {
 		t.Setenv(k, v)
 	}
@@ -55,7 +61,7 @@ func newHandler(t testing.TB, env map[string]string) (*Handler, *fakeOps) {
 		t.Fatal(err)
 	}
 	ops := &fakeOps{}
-	return New(cfg, ops, metrics.New()), ops
+	return New(cfg, auth.FromConfig(cfg, nil), ops, metrics.New()), ops
 }
 
 func binaryEvent(typ, subject, data string, extra map[string]string) *http.Request {
@@ -75,8 +81,8 @@ func binaryEvent(typ, subject, data string, extra map[string]string) *http.Reque
 }
 
 func TestRouting(t *testing.T) {
-	h, ops := newHandler(t, map[string]string{"PROVISIONER_API_KEY": "k"})
-	key := map[string]string{"X-API-Key": "k"}
+	h, ops := newHandler(t, nil)
+	key := withKey
 	tests := []struct {
 		name      string
 		req       *http.Request
@@ -87,19 +93,24 @@ func TestRouting(t *testing.T) {
 	}{
 		{"create", binaryEvent(TypeCreate, "", `{"sandbox_id":"abc"}`, key), 200, TypeCreated, "abc", []string{"create abc"}},
 		{"create by subject", binaryEvent(TypeCreate, "abd", `{}`, key), 200, TypeCreated, "abd", []string{"create abd"}},
-		{"get by subject", binaryEvent(TypeGet, "abc", ``, nil), 200, TypeStatus, "abc", []string{"get abc"}},
-		{"get missing", binaryEvent(TypeGet, "missing", ``, nil), 404, "", "", []string{"get missing"}},
-		{"list", binaryEvent(TypeList, "", ``, nil), 200, TypeListed, "", []string{"list"}},
+		{"get by subject", binaryEvent(TypeGet, "abc", ``, key), 200, TypeStatus, "abc", []string{"get abc"}},
+		{"get missing", binaryEvent(TypeGet, "missing", ``, key), 404, "", "", []string{"get missing"}},
+		{"list", binaryEvent(TypeList, "", ``, key), 200, TypeListed, "", []string{"list"}},
 		{"destroy", binaryEvent(TypeDestroy, "", `{"sandbox_id":"abc"}`, key), 200, TypeDestroyed, "abc", []string{"destroy abc"}},
-		{"ping reaps", binaryEvent(TypePing, "", ``, nil), 200, TypeReaped, "", []string{"reap"}},
-		{"reap", binaryEvent(TypeReap, "", ``, nil), 200, TypeReaped, "", []string{"reap"}},
+		{"ping reaps", binaryEvent(TypePing, "", ``, key), 200, TypeReaped, "", []string{"reap"}},
+		{"reap", binaryEvent(TypeReap, "", ``, key), 200, TypeReaped, "", []string{"reap"}},
+		{"key in the data", binaryEvent(TypeCreate, "", `{"sandbox_id":"abf","api_key":"`+testKey+`"}`, nil), 200, TypeCreated, "abf", []string{"create abf"}},
 		{"create without key is refused", binaryEvent(TypeCreate, "", `{"sandbox_id":"abc"}`, nil), 401, "", "", nil},
-		{"destroy with a wrong key extension is refused", binaryEvent(TypeDestroy, "abc", ``, map[string]string{"Ce-Apikey": "nope"}), 401, "", "", nil},
-		{"create with the key extension", binaryEvent(TypeCreate, "", `{"sandbox_id":"abe"}`, map[string]string{"Ce-Apikey": "k"}), 200, TypeCreated, "abe", []string{"create abe"}},
+		{"get without key is refused", binaryEvent(TypeGet, "abc", ``, nil), 401, "", "", nil},
+		{"list without key is refused", binaryEvent(TypeList, "", ``, nil), 401, "", "", nil},
+		{"ping without key is refused", binaryEvent(TypePing, "", ``, nil), 401, "", "", nil},
+		{"wrong key in the data is refused", binaryEvent(TypeDestroy, "abc", `{"api_key":"nope"}`, nil), 401, "", "", nil},
+		{"the apikey extension is no credential", binaryEvent(TypeCreate, "", `{"sandbox_id":"abe"}`, map[string]string{"Ce-Apikey": testKey}), 401, "", "", nil},
 		{"unknown type", binaryEvent("boson.fn", "", `{"message":"Hello World"}`, nil), 400, "", "", nil},
 		{"invalid data", binaryEvent(TypeCreate, "", `{"sandbox_id":"UPPER"}`, key), 422, "", "", nil},
 		{"undecodable data", binaryEvent(TypeCreate, "", `{"sandbox_id":`, key), 422, "", "", nil},
-		{"missing id", binaryEvent(TypeGet, "", `{}`, nil), 422, "", "", nil},
+		{"missing id", binaryEvent(TypeGet, "", `{}`, key), 422, "", "", nil},
+		{"wait beyond the cap", binaryEvent(TypeGet, "abc", `{"wait_seconds":21}`, key), 422, "", "", nil},
 		{"malformed event", func() *http.Request {
 			r := binaryEvent(TypeGet, "abc", ``, nil)
 			r.Header.Del("Ce-Id")
@@ -156,40 +167,87 @@ func TestUnknownTypeNamesSupportedTypes(t *testing.T) {
 	}
 }
 
-func TestSourceAllowlist(t *testing.T) {
-	h, ops := newHandler(t, map[string]string{"EVENT_SOURCE_ALLOWLIST": "/apis/v1/namespaces/deer-flow/pingsources/reap"})
-	w := httptest.NewRecorder()
-	h.ServeHTTP(w, binaryEvent(TypeReap, "", ``, nil))
-	if w.Code != http.StatusForbidden || len(ops.calls) != 0 {
-		t.Errorf("event from a source outside the allow-list: %d %v", w.Code, ops.calls)
+// TestEventSettingsActAlikeOnBothDoors: EVENTS_DISABLED and the source
+// allow-list treat a CloudEvent and a POST / invocation the same.
+func TestEventSettingsActAlikeOnBothDoors(t *testing.T) {
+	invoke := func(body string) *http.Request {
+		r := httptest.NewRequest("POST", "/", strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		r.Header.Set("X-API-Key", testKey)
+		return r
+	}
+	tests := []struct {
+		name   string
+		env    map[string]string
+		event  *http.Request
+		invoke *http.Request
+		want   int
+	}{
+		{"disabled", map[string]string{"EVENTS_DISABLED": "true"},
+			binaryEvent(TypeReap, "", ``, withKey), invoke(`{"operation":"reap"}`), 404},
+		{"source outside the allow-list", map[string]string{"EVENT_SOURCE_ALLOWLIST": "/pingsources/reap"},
+			binaryEvent(TypeReap, "", ``, withKey), invoke(`{"operation":"reap"}`), 403},
+		{"source on the allow-list", map[string]string{"EVENT_SOURCE_ALLOWLIST": "/test"},
+			binaryEvent(TypeReap, "", ``, withKey), invoke(`{"operation":"reap","source":"/test"}`), 200},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h, ops := newHandler(t, tc.env)
+			ew, iw := httptest.NewRecorder(), httptest.NewRecorder()
+			h.ServeHTTP(ew, tc.event)
+			h.Invoke(iw, tc.invoke)
+			if ew.Code != tc.want || iw.Code != tc.want {
+				t.Errorf("CloudEvent %d, POST / %d; want %d for both (%s | %s)", ew.Code, iw.Code, tc.want, ew.Body, iw.Body)
+			}
+			if wantCalls := map[bool]int{true: 2, false: 0}[tc.want == 200]; len(ops.calls) != wantCalls {
+				t.Errorf("calls %v, want %d", ops.calls, wantCalls)
+			}
+		})
 	}
 }
 
 func TestInvoke(t *testing.T) {
-	h, ops := newHandler(t, map[string]string{"EVENTS_TRUST_NETWORK": "true"})
+	h, ops := newHandler(t, nil)
 	tests := []struct {
-		body      string
-		wantCode  int
-		wantCalls []string
+		body, contentType, key string
+		wantCode               int
+		wantCalls              []string
 	}{
-		{`{"message":"Hello World"}`, 400, nil},
-		{`not json`, 400, nil},
-		{`{"operation":"explode"}`, 400, nil},
-		{`{"operation":"create","sandbox_id":"abc"}`, 200, []string{"create abc"}},
-		{`{"operation":"get","sandbox_id":"abc"}`, 200, []string{"get abc"}},
-		{`{"operation":"list"}`, 200, []string{"list"}},
-		{`{"operation":"destroy","sandbox_id":"abc"}`, 200, []string{"destroy abc"}},
-		{`{"operation":"reap"}`, 200, []string{"reap"}},
+		{`{"message":"Hello World"}`, "application/json", testKey, 400, nil},
+		{`not json`, "application/json", testKey, 400, nil},
+		{`{"operation":"explode"}`, "application/json", testKey, 400, nil},
+		{`{"operation":"create","sandbox_id":"abc"}`, "application/json", testKey, 200, []string{"create abc"}},
+		{`{"operation":"get","sandbox_id":"abc"}`, "application/json; charset=utf-8", testKey, 200, []string{"get abc"}},
+		{`{"operation":"list"}`, "application/json", testKey, 200, []string{"list"}},
+		{`{"operation":"destroy","sandbox_id":"abc"}`, "application/json", testKey, 200, []string{"destroy abc"}},
+		{`{"operation":"reap"}`, "application/json", testKey, 200, []string{"reap"}},
+		{`{"operation":"list","api_key":"` + testKey + `"}`, "application/json", "", 200, []string{"list"}},
+		{`{"operation":"list"}`, "application/json", "", 401, nil},
+		{`{"operation":"list","api_key":"wrong-key-wrong-key"}`, "application/json", "", 401, nil},
+		// A web page can send these cross-site without a preflight.
+		{`{"operation":"list"}`, "text/plain", testKey, 415, nil},
+		{`{"operation":"list"}`, "application/x-www-form-urlencoded", testKey, 415, nil},
+		{`{"operation":"list"}`, "", testKey, 415, nil},
 	}
 	for _, tc := range tests {
 		ops.calls = nil
 		w := httptest.NewRecorder()
-		h.Invoke(w, httptest.NewRequest("POST", "/", bytes.NewBufferString(tc.body)))
+		r := httptest.NewRequest("POST", "/", bytes.NewBufferString(tc.body))
+		if tc.contentType != "" {
+			r.Header.Set("Content-Type", tc.contentType)
+		}
+		if tc.key != "" {
+			r.Header.Set("X-API-Key", tc.key)
+		}
+		h.Invoke(w, r)
 		if w.Code != tc.wantCode {
-			t.Errorf("%s: status %d, want %d: %s", tc.body, w.Code, tc.wantCode, w.Body)
+			t.Errorf("%s (%s): status %d, want %d: %s", tc.body, tc.contentType, w.Code, tc.wantCode, w.Body)
 		}
 		if diff := cmp.Diff(tc.wantCalls, ops.calls); diff != "" {
 			t.Errorf("%s: calls (-want +got):\n%s", tc.body, diff)
+		}
+		if strings.Contains(w.Body.String(), testKey) {
+			t.Errorf("%s: the answer echoes the key: %s", tc.body, w.Body)
 		}
 	}
 }
@@ -202,7 +260,7 @@ func FuzzEvent(f *testing.F) {
 	f.Add(TypeGet, "abc", ``, false)
 	f.Add("boson.fn", "", `{"message":"Hello World"}`, true)
 	f.Add(TypeDestroy, "../x", `{"sandbox_id":1}`, true)
-	h, _ := newHandler(f, map[string]string{"EVENTS_TRUST_NETWORK": "true"})
+	h, _ := newHandler(f, nil)
 	f.Fuzz(func(t *testing.T, typ, subject, data string, structured bool) {
 		var r *http.Request
 		if structured {
@@ -213,11 +271,12 @@ func FuzzEvent(f *testing.F) {
 			raw, _ := json.Marshal(ev)
 			r = httptest.NewRequest("POST", "/", bytes.NewReader(raw))
 			r.Header.Set("Content-Type", "application/cloudevents+json")
+			r.Header.Set("X-API-Key", testKey)
 		} else {
 			if strings.ContainsAny(typ+subject, "\r\n\x00") {
 				return
 			}
-			r = binaryEvent(typ, subject, data, nil)
+			r = binaryEvent(typ, subject, data, withKey)
 		}
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, r)
@@ -232,7 +291,7 @@ func FuzzEvent(f *testing.F) {
 func TestEventIDIsTheRequestID(t *testing.T) {
 	h, _ := newHandler(t, nil)
 	var logs bytes.Buffer
-	r := binaryEvent(TypeList, "", `{}`, nil)
+	r := binaryEvent(TypeList, "", `{}`, withKey)
 	r = r.WithContext(reqid.With(r.Context(), slog.New(slog.NewJSONHandler(&logs, nil)), "http-id"))
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, r)

@@ -1,11 +1,10 @@
 package events
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"io"
+	"mime"
 	"net/http"
 	"slices"
 	"strings"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/problem"
 	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 )
 
 // invokeOperations maps the "operation" of a POST / body to its event type.
@@ -26,13 +26,26 @@ var invokeNames = strings.Join(sortedKeys(invokeOperations), ", ")
 // Invoke handles POST / with a plain JSON body, which is what
 // `kn func invoke --format http` sends: {"operation": "create", ...} runs the
 // same operation as the event of that type, with the rest of the body as its
-// data. func's default body ({"message": "Hello World"}) gets a 400 that says
-// how to call us instead.
+// data. It is an event door: the same settings (EVENTS_DISABLED, the source
+// allow-list, with the body's optional "source") and the same credentials
+// apply. func's default body ({"message": "Hello World"}) gets a 400 that
+// says how to call us instead.
 func (h *Handler) Invoke(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	opName, code := "invoke", 0
 	defer func() { h.metrics.ObserveRequest(opName, "invoke", code, time.Since(start)) }()
 
+	if h.cfg.EventsDisabled {
+		code = writeDetail(w, http.StatusNotFound, eventsDisabled)
+		return
+	}
+	// Only JSON: a web page can POST a form or text/plain cross-site without
+	// a preflight, never application/json, so this keeps a browser from
+	// driving a developer's function.
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		code = writeDetail(w, http.StatusUnsupportedMediaType, "POST / takes Content-Type: application/json")
+		return
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxRequestBodyBytes))
 	if err != nil {
 		code = writeDetail(w, http.StatusRequestEntityTooLarge, "request body too large or unreadable: "+err.Error())
@@ -40,11 +53,12 @@ func (h *Handler) Invoke(w http.ResponseWriter, r *http.Request) {
 	}
 	var envelope struct {
 		Operation string `json:"operation"`
+		Source    string `json:"source"`
 	}
 	if err := json.Unmarshal(body, &envelope); err != nil || envelope.Operation == "" {
 		code = writeDetail(w, http.StatusBadRequest, fmt.Sprintf(
 			"POST / expects a JSON object with \"operation\" (one of %s) and that operation's fields, e.g. "+
-				`{"operation":"create","sandbox_id":"abcd1234"}; DeerFlow's API is under /api/sandboxes, and CloudEvents of types %s are accepted here too`,
+				`{"operation":"create","sandbox_id":"abcd1234","api_key":"..."}; DeerFlow's API is under /api/sandboxes, and CloudEvents of types %s are accepted here too`,
 			invokeNames, strings.Join(RequestTypes, ", ")))
 		return
 	}
@@ -56,15 +70,12 @@ func (h *Handler) Invoke(w http.ResponseWriter, r *http.Request) {
 	}
 	op := operations[evType]
 	opName = op.name
-	if op.mutating || h.cfg.EventsRequireAPIKey {
-		if c, detail := h.checkKey(r.Header.Get("X-API-Key")); c != 0 {
-			code = writeDetail(w, c, detail)
-			return
-		}
-	}
 	ctx := r.Context()
-	ctx, cancel := context.WithTimeout(ctx, h.cfg.RequestTimeout+h.cfg.MaxReadyWait)
-	defer cancel()
+	if c, detail := h.admit(ctx, r, envelope.Source, body); c != 0 {
+		code = writeDetail(w, c, detail)
+		reqid.Logger(ctx).Warn("invoke refused", "operation", opName, "status", code, "reason", detail)
+		return
+	}
 	reply, _, err := op.run(h, ctx, body, "")
 	if err != nil {
 		code = problem.Write(w, err)

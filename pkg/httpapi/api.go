@@ -3,19 +3,17 @@
 package httpapi
 
 import (
-	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"errors"
 	"io"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/auth"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
 	"github.com/deerflow-sandbox/provisioner/pkg/problem"
+	"github.com/deerflow-sandbox/provisioner/pkg/readywait"
 	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 )
@@ -26,6 +24,7 @@ var Version = "dev"
 // API serves the HTTP contract.
 type API struct {
 	cfg     *config.Config
+	auth    *auth.Authenticator
 	ops     sandbox.Operations
 	metrics *metrics.Metrics
 	now     func() time.Time
@@ -33,8 +32,8 @@ type API struct {
 }
 
 // New returns the HTTP front door over ops.
-func New(cfg *config.Config, ops sandbox.Operations, m *metrics.Metrics) *API {
-	a := &API{cfg: cfg, ops: ops, metrics: m, now: time.Now, mux: http.NewServeMux()}
+func New(cfg *config.Config, authn *auth.Authenticator, ops sandbox.Operations, m *metrics.Metrics) *API {
+	a := &API{cfg: cfg, auth: authn, ops: ops, metrics: m, now: time.Now, mux: http.NewServeMux()}
 	a.mux.HandleFunc("GET /health", a.health)
 	a.mux.Handle("GET /metrics", m.Handler())
 	a.route("GET /api/capabilities", "capabilities", a.capabilities)
@@ -67,28 +66,15 @@ func (a *API) route(pattern, operation string, h handlerFunc) {
 	})
 }
 
-// authenticate checks X-API-Key in constant time. It fails closed: with no key
-// configured, /api/* refuses unless the operator explicitly disabled auth.
+// authenticate admits a request with the API key or an allowed
+// service-account token (see package auth); the detail says what to fix.
 func (a *API) authenticate(w http.ResponseWriter, r *http.Request) int {
-	if a.cfg.AuthDisabled {
+	d := a.auth.Check(r.Context(), auth.FromRequest(r))
+	if d.Allowed() {
 		return 0
 	}
-	if a.cfg.APIKey == "" {
-		problem.WriteDetail(w, http.StatusUnauthorized, "the provisioner has no API key configured; set PROVISIONER_API_KEY (or PROVISIONER_AUTH_DISABLED=true to opt out)")
-		return http.StatusUnauthorized
-	}
-	if !KeyMatches(r.Header.Get("X-API-Key"), a.cfg.APIKey) {
-		problem.WriteDetail(w, http.StatusUnauthorized, "invalid or missing API key; send it in the X-API-Key header")
-		return http.StatusUnauthorized
-	}
-	return 0
-}
-
-// KeyMatches compares keys in constant time. Hashing first makes the time
-// independent of the length too.
-func KeyMatches(got, want string) bool {
-	g, w := sha256.Sum256([]byte(got)), sha256.Sum256([]byte(want))
-	return subtle.ConstantTimeCompare(g[:], w[:]) == 1 && got != ""
+	problem.WriteDetail(w, d.Code, d.Detail)
+	return d.Code
 }
 
 func (a *API) health(w http.ResponseWriter, _ *http.Request) {
@@ -134,7 +120,7 @@ func (a *API) capabilities(w http.ResponseWriter, _ *http.Request) int {
 }
 
 func (a *API) create(w http.ResponseWriter, r *http.Request) int {
-	wait, err := ParseWait(r.URL.Query().Get("wait"), a.cfg.MaxReadyWait)
+	wait, err := readywait.FromQuery(a.cfg, r.URL.Query().Get("wait"))
 	if err != nil {
 		return problem.Write(w, err)
 	}
@@ -155,7 +141,7 @@ func (a *API) create(w http.ResponseWriter, r *http.Request) int {
 	if err != nil {
 		return problem.Write(w, err)
 	}
-	ctx, cancel := a.deadline(r.Context(), wait)
+	ctx, cancel := readywait.Deadline(r.Context(), a.cfg, wait)
 	defer cancel()
 	sb, err := a.ops.Create(ctx, spec, wait)
 	if err != nil {
@@ -166,11 +152,11 @@ func (a *API) create(w http.ResponseWriter, r *http.Request) int {
 }
 
 func (a *API) get(w http.ResponseWriter, r *http.Request) int {
-	wait, err := ParseWait(r.URL.Query().Get("wait"), a.cfg.MaxReadyWait)
+	wait, err := readywait.FromQuery(a.cfg, r.URL.Query().Get("wait"))
 	if err != nil {
 		return problem.Write(w, err)
 	}
-	ctx, cancel := a.deadline(r.Context(), wait)
+	ctx, cancel := readywait.Deadline(r.Context(), a.cfg, wait)
 	defer cancel()
 	id := r.PathValue("id")
 	sb, err := a.ops.Get(ctx, id, wait)
@@ -182,7 +168,7 @@ func (a *API) get(w http.ResponseWriter, r *http.Request) int {
 }
 
 func (a *API) list(w http.ResponseWriter, r *http.Request) int {
-	ctx, cancel := a.deadline(r.Context(), 0)
+	ctx, cancel := readywait.Deadline(r.Context(), a.cfg, 0)
 	defer cancel()
 	all, err := a.ops.List(ctx)
 	if err != nil {
@@ -193,7 +179,7 @@ func (a *API) list(w http.ResponseWriter, r *http.Request) int {
 }
 
 func (a *API) destroy(w http.ResponseWriter, r *http.Request) int {
-	ctx, cancel := a.deadline(r.Context(), 0)
+	ctx, cancel := readywait.Deadline(r.Context(), a.cfg, 0)
 	defer cancel()
 	id := r.PathValue("id")
 	if err := a.ops.Destroy(ctx, id); err != nil {
@@ -204,7 +190,7 @@ func (a *API) destroy(w http.ResponseWriter, r *http.Request) int {
 }
 
 func (a *API) reap(w http.ResponseWriter, r *http.Request) int {
-	ctx, cancel := a.deadline(r.Context(), 0)
+	ctx, cancel := readywait.Deadline(r.Context(), a.cfg, 0)
 	defer cancel()
 	res, err := a.ops.Reap(ctx)
 	if err != nil {
@@ -229,29 +215,4 @@ func (a *API) fail(w http.ResponseWriter, r *http.Request, err error, attrs ...a
 		log.Info("operation refused", "status", code, "error", err)
 	}
 	return code
-}
-
-// deadline bounds the request: the configured timeout plus any wait asked for.
-func (a *API) deadline(ctx context.Context, wait time.Duration) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, a.cfg.RequestTimeout+wait)
-}
-
-// ParseWait reads a wait duration: seconds ("30") or a Go duration ("30s"),
-// at most max. Empty means do not wait.
-func ParseWait(v string, max time.Duration) (time.Duration, error) {
-	if v == "" {
-		return 0, nil
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil {
-		secs, convErr := strconv.ParseFloat(strings.TrimSpace(v), 64)
-		if convErr != nil {
-			return 0, sandbox.Invalidf("wait %q must be seconds (30) or a duration (30s)", v)
-		}
-		d = time.Duration(secs * float64(time.Second))
-	}
-	if d < 0 || d > max {
-		return 0, sandbox.Invalidf("wait must be between 0 and %s", max)
-	}
-	return d, nil
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/auth"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
@@ -34,8 +35,10 @@ func newAPI(t *testing.T, env map[string]string) *API {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return New(cfg, unavailable{}, metrics.New())
+	return New(cfg, auth.FromConfig(cfg, nil), unavailable{}, metrics.New())
 }
+
+const key = "0123456789abcdef-key"
 
 func TestAuthFailsClosed(t *testing.T) {
 	tests := []struct {
@@ -46,10 +49,12 @@ func TestAuthFailsClosed(t *testing.T) {
 	}{
 		{"no key configured", nil, "", 401},
 		{"no key configured, key sent", nil, "anything", 401},
-		{"explicit opt-out", map[string]string{"PROVISIONER_AUTH_DISABLED": "true"}, "", 200},
-		{"right key", map[string]string{"PROVISIONER_API_KEY": "k"}, "k", 200},
-		{"wrong key", map[string]string{"PROVISIONER_API_KEY": "k"}, "K", 401},
-		{"prefix of the key", map[string]string{"PROVISIONER_API_KEY": "key"}, "ke", 401},
+		{"development switch on loopback", map[string]string{"PROVISIONER_AUTH_DISABLED": "true", "LISTEN_ADDRESS": "127.0.0.1:8080"}, "", 200},
+		{"right key", map[string]string{"PROVISIONER_API_KEY": key}, key, 200},
+		{"wrong key", map[string]string{"PROVISIONER_API_KEY": key}, strings.ToUpper(key), 401},
+		{"prefix of the key", map[string]string{"PROVISIONER_API_KEY": key}, key[:len(key)-1], 401},
+		{"short key, matched", map[string]string{"PROVISIONER_API_KEY": "k1"}, "k1", 401},
+		{"template key, matched", map[string]string{"PROVISIONER_API_KEY": "{{ secret:x:y }}"}, "{{ secret:x:y }}", 401},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -68,10 +73,10 @@ func TestAuthFailsClosed(t *testing.T) {
 }
 
 func TestTransientErrorsAreNever404(t *testing.T) {
-	a := newAPI(t, map[string]string{"PROVISIONER_API_KEY": "k"})
+	a := newAPI(t, map[string]string{"PROVISIONER_API_KEY": key})
 	for path, want := range map[string]int{"/api/sandboxes/abc": http.StatusGatewayTimeout} {
 		r := httptest.NewRequest("GET", path, nil)
-		r.Header.Set("X-API-Key", "k")
+		r.Header.Set("X-API-Key", key)
 		w := httptest.NewRecorder()
 		a.ServeHTTP(w, r)
 		if w.Code != want || strings.Contains(w.Body.String(), "NotFound") {
@@ -79,28 +84,10 @@ func TestTransientErrorsAreNever404(t *testing.T) {
 		}
 	}
 	r := httptest.NewRequest("POST", "/api/sandboxes", strings.NewReader(`{"sandbox_id":"abc"}`))
-	r.Header.Set("X-API-Key", "k")
+	r.Header.Set("X-API-Key", key)
 	w := httptest.NewRecorder()
 	a.ServeHTTP(w, r)
 	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" {
 		t.Errorf("create while unavailable: %d %v", w.Code, w.Header())
-	}
-}
-
-func TestParseWait(t *testing.T) {
-	tests := []struct {
-		in      string
-		want    time.Duration
-		wantErr bool
-	}{
-		{"", 0, false}, {"30", 30 * time.Second, false}, {"1.5", 1500 * time.Millisecond, false},
-		{"45s", 45 * time.Second, false}, {"2m", 2 * time.Minute, false},
-		{"3m", 0, true}, {"-1", 0, true}, {"soon", 0, true},
-	}
-	for _, tc := range tests {
-		got, err := ParseWait(tc.in, 2*time.Minute)
-		if (err != nil) != tc.wantErr || got != tc.want {
-			t.Errorf("ParseWait(%q) = %v, %v; want %v, error %v", tc.in, got, err, tc.want, tc.wantErr)
-		}
 	}
 }

@@ -58,9 +58,16 @@ func wantAnnotations() map[string]string {
 	}
 }
 
-func hostPath(name, path string) corev1.Volume {
-	return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{
-		Path: path, Type: ptr.To(corev1.HostPathDirectoryOrCreate)}}}
+// hostBase is the one hostPath volume of host-path mode: every host-backed
+// mount is a subPath of it, which the kubelet resolves without following
+// symlinks out of the volume.
+func hostBase() corev1.Volume {
+	return corev1.Volume{Name: "host-base", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{
+		Path: "/.deer-flow", Type: ptr.To(corev1.HostPathDirectory)}}}
+}
+
+func hostMountAt(mountPath, subPath string, readOnly bool) corev1.VolumeMount {
+	return corev1.VolumeMount{Name: "host-base", MountPath: mountPath, SubPath: subPath, ReadOnly: readOnly}
 }
 
 // wantPod is DeerFlow's Pod with our hardening, for the given volumes.
@@ -81,7 +88,7 @@ func wantPod(volumes []corev1.Volume, mounts []corev1.VolumeMount, env []corev1.
 				Env:            env,
 				ReadinessProbe: probe(5, 5), LivenessProbe: probe(10, 10),
 				Resources: corev1.ResourceRequirements{
-					Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("256Mi"), corev1.ResourceEphemeralStorage: resource.MustParse("500Mi")},
+					Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("1Gi"), corev1.ResourceEphemeralStorage: resource.MustParse("500Mi")},
 					Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("1Gi"), corev1.ResourceEphemeralStorage: resource.MustParse("500Mi")},
 				},
 				VolumeMounts: mounts,
@@ -98,7 +105,11 @@ func wantPod(volumes []corev1.Volume, mounts []corev1.VolumeMount, env []corev1.
 			AutomountServiceAccountToken:  ptr.To(false),
 			EnableServiceLinks:            ptr.To(false),
 			TerminationGracePeriodSeconds: ptr.To(int64(10)),
-			SecurityContext:               &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
+			HostUsers:                     ptr.To(false),
+			SecurityContext: &corev1.PodSecurityContext{
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+				RunAsNonRoot:   ptr.To(true), RunAsUser: ptr.To(int64(1000)), RunAsGroup: ptr.To(int64(1000)),
+			},
 		},
 	}
 }
@@ -112,11 +123,11 @@ func TestBuildPod(t *testing.T) {
 	}{{
 		name: "host-path mode",
 		want: wantPod(
-			[]corev1.Volume{hostPath("skills-public", "/skills/public"), hostPath("skills-custom", "/skills/custom"), hostPath("user-data", "/.deer-flow/threads/t1/user-data")},
+			[]corev1.Volume{hostBase()},
 			[]corev1.VolumeMount{
-				{Name: "skills-public", MountPath: "/mnt/skills/public", ReadOnly: true},
-				{Name: "skills-custom", MountPath: "/mnt/skills/custom", ReadOnly: true},
-				{Name: "user-data", MountPath: "/mnt/user-data"},
+				hostMountAt("/mnt/skills/public", "skills/public", true),
+				hostMountAt("/mnt/skills/custom", "skills/custom", true),
+				hostMountAt("/mnt/user-data", "threads/t1/user-data", false),
 			}, nil),
 	}, {
 		name: "host-path mode, legacy skills, extra mounts replacing the built-in custom skills",
@@ -130,15 +141,13 @@ func TestBuildPod(t *testing.T) {
 		},
 		want: func() *corev1.Pod {
 			p := wantPod(
-				[]corev1.Volume{hostPath("skills-public", "/skills/public"), hostPath("extra-1", "/.deer-flow/users/user-1/skills_view/custom"),
-					hostPath("skills-legacy", "/skills/legacy"), hostPath("user-data", "/.deer-flow/threads/t1/user-data"),
-					hostPath("extra-0", "/.deer-flow/users/user-1/threads/t1/acp-workspace")},
+				[]corev1.Volume{hostBase()},
 				[]corev1.VolumeMount{
-					{Name: "skills-public", MountPath: "/mnt/skills/public", ReadOnly: true},
-					{Name: "extra-1", MountPath: "/mnt/skills/custom", ReadOnly: true},
-					{Name: "skills-legacy", MountPath: "/mnt/skills/legacy", ReadOnly: true},
-					{Name: "user-data", MountPath: "/mnt/user-data"},
-					{Name: "extra-0", MountPath: "/mnt/acp-workspace", ReadOnly: true},
+					hostMountAt("/mnt/skills/public", "skills/public", true),
+					hostMountAt("/mnt/skills/custom", "users/user-1/skills_view/custom", true),
+					hostMountAt("/mnt/skills/legacy", "skills/legacy", true),
+					hostMountAt("/mnt/user-data", "threads/t1/user-data", false),
+					hostMountAt("/mnt/acp-workspace", "users/user-1/threads/t1/acp-workspace", true),
 				}, []corev1.EnvVar{{Name: "MAX_SHELL_SESSIONS", Value: "4"}})
 			p.Annotations["sandbox.deerflow.dev/max-shell-sessions"] = "4"
 			return p
@@ -157,28 +166,42 @@ func TestBuildPod(t *testing.T) {
 				{Name: "user-data", MountPath: "/mnt/user-data", SubPath: "users/user-1/threads/t1/user-data"},
 			}, nil),
 	}, {
-		name: "runtime class, node selector, tolerations, non-root, read-only root",
+		name: "runtime class, node selector, tolerations, other user, read-only root",
 		env: map[string]string{"SANDBOX_RUNTIME_CLASS": "gvisor", "SANDBOX_NODE_SELECTOR": "pool:sandbox",
-			"SANDBOX_TOLERATIONS": "sandbox=true:NoSchedule", "SANDBOX_RUN_AS_USER": "1000", "SANDBOX_READ_ONLY_ROOT_FS": "true",
+			"SANDBOX_TOLERATIONS": "sandbox=true:NoSchedule", "SANDBOX_RUN_AS_USER": "2000", "SANDBOX_READ_ONLY_ROOT_FS": "true",
 			"SANDBOX_CAPABILITIES_ADD": ""},
 		want: func() *corev1.Pod {
 			p := wantPod(
-				[]corev1.Volume{hostPath("skills-public", "/skills/public"), hostPath("skills-custom", "/skills/custom"), hostPath("user-data", "/.deer-flow/threads/t1/user-data"),
-					{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
+				[]corev1.Volume{hostBase(), {Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
 				[]corev1.VolumeMount{
-					{Name: "skills-public", MountPath: "/mnt/skills/public", ReadOnly: true},
-					{Name: "skills-custom", MountPath: "/mnt/skills/custom", ReadOnly: true},
-					{Name: "user-data", MountPath: "/mnt/user-data"},
+					hostMountAt("/mnt/skills/public", "skills/public", true),
+					hostMountAt("/mnt/skills/custom", "skills/custom", true),
+					hostMountAt("/mnt/user-data", "threads/t1/user-data", false),
 					{Name: "tmp", MountPath: "/tmp"},
 				}, nil)
 			p.Spec.RuntimeClassName = ptr.To("gvisor")
 			p.Spec.NodeSelector = map[string]string{"pool": "sandbox"}
 			p.Spec.Tolerations = []corev1.Toleration{{Key: "sandbox", Operator: corev1.TolerationOpEqual, Value: "true", Effect: corev1.TaintEffectNoSchedule}}
-			p.Spec.SecurityContext.RunAsUser = ptr.To(int64(1000))
-			p.Spec.SecurityContext.RunAsNonRoot = ptr.To(true)
+			p.Spec.SecurityContext.RunAsUser = ptr.To(int64(2000))
+			p.Spec.SecurityContext.RunAsGroup = ptr.To(int64(2000))
 			sc := p.Spec.Containers[0].SecurityContext
 			sc.ReadOnlyRootFilesystem = ptr.To(true)
 			sc.Capabilities.Add = nil
+			return p
+		}(),
+	}, {
+		name: "the image's user, host users, memory request below the limit",
+		env: map[string]string{"SANDBOX_RUN_AS_NON_ROOT": "false", "SANDBOX_RUN_AS_USER": "-1", "SANDBOX_USER_NAMESPACE": "false",
+			"SANDBOX_MEMORY_REQUEST_EQUALS_LIMIT": "false"},
+		want: func() *corev1.Pod {
+			p := wantPod([]corev1.Volume{hostBase()}, []corev1.VolumeMount{
+				hostMountAt("/mnt/skills/public", "skills/public", true),
+				hostMountAt("/mnt/skills/custom", "skills/custom", true),
+				hostMountAt("/mnt/user-data", "threads/t1/user-data", false),
+			}, nil)
+			p.Spec.HostUsers = nil
+			p.Spec.SecurityContext = &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}}
+			p.Spec.Containers[0].Resources.Requests[corev1.ResourceMemory] = resource.MustParse("256Mi")
 			return p
 		}(),
 	}}
@@ -269,35 +292,66 @@ func TestSandboxURL(t *testing.T) {
 }
 
 func TestBuildNetworkPolicy(t *testing.T) {
-	cfg := testConfig(t, map[string]string{"SANDBOX_INGRESS_FROM_POD_LABELS": "app:deer-flow-backend"})
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-0123456789abcdef", UID: "uid-1"}}
 	port := intstr.FromInt32(8080)
-	want := &networkingv1.NetworkPolicy{
-		TypeMeta: metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
-		ObjectMeta: metav1.ObjectMeta{Name: "sandbox-0123456789abcdef-netpol", Namespace: "deer-flow", Labels: wantLabels(),
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "sandbox-0123456789abcdef", UID: "uid-1", BlockOwnerDeletion: ptr.To(false)}}},
-		Spec: networkingv1.NetworkPolicySpec{
-			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"sandbox-id": "0123456789abcdef"}},
-			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
-			Ingress: []networkingv1.NetworkPolicyIngressRule{{
-				Ports: []networkingv1.NetworkPolicyPort{{Protocol: ptr.To(corev1.ProtocolTCP), Port: &port}},
-				From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "deer-flow-backend"}}}},
-			}},
-			Egress: []networkingv1.NetworkPolicyEgressRule{{
-				Ports: []networkingv1.NetworkPolicyPort{
-					{Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To(intstr.FromInt32(53))},
-					{Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(intstr.FromInt32(53))},
-				},
-			}, {
-				To: []networkingv1.NetworkPolicyPeer{
-					{IPBlock: &networkingv1.IPBlock{CIDR: "0.0.0.0/0", Except: []string{"169.254.169.254/32"}}},
-					{IPBlock: &networkingv1.IPBlock{CIDR: "::/0", Except: []string{"fd00:ec2::254/128"}}},
-				},
-			}},
+	backend := networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": "deer-flow-backend"}}}
+	dns := networkingv1.NetworkPolicyEgressRule{
+		To: []networkingv1.NetworkPolicyPeer{{
+			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "kube-system"}},
+			PodSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{"k8s-app": "kube-dns"}},
+		}},
+		Ports: []networkingv1.NetworkPolicyPort{
+			{Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To(intstr.FromInt32(53))},
+			{Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(intstr.FromInt32(53))},
 		},
 	}
-	if diff := cmp.Diff(want, BuildNetworkPolicy(cfg, testSpec(), pod)); diff != "" {
-		t.Errorf("BuildNetworkPolicy (-want +got):\n%s", diff)
+	internet := networkingv1.NetworkPolicyEgressRule{To: []networkingv1.NetworkPolicyPeer{
+		{IPBlock: &networkingv1.IPBlock{CIDR: "0.0.0.0/0", Except: []string{
+			"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "100.64.0.0/10",
+			"169.254.169.254/32", "169.254.170.2/32", "100.100.100.200/32", "168.63.129.16/32"}}},
+		{IPBlock: &networkingv1.IPBlock{CIDR: "::/0", Except: []string{"fc00::/7", "fe80::/10", "fd00:ec2::254/128"}}},
+	}}
+	policy := func(from []networkingv1.NetworkPolicyPeer, egress ...networkingv1.NetworkPolicyEgressRule) *networkingv1.NetworkPolicy {
+		return &networkingv1.NetworkPolicy{
+			TypeMeta: metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
+			ObjectMeta: metav1.ObjectMeta{Name: "deer-flow-sandbox-isolation", Namespace: "deer-flow", Labels: map[string]string{
+				"app.kubernetes.io/name": "deer-flow", "app.kubernetes.io/component": "sandbox", "app.kubernetes.io/managed-by": "deerflow-sandbox-provisioner"}},
+			Spec: networkingv1.NetworkPolicySpec{
+				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "deer-flow-sandbox"}},
+				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
+				Ingress: []networkingv1.NetworkPolicyIngressRule{{
+					From: from, Ports: []networkingv1.NetworkPolicyPort{{Protocol: ptr.To(corev1.ProtocolTCP), Port: &port}},
+				}},
+				Egress: append([]networkingv1.NetworkPolicyEgressRule{}, egress...),
+			},
+		}
+	}
+	tests := []struct {
+		name string
+		env  map[string]string
+		want *networkingv1.NetworkPolicy
+	}{{
+		name: "default: backend only, DNS, internet without private or metadata ranges",
+		want: policy([]networkingv1.NetworkPolicyPeer{backend}, dns, internet),
+	}, {
+		name: "NodePort mode admits the named node addresses",
+		env:  map[string]string{"SANDBOX_INGRESS_NODE_CIDRS": "192.168.1.10/32,fd00::10/128"},
+		want: policy([]networkingv1.NetworkPolicyPeer{backend,
+			{IPBlock: &networkingv1.IPBlock{CIDR: "192.168.1.10/32"}}, {IPBlock: &networkingv1.IPBlock{CIDR: "fd00::10/128"}}}, dns, internet),
+	}, {
+		name: "ClusterIP mode never admits node addresses",
+		env:  map[string]string{"SANDBOX_SERVICE_TYPE": "ClusterIP", "SANDBOX_INGRESS_NODE_CIDRS": "192.168.1.10/32"},
+		want: policy([]networkingv1.NetworkPolicyPeer{backend}, dns, internet),
+	}, {
+		name: "deny-all egress",
+		env:  map[string]string{"SANDBOX_EGRESS_MODE": "deny-all"},
+		want: policy([]networkingv1.NetworkPolicyPeer{backend}),
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if diff := cmp.Diff(tc.want, BuildNetworkPolicy(testConfig(t, tc.env))); diff != "" {
+				t.Errorf("BuildNetworkPolicy (-want +got):\n%s", diff)
+			}
+		})
 	}
 }
 

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -24,6 +23,11 @@ const maxConvergeAttempts = 5
 // replica, converges on one Pod and one Service. A half-present sandbox is
 // repaired. With wait > 0 it also waits (by watch) until the Pod is Ready.
 func (m *Manager) Create(ctx context.Context, s Spec, wait time.Duration) (Sandbox, error) {
+	release, err := m.admitWait(wait)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	defer release()
 	for attempt := 0; ; attempt++ {
 		var (
 			pod               *corev1.Pod
@@ -70,9 +74,13 @@ func (m *Manager) Create(ctx context.Context, s Spec, wait time.Duration) (Sandb
 // maxQuotaRetries bounds the rounds a create spends on a contended quota.
 const maxQuotaRetries = 4
 
-// createOnce makes one attempt: Pod first, then Service, NetworkPolicy and
-// the quota count concurrently.
+// createOnce makes one attempt: Pod first, then the Service and the quota
+// count concurrently. Isolation needs no write: the shared NetworkPolicy
+// selects the Pod by label from its first moment.
 func (m *Manager) createOnce(ctx context.Context, s Spec) (pod *corev1.Pod, svc *corev1.Service, existed, repaired bool, err error) {
+	if err := m.requireIsolation(ctx); err != nil {
+		return nil, nil, false, false, err
+	}
 	pod, existed, err = m.ensurePod(ctx, s)
 	if err != nil {
 		return nil, nil, false, false, err
@@ -81,20 +89,15 @@ func (m *Manager) createOnce(ctx context.Context, s Spec) (pod *corev1.Pod, svc 
 		pod = m.touch(ctx, pod)
 	}
 
-	// The Service and NetworkPolicy need the Pod's UID for their owner
-	// reference; the quota count needs the Pod to exist. All three can then
-	// overlap, so a create costs two API round trips, like the bare floor.
+	// The Service needs the Pod's UID for its owner reference; the quota
+	// count needs the Pod to exist. The two then overlap, so a create costs
+	// two API round trips, like the bare floor.
 	var (
-		wg                      sync.WaitGroup
-		np                      *networkingv1.NetworkPolicy
-		svcErr, npErr, quotaErr error
+		wg               sync.WaitGroup
+		svcErr, quotaErr error
 	)
 	wg.Add(1)
 	go func() { defer wg.Done(); svc, repaired, svcErr = m.ensureService(ctx, s, pod, existed) }()
-	if m.cfg.NetworkPolicy {
-		wg.Add(1)
-		go func() { defer wg.Done(); np, npErr = m.ensureNetworkPolicy(ctx, s, pod, existed) }()
-	}
 	if !existed && (m.cfg.MaxSandboxes > 0 || m.cfg.MaxSandboxesPerUser > 0) {
 		wg.Add(1)
 		go func() { defer wg.Done(); quotaErr = m.checkQuota(ctx, s, pod) }()
@@ -104,7 +107,7 @@ func (m *Manager) createOnce(ctx context.Context, s Spec) (pod *corev1.Pod, svc 
 	if quotaErr != nil {
 		if KindOf(quotaErr) == KindQuota {
 			// Undo what this call created; a refused create leaves nothing behind.
-			if err := m.undoCreate(context.WithoutCancel(ctx), pod, svc, np); err != nil {
+			if err := m.undoCreate(context.WithoutCancel(ctx), pod, svc); err != nil {
 				return nil, nil, false, false, err
 			}
 		}
@@ -112,9 +115,6 @@ func (m *Manager) createOnce(ctx context.Context, s Spec) (pod *corev1.Pod, svc 
 	}
 	if svcErr != nil {
 		return nil, nil, false, false, svcErr
-	}
-	if npErr != nil {
-		return nil, nil, false, false, npErr
 	}
 	return pod, svc, existed, repaired, nil
 }
@@ -143,6 +143,9 @@ func (m *Manager) ensurePod(ctx context.Context, s Spec) (*corev1.Pod, bool, err
 		if err != nil {
 			return nil, false, classify(err, "read the existing sandbox Pod")
 		}
+		if err := checkOwner(existing, s); err != nil {
+			return nil, false, err
+		}
 		if existing.DeletionTimestamp != nil {
 			if err := m.waitGone(ctx, existing); err != nil {
 				return nil, false, err
@@ -155,6 +158,21 @@ func (m *Manager) ensurePod(ctx context.Context, s Spec) (*corev1.Pod, bool, err
 		return existing, true, nil
 	}
 	return nil, false, &Error{Kind: KindConflict, Detail: "sandbox " + s.ID + " is being created and deleted concurrently; retry"}
+}
+
+// checkOwner refuses to hand a sandbox to anyone but the user and thread it
+// was made for. DeerFlow derives ids from user and thread, so without this
+// anyone who can create could pre-create another user's sandbox and receive
+// that user's agent traffic, or take over an existing one. The detail names
+// neither the owner nor the URL.
+func checkOwner(pod *corev1.Pod, s Spec) error {
+	if !IsSandbox(pod, s.ID) {
+		return &Error{Kind: KindConflict, Detail: "a Pod named " + pod.Name + " exists and is not a sandbox; choose another sandbox_id"}
+	}
+	if pod.Annotations[AnnotationUserID] != s.UserID || pod.Annotations[AnnotationThreadID] != s.ThreadID {
+		return &Error{Kind: KindConflict, Detail: "sandbox " + s.ID + " exists for another user or thread; choose another sandbox_id"}
+	}
+	return nil
 }
 
 // checkCapacity refuses to reuse a Pod that was created for fewer shell
@@ -199,6 +217,9 @@ func (m *Manager) ensureService(ctx context.Context, s Spec, pod *corev1.Pod, re
 		if err != nil {
 			return nil, false, classify(err, "read the existing sandbox Service")
 		}
+		if !IsSandbox(existing, s.ID) {
+			return nil, false, &Error{Kind: KindConflict, Detail: "a Service named " + existing.Name + " exists and is not a sandbox's; choose another sandbox_id"}
+		}
 		switch owner := ownerUID(existing.OwnerReferences); {
 		case owner == pod.UID && existing.DeletionTimestamp == nil:
 			return existing, false, nil
@@ -233,40 +254,6 @@ func (m *Manager) adopt(ctx context.Context, svc *corev1.Service, pod *corev1.Po
 		return nil, classify(err, "adopt the existing sandbox Service")
 	}
 	return updated, nil
-}
-
-// ensureNetworkPolicy is ensureService for the NetworkPolicy. It returns the
-// policy, created or found, so that a refused create can remove it.
-func (m *Manager) ensureNetworkPolicy(ctx context.Context, s Spec, pod *corev1.Pod, readFirst bool) (*networkingv1.NetworkPolicy, error) {
-	want := BuildNetworkPolicy(m.cfg, s, pod)
-	nps := m.client.NetworkingV1().NetworkPolicies(m.cfg.Namespace)
-	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
-		if !readFirst {
-			created, err := nps.Create(ctx, want, metav1.CreateOptions{})
-			if err == nil {
-				return created, nil
-			}
-			if !apierrors.IsAlreadyExists(err) {
-				return nil, classify(err, "create the sandbox NetworkPolicy")
-			}
-		}
-		readFirst = false
-		existing, err := nps.Get(ctx, want.Name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			continue
-		}
-		if err != nil {
-			return nil, classify(err, "read the existing sandbox NetworkPolicy")
-		}
-		if ownerUID(existing.OwnerReferences) == pod.UID {
-			return existing, nil
-		}
-		err = nps.Delete(ctx, existing.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(existing.UID))})
-		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-			return nil, classify(err, "replace a stale sandbox NetworkPolicy")
-		}
-	}
-	return nil, &Error{Kind: KindConflict, Detail: "the NetworkPolicy of sandbox " + s.ID + " is changing concurrently; retry"}
 }
 
 func ownerUID(refs []metav1.OwnerReference) types.UID {

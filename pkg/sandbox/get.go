@@ -18,6 +18,11 @@ func (m *Manager) Get(ctx context.Context, id string, wait time.Duration) (Sandb
 	if err := ValidateID(id); err != nil {
 		return Sandbox{}, err
 	}
+	release, err := m.admitWait(wait)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	defer release()
 	pod, svc, err := m.fetch(ctx, id)
 	if err != nil {
 		return Sandbox{}, err
@@ -35,6 +40,7 @@ func (m *Manager) Get(ctx context.Context, id string, wait time.Duration) (Sandb
 }
 
 // fetch reads a sandbox's Pod and Service concurrently; nil means absent.
+// An object with the name but not the sandbox labels is absent too.
 func (m *Manager) fetch(ctx context.Context, id string) (*corev1.Pod, *corev1.Service, error) {
 	var (
 		wg             sync.WaitGroup
@@ -46,14 +52,14 @@ func (m *Manager) fetch(ctx context.Context, id string) (*corev1.Pod, *corev1.Se
 	go func() {
 		defer wg.Done()
 		pod, podErr = m.client.CoreV1().Pods(m.cfg.Namespace).Get(ctx, PodName(id), metav1.GetOptions{})
-		if apierrors.IsNotFound(podErr) || (podErr == nil && pod.DeletionTimestamp != nil) {
+		if apierrors.IsNotFound(podErr) || (podErr == nil && (pod.DeletionTimestamp != nil || !IsSandbox(pod, id))) {
 			pod, podErr = nil, nil // a terminating Pod is already gone to our callers
 		}
 	}()
 	go func() {
 		defer wg.Done()
 		svc, svcErr = m.client.CoreV1().Services(m.cfg.Namespace).Get(ctx, ServiceName(id), metav1.GetOptions{})
-		if apierrors.IsNotFound(svcErr) {
+		if apierrors.IsNotFound(svcErr) || (svcErr == nil && !IsSandbox(svc, id)) {
 			svc, svcErr = nil, nil
 		}
 	}()

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"fmt"
 	"net"
 	"strconv"
 	"time"
@@ -51,6 +52,10 @@ type Manager struct {
 	client   kubernetes.Interface
 	recorder Recorder
 	observer Observer
+	// waits holds one token per request of this replica that is waiting for
+	// readiness (each holds an API watch); MAX_CONCURRENT_WAITS bounds it.
+	waits     chan struct{}
+	isolation isolation
 }
 
 // Option customises a Manager.
@@ -64,11 +69,28 @@ func WithObserver(o Observer) Option { return func(m *Manager) { m.observer = o 
 
 // NewManager returns a Manager over client.
 func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option) *Manager {
-	m := &Manager{cfg: cfg, client: client, recorder: nopRecorder{}, observer: nopObserver{}}
+	m := &Manager{cfg: cfg, client: client, recorder: nopRecorder{}, observer: nopObserver{},
+		waits: make(chan struct{}, max(cfg.MaxConcurrentWaits, 1))}
 	for _, o := range opts {
 		o(m)
 	}
 	return m
+}
+
+// admitWait takes a wait token, or refuses at once when this replica already
+// holds MAX_CONCURRENT_WAITS of them: a flood of waiting requests must not
+// turn into a flood of API watches. The caller calls release when done.
+func (m *Manager) admitWait(wait time.Duration) (release func(), err error) {
+	if wait <= 0 {
+		return func() {}, nil
+	}
+	select {
+	case m.waits <- struct{}{}:
+		return func() { <-m.waits }, nil
+	default:
+		return nil, &Error{Kind: KindQuota, Detail: fmt.Sprintf(
+			"this replica is already waiting for %d sandboxes (MAX_CONCURRENT_WAITS); retry, or ask without a wait", cap(m.waits))}
+	}
 }
 
 type nopRecorder struct{}

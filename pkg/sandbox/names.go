@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
@@ -39,8 +40,14 @@ func PodName(id string) string { return "sandbox-" + id }
 // ServiceName is the name DeerFlow's provisioner gives a sandbox's Service.
 func ServiceName(id string) string { return "sandbox-" + id + "-svc" }
 
-// NetworkPolicyName names the per-sandbox NetworkPolicy.
-func NetworkPolicyName(id string) string { return "sandbox-" + id + "-netpol" }
+// IsSandbox reports whether obj carries the labels both provisioners put on
+// sandbox id's objects. Get, destroy and reap touch nothing else, so an id
+// such as "provisioner-x" cannot reach a Pod that merely has the name
+// sandbox-provisioner-x (the function's own, say).
+func IsSandbox(obj metav1.Object, id string) bool {
+	l := obj.GetLabels()
+	return l[LabelApp] == LabelAppValue && l[LabelID] == id
+}
 
 // selectorAll selects every sandbox, ours and DeerFlow's, so list adopts leftovers.
 var selectorAll = LabelApp + "=" + LabelAppValue

@@ -1,10 +1,13 @@
 package sandbox
 
 import (
+	"context"
 	"net"
+	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
@@ -12,59 +15,73 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 )
 
-// BuildNetworkPolicy isolates one sandbox: ingress only on the sandbox port and
-// only from the configured peers (everyone when none are configured, as a
-// NodePort must be reachable), egress anywhere allowed except the denied
-// ranges (the cloud metadata address by default). DNS stays open.
-func BuildNetworkPolicy(cfg *config.Config, s Spec, pod *corev1.Pod) *networkingv1.NetworkPolicy {
+// EgressDenyAll is the SANDBOX_EGRESS_MODE that allows no egress at all.
+const EgressDenyAll = "deny-all"
+
+// BuildNetworkPolicy is the one policy that isolates every sandbox, selected
+// by label, so it exists before any sandbox does and a create writes nothing
+// but a Pod and a Service. config/ ships it; the builder is what the function
+// ensures on local clusters and what the tests compare config/ with.
+//
+// Ingress: only the sandbox port, only from the agent backend's Pods (and, in
+// NodePort mode, from the node addresses the operator names): never from
+// another sandbox. Egress: DNS to the cluster DNS only, and the internet
+// except private, link-local, CGNAT and metadata ranges; or nothing at all.
+func BuildNetworkPolicy(cfg *config.Config) *networkingv1.NetworkPolicy {
 	port := intstr.FromInt32(cfg.ContainerPort)
-	ingress := networkingv1.NetworkPolicyIngressRule{
-		Ports: []networkingv1.NetworkPolicyPort{{Protocol: ptr.To(corev1.ProtocolTCP), Port: &port}},
+	backend := networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{MatchLabels: cfg.IngressFromPodLabels}}
+	if len(cfg.IngressFromNamespace) > 0 {
+		backend.NamespaceSelector = &metav1.LabelSelector{MatchLabels: cfg.IngressFromNamespace}
 	}
-	if len(cfg.IngressFromPodLabels) > 0 || len(cfg.IngressFromNamespace) > 0 {
-		peer := networkingv1.NetworkPolicyPeer{}
-		if len(cfg.IngressFromPodLabels) > 0 {
-			peer.PodSelector = &metav1.LabelSelector{MatchLabels: cfg.IngressFromPodLabels}
+	from := []networkingv1.NetworkPolicyPeer{backend}
+	if cfg.ServiceType == string(corev1.ServiceTypeNodePort) {
+		for _, cidr := range cfg.IngressNodeCIDRs {
+			from = append(from, networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: cidr}})
 		}
-		if len(cfg.IngressFromNamespace) > 0 {
-			peer.NamespaceSelector = &metav1.LabelSelector{MatchLabels: cfg.IngressFromNamespace}
-		}
-		ingress.From = []networkingv1.NetworkPolicyPeer{peer}
 	}
 
-	var egressPeers []networkingv1.NetworkPolicyPeer
-	for _, allow := range cfg.EgressAllowCIDRs {
-		block := &networkingv1.IPBlock{CIDR: allow}
-		for _, deny := range cfg.EgressDenyCIDRs {
-			if cidrWithin(deny, allow) {
-				block.Except = append(block.Except, deny)
+	egress := []networkingv1.NetworkPolicyEgressRule{}
+	if cfg.EgressMode != EgressDenyAll {
+		egress = append(egress, networkingv1.NetworkPolicyEgressRule{
+			To: []networkingv1.NetworkPolicyPeer{{
+				NamespaceSelector: &metav1.LabelSelector{MatchLabels: cfg.DNSNamespaceLabels},
+				PodSelector:       &metav1.LabelSelector{MatchLabels: cfg.DNSPodLabels},
+			}},
+			Ports: []networkingv1.NetworkPolicyPort{
+				{Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To(intstr.FromInt32(53))},
+				{Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(intstr.FromInt32(53))},
+			},
+		})
+		var peers []networkingv1.NetworkPolicyPeer
+		for _, allow := range cfg.EgressAllowCIDRs {
+			block := &networkingv1.IPBlock{CIDR: allow}
+			for _, deny := range cfg.EgressDenyCIDRs {
+				if cidrWithin(deny, allow) {
+					block.Except = append(block.Except, deny)
+				}
 			}
+			peers = append(peers, networkingv1.NetworkPolicyPeer{IPBlock: block})
 		}
-		egressPeers = append(egressPeers, networkingv1.NetworkPolicyPeer{IPBlock: block})
-	}
-	egress := []networkingv1.NetworkPolicyEgressRule{{
-		Ports: []networkingv1.NetworkPolicyPort{
-			{Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To(intstr.FromInt32(53))},
-			{Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(intstr.FromInt32(53))},
-		},
-	}}
-	if len(egressPeers) > 0 {
-		egress = append(egress, networkingv1.NetworkPolicyEgressRule{To: egressPeers})
+		if len(peers) > 0 {
+			egress = append(egress, networkingv1.NetworkPolicyEgressRule{To: peers})
+		}
 	}
 
 	return &networkingv1.NetworkPolicy{
 		TypeMeta: metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
 		ObjectMeta: metav1.ObjectMeta{
-			Name:            NetworkPolicyName(s.ID),
-			Namespace:       cfg.Namespace,
-			Labels:          labels(s),
-			OwnerReferences: []metav1.OwnerReference{ownerRef(pod)},
+			Name:      cfg.NetworkPolicyName,
+			Namespace: cfg.Namespace,
+			Labels:    map[string]string{LabelName: "deer-flow", LabelComponent: "sandbox", LabelManagedBy: ManagedByValue},
 		},
 		Spec: networkingv1.NetworkPolicySpec{
-			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{LabelID: s.ID}},
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{LabelApp: LabelAppValue}},
 			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
-			Ingress:     []networkingv1.NetworkPolicyIngressRule{ingress},
-			Egress:      egress,
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				From:  from,
+				Ports: []networkingv1.NetworkPolicyPort{{Protocol: ptr.To(corev1.ProtocolTCP), Port: &port}},
+			}},
+			Egress: egress,
 		},
 	}
 }
@@ -80,4 +97,43 @@ func cidrWithin(inner, outer string) bool {
 	inOnes, _ := in.Mask.Size()
 	outOnes, _ := out.Mask.Size()
 	return out.Contains(in.IP) && inOnes > outOnes
+}
+
+// isolation remembers whether the shared policy was seen, so that creates
+// check it once, not on every call, and fail closed until it exists.
+type isolation struct{ present atomic.Bool }
+
+// EnsureIsolation checks that the shared NetworkPolicy exists and, when
+// SANDBOX_NETWORK_POLICY_ENSURE is on (local clusters), creates it. It runs
+// at start-up; until it succeeds, creates are refused.
+func (m *Manager) EnsureIsolation(ctx context.Context) error {
+	if !m.cfg.NetworkPolicy {
+		m.isolation.present.Store(true)
+		return nil
+	}
+	nps := m.client.NetworkingV1().NetworkPolicies(m.cfg.Namespace)
+	_, err := nps.Get(ctx, m.cfg.NetworkPolicyName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) && m.cfg.EnsureNetworkPolicy {
+		_, err = nps.Create(ctx, BuildNetworkPolicy(m.cfg), metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			err = nil
+		}
+	}
+	if apierrors.IsNotFound(err) {
+		return &Error{Kind: KindUnavailable, Err: err, Detail: "the shared NetworkPolicy " + m.cfg.Namespace + "/" + m.cfg.NetworkPolicyName +
+			" that isolates sandboxes does not exist, so no sandbox is created; apply config/700-networkpolicy-sandboxes.yaml (or set SANDBOX_NETWORK_POLICY_ENSURE=true)"}
+	}
+	if err != nil {
+		return classify(err, "check the shared sandbox NetworkPolicy")
+	}
+	m.isolation.present.Store(true)
+	return nil
+}
+
+// requireIsolation fails closed: no sandbox runs unconfined.
+func (m *Manager) requireIsolation(ctx context.Context) error {
+	if m.isolation.present.Load() {
+		return nil
+	}
+	return m.EnsureIsolation(ctx)
 }

@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-	"fmt"
 	"path"
 	"strconv"
 	"strings"
@@ -85,7 +84,7 @@ func BuildPod(cfg *config.Config, s Spec) *corev1.Pod {
 				Resources: corev1.ResourceRequirements{
 					Requests: corev1.ResourceList{
 						corev1.ResourceCPU:              minQuantity(resource.MustParse(cfg.CPURequest), s.CPULimit),
-						corev1.ResourceMemory:           minQuantity(resource.MustParse(cfg.MemoryRequest), s.MemoryLimit),
+						corev1.ResourceMemory:           memoryRequest(cfg, s),
 						corev1.ResourceEphemeralStorage: resource.MustParse(cfg.EphemeralStorage),
 					},
 					Limits: corev1.ResourceList{
@@ -108,6 +107,9 @@ func BuildPod(cfg *config.Config, s Spec) *corev1.Pod {
 			TerminationGracePeriodSeconds: ptr.To(int64(10)),
 			SecurityContext:               podSecurityContext(cfg),
 		},
+	}
+	if cfg.UserNamespace {
+		pod.Spec.HostUsers = ptr.To(false)
 	}
 	if cfg.RuntimeClassName != "" {
 		pod.Spec.RuntimeClassName = ptr.To(cfg.RuntimeClassName)
@@ -135,7 +137,7 @@ func podMounts(cfg *config.Config, s Spec) []mountEntry {
 			sub := strings.NewReplacer("{name}", name, "{user_id}", s.UserID).Replace(cfg.SkillsPVCSubpathTemplate)
 			return mountEntry{path: at, volume: pvcVolume("skills", cfg.SkillsPVCName, true), subPath: sub, readOnly: true}
 		}
-		return mountEntry{path: at, volume: hostPathVolume("skills-"+name, path.Join(cfg.SkillsHostPath, name)), readOnly: true}
+		return hostMount(cfg, at, path.Join(cfg.SkillsHostPath, name), true)
 	}
 	set(skills("public", mountSkillsPublic))
 	set(skills("custom", mountSkillsCustom))
@@ -146,16 +148,25 @@ func podMounts(cfg *config.Config, s Spec) []mountEntry {
 		set(mountEntry{path: mountUserData, volume: pvcVolume("user-data", cfg.UserdataPVCName, false),
 			subPath: path.Join("users", s.UserID, "threads", s.ThreadID, "user-data")})
 	} else {
-		set(mountEntry{path: mountUserData, volume: hostPathVolume("user-data", path.Join(cfg.ThreadsHostPath, s.ThreadID, "user-data"))})
+		set(hostMount(cfg, mountUserData, path.Join(cfg.ThreadsHostPath, s.ThreadID, "user-data"), false))
 	}
 	if s.LarkCLIRuntime {
 		set(mountEntry{path: mountLarkRuntime, volume: corev1.Volume{Name: "lark-cli-runtime",
 			VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}})
 	}
-	for i, m := range s.Mounts {
-		set(mountEntry{path: m.ContainerPath, volume: hostPathVolume(fmt.Sprintf("extra-%d", i), m.HostPath), readOnly: m.ReadOnly})
+	for _, m := range s.Mounts {
+		set(hostMount(cfg, m.ContainerPath, m.HostPath, m.ReadOnly))
 	}
 	return table
+}
+
+// hostMount mounts hostPath, which lies under the base directory (config
+// and request validation see to it), as a subPath of the one hostPath volume
+// for that base. The kubelet resolves a subPath inside its volume and refuses
+// one that a symlink leads out of it; a plain hostPath volume would follow a
+// link a sandbox planted in its writable user data (x -> /) to the node's root.
+func hostMount(cfg *config.Config, at, hostPath string, readOnly bool) mountEntry {
+	return mountEntry{path: at, volume: hostBaseVolume(cfg), subPath: strings.TrimPrefix(hostPath, cfg.HostBaseDir+"/"), readOnly: readOnly}
 }
 
 // addLarkContainers adds the Lark CLI init container (installs the CLI into
@@ -226,7 +237,10 @@ func podSecurityContext(cfg *config.Config) *corev1.PodSecurityContext {
 	sc := &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}}
 	if cfg.RunAsUser >= 0 {
 		sc.RunAsUser = ptr.To(cfg.RunAsUser)
-		sc.RunAsNonRoot = ptr.To(cfg.RunAsUser > 0)
+		sc.RunAsGroup = ptr.To(cfg.RunAsUser)
+	}
+	if cfg.RunAsNonRoot {
+		sc.RunAsNonRoot = ptr.To(true)
 	}
 	return sc
 }
@@ -245,9 +259,14 @@ func containerSecurityContext(cfg *config.Config, add []string) *corev1.Security
 	}
 }
 
-func hostPathVolume(name, p string) corev1.Volume {
-	return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{
-		Path: p, Type: ptr.To(corev1.HostPathDirectoryOrCreate),
+// hostBaseVolumeName names the one hostPath volume of a sandbox.
+const hostBaseVolumeName = "host-base"
+
+// hostBaseVolume is the base directory, which must already exist on the node
+// (type Directory: the kubelet creates nothing outside what subPaths name).
+func hostBaseVolume(cfg *config.Config) corev1.Volume {
+	return corev1.Volume{Name: hostBaseVolumeName, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{
+		Path: cfg.HostBaseDir, Type: ptr.To(corev1.HostPathDirectory),
 	}}}
 }
 
@@ -255,6 +274,15 @@ func pvcVolume(name, claim string, readOnly bool) corev1.Volume {
 	return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{
 		ClaimName: claim, ReadOnly: readOnly,
 	}}}
+}
+
+// memoryRequest is the limit itself by default, so that the scheduler
+// reserves all a sandbox may use and no sandbox can overcommit its node.
+func memoryRequest(cfg *config.Config, s Spec) resource.Quantity {
+	if cfg.MemoryRequestEqualsLimit {
+		return s.MemoryLimit
+	}
+	return minQuantity(resource.MustParse(cfg.MemoryRequest), s.MemoryLimit)
 }
 
 func minQuantity(a, b resource.Quantity) resource.Quantity {

@@ -51,7 +51,7 @@ func (m *Manager) Reap(ctx context.Context) (Reaped, error) {
 		p := &pods[i]
 		id := p.Labels[LabelID]
 		live[id] = true
-		if p.Labels[LabelManagedBy] != ManagedByValue || p.DeletionTimestamp != nil {
+		if p.Labels[LabelManagedBy] != ManagedByValue || p.DeletionTimestamp != nil || p.Name != PodName(id) {
 			continue
 		}
 		reason := expiryReason(p, now)
@@ -64,7 +64,7 @@ func (m *Manager) Reap(ctx context.Context) (Reaped, error) {
 			err := m.client.CoreV1().Pods(m.cfg.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{
 				Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv},
 			})
-			if err != nil || svc == nil || ownerUID(svc.OwnerReferences) != uid {
+			if err != nil || svc == nil || svc.Name != ServiceName(id) || ownerUID(svc.OwnerReferences) != uid {
 				return err
 			}
 			// The GC would remove the Service too, but only eventually: a
@@ -81,7 +81,7 @@ func (m *Manager) Reap(ctx context.Context) (Reaped, error) {
 	for i := range svcs {
 		s := &svcs[i]
 		id := s.Labels[LabelID]
-		if live[id] || s.Labels[LabelManagedBy] != ManagedByValue || s.DeletionTimestamp != nil {
+		if live[id] || s.Labels[LabelManagedBy] != ManagedByValue || s.DeletionTimestamp != nil || s.Name != ServiceName(id) {
 			continue
 		}
 		uid := s.UID

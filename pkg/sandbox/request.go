@@ -182,7 +182,7 @@ func (r CreateRequest) Validate(cfg *config.Config, now time.Time) (Spec, error)
 	if s.MemoryLimit, err = boundedQuantity("memory", r.Memory, cfg.MemoryLimit, cfg.MemoryRequest, cfg.MaxMemoryLimit); err != nil {
 		return Spec{}, err
 	}
-	if s.Mounts, err = validateMounts(cfg, r.ExtraMounts); err != nil {
+	if s.Mounts, err = validateMounts(cfg, r.ExtraMounts, s.UserID, s.ThreadID); err != nil {
 		return Spec{}, err
 	}
 	return s, nil
@@ -218,8 +218,9 @@ func boundedQuantity(field, v, def, min, max string) (resource.Quantity, error) 
 
 // validateMounts enforces DeerFlow's rules: at most ten, host paths absolute,
 // clean and under the DeerFlow base directory, container paths from the
-// allow-list, and no container path twice.
-func validateMounts(cfg *config.Config, in []ExtraMount) ([]Mount, error) {
+// allow-list, and no container path twice. A host path inside DeerFlow's
+// per-user or per-thread layout must belong to the requesting user and thread.
+func validateMounts(cfg *config.Config, in []ExtraMount, user, thread string) ([]Mount, error) {
 	if len(in) > maxExtraMounts {
 		return nil, Invalidf("extra_mounts has %d entries; at most %d are allowed", len(in), maxExtraMounts)
 	}
@@ -239,6 +240,9 @@ func validateMounts(cfg *config.Config, in []ExtraMount) ([]Mount, error) {
 		case hp != base && !strings.HasPrefix(hp, base+"/") || hp == base:
 			return nil, Invalidf("%s.host_path %q must lie under %s", where, Truncate(hp), base)
 		}
+		if owner := foreignOwner(cfg, hp, user, thread); owner != "" {
+			return nil, Invalidf("%s.host_path %q lies outside the requesting %s's directory; a sandbox may mount only its own user's and thread's data", where, Truncate(hp), owner)
+		}
 		cp := m.ContainerPath
 		if !slices.Contains(config.AllowedExtraMountPaths, cp) {
 			return nil, Invalidf("%s.container_path %q is not allowed; use one of %s", where, Truncate(cp), strings.Join(config.AllowedExtraMountPaths, ", "))
@@ -254,6 +258,31 @@ func validateMounts(cfg *config.Config, in []ExtraMount) ([]Mount, error) {
 		out = append(out, Mount{HostPath: hp, ContainerPath: cp, ReadOnly: ro})
 	}
 	return out, nil
+}
+
+// foreignOwner says which of "user" or "thread" hp belongs to another of,
+// in DeerFlow's layout: <base>/users/<user>/..., <base>/users/<user>/threads/
+// <thread>/..., and <THREADS_HOST_PATH>/<thread>/.... A path that stops at a
+// directory holding everyone's data (<base>/users) counts as foreign too.
+func foreignOwner(cfg *config.Config, hp, user, thread string) string {
+	if rest, ok := strings.CutPrefix(hp, cfg.ThreadsHostPath+"/"); ok || hp == cfg.ThreadsHostPath {
+		if seg := strings.Split(rest, "/"); seg[0] != thread {
+			return "thread"
+		}
+		return ""
+	}
+	rest, ok := strings.CutPrefix(hp, cfg.HostBaseDir+"/users")
+	if !ok || (rest != "" && rest[0] != '/') {
+		return ""
+	}
+	seg := strings.Split(strings.TrimPrefix(rest, "/"), "/")
+	switch {
+	case seg[0] != user:
+		return "user"
+	case len(seg) >= 2 && seg[1] == "threads" && (len(seg) < 3 || seg[2] != thread):
+		return "thread"
+	}
+	return ""
 }
 
 func hasDotSegment(p string) bool {

@@ -74,6 +74,36 @@ func TestValidateCreateRequest(t *testing.T) {
 		name: "container path with a trailing slash", body: `{"sandbox_id":"abcd1234","extra_mounts":[{"host_path":"/.deer-flow/x","container_path":"/mnt/acp-workspace/"}]}`,
 		wantErr: "not allowed", kind: KindInvalid,
 	}, {
+		name: "host path under another user's directory", body: `{"sandbox_id":"abcd1234","thread_id":"t1","user_id":"u1","extra_mounts":[{"host_path":"/.deer-flow/users/u2/skills_view/custom","container_path":"/mnt/acp-workspace"}]}`,
+		wantErr: "outside the requesting user's directory", kind: KindInvalid,
+	}, {
+		name: "host path under another thread of the same user", body: `{"sandbox_id":"abcd1234","thread_id":"t1","user_id":"u1","extra_mounts":[{"host_path":"/.deer-flow/users/u1/threads/t2/acp-workspace","container_path":"/mnt/acp-workspace"}]}`,
+		wantErr: "outside the requesting thread's directory", kind: KindInvalid,
+	}, {
+		name: "host path under every user's data", body: `{"sandbox_id":"abcd1234","thread_id":"t1","user_id":"u1","extra_mounts":[{"host_path":"/.deer-flow/users","container_path":"/mnt/acp-workspace"}]}`,
+		wantErr: "outside the requesting user's directory", kind: KindInvalid,
+	}, {
+		name: "host path under the threads directory of a user", body: `{"sandbox_id":"abcd1234","thread_id":"t1","user_id":"u1","extra_mounts":[{"host_path":"/.deer-flow/users/u1/threads","container_path":"/mnt/acp-workspace"}]}`,
+		wantErr: "outside the requesting thread's directory", kind: KindInvalid,
+	}, {
+		name: "host path under another thread's legacy directory", body: `{"sandbox_id":"abcd1234","thread_id":"t1","user_id":"u1","extra_mounts":[{"host_path":"/.deer-flow/threads/t2/user-data","container_path":"/mnt/acp-workspace"}]}`,
+		wantErr: "outside the requesting thread's directory", kind: KindInvalid,
+	}, {
+		name: "host path under all threads' legacy directories", body: `{"sandbox_id":"abcd1234","thread_id":"t1","user_id":"u1","extra_mounts":[{"host_path":"/.deer-flow/threads","container_path":"/mnt/acp-workspace"}]}`,
+		wantErr: "outside the requesting thread's directory", kind: KindInvalid,
+	}, {
+		name: "host paths of the requesting user and thread",
+		body: `{"sandbox_id":"abcd1234","thread_id":"t1","user_id":"u1","extra_mounts":[{"host_path":"/.deer-flow/users/u1/threads/t1/acp-workspace","container_path":"/mnt/acp-workspace"},{"host_path":"/.deer-flow/users/u1/skills_view/custom","container_path":"/mnt/skills/custom"},{"host_path":"/.deer-flow/threads/t1/lark","container_path":"/mnt/integrations/lark-cli/data","read_only":false},{"host_path":"/.deer-flow/users-archive/x","container_path":"/mnt/skills/integrations"}]}`,
+		want: base(func(s *Spec) {
+			s.ThreadID, s.UserID = "t1", "u1"
+			s.Mounts = []Mount{
+				{HostPath: "/.deer-flow/users/u1/threads/t1/acp-workspace", ContainerPath: "/mnt/acp-workspace", ReadOnly: true},
+				{HostPath: "/.deer-flow/users/u1/skills_view/custom", ContainerPath: "/mnt/skills/custom", ReadOnly: true},
+				{HostPath: "/.deer-flow/threads/t1/lark", ContainerPath: "/mnt/integrations/lark-cli/data", ReadOnly: false},
+				{HostPath: "/.deer-flow/users-archive/x", ContainerPath: "/mnt/skills/integrations", ReadOnly: true},
+			}
+		}),
+	}, {
 		name: "id of 52 characters does not fit the Service name", body: `{"sandbox_id":"` + strings.Repeat("a", 52) + `"}`,
 		wantErr: "at most 51", kind: KindInvalid,
 	}, {

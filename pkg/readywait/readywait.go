@@ -1,0 +1,62 @@
+// Package readywait is what every front door shares about waiting for a
+// sandbox to become ready: how a wait is asked for, its bounds, and the
+// deadline of a request that waits. One place, so the HTTP API, CloudEvents
+// and POST / cannot disagree.
+package readywait
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+)
+
+// FromQuery reads the HTTP API's ?wait=: seconds ("15") or a Go duration
+// ("15s"). Empty means do not wait.
+func FromQuery(cfg *config.Config, v string) (time.Duration, error) {
+	if v == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		secs, convErr := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if convErr != nil {
+			return 0, sandbox.Invalidf("wait %q must be seconds (15) or a duration (15s), at most %g seconds", sandbox.Truncate(v), cfg.MaxReadyWait.Seconds())
+		}
+		return FromSeconds(cfg, &secs, "wait")
+	}
+	return bounded(cfg, d, "wait")
+}
+
+// FromSeconds reads the wait_seconds field of event and POST / data; nil
+// means do not wait. field names it in the error.
+func FromSeconds(cfg *config.Config, secs *float64, field string) (time.Duration, error) {
+	if secs == nil {
+		return 0, nil
+	}
+	if *secs < 0 || *secs > cfg.MaxReadyWait.Seconds() {
+		return 0, outOfRange(cfg, field)
+	}
+	return time.Duration(*secs * float64(time.Second)), nil
+}
+
+func bounded(cfg *config.Config, d time.Duration, field string) (time.Duration, error) {
+	if d < 0 || d > cfg.MaxReadyWait {
+		return 0, outOfRange(cfg, field)
+	}
+	return d, nil
+}
+
+func outOfRange(cfg *config.Config, field string) error {
+	return sandbox.Invalidf("%s must be between 0 and %g seconds (SANDBOX_MAX_READY_WAIT; the func runtime drops answers after 30 s)",
+		field, cfg.MaxReadyWait.Seconds())
+}
+
+// Deadline bounds a request that waits for wait: the request timeout plus
+// the wait, which configuration keeps within the runtime's write timeout.
+func Deadline(ctx context.Context, cfg *config.Config, wait time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, cfg.RequestTimeout+wait)
+}
