@@ -121,7 +121,7 @@ func (m *Manager) EnsureIsolation(ctx context.Context) error {
 	}
 	if apierrors.IsNotFound(err) {
 		return &Error{Kind: KindUnavailable, Err: err, Detail: "the shared NetworkPolicy " + m.cfg.Namespace + "/" + m.cfg.NetworkPolicyName +
-			" that isolates sandboxes does not exist, so no sandbox is created; apply config/700-networkpolicy-sandboxes.yaml (or set SANDBOX_NETWORK_POLICY_ENSURE=true)"}
+			" that isolates sandboxes does not exist, so no sandbox is created; apply config/701-networkpolicy-sandboxes.yaml (or set SANDBOX_NETWORK_POLICY_ENSURE=true)"}
 	}
 	if err != nil {
 		return classify(err, "check the shared sandbox NetworkPolicy")
