@@ -17,11 +17,9 @@ if [[ -z "${PROVISIONER_API_KEY:-}" ]]; then
   export PROVISIONER_API_KEY
   log "generated a development API key (set PROVISIONER_API_KEY to choose your own)"
 fi
-# Only loopback can reach a 127.0.0.1 listener, so kn func invoke may send
-# mutating events without a key here; a deployed function trusts nothing by default.
-if [[ "$LISTEN_ADDRESS" == 127.0.0.1:* || "$LISTEN_ADDRESS" == "[::1]:"* ]]; then
-  export EVENTS_TRUST_NETWORK=${EVENTS_TRUST_NETWORK:-true}
-fi
+# A local cluster has no config/ applied: let the function create the shared
+# NetworkPolicy that isolates sandboxes (it creates none until it exists).
+export SANDBOX_NETWORK_POLICY_ENSURE=${SANDBOX_NETWORK_POLICY_ENSURE:-true}
 url="http://$LISTEN_ADDRESS"
 cat >&2 <<MSG
 
@@ -30,6 +28,7 @@ cat >&2 <<MSG
   curl -s -X POST $url/api/sandboxes -H 'X-API-Key: $PROVISIONER_API_KEY' -H 'Content-Type: application/json' -d '{"sandbox_id":"abcd1234","thread_id":"t1"}'
   curl -s $url/api/sandboxes/abcd1234 -H 'X-API-Key: $PROVISIONER_API_KEY'
   curl -s -X DELETE $url/api/sandboxes/abcd1234 -H 'X-API-Key: $PROVISIONER_API_KEY'
+  func invoke --target $url --format http --data '{"operation":"list","api_key":"$PROVISIONER_API_KEY"}'
 
 MSG
 exec "$bin"

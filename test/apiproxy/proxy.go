@@ -30,6 +30,8 @@ type Proxy struct {
 	delay       atomic.Int64   // nanoseconds added before each non-watch request
 	impersonate atomic.Value   // string user, "" for none
 	srv         *http.Server
+
+	watches, maxWatches atomic.Int64 // watches open now, and the most open at once since Reset
 }
 
 // Start proxies to the API server described by rc.
@@ -61,6 +63,12 @@ func Start(rc *rest.Config) (*Proxy, error) {
 	p.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		watch := r.URL.Query().Get("watch") == "true"
 		p.record(r)
+		if watch {
+			n := p.watches.Add(1)
+			defer p.watches.Add(-1)
+			for m := p.maxWatches.Load(); n > m && !p.maxWatches.CompareAndSwap(m, n); m = p.maxWatches.Load() {
+			}
+		}
 		if d := time.Duration(p.delay.Load()); d > 0 && !watch {
 			select {
 			case <-time.After(d):
@@ -98,7 +106,11 @@ func (p *Proxy) Reset() {
 	p.mu.Lock()
 	p.counts = map[string]int{}
 	p.mu.Unlock()
+	p.maxWatches.Store(p.watches.Load())
 }
+
+// MaxWatches is the most watches that were open at once since Reset.
+func (p *Proxy) MaxWatches() int { return int(p.maxWatches.Load()) }
 
 // Counts returns a copy of the counts, keyed "METHOD resource".
 func (p *Proxy) Counts() map[string]int {

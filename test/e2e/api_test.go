@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+	"github.com/deerflow-sandbox/provisioner/test/harness"
 )
 
 var nodePortURL = regexp.MustCompile(`^http://127\.0\.0\.1:(3[0-2][0-9]{3})$`)
@@ -28,7 +29,7 @@ var nodePortURL = regexp.MustCompile(`^http://127\.0\.0\.1:(3[0-2][0-9]{3})$`)
 // TestDeerFlowContract replays the requests DeerFlow's backend really sends.
 func TestDeerFlowContract(t *testing.T) {
 	ns := namespace(t)
-	f := start(t, ns, map[string]string{"PROVISIONER_API_KEY": "k1"})
+	f := start(t, ns, nil)
 
 	file, err := os.Open("testdata/deerflow-client-requests.jsonl")
 	if err != nil {
@@ -57,6 +58,12 @@ func TestDeerFlowContract(t *testing.T) {
 		var body any
 		if string(r.Body) != "null" {
 			body = []byte(r.Body)
+		}
+		// The recording's key, "k1", is shorter than the 16 bytes a
+		// function accepts; DeerFlow sends whatever key it is configured
+		// with, so the replay sends ours in its place.
+		if _, hasKey := r.Headers["X-API-Key"]; hasKey {
+			r.Headers["X-API-Key"] = harness.Key
 		}
 		resp, err := f.DoWithHeaders(r.Method, r.Path, body, r.Headers)
 		if err != nil {
@@ -94,11 +101,12 @@ func TestDeerFlowContract(t *testing.T) {
 	if seen["/mnt/skills/custom"] != 1 || seen["/mnt/acp-workspace"] != 1 || seen["/mnt/user-data"] != 1 {
 		t.Errorf("mounts = %v, want /mnt/skills/custom, /mnt/acp-workspace and /mnt/user-data", seen)
 	}
+	// Every host path is a subPath of the one base volume.
 	hostPathAt := map[string]string{}
 	for _, m := range pod.Spec.Containers[0].VolumeMounts {
 		for _, v := range pod.Spec.Volumes {
 			if v.Name == m.Name && v.HostPath != nil {
-				hostPathAt[m.MountPath] = v.HostPath.Path
+				hostPathAt[m.MountPath] = v.HostPath.Path + "/" + m.SubPath
 			}
 		}
 	}
@@ -231,12 +239,8 @@ func TestServiceGarbageCollectedWithPod(t *testing.T) {
 	if err := client().CoreV1().Pods(ns).Delete(context.Background(), "sandbox-gc1", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 60*time.Second, "Service and NetworkPolicy garbage-collected", func() (bool, error) {
-		nps, err := client().NetworkingV1().NetworkPolicies(ns).List(context.Background(), metav1.ListOptions{})
-		if err != nil {
-			return false, err
-		}
-		return len(services(t, ns, "sandbox-id=gc1")) == 0 && len(nps.Items) == 0, nil
+	eventually(t, 60*time.Second, "Service garbage-collected", func() (bool, error) {
+		return len(services(t, ns, "sandbox-id=gc1")) == 0, nil
 	})
 }
 
@@ -367,6 +371,8 @@ func TestBadInputsRefusedWithDetail(t *testing.T) {
 		{name: "mount relative", body: mount(".deer-flow/x", "/mnt/acp-workspace"), want: 422},
 		{name: "mount base prefix trick", body: mount("/.deer-flow-evil/x", "/mnt/acp-workspace"), want: 422},
 		{name: "mount not allow-listed", body: mount("/.deer-flow/x", "/etc"), want: 422},
+		{name: "mount of another user's data", body: mount("/.deer-flow/users/mallory/threads/t/acp-workspace", "/mnt/acp-workspace"), want: 422},
+		{name: "mount of another thread's data", body: mount("/.deer-flow/threads/other/user-data", "/mnt/acp-workspace"), want: 422},
 		{name: "mount container traversal", body: mount("/.deer-flow/x", "/mnt/acp-workspace/../../etc"), want: 422},
 		{name: "mount duplicated", body: map[string]any{"sandbox_id": "bad1", "extra_mounts": []any{
 			map[string]any{"host_path": "/.deer-flow/a", "container_path": "/mnt/acp-workspace"},
@@ -407,7 +413,7 @@ func TestBadInputsRefusedWithDetail(t *testing.T) {
 			}
 			headers := tc.headers
 			if headers == nil {
-				headers = map[string]string{"X-API-Key": "test-key"}
+				headers = map[string]string{"X-API-Key": harness.Key}
 			}
 			r, err := f.DoWithHeaders(method, path, tc.body, headers)
 			if err != nil {
@@ -465,8 +471,8 @@ func TestRecreateOfExistingSandboxIsCheap(t *testing.T) {
 	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", body), 200, "create")
 	proxy.Reset()
 	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", body), 200, "re-create")
-	// Pod create (already exists) and get; Service get; NetworkPolicy get.
-	if total := proxy.Total(); total > 4 {
-		t.Errorf("re-create of an existing sandbox made %d API calls (%v), want at most 4", total, proxy.Counts())
+	// Pod create (already exists) and get; Service get.
+	if total := proxy.Total(); total > 3 {
+		t.Errorf("re-create of an existing sandbox made %d API calls (%v), want at most 3", total, proxy.Counts())
 	}
 }

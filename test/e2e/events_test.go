@@ -21,7 +21,7 @@ import (
 
 // send delivers one event with the sdk-go client and returns the reply (nil
 // on an error result) and the HTTP status.
-func send(t *testing.T, f *harness.Function, structured bool, typ, subject string, data any, ext map[string]string) (*cloudevents.Event, int) {
+func send(t *testing.T, f *harness.Function, structured bool, typ, subject string, data any, headers map[string]string) (*cloudevents.Event, int) {
 	t.Helper()
 	c, err := cloudevents.NewClientHTTP(cloudevents.WithTarget(f.URL))
 	if err != nil {
@@ -34,9 +34,6 @@ func send(t *testing.T, f *harness.Function, structured bool, typ, subject strin
 	if subject != "" {
 		ev.SetSubject(subject)
 	}
-	for k, v := range ext {
-		ev.SetExtension(k, v)
-	}
 	if data != nil {
 		if err := ev.SetData(cloudevents.ApplicationJSON, data); err != nil {
 			t.Fatal(err)
@@ -44,6 +41,11 @@ func send(t *testing.T, f *harness.Function, structured bool, typ, subject strin
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	h := http.Header{}
+	for k, v := range headers {
+		h.Set(k, v)
+	}
+	ctx = cehttp.WithCustomHeader(ctx, h)
 	if structured {
 		ctx = binding.WithForceStructured(ctx)
 	} else {
@@ -76,8 +78,8 @@ func TestCloudEventsEveryType(t *testing.T) {
 	}{{"binary", false}, {"structured", true}} {
 		t.Run(mode.name, func(t *testing.T) {
 			ns := namespace(t)
-			f := start(t, ns, map[string]string{"EVENTS_TRUST_NETWORK": "false"})
-			key := map[string]string{events.ExtensionAPIKey: harness.Key}
+			f := start(t, ns, nil)
+			key := map[string]string{"X-API-Key": harness.Key}
 			id := "ev-" + mode.name
 
 			reply, code := send(t, f, mode.structured, events.TypeCreate, "", map[string]any{"sandbox_id": id, "thread_id": "t1"}, key)
@@ -100,20 +102,20 @@ func TestCloudEventsEveryType(t *testing.T) {
 				t.Errorf("redelivered create: %d", code)
 			}
 
-			reply, code = send(t, f, mode.structured, events.TypeGet, id, nil, nil)
+			reply, code = send(t, f, mode.structured, events.TypeGet, id, nil, key)
 			if code != 200 || reply.Type() != events.TypeStatus || reply.Subject() != id || replyData(t, reply)["sandbox_url"] != created["sandbox_url"] {
 				t.Errorf("get: %d %v", code, reply)
 			}
-			reply, code = send(t, f, mode.structured, events.TypeGet, "", map[string]any{"sandbox_id": id, "wait_seconds": 30}, nil)
+			reply, code = send(t, f, mode.structured, events.TypeGet, "", map[string]any{"sandbox_id": id, "wait_seconds": 15}, key)
 			if code != 200 || replyData(t, reply)["status"] != "Running" {
 				t.Errorf("get with wait: %d %v", code, reply)
 			}
-			reply, code = send(t, f, mode.structured, events.TypeList, "", nil, nil)
+			reply, code = send(t, f, mode.structured, events.TypeList, "", nil, key)
 			if code != 200 || reply.Type() != events.TypeListed || replyData(t, reply)["count"].(float64) != 1 {
 				t.Errorf("list: %d %v", code, reply)
 			}
 			for _, typ := range []string{events.TypeReap, events.TypePing} {
-				reply, code = send(t, f, mode.structured, typ, "", nil, nil)
+				reply, code = send(t, f, mode.structured, typ, "", nil, key)
 				if code != 200 || reply.Type() != events.TypeReaped || replyData(t, reply)["count"].(float64) != 0 {
 					t.Errorf("%s: %d %v", typ, code, reply)
 				}
@@ -130,6 +132,11 @@ func TestCloudEventsEveryType(t *testing.T) {
 			if _, code := send(t, f, mode.structured, events.TypeCreate, "", map[string]any{"sandbox_id": "nokey"}, nil); code != 401 {
 				t.Errorf("create without the key: %d, want 401", code)
 			}
+			for _, typ := range []string{events.TypeGet, events.TypeList, events.TypeReap, events.TypePing} {
+				if _, code := send(t, f, mode.structured, typ, "nokey", nil, nil); code != 401 {
+					t.Errorf("%s without the key: %d, want 401", typ, code)
+				}
+			}
 			if len(pods(t, ns, "sandbox-id=nokey")) != 0 {
 				t.Errorf("a refused event created a sandbox")
 			}
@@ -139,7 +146,7 @@ func TestCloudEventsEveryType(t *testing.T) {
 			if _, code := send(t, f, mode.structured, "com.example.other", "", map[string]any{}, nil); code < 400 || code > 499 {
 				t.Errorf("unknown type: %d, want 4xx", code)
 			}
-			if _, code := send(t, f, mode.structured, events.TypeGet, "absent", nil, nil); code != 404 {
+			if _, code := send(t, f, mode.structured, events.TypeGet, "absent", nil, key); code != 404 {
 				t.Errorf("get of an absent sandbox: %d, want 404", code)
 			}
 		})
@@ -169,7 +176,10 @@ func TestMalformedEventIs400(t *testing.T) {
 // source /boson/fn in --format cloudevent, with and without --data/--type.
 func TestKnFuncInvokeReplay(t *testing.T) {
 	ns := namespace(t)
-	f := start(t, ns, map[string]string{"EVENTS_TRUST_NETWORK": "true"})
+	f := start(t, ns, nil)
+	// kn func invoke can send neither headers nor extensions: the key
+	// travels as the api_key field of the data.
+	withKey := func(data string) string { return strings.Replace(data, "{", `{"api_key":"`+harness.Key+`",`, 1) }
 	kn := map[string]string{"User-Agent": "Go-http-client/1.1", "Content-Type": "application/json"}
 	knEvent := func(typ string) map[string]string {
 		return map[string]string{"Ce-Specversion": "1.0", "Ce-Id": uuid.NewString(), "Ce-Source": "/boson/fn",
@@ -194,7 +204,10 @@ func TestKnFuncInvokeReplay(t *testing.T) {
 		{`{"operation":"reap"}`, `"count":0`},
 		{`{"operation":"destroy","sandbox_id":"kn1"}`, `"ok":true`},
 	} {
-		r, _ := f.DoWithHeaders("POST", "/", step.data, kn)
+		if r, _ := f.DoWithHeaders("POST", "/", step.data, kn); r.Code != 401 {
+			t.Errorf("--format http --data %s without the key: %d %s", step.data, r.Code, r.Raw)
+		}
+		r, _ := f.DoWithHeaders("POST", "/", withKey(step.data), kn)
 		if r.Code != 200 || !strings.Contains(string(r.Raw), step.want) {
 			t.Errorf("--format http --data %s: %d %s", step.data, r.Code, r.Raw)
 		}
@@ -207,7 +220,7 @@ func TestKnFuncInvokeReplay(t *testing.T) {
 		{events.TypeReap, `{}`, events.TypeReaped},
 		{events.TypeDestroy, `{"sandbox_id":"kn2"}`, events.TypeDestroyed},
 	} {
-		r, _ := f.DoWithHeaders("POST", "/", step.data, knEvent(step.typ))
+		r, _ := f.DoWithHeaders("POST", "/", withKey(step.data), knEvent(step.typ))
 		if r.Code != 200 || r.Header.Get("Ce-Type") != step.wantType {
 			t.Errorf("--format cloudevent --type %s: %d %q %s", step.typ, r.Code, r.Header.Get("Ce-Type"), r.Raw)
 		}

@@ -15,9 +15,12 @@ import (
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -27,6 +30,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
+	"k8s.io/utils/ptr"
 )
 
 const serviceAccount = "system:serviceaccount:deer-flow:sandbox-provisioner"
@@ -141,7 +145,8 @@ func TestManifestsApplyServerSide(t *testing.T) {
 	for _, o := range objs {
 		kinds[o.GetKind()]++
 	}
-	for _, k := range []string{"Namespace", "ServiceAccount", "Role", "RoleBinding", "Service", "Trigger", "PingSource", "NetworkPolicy"} {
+	for _, k := range []string{"Namespace", "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "Service", "Trigger", "PingSource",
+		"NetworkPolicy", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "LimitRange", "ResourceQuota"} {
 		if kinds[k] == 0 {
 			t.Errorf("config/ has no %s", k)
 		}
@@ -159,7 +164,7 @@ func TestRBACWithConfigRole(t *testing.T) {
 	var rbac []string
 	for _, f := range configFiles(t) {
 		base := filepath.Base(f)
-		if strings.HasPrefix(base, "1") || strings.HasPrefix(base, "2") {
+		if strings.HasPrefix(base, "1") || strings.HasPrefix(base, "2") || base == "701-networkpolicy-sandboxes.yaml" {
 			rbac = append(rbac, f)
 		}
 	}
@@ -170,11 +175,55 @@ func TestRBACWithConfigRole(t *testing.T) {
 		return err == nil, err
 	})
 
+	// The namespace enforces Pod Security baseline, which forbids hostPath:
+	// run in PVC mode, as config/400-service.yaml does, with claims bound to
+	// volumes (kwok mounts nothing; the scheduler only needs them bound).
+	for _, claim := range []string{"deer-flow-skills", "deer-flow-user-data"} {
+		pv := &corev1.PersistentVolume{
+			ObjectMeta: metav1.ObjectMeta{Name: "rbac-" + claim},
+			Spec: corev1.PersistentVolumeSpec{
+				Capacity:               corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+				AccessModes:            []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
+				PersistentVolumeSource: corev1.PersistentVolumeSource{NFS: &corev1.NFSVolumeSource{Server: "nfs.invalid", Path: "/" + claim}},
+				ClaimRef:               &corev1.ObjectReference{Namespace: "deer-flow", Name: claim},
+			},
+		}
+		if _, err := client().CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+		pvc := &corev1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: claim, Namespace: "deer-flow"},
+			Spec: corev1.PersistentVolumeClaimSpec{
+				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}, VolumeName: pv.Name, StorageClassName: ptr.To(""),
+				Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+			},
+		}
+		if _, err := client().CoreV1().PersistentVolumeClaims("deer-flow").Create(ctx, pvc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+	// A ResourceQuota refuses Pods until its controller has counted usage.
+	eventually(t, 30*time.Second, "ResourceQuota counted", func() (bool, error) {
+		l, err := client().CoreV1().ResourceQuotas("deer-flow").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, q := range l.Items {
+			if len(q.Status.Hard) == 0 {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+
 	proxy.Impersonate(serviceAccount)
 	defer proxy.Impersonate("")
-	f := start(t, "deer-flow", nil)
+	// No SANDBOX_NETWORK_POLICY_ENSURE: the Role may only read the shared
+	// policy, which config/ ships.
+	f := start(t, "deer-flow", map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "false",
+		"SKILLS_PVC_NAME": "deer-flow-skills", "USERDATA_PVC_NAME": "deer-flow-user-data"})
 
-	cr := mustDo(t, f, "POST", "/api/sandboxes?wait=30s", map[string]any{"sandbox_id": "rbac1", "thread_id": "t"})
+	cr := mustDo(t, f, "POST", "/api/sandboxes?wait=15s", map[string]any{"sandbox_id": "rbac1", "thread_id": "t"})
 	expectCode(t, cr, 200, "create as the ServiceAccount")
 	if cr.Body["status"] != "Running" {
 		t.Errorf("create with wait as the ServiceAccount: %s", cr.Raw)
@@ -187,7 +236,7 @@ func TestRBACWithConfigRole(t *testing.T) {
 	if err := client().CoreV1().Services("deer-flow").Delete(ctx, "sandbox-rbac1-svc", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "rbac1"}), 200, "repairing create")
+	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "rbac1", "thread_id": "t"}), 200, "repairing create")
 	expectCode(t, mustDo(t, f, "DELETE", "/api/sandboxes/rbac1", nil), 200, "delete")
 	eventually(t, 30*time.Second, "sandbox removed", func() (bool, error) {
 		return len(pods(t, "deer-flow", "sandbox-id=rbac1")) == 0, nil
@@ -212,5 +261,17 @@ func TestRBACWithConfigRole(t *testing.T) {
 	_, err = sa.CoreV1().Pods("deer-flow").Update(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "x"}}, metav1.UpdateOptions{})
 	if !apierrors.IsForbidden(err) {
 		t.Errorf("updating a Pod (not a verb we use): %v, want Forbidden", err)
+	}
+	err = sa.NetworkingV1().NetworkPolicies("deer-flow").Delete(ctx, "deer-flow-sandbox-isolation", metav1.DeleteOptions{})
+	if !apierrors.IsForbidden(err) {
+		t.Errorf("deleting the shared sandbox NetworkPolicy: %v, want Forbidden", err)
+	}
+	// What token verification needs, and nothing more cluster-wide.
+	if _, err := sa.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: "x"}}, metav1.CreateOptions{}); err != nil {
+		t.Errorf("TokenReview as the ServiceAccount: %v", err)
+	}
+	_, err = sa.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: "x", ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: "get", Resource: "pods"}}}, metav1.CreateOptions{})
+	if !apierrors.IsForbidden(err) {
+		t.Errorf("SubjectAccessReview (not used): %v, want Forbidden", err)
 	}
 }

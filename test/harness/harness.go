@@ -21,8 +21,9 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/server"
 )
 
-// Key is the API key tests configure.
-const Key = "test-key"
+// Key is the API key tests configure (at least 16 bytes, or the function
+// refuses it).
+const Key = "e2e-test-key-0123456789"
 
 // Function is a running function instance.
 type Function struct {
@@ -45,6 +46,9 @@ func BaseEnv(kubeconfig, namespace string) map[string]string {
 		"SANDBOX_IMAGE":          "sandbox:test",
 		"LOG_LEVEL":              "warn",
 		"EMIT_KUBERNETES_EVENTS": "true",
+		// Test namespaces have no config/ applied: the function creates the
+		// shared sandbox NetworkPolicy, as on a local cluster.
+		"SANDBOX_NETWORK_POLICY_ENSURE": "true",
 	}
 }
 

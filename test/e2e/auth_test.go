@@ -1,0 +1,327 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/google/uuid"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/events"
+	"github.com/deerflow-sandbox/provisioner/test/harness"
+)
+
+const audience = "sandbox-provisioner-e2e"
+
+// token mints a service-account token with the TokenRequest API, as the
+// kubelet or Knative Eventing would get one.
+func token(t *testing.T, ns, sa, aud string) string {
+	t.Helper()
+	ctx := context.Background()
+	_, _ = client().CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{})
+	tr, err := client().CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{Audiences: []string{aud}, ExpirationSeconds: ptr.To(int64(600))},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("TokenRequest for %s/%s: %v", ns, sa, err)
+	}
+	return tr.Status.Token
+}
+
+// withClaims rewrites a token's claims, keeping its signature: what an
+// attacker who edits a token gets (the signature no longer matches).
+func withClaims(t *testing.T, tok string, edit func(map[string]any)) string {
+	t.Helper()
+	parts := strings.Split(tok, ".")
+	raw, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var claims map[string]any
+	if err := json.Unmarshal(raw, &claims); err != nil {
+		t.Fatal(err)
+	}
+	edit(claims)
+	raw, _ = json.Marshal(claims)
+	parts[1] = base64.RawURLEncoding.EncodeToString(raw)
+	return strings.Join(parts, ".")
+}
+
+// door is one way in: an HTTP route, a CloudEvent type, a POST / operation.
+type door struct {
+	name   string
+	method string
+	path   string
+	body   string
+	event  string // CloudEvent type, for event doors
+}
+
+func doors(id string) []door {
+	d := []door{
+		{name: "GET /api/capabilities", method: "GET", path: "/api/capabilities"},
+		{name: "POST /api/sandboxes", method: "POST", path: "/api/sandboxes", body: `{"sandbox_id":"` + id + `"}`},
+		{name: "GET /api/sandboxes", method: "GET", path: "/api/sandboxes"},
+		{name: "GET /api/sandboxes/{id}", method: "GET", path: "/api/sandboxes/" + id},
+		{name: "DELETE /api/sandboxes/{id}", method: "DELETE", path: "/api/sandboxes/" + id},
+		{name: "POST /api/reap", method: "POST", path: "/api/reap"},
+	}
+	for _, typ := range events.RequestTypes {
+		d = append(d, door{name: "event " + typ, method: "POST", path: "/", body: `{"sandbox_id":"` + id + `"}`, event: typ})
+	}
+	for _, op := range []string{"create", "get", "list", "destroy", "reap"} {
+		d = append(d, door{name: "POST / " + op, method: "POST", path: "/", body: `{"operation":"` + op + `","sandbox_id":"` + id + `"}`})
+	}
+	return d
+}
+
+func (d door) send(t *testing.T, f *harness.Function, headers map[string]string) harness.Response {
+	t.Helper()
+	h := map[string]string{}
+	if d.body != "" {
+		h["Content-Type"] = "application/json"
+	}
+	if d.event != "" {
+		h["Ce-Specversion"], h["Ce-Id"], h["Ce-Source"], h["Ce-Type"] = "1.0", uuid.NewString(), "/e2e", d.event
+	}
+	for k, v := range headers {
+		h[k] = v
+	}
+	var body any
+	if d.body != "" {
+		body = d.body
+	}
+	r, err := f.DoWithHeaders(d.method, d.path, body, h)
+	if err != nil {
+		t.Fatalf("%s: %v", d.name, err)
+	}
+	return r
+}
+
+// TestEveryDoorAuthenticated: on every HTTP route, every event type and every
+// POST / operation, reads included, bad credentials are refused (401, or 403
+// for a verified subject that is not allowed) and create nothing, and a
+// Kubernetes-issued token for an allowed service account is accepted.
+func TestEveryDoorAuthenticated(t *testing.T) {
+	ns := namespace(t)
+	allowed := "system:serviceaccount:" + ns + ":trigger-oidc"
+	f := start(t, ns, map[string]string{"AUTH_TOKEN_AUDIENCE": audience, "AUTH_ALLOWED_SUBJECTS": allowed})
+	good := token(t, ns, "trigger-oidc", audience)
+	bearer := func(tok string) map[string]string { return map[string]string{"Authorization": "Bearer " + tok} }
+
+	// A sandbox that refused requests must leave alone.
+	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "victim"}), 200, "create the victim")
+	victim, err := client().CoreV1().Pods(ns).Get(context.Background(), "sandbox-victim", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	creds := []struct {
+		name    string
+		headers map[string]string
+		want    int
+	}{
+		{"no credentials", nil, 401},
+		{"wrong audience", bearer(token(t, ns, "trigger-oidc", "another-audience")), 401},
+		// TokenRequest will not mint a token of under ten minutes: an expired
+		// one is a real token whose exp was moved into the past.
+		{"expired", bearer(withClaims(t, good, func(c map[string]any) { c["exp"] = 1_000_000_000 })), 401},
+		{"tampered", bearer(withClaims(t, good, func(c map[string]any) { c["sub"] = "system:serviceaccount:kube-system:admin" })), 401},
+		{"not a token", bearer("e30.e30.sig"), 401},
+		{"subject not allowed", bearer(token(t, ns, "sandbox", audience)), 403},
+		{"wrong key", map[string]string{"X-API-Key": "not-the-key-0123456789"}, 401},
+	}
+	cases := 0
+	for _, d := range doors("victim") {
+		for _, c := range creds {
+			t.Run(d.name+"/"+c.name, func(t *testing.T) {
+				r := d.send(t, f, c.headers)
+				if r.Code != c.want || r.Detail() == "" {
+					t.Errorf("status %d, want %d with a detail: %s", r.Code, c.want, r.Raw)
+				}
+			})
+			cases++
+		}
+	}
+	if cases < 40 {
+		t.Fatalf("only %d refusal cases", cases)
+	}
+	after, err := client().CoreV1().Pods(ns).Get(context.Background(), "sandbox-victim", metav1.GetOptions{})
+	if err != nil || after.UID != victim.UID || after.DeletionTimestamp != nil {
+		t.Errorf("the victim sandbox did not survive the refused requests: %v", err)
+	}
+	if p, s := pods(t, ns, ""), services(t, ns, ""); len(p) != 1 || len(s) != 1 {
+		t.Errorf("refused requests changed what exists: %d Pods and %d Services, want the victim's 1 and 1", len(p), len(s))
+	}
+
+	// The allowed token works on every door, in an order that creates,
+	// reads, destroys and reaps.
+	for _, d := range doors("tok1") {
+		r := d.send(t, f, bearer(good))
+		if r.Code != 200 {
+			t.Errorf("%s with an allowed token: %d %s", d.name, r.Code, r.Raw)
+		}
+		if strings.Contains(d.name, "DELETE") || d.event == events.TypeDestroy || d.name == "POST / destroy" {
+			// Recreate for the next door that reads it.
+			expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "tok1"}), 200, "recreate tok1")
+		}
+	}
+	t.Logf("%d refusal cases over %d doors", cases, len(doors("x")))
+}
+
+// TestMissingOrTemplateKeyFailsClosed: a function whose key is unset or an
+// unexpanded template refuses the API and events, saying which variable.
+func TestMissingOrTemplateKeyFailsClosed(t *testing.T) {
+	ns := namespace(t)
+	for _, key := range []string{"", "{{ secret:x:y }}", "short-key"} {
+		t.Run(fmt.Sprintf("key %q", key), func(t *testing.T) {
+			f := start(t, ns, map[string]string{"PROVISIONER_API_KEY": key})
+			for _, d := range doors("k1") {
+				r := d.send(t, f, map[string]string{"X-API-Key": key})
+				if r.Code != 401 || !strings.Contains(r.Detail(), "PROVISIONER_API_KEY") {
+					t.Errorf("%s: %d %s, want 401 naming PROVISIONER_API_KEY", d.name, r.Code, r.Raw)
+				}
+			}
+			if len(pods(t, ns, "")) != 0 {
+				t.Error("a refused request created a Pod")
+			}
+		})
+	}
+}
+
+// TestSandboxBoundToItsOwner: another user's (or thread's) create of an
+// existing id is refused and learns nothing of it; get and destroy touch
+// only objects that carry the sandbox labels.
+func TestSandboxBoundToItsOwner(t *testing.T) {
+	ns := namespace(t)
+	f := start(t, ns, nil)
+	ctx := context.Background()
+	a := mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "shared1", "user_id": "alice", "thread_id": "t1"})
+	expectCode(t, a, 200, "alice's create")
+	url := a.Body["sandbox_url"].(string)
+	before, err := client().CoreV1().Pods(ns).Get(ctx, "sandbox-shared1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, other := range []map[string]any{
+		{"sandbox_id": "shared1", "user_id": "bob", "thread_id": "t1"},
+		{"sandbox_id": "shared1", "user_id": "alice", "thread_id": "t2"},
+		{"sandbox_id": "shared1", "user_id": "bob", "thread_id": "t1", "operation": "create"},
+	} {
+		var r harness.Response
+		if _, invoke := other["operation"]; invoke {
+			r, err = f.DoWithHeaders("POST", "/", other, map[string]string{"X-API-Key": harness.Key, "Content-Type": "application/json"})
+			if err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			r = mustDo(t, f, "POST", "/api/sandboxes", other)
+		}
+		if r.Code != 409 || r.Detail() == "" {
+			t.Errorf("create by %v: %d %s, want 409 with a detail", other, r.Code, r.Raw)
+		}
+		if strings.Contains(string(r.Raw), url) {
+			t.Errorf("the refusal reveals alice's sandbox: %s", r.Raw)
+		}
+	}
+	after, err := client().CoreV1().Pods(ns).Get(ctx, "sandbox-shared1", metav1.GetOptions{})
+	if err != nil || after.UID != before.UID || after.Annotations["sandbox.deerflow.dev/user-id"] != "alice" {
+		t.Errorf("alice's sandbox changed: %v", err)
+	}
+
+	// A Pod that merely has a sandbox's name: the function's own, say.
+	foreign := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "sandbox-provisioner-x", Labels: map[string]string{"app": "sandbox-provisioner"}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "provisioner:1"}}},
+	}
+	if _, err := client().CoreV1().Pods(ns).Create(ctx, foreign, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	expectCode(t, mustDo(t, f, "DELETE", "/api/sandboxes/provisioner-x", nil), 200, "destroy of an id with no sandbox")
+	expectCode(t, mustDo(t, f, "GET", "/api/sandboxes/provisioner-x", nil), 404, "get of an id with no sandbox")
+	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "provisioner-x"}), 409, "create over a foreign Pod")
+	expectCode(t, mustDo(t, f, "POST", "/api/reap", nil), 200, "reap")
+	still, err := client().CoreV1().Pods(ns).Get(ctx, "sandbox-provisioner-x", metav1.GetOptions{})
+	if err != nil || still.DeletionTimestamp != nil {
+		t.Errorf("the foreign Pod was touched: %v", err)
+	}
+}
+
+// TestConcurrentWaitsAreCapped: 200 concurrent get-with-wait requests to one
+// replica open at most MAX_CONCURRENT_WAITS watches (counted at the API
+// proxy); the rest get 429 with Retry-After; the process stays within the
+// memory limit config/ gives it.
+func TestConcurrentWaitsAreCapped(t *testing.T) {
+	ns := namespace(t)
+	const cap, n = 20, 200
+	bin, err := harness.Build(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := harness.BaseEnv(kubeconfig, ns)
+	env["MAX_CONCURRENT_WAITS"] = strconv.Itoa(cap)
+	env["SANDBOX_NODE_SELECTOR"] = "pool:nowhere" // never scheduled, so never ready: every wait runs its course
+	f, err := harness.StartBinary(bin, env, filepath.Join(t.TempDir(), "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Stop()
+	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "wait1"}), 200, "create")
+
+	proxy.Reset()
+	var (
+		mu    sync.Mutex
+		codes = map[int]int{}
+		wg    sync.WaitGroup
+	)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := f.Do("GET", "/api/sandboxes/wait1?wait=3", nil)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				codes[-1]++
+				return
+			}
+			codes[r.Code]++
+			if r.Code == 429 && r.Header.Get("Retry-After") == "" {
+				t.Errorf("429 without Retry-After")
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("answers %v; most watches open at once: %d", codes, proxy.MaxWatches())
+	if codes[200]+codes[429] != n || codes[429] == 0 || codes[200] == 0 {
+		t.Errorf("answers %v, want only 200 and 429 (some of each)", codes)
+	}
+	if w := proxy.MaxWatches(); w > cap || w == 0 {
+		t.Errorf("%d watches open at once, want between 1 and %d", w, cap)
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", f.PID()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if kb, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			v, _ := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(kb), "kB")))
+			t.Logf("peak RSS %d KiB", v)
+			if v == 0 || v > 256*1024 {
+				t.Errorf("peak RSS %d KiB exceeds the 256Mi limit in config/400-service.yaml", v)
+			}
+		}
+	}
+}
