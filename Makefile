@@ -78,9 +78,10 @@ fuzz:
 
 ##@ Verify
 
-## verify: check formatting, vet and go.mod tidiness
+## verify: check formatting, vet, go.mod tidiness and that no build output is tracked
 .PHONY: verify
 verify:
+	hack/verify-hygiene.sh
 	hack/verify-gofmt.sh
 	hack/verify-govet.sh
 	hack/verify-gomod.sh

@@ -321,7 +321,7 @@ func TestBuildNetworkPolicy(t *testing.T) {
 				Ingress: []networkingv1.NetworkPolicyIngressRule{{
 					From: from, Ports: []networkingv1.NetworkPolicyPort{{Protocol: ptr.To(corev1.ProtocolTCP), Port: &port}},
 				}},
-				Egress: append([]networkingv1.NetworkPolicyEgressRule{}, egress...),
+				Egress: append([]networkingv1.NetworkPolicyEgressRule(nil), egress...),
 			},
 		}
 	}

@@ -40,7 +40,7 @@ func BuildNetworkPolicy(cfg *config.Config) *networkingv1.NetworkPolicy {
 		}
 	}
 
-	egress := []networkingv1.NetworkPolicyEgressRule{}
+	var egress []networkingv1.NetworkPolicyEgressRule // none at all in deny-all mode
 	if cfg.EgressMode != EgressDenyAll {
 		egress = append(egress, networkingv1.NetworkPolicyEgressRule{
 			To: []networkingv1.NetworkPolicyPeer{{

@@ -72,9 +72,15 @@ func TestAdmissionPolicyRefusesEscapes(t *testing.T) {
 		name   string
 		mutate func(*corev1.Pod)
 	}{
-		{"privileged", func(p *corev1.Pod) { p.Spec.Containers[0].SecurityContext.Privileged = ptr.To(true) }},
-		{"hostNetwork", func(p *corev1.Pod) { p.Spec.HostNetwork = true }},
-		{"hostPID", func(p *corev1.Pod) { p.Spec.HostPID = true }},
+		// Each mutation also drops what the API server's own validation
+		// would refuse first, as a compromised function would, so that the
+		// refusal shown is the admission policy's.
+		{"privileged", func(p *corev1.Pod) {
+			p.Spec.Containers[0].SecurityContext.Privileged = ptr.To(true)
+			p.Spec.Containers[0].SecurityContext.AllowPrivilegeEscalation = nil
+		}},
+		{"hostNetwork", func(p *corev1.Pod) { p.Spec.HostNetwork, p.Spec.HostUsers = true, nil }},
+		{"hostPID", func(p *corev1.Pod) { p.Spec.HostPID, p.Spec.HostUsers = true, nil }},
 		{"hostPath outside the base", func(p *corev1.Pod) { p.Spec.Volumes[0].HostPath.Path = "/etc" }},
 		{"hostPath beside the base", func(p *corev1.Pod) { p.Spec.Volumes[0].HostPath.Path = "/.deer-flow-evil" }},
 		{"capability off the list", func(p *corev1.Pod) {
