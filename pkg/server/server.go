@@ -43,7 +43,9 @@ func Serve(ctx context.Context, f Instance, ln net.Listener, drain time.Duration
 	mux.HandleFunc("/health/readiness", probe(f.Ready))
 	mux.HandleFunc("/health/liveness", probe(f.Alive))
 	mux.HandleFunc("/", f.Handle)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+	// The func runtime's timeouts: a body must arrive within 30 s, and an
+	// answer be written within 30 s (every wait is capped to fit).
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 2 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 30 * time.Second}
 
 	// Start runs concurrently with the first requests, as in the func
 	// runtime; readiness stays false until it is done.
