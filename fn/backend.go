@@ -90,14 +90,16 @@ func (b *backend) tryConnect(ctx context.Context) error {
 		opts = append(opts, sandbox.WithRecorder(b.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: kube.UserAgent})))
 	}
 	mgr := sandbox.NewManager(b.cfg, client, opts...)
-	b.client.Store(client)
-	b.mgr.Store(mgr)
-	b.log.Info("connected to the Kubernetes API server", "host", rc.Host)
 	// Fail closed: until the shared NetworkPolicy exists, creates are
-	// refused (each retries this check), other operations go on.
+	// refused (each retries this check), other operations go on. It is
+	// checked before the client is published, so a ready replica has
+	// already made the policy when it may.
 	if err := mgr.EnsureIsolation(ctx); err != nil {
 		b.log.Error("sandboxes will not be created until they can be isolated", "error", err)
 	}
+	b.client.Store(client)
+	b.mgr.Store(mgr)
+	b.log.Info("connected to the Kubernetes API server", "host", rc.Host)
 	return nil
 }
 
