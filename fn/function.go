@@ -1,17 +1,16 @@
-// Package fn is the function instance the Knative func runtime (or our own
-// main) drives: lifecycle hooks, wiring, and routing between the HTTP API and
-// CloudEvents on one handler.
+// Package fn is the function instance the Knative func runtime
+// (knative.dev/func-go/http) drives: lifecycle hooks, wiring, and routing
+// between the HTTP API and CloudEvents on one handler. Listening, timeouts,
+// signals and draining in-flight requests are the runtime's job.
 package fn
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
 	"runtime/debug"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -33,8 +32,6 @@ type Function struct {
 	api      http.Handler
 	events   *events.Handler
 	backend  *backend
-	inflight sync.WaitGroup
-	draining atomic.Bool
 	stop     context.CancelFunc
 }
 
@@ -88,33 +85,28 @@ func (f *Function) Start(ctx context.Context, cfg map[string]string) error {
 	return nil
 }
 
-// Stop drains in-flight requests (bounded by ctx) and stops background work.
-func (f *Function) Stop(ctx context.Context) error {
-	f.draining.Store(true)
-	done := make(chan struct{})
-	go func() { f.inflight.Wait(); close(done) }()
-	var err error
-	select {
-	case <-done:
-	case <-ctx.Done():
-		err = fmt.Errorf("stopping with requests still in flight: %w", ctx.Err())
-	}
+// Stop stops background work. The runtime calls it after its HTTP server
+// has drained the requests in flight.
+func (f *Function) Stop(context.Context) error {
 	if f.stop != nil {
 		f.stop()
 	}
 	if f.backend != nil {
 		f.backend.shutdown()
 	}
-	return err
+	return nil
 }
 
-// Ready is true once Start finished and the API server answers.
+// Ready is true once Start finished and the API server answers. Not being
+// ready is not an error: the runtime answers 503 for false and 500 for an
+// error, and an API server outage is the former.
 func (f *Function) Ready(ctx context.Context) (bool, error) {
 	if !f.started.Load() {
 		return false, nil
 	}
 	if err := f.backend.ready(ctx); err != nil {
-		return false, err
+		f.log.Debug("not ready", "reason", err.Error())
+		return false, nil
 	}
 	return true, nil
 }
@@ -136,8 +128,6 @@ func (f *Function) Handle(w http.ResponseWriter, r *http.Request) {
 		problem.WriteDetail(w, http.StatusServiceUnavailable, "the provisioner is starting; retry in a moment")
 		return
 	}
-	f.inflight.Add(1)
-	defer f.inflight.Done()
 	r = r.WithContext(reqid.With(r.Context(), f.log, id))
 	switch {
 	case events.IsCloudEvent(r):

@@ -6,6 +6,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	fhttp "knative.dev/func-go/http"
 )
 
 func TestBeforeStart(t *testing.T) {
@@ -46,8 +48,11 @@ func TestStartNeverBlocks(t *testing.T) {
 	if w.Code != http.StatusOK {
 		t.Errorf("/health: %d", w.Code)
 	}
-	if ok, err := f.Ready(context.Background()); ok || err == nil {
-		t.Errorf("Ready = %v, %v; want false with a reason", ok, err)
+	// Through the runtime that ships: not ready is 503 (an error would be 500).
+	w = httptest.NewRecorder()
+	fhttp.New(f).Ready(w, httptest.NewRequest("GET", "/health/readiness", nil))
+	if w.Code != http.StatusServiceUnavailable {
+		t.Errorf("/health/readiness without a cluster: %d %s, want 503", w.Code, w.Body)
 	}
 	r := httptest.NewRequest("GET", "/api/sandboxes", nil)
 	r.Header.Set("X-API-Key", "0123456789abcdef-key")

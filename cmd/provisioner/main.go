@@ -1,30 +1,21 @@
-// Command provisioner serves the function outside the func tooling, exactly
-// as the func Go runtime would scaffold around New().
+// Command provisioner is the main that `func build` scaffolds around New():
+// the function served by the Knative func Go runtime (knative.dev/func-go),
+// the same runtime the deployed image runs. The tests and benchmarks start
+// this binary, so they exercise that runtime too.
 package main
 
 import (
-	"context"
-	"log/slog"
+	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
-	"time"
+
+	"knative.dev/func-go/http"
 
 	function "github.com/deerflow-sandbox/provisioner"
-	"github.com/deerflow-sandbox/provisioner/pkg/server"
 )
 
 func main() {
-	// JSON from the first line on; Start refines the level and adds fields.
-	slog.SetDefault(slog.New(slog.NewJSONHandler(os.Stderr, nil)))
-	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer cancel()
-	addr := os.Getenv("LISTEN_ADDRESS")
-	if addr == "" {
-		addr = server.DefaultAddress
-	}
-	if err := server.Run(ctx, function.New(), addr, 30*time.Second); err != nil {
-		slog.Error("provisioner stopped", "error", err)
+	if err := http.Start(function.New()); err != nil {
+		fmt.Fprintln(os.Stderr, err.Error())
 		os.Exit(1)
 	}
 }

@@ -296,6 +296,19 @@ func TestWaitForReady(t *testing.T) {
 	if r.Code != 422 || !strings.Contains(r.Detail(), "20 seconds") {
 		t.Errorf("wait beyond the cap: %d %s, want 422 naming 20 seconds", r.Code, r.Raw)
 	}
+	// The same for a create, served by func-go's runtime (write timeout 30 s).
+	began = time.Now()
+	r = mustDo(t, u, "POST", "/api/sandboxes?wait=20s", map[string]any{"sandbox_id": "w3"})
+	if d := time.Since(began); r.Code != 200 || r.Body["wait_timed_out"] != true || d > 28*time.Second {
+		t.Errorf("create with a wait at the cap: %d after %s: %s", r.Code, d, r.Raw)
+	}
+	r = mustDo(t, u, "POST", "/api/sandboxes?wait=21s", map[string]any{"sandbox_id": "w4"})
+	if r.Code != 422 || !strings.Contains(r.Detail(), "20 seconds") {
+		t.Errorf("create with a wait beyond the cap: %d %s, want 422 naming 20 seconds", r.Code, r.Raw)
+	}
+	if p := pods(t, ns, "sandbox-id=w4"); len(p) != 0 {
+		t.Errorf("a refused create left %d Pods", len(p))
+	}
 }
 
 func TestMaxShellSessions(t *testing.T) {

@@ -1,11 +1,11 @@
-// Package harness starts the function for tests and benchmarks, in-process on
-// 127.0.0.1:0 (as func-go's own tests do) or as the built binary, and talks
-// to it over real HTTP.
+// Package harness starts the function for tests and benchmarks the way it is
+// deployed: cmd/provisioner, the main `func build` scaffolds, serving the
+// function through the func Go runtime (knative.dev/func-go/http) in its own
+// process. It talks to it over real HTTP.
 package harness
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,11 +14,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
-
-	function "github.com/deerflow-sandbox/provisioner"
-	"github.com/deerflow-sandbox/provisioner/pkg/server"
 )
 
 // Key is the API key tests configure (at least 16 bytes, or the function
@@ -29,8 +28,6 @@ const Key = "e2e-test-key-0123456789"
 type Function struct {
 	URL    string
 	Client *http.Client
-	cancel context.CancelFunc
-	done   chan error
 	cmd    *exec.Cmd
 	// Started is when the process was started (binary functions only).
 	Started time.Time
@@ -52,38 +49,57 @@ func BaseEnv(kubeconfig, namespace string) map[string]string {
 	}
 }
 
-// Start runs the function in this process with env (via t.Setenv, so tests
-// that use it must not run in parallel) and waits until it is ready.
+var (
+	buildOnce sync.Once
+	builtBin  string
+	buildErr  error
+)
+
+// binary builds cmd/provisioner once per test process.
+func binary() (string, error) {
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "provisioner-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		builtBin, buildErr = Build(dir)
+	})
+	return builtBin, buildErr
+}
+
+// Start runs the function binary with env and waits until it is ready; it is
+// stopped (SIGTERM, as the kubelet does) when the test ends.
 func Start(t testing.TB, env map[string]string) *Function {
 	t.Helper()
-	for k, v := range env {
-		t.Setenv(k, v)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	bin, err := binary()
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	f := &Function{URL: "http://" + ln.Addr().String(), Client: &http.Client{Timeout: 60 * time.Second}, cancel: cancel, done: make(chan error, 1)}
-	go func() { f.done <- server.Serve(ctx, function.New(), ln, 10*time.Second) }()
-	t.Cleanup(f.Stop)
-	if err := f.WaitReady(20 * time.Second); err != nil {
+	f, err := StartBinary(bin, env, filepath.Join(t.TempDir(), "function.log"))
+	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(f.Stop)
 	return f
 }
 
-// Stop shuts the in-process function down (drain included).
+// Stop ends the function as the kubelet does: SIGTERM, so the runtime
+// drains, then SIGKILL after 15 s.
 func (f *Function) Stop() {
-	if f.cancel != nil {
-		f.cancel()
-		select {
-		case <-f.done:
-		case <-time.After(15 * time.Second):
-		}
-		f.cancel = nil
+	if f.cmd == nil || f.cmd.Process == nil {
+		return
 	}
-	f.Kill()
+	_ = f.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = f.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		_ = f.cmd.Process.Kill()
+		<-done
+	}
+	f.cmd = nil
 }
 
 // WaitReady polls /health/readiness (bounded) until it answers 200.
