@@ -30,10 +30,20 @@ build:
 run: build
 	hack/run.sh $(BIN_DIR)/provisioner
 
-## tools: build/install etcd, kwok and the Kubernetes control plane (cached)
+## tools: build/install etcd, kwok, the Kubernetes control plane and kubectl, the func CLI and a registry (cached)
 .PHONY: tools
 tools:
 	hack/install-tools.sh
+
+## image: build the function's OCI image offline with func's host builder (IMAGE=… to name it)
+.PHONY: image
+image:
+	hack/image.sh $(IMAGE)
+
+## deploy: build, push to IMAGE (required) and apply config/ pinned to the pushed digest (DRY_RUN=1 prints)
+.PHONY: deploy
+deploy:
+	hack/deploy.sh $(IMAGE)
 
 ## cluster-up: bring up the local kwok cluster and print its kubeconfig path
 .PHONY: cluster-up
@@ -58,7 +68,7 @@ test-unit:
 
 ## test-e2e: run the end-to-end suite against a kwok cluster it starts itself
 .PHONY: test-e2e
-test-e2e: tools
+test-e2e: tools image
 	$(GO) test -tags e2e -count=1 -timeout $(E2E_TIMEOUT) -v ./test/e2e/... 2>&1 | hack/summarize-tests.sh
 
 ## bench: measure latency, throughput, cold start and memory against the client-go floor

@@ -26,13 +26,13 @@ import (
 // Function is the provisioner instance. It holds no sandbox state: only the
 // wiring to the API server, so a cold replica answers like a warm one.
 type Function struct {
-	started  atomic.Bool
-	log      *slog.Logger
-	cfg      *config.Config
-	api      http.Handler
-	events   *events.Handler
-	backend  *backend
-	stop     context.CancelFunc
+	started atomic.Bool
+	log     *slog.Logger
+	cfg     *config.Config
+	api     http.Handler
+	events  *events.Handler
+	backend *backend
+	stop    context.CancelFunc
 }
 
 // New returns an instance; Start configures it.

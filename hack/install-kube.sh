@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kube-scheduler and kube-controller-manager from the
+# Builds kube-apiserver, kube-scheduler, kube-controller-manager and kubectl from the
 # k8s.io/kubernetes module (no downloads of prebuilt binaries are possible here)
 # and caches them outside the repository. A warm cache returns at once.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-components=(kube-apiserver kube-scheduler kube-controller-manager)
+components=(kube-apiserver kube-scheduler kube-controller-manager kubectl)
 missing=()
 for c in "${components[@]}"; do
   [[ -x "$KUBE_BIN_DIR/$c" ]] || missing+=("$c")

@@ -36,7 +36,8 @@ type Cluster struct {
 	apiserverArgs []string
 }
 
-func cacheDir() string {
+// CacheDir is where hack/ caches tools and images (hack/lib.sh, CACHE_DIR).
+func CacheDir() string {
 	if d := os.Getenv("SANDBOX_CACHE_DIR"); d != "" {
 		return d
 	}
@@ -58,9 +59,9 @@ func envOr(key, def string) string {
 // Up creates a fresh cluster with nodes fake nodes, in a new work directory.
 func Up(ctx context.Context, name string, nodes int) (*Cluster, error) {
 	kubeVersion := envOr("KUBE_VERSION", "v1.36.3")
-	kubeBin := envOr("KUBE_BIN_DIR", filepath.Join(cacheDir(), "kube-"+kubeVersion))
-	kwokBin := envOr("KWOK_BIN_DIR", filepath.Join(cacheDir(), "kwok-"+envOr("KWOK_VERSION", "v0.7.0")))
-	etcd := envOr("ETCD_BIN", filepath.Join(cacheDir(), "etcd-"+envOr("ETCD_VERSION", "v3.6.5"), "etcd"))
+	kubeBin := envOr("KUBE_BIN_DIR", filepath.Join(CacheDir(), "kube-"+kubeVersion))
+	kwokBin := envOr("KWOK_BIN_DIR", filepath.Join(CacheDir(), "kwok-"+envOr("KWOK_VERSION", "v0.7.0")))
+	etcd := envOr("ETCD_BIN", filepath.Join(CacheDir(), "etcd-"+envOr("ETCD_VERSION", "v3.6.5"), "etcd"))
 	for _, f := range []string{kubeBin + "/kube-apiserver", kwokBin + "/kwokctl", kwokBin + "/kwok", etcd} {
 		if _, err := os.Stat(f); err != nil {
 			return nil, fmt.Errorf("%s is missing; run hack/install-tools.sh (make tools) first: %w", f, err)

@@ -175,3 +175,35 @@ func TestFuncYAMLCarriesNoTrustOrCredential(t *testing.T) {
 		}
 	}
 }
+
+// TestKustomizationListsEveryManifest: `kubectl apply -k config/` (and so
+// `make deploy`) applies every manifest in config/, and the image it
+// replaces is the one 400-service.yaml names.
+func TestKustomizationListsEveryManifest(t *testing.T) {
+	var k struct {
+		Resources []string `json:"resources"`
+		Images    []struct {
+			Name string `json:"name"`
+		} `json:"images"`
+	}
+	decode(t, "kustomization.yaml", &k)
+	files, err := filepath.Glob(filepath.Join("..", "..", "config", "*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, f := range files {
+		if b := filepath.Base(f); b != "kustomization.yaml" {
+			want = append(want, b)
+		}
+	}
+	if diff := cmp.Diff(want, k.Resources); diff != "" {
+		t.Errorf("config/kustomization.yaml resources (-files +listed):\n%s", diff)
+	}
+	var svc servingv1.Service
+	decode(t, "400-service.yaml", &svc)
+	image := svc.Spec.Template.Spec.Containers[0].Image
+	if len(k.Images) != 1 || k.Images[0].Name != image {
+		t.Errorf("kustomization images %+v: want exactly the one 400-service.yaml names, %q", k.Images, image)
+	}
+}

@@ -1,6 +1,6 @@
 //go:build tools
 
-// Package kube pins the control-plane commands so that go mod tidy keeps their
+// Package kube pins the control-plane commands and kubectl so that go mod tidy keeps their
 // dependencies; hack/install-kube.sh builds them by import path.
 package kube
 
@@ -8,4 +8,5 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubectl"
 )

@@ -1,0 +1,360 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"archive/tar"
+	"compress/gzip"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/deerflow-sandbox/provisioner/test/cluster"
+	"github.com/deerflow-sandbox/provisioner/test/harness"
+)
+
+// imageSizeBudget is the most the linux/amd64 image may weigh, compressed
+// layers and config together: a static Go binary, CA certificates and the
+// function's sources. Today it is about 10 MiB.
+const imageSizeBudget = 16 << 20
+
+// ociDescriptor, ociManifest and ociConfig are the parts of the OCI image
+// spec the image test reads.
+type ociDescriptor struct {
+	MediaType string `json:"mediaType"`
+	Digest    string `json:"digest"`
+	Size      int64  `json:"size"`
+	Platform  *struct {
+		OS           string `json:"os"`
+		Architecture string `json:"architecture"`
+	} `json:"platform,omitempty"`
+}
+
+type ociManifest struct {
+	Config ociDescriptor   `json:"config"`
+	Layers []ociDescriptor `json:"layers"`
+}
+
+type ociConfig struct {
+	Config struct {
+		User       string   `json:"User"`
+		Env        []string `json:"Env"`
+		Entrypoint []string `json:"Entrypoint"`
+		Cmd        []string `json:"Cmd"`
+		WorkingDir string   `json:"WorkingDir"`
+	} `json:"config"`
+}
+
+// builtImage is the OCI layout `make image` (hack/image.sh) wrote.
+type builtImage struct {
+	dir      string
+	manifest ociManifest
+	config   ociConfig
+}
+
+func (b builtImage) blob(digest string) string {
+	return filepath.Join(b.dir, "blobs", "sha256", strings.TrimPrefix(digest, "sha256:"))
+}
+
+func readJSON(t *testing.T, path string, into any) {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, into); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+}
+
+func openImage(t *testing.T) builtImage {
+	t.Helper()
+	dir := filepath.Join(cluster.CacheDir(), "image", "oci")
+	if _, err := os.Stat(filepath.Join(dir, "index.json")); err != nil {
+		t.Skipf("no image in %s: `make image` builds it (make test-e2e does so first): %v", dir, err)
+	}
+	b := builtImage{dir: dir}
+	var index struct{ Manifests []ociDescriptor }
+	readJSON(t, filepath.Join(dir, "index.json"), &index)
+	for _, m := range index.Manifests {
+		if m.Platform != nil && m.Platform.OS == "linux" && m.Platform.Architecture == "amd64" {
+			readJSON(t, b.blob(m.Digest), &b.manifest)
+		}
+	}
+	if b.manifest.Config.Digest == "" {
+		t.Fatalf("the image index in %s has no linux/amd64 image", dir)
+	}
+	readJSON(t, b.blob(b.manifest.Config.Digest), &b.config)
+	return b
+}
+
+// eachFile calls fn for every entry of every layer, in order.
+func (b builtImage) eachFile(t *testing.T, fn func(h *tar.Header, r io.Reader)) {
+	t.Helper()
+	for _, l := range b.manifest.Layers {
+		f, err := os.Open(b.blob(l.Digest))
+		if err != nil {
+			t.Fatal(err)
+		}
+		gz, err := gzip.NewReader(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr := tar.NewReader(gz)
+		for {
+			h, err := tr.Next()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("layer %s: %v", l.Digest, err)
+			}
+			fn(h, tr)
+		}
+		f.Close()
+	}
+}
+
+// TestImage inspects the image `make image` built with func's host builder,
+// then runs the binary taken from its layers against the test cluster.
+func TestImage(t *testing.T) {
+	img := openImage(t)
+	cfg := img.config.Config
+
+	// Non-root, and consistent with config/400-service.yaml.
+	var uid, gid int
+	if _, err := fmt.Sscanf(cfg.User, "%d:%d", &uid, &gid); err != nil || uid == 0 {
+		t.Errorf("image user %q: want a numeric non-root uid:gid", cfg.User)
+	}
+	var ksvc servingv1.Service
+	raw, err := os.ReadFile(filepath.Join("..", "..", "config", "400-service.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(raw, &ksvc); err != nil {
+		t.Fatal(err)
+	}
+	sc := ksvc.Spec.Template.Spec.Containers[0].SecurityContext
+	if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
+		t.Error("config/400-service.yaml does not set runAsNonRoot")
+	}
+	if sc != nil && sc.RunAsUser != nil && int(*sc.RunAsUser) != uid {
+		t.Errorf("config runs as uid %d, the image as %d", *sc.RunAsUser, uid)
+	}
+
+	// The entrypoint and address func-go's runtime expects.
+	if len(cfg.Entrypoint) != 0 || !cmp.Equal(cfg.Cmd, []string{"/func/f"}) {
+		t.Errorf("entrypoint %q, cmd %q: want the host builder's /func/f", cfg.Entrypoint, cfg.Cmd)
+	}
+	if !slices.Contains(cfg.Env, "LISTEN_ADDRESS=[::]:8080") {
+		t.Errorf("env %q lacks LISTEN_ADDRESS=[::]:8080", cfg.Env)
+	}
+	// No credentials, templates or trust switches in the image.
+	secretName := regexp.MustCompile(`(?i)(KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL|AUTH)`)
+	for _, e := range cfg.Env {
+		name, value, _ := strings.Cut(e, "=")
+		if secretName.MatchString(name) || strings.Contains(value, "{{") || strings.HasPrefix(name, "EVENTS_") {
+			t.Errorf("image env %s: no secret, template or trust switch may be baked in", name)
+		}
+	}
+
+	// Size budget, and only what the function needs.
+	size := img.manifest.Config.Size
+	for _, l := range img.manifest.Layers {
+		size += l.Size
+	}
+	t.Logf("image linux/amd64: %.1f MiB compressed in %d layers, user %s, cmd %q", float64(size)/(1<<20), len(img.manifest.Layers), cfg.User, cfg.Cmd)
+	if size > imageSizeBudget {
+		t.Errorf("image is %d bytes, over the %d budget", size, imageSizeBudget)
+	}
+	unwanted := regexp.MustCompile(`(_test\.go$|/testdata/|^/?func/(test|hack|config|cmd|\.ci|bin|results)/|/Makefile$|\.md$)`)
+	bin := filepath.Join(t.TempDir(), "f")
+	var files []string
+	img.eachFile(t, func(h *tar.Header, r io.Reader) {
+		files = append(files, h.Name)
+		if unwanted.MatchString(h.Name) {
+			t.Errorf("image carries %s, which .funcignore keeps out", h.Name)
+		}
+		if strings.TrimPrefix(h.Name, "/") == "func/f" {
+			out, err := os.OpenFile(bin, os.O_CREATE|os.O_WRONLY, 0o755)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.Copy(out, r); err != nil {
+				t.Fatal(err)
+			}
+			out.Close()
+		}
+	})
+	sort.Strings(files)
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("no /func/f in the image's layers (%d files)", len(files))
+	}
+
+	// Run the image's own binary: readiness, then the API.
+	ns := namespace(t)
+	env := harness.BaseEnv(kubeconfig, ns)
+	f, err := harness.StartBinary(bin, env, filepath.Join(t.TempDir(), "image-fn.log"))
+	if err != nil {
+		t.Fatalf("the image's binary did not become ready: %v", err)
+	}
+	defer f.Stop()
+	expectCode(t, mustDo(t, f, "GET", "/api/capabilities", nil), 200, "capabilities from the image's binary")
+	r := mustDo(t, f, "POST", "/api/sandboxes?wait=10s", map[string]any{"sandbox_id": "img1"})
+	if r.Code != 200 || r.Body["status"] != "Running" {
+		t.Errorf("create with wait from the image's binary: %d %s", r.Code, r.Raw)
+	}
+	expectCode(t, mustDo(t, f, "DELETE", "/api/sandboxes/img1", nil), 200, "destroy from the image's binary")
+
+	// Cold start to the first 200 on /health/readiness: a figure for the
+	// closing note, not an assertion (timings vary on shared machines).
+	var ms []float64
+	for i := 0; i < 15; i++ {
+		addr, err := harness.FreeAddr()
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := harness.StartProcess(bin, env, addr, filepath.Join(t.TempDir(), "cold.log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := g.WaitReady(20 * time.Second); err != nil {
+			g.Kill()
+			t.Fatal(err)
+		}
+		ms = append(ms, float64(time.Since(g.Started).Microseconds())/1000)
+		g.Kill()
+	}
+	sort.Float64s(ms)
+	t.Logf("image binary cold start to first 200 on /health/readiness: median %.1f ms of %d (min %.1f, max %.1f)", ms[len(ms)/2], len(ms), ms[0], ms[len(ms)-1])
+}
+
+// TestPushedImageIsWhatDeployNames pushes the image with `make deploy`'s
+// script (DRY_RUN: build, push, render; nothing applied) to a distribution
+// registry on 127.0.0.1, and checks that the rendered manifests name the
+// digest the registry holds.
+func TestPushedImageIsWhatDeployNames(t *testing.T) {
+	registry := filepath.Join(cluster.CacheDir(), "registry-"+envOr("REGISTRY_VERSION", "v3.1.2"), "registry")
+	if _, err := os.Stat(registry); err != nil {
+		t.Skipf("no registry binary at %s: hack/install-registry.sh builds it (make test-e2e does so first): %v", registry, err)
+	}
+	addr, err := harness.FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	conf := fmt.Sprintf("version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: %s\n", filepath.Join(dir, "data"), addr)
+	if err := os.WriteFile(filepath.Join(dir, "config.yml"), []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reg := command(t, filepath.Join(dir, "registry.log"), registry, "serve", filepath.Join(dir, "config.yml"))
+	defer reg.stop()
+	eventually(t, 20*time.Second, "registry answers /v2/", func() (bool, error) {
+		resp, err := http.Get("http://" + addr + "/v2/")
+		if err != nil {
+			return false, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200, nil
+	})
+
+	image := addr + "/deer-flow/sandbox-provisioner:e2e"
+	out := runScript(t, map[string]string{"DRY_RUN": "1"}, filepath.Join("..", "..", "hack", "deploy.sh"), image)
+
+	req, _ := http.NewRequest(http.MethodHead, "http://"+addr+"/v2/deer-flow/sandbox-provisioner/manifests/e2e", nil)
+	req.Header.Set("Accept", "application/vnd.oci.image.index.v1+json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	pushed := resp.Header.Get("Docker-Content-Digest")
+	if resp.StatusCode != 200 || pushed == "" {
+		t.Fatalf("registry has no e2e tag: %d", resp.StatusCode)
+	}
+
+	var images []string
+	for _, doc := range strings.Split(out, "\n---\n") {
+		var ks servingv1.Service
+		if err := yaml.Unmarshal([]byte(doc), &ks); err != nil || ks.Kind != "Service" || ks.APIVersion != "serving.knative.dev/v1" {
+			continue
+		}
+		for _, c := range ks.Spec.Template.Spec.Containers {
+			images = append(images, c.Image)
+		}
+	}
+	want := []string{addr + "/deer-flow/sandbox-provisioner@" + pushed}
+	if diff := cmp.Diff(want, images); diff != "" {
+		t.Errorf("deploy manifests' images (-pushed +rendered):\n%s", diff)
+	}
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+// process is a helper process a test started.
+type process struct{ cmd *exec.Cmd }
+
+func (p process) stop() {
+	_ = p.cmd.Process.Kill()
+	_ = p.cmd.Wait()
+}
+
+// command starts bin with args, its output going to logPath.
+func command(t *testing.T, logPath, bin string, args ...string) process {
+	t.Helper()
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return process{cmd}
+}
+
+// runScript runs a hack/ script with extra env and returns its stdout; its
+// progress output (stderr) goes to the test log.
+func runScript(t *testing.T, env map[string]string, script string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(script, args...)
+	cmd.Env = os.Environ()
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", script, strings.Join(args, " "), err, stderr.String())
+	}
+	t.Logf("%s %s:\n%s", script, strings.Join(args, " "), lastLines(stderr.String(), 5))
+	return string(out)
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
