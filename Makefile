@@ -45,6 +45,11 @@ image:
 deploy:
 	hack/deploy.sh $(IMAGE)
 
+## node: build the real test node's parts (kubelet, kube-proxy, containerd, CNI, kube-network-policies) and images (cached)
+.PHONY: node
+node:
+	hack/node-images.sh
+
 ## cluster-up: bring up the local kwok cluster and print its kubeconfig path
 .PHONY: cluster-up
 cluster-up:
@@ -66,14 +71,14 @@ test: test-unit test-e2e
 test-unit:
 	$(GO) test -race -count=1 ./...
 
-## test-e2e: run the end-to-end suite against a kwok cluster it starts itself
+## test-e2e: run the end-to-end suite against a kwok cluster and a real node it starts itself (REAL_NODE=0: kwok only)
 .PHONY: test-e2e
-test-e2e: tools image
+test-e2e: tools image node
 	$(GO) test -tags e2e -count=1 -timeout $(E2E_TIMEOUT) -v ./test/e2e/... 2>&1 | hack/summarize-tests.sh
 
 ## bench: measure latency, throughput, cold start and memory against the client-go floor
 .PHONY: bench
-bench: tools
+bench: tools node
 	$(GO) test -tags e2e -count=1 -timeout 30m -run '^$$' -bench . -benchtime 1x ./test/bench/...
 
 ## load: create and destroy 1,000 sandboxes at concurrency 32 and check nothing is left behind

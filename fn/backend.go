@@ -18,6 +18,7 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/auth"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/eventlimit"
 	"github.com/deerflow-sandbox/provisioner/pkg/kube"
 	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
@@ -87,7 +88,8 @@ func (b *backend) tryConnect(ctx context.Context) error {
 	if b.cfg.EmitKubernetesEvents {
 		b.broadcaster = record.NewBroadcaster(record.WithContext(ctx))
 		b.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events(b.cfg.Namespace)})
-		opts = append(opts, sandbox.WithRecorder(b.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: kube.UserAgent})))
+		recorder := b.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: kube.UserAgent})
+		opts = append(opts, sandbox.WithRecorder(eventlimit.New(recorder, b.cfg.EventsQPS, b.cfg.EventsBurst, b.metrics.EventDropped)))
 	}
 	mgr := sandbox.NewManager(b.cfg, client, opts...)
 	// Fail closed: until the shared NetworkPolicy exists, creates are

@@ -4,7 +4,8 @@
 # and caches them outside the repository. A warm cache returns at once.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-components=(kube-apiserver kube-scheduler kube-controller-manager kubectl)
+# KUBE_COMPONENTS picks a subset (hack/install-node.sh builds kubelet and kube-proxy).
+read -r -a components <<< "${KUBE_COMPONENTS:-kube-apiserver kube-scheduler kube-controller-manager kubectl}"
 missing=()
 for c in "${components[@]}"; do
   [[ -x "$KUBE_BIN_DIR/$c" ]] || missing+=("$c")

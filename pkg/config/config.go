@@ -117,10 +117,15 @@ type Config struct {
 	EventSourceAllowlist []string          `envconfig:"EVENT_SOURCE_ALLOWLIST"`
 	EventsDisabled       bool              `envconfig:"EVENTS_DISABLED" default:"false"`
 	EmitKubernetesEvents bool              `envconfig:"EMIT_KUBERNETES_EVENTS" default:"true"`
-	ServiceAccountName   string            `envconfig:"SANDBOX_SERVICE_ACCOUNT"`
-	ListenAddress        string            `envconfig:"LISTEN_ADDRESS" default:"[::]:8080"`
-	LogLevel             string            `envconfig:"LOG_LEVEL" default:"info"`
-	MaxRequestBodyBytes  int64             `envconfig:"MAX_REQUEST_BODY_BYTES" default:"65536"`
+	// Events are advice and every one is a write to the shared API server:
+	// at most this many per second per replica (bursts of EventsBurst);
+	// beyond, they are dropped and counted.
+	EventsQPS           float64 `envconfig:"K8S_EVENTS_QPS" default:"1"`
+	EventsBurst         int     `envconfig:"K8S_EVENTS_BURST" default:"10"`
+	ServiceAccountName  string  `envconfig:"SANDBOX_SERVICE_ACCOUNT"`
+	ListenAddress       string  `envconfig:"LISTEN_ADDRESS" default:"[::]:8080"`
+	LogLevel            string  `envconfig:"LOG_LEVEL" default:"info"`
+	MaxRequestBodyBytes int64   `envconfig:"MAX_REQUEST_BODY_BYTES" default:"65536"`
 	// Client-side rate limit towards the API server, per replica. The API
 	// server's priority and fairness is the real guard; this keeps one busy
 	// replica from crowding out the rest of the cluster (kubelet-sized).
@@ -283,6 +288,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxConcurrentWaits < 1 {
 		bad("MAX_CONCURRENT_WAITS", "%d must be at least 1", c.MaxConcurrentWaits)
+	}
+	if c.EventsQPS <= 0 || c.EventsBurst < 1 {
+		bad("K8S_EVENTS_QPS", "K8S_EVENTS_QPS and K8S_EVENTS_BURST must be positive (set EMIT_KUBERNETES_EVENTS=false for none)")
 	}
 	if c.ClientQPS <= 0 || c.ClientBurst < 1 {
 		bad("K8S_CLIENT_QPS", "QPS and K8S_CLIENT_BURST must be positive")

@@ -25,6 +25,7 @@ type Metrics struct {
 	kubeDuration    *prometheus.HistogramVec
 	reaped          *prometheus.CounterVec
 	quotaRefusals   *prometheus.CounterVec
+	eventsDropped   prometheus.Counter
 }
 
 // New registers the series on a fresh registry.
@@ -62,9 +63,13 @@ func New() *Metrics {
 			Namespace: namespace, Name: "quota_refusals_total",
 			Help: "Creates refused by a quota, by scope (total or user).",
 		}, []string{"scope"}),
+		eventsDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "kubernetes_events_dropped_total",
+			Help: "Kubernetes Events not written because they exceeded K8S_EVENTS_QPS/K8S_EVENTS_BURST.",
+		}),
 	}
 	m.Registry.MustRegister(m.requests, m.requestDuration, m.createToReady, m.kubeRequests, m.kubeDuration,
-		m.reaped, m.quotaRefusals, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		m.reaped, m.quotaRefusals, m.eventsDropped, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -87,6 +92,9 @@ func (m *Metrics) Reaped(reason string) { m.reaped.WithLabelValues(reason).Inc()
 
 // QuotaRefused implements sandbox.Observer.
 func (m *Metrics) QuotaRefused(scope string) { m.quotaRefusals.WithLabelValues(scope).Inc() }
+
+// EventDropped counts one Event over the budget.
+func (m *Metrics) EventDropped() { m.eventsDropped.Inc() }
 
 // WrapTransport instruments every Kubernetes API call made through rt.
 func (m *Metrics) WrapTransport(rt http.RoundTripper) http.RoundTripper {

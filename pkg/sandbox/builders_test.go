@@ -309,6 +309,11 @@ func TestBuildNetworkPolicy(t *testing.T) {
 			"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "100.64.0.0/10",
 			"169.254.169.254/32", "169.254.170.2/32", "100.100.100.200/32", "168.63.129.16/32"}}},
 		{IPBlock: &networkingv1.IPBlock{CIDR: "::/0", Except: []string{"fc00::/7", "fe80::/10", "fd00:ec2::254/128"}}},
+	}, Ports: []networkingv1.NetworkPolicyPort{ // every port but DNS's
+		{Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(intstr.FromInt32(1)), EndPort: ptr.To[int32](52)},
+		{Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(intstr.FromInt32(54)), EndPort: ptr.To[int32](65535)},
+		{Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To(intstr.FromInt32(1)), EndPort: ptr.To[int32](52)},
+		{Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To(intstr.FromInt32(54)), EndPort: ptr.To[int32](65535)},
 	}}
 	policy := func(from []networkingv1.NetworkPolicyPeer, egress ...networkingv1.NetworkPolicyEgressRule) *networkingv1.NetworkPolicy {
 		return &networkingv1.NetworkPolicy{

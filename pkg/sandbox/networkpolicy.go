@@ -63,7 +63,7 @@ func BuildNetworkPolicy(cfg *config.Config) *networkingv1.NetworkPolicy {
 			peers = append(peers, networkingv1.NetworkPolicyPeer{IPBlock: block})
 		}
 		if len(peers) > 0 {
-			egress = append(egress, networkingv1.NetworkPolicyEgressRule{To: peers})
+			egress = append(egress, networkingv1.NetworkPolicyEgressRule{To: peers, Ports: allButDNS()})
 		}
 	}
 
@@ -88,6 +88,19 @@ func BuildNetworkPolicy(cfg *config.Config) *networkingv1.NetworkPolicy {
 
 // cidrWithin reports whether inner lies inside outer; the API server refuses
 // an except that is not inside its block, or of the other IP family.
+// allButDNS is every TCP and UDP port except 53. Names resolve only through
+// the cluster's DNS (the rule above): code in a sandbox that asks another
+// resolver directly, to bypass or exfiltrate through DNS, is refused.
+func allButDNS() []networkingv1.NetworkPolicyPort {
+	var ports []networkingv1.NetworkPolicyPort
+	for _, proto := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
+		ports = append(ports,
+			networkingv1.NetworkPolicyPort{Protocol: ptr.To(proto), Port: ptr.To(intstr.FromInt32(1)), EndPort: ptr.To[int32](52)},
+			networkingv1.NetworkPolicyPort{Protocol: ptr.To(proto), Port: ptr.To(intstr.FromInt32(54)), EndPort: ptr.To[int32](65535)})
+	}
+	return ports
+}
+
 func cidrWithin(inner, outer string) bool {
 	_, in, err1 := net.ParseCIDR(inner)
 	_, out, err2 := net.ParseCIDR(outer)

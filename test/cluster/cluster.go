@@ -82,6 +82,10 @@ func Up(ctx context.Context, name string, nodes int) (*Cluster, error) {
 		// The API server's default Service range (a /24) runs out long before
 		// the load and list tests do.
 		"--extra-args", "kube-apiserver=service-cluster-ip-range=10.96.0.0/16",
+		// kwok fakes only its own nodes (kwokctl scale node annotates them),
+		// never the real node's status or its Pods'.
+		"--extra-args", "kwok-controller=manage-all-nodes=false",
+		"--extra-args", "kwok-controller=manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
 		"--kubeconfig", filepath.Join(workdir, "kubeconfig-merged"),
 		"--timeout", "120s"); err != nil {
 		_ = os.RemoveAll(workdir)
@@ -122,6 +126,10 @@ func (c *Cluster) run(ctx context.Context, args ...string) error {
 	}
 	return nil
 }
+
+// PKIDir holds the cluster's CA (ca.crt, ca.key), which signs the real
+// node's client certificates.
+func (c *Cluster) PKIDir() string { return filepath.Join(c.Workdir, "clusters", c.Name, "pki") }
 
 // WaitReady waits until the API server answers /readyz.
 func (c *Cluster) WaitReady(ctx context.Context, timeout time.Duration) error {

@@ -19,6 +19,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/test/apiproxy"
 	"github.com/deerflow-sandbox/provisioner/test/cluster"
 	"github.com/deerflow-sandbox/provisioner/test/harness"
+	"github.com/deerflow-sandbox/provisioner/test/realnode"
 )
 
 var (
@@ -26,6 +27,10 @@ var (
 	proxy      *apiproxy.Proxy
 	kubeconfig string // points at the proxy
 	workdir    string
+	// realNode is the real kubelet node (nil when it could not start, and
+	// realNodeErr says why).
+	realNode    *realnode.Node
+	realNodeErr error
 )
 
 func TestMain(m *testing.M) {
@@ -57,6 +62,21 @@ func run(m *testing.M) int {
 		return 1
 	}
 	fmt.Fprintf(os.Stderr, "test cluster up in %s\n", time.Since(start).Round(time.Millisecond))
+	if os.Getenv("REAL_NODE") == "0" {
+		realNodeErr = fmt.Errorf("REAL_NODE=0")
+	} else {
+		rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		start = time.Now()
+		realNode, realNodeErr = realnode.Up(rctx, realnode.DefaultPaths(cluster.CacheDir()),
+			realnode.Cluster{Host: kc.Config.Host, PKIDir: kc.PKIDir(), Client: kc.Client})
+		rcancel()
+		if realNodeErr != nil {
+			fmt.Fprintf(os.Stderr, "real node: not available, its tests skip: %v\n", realNodeErr)
+		} else {
+			defer realNode.Down()
+			fmt.Fprintf(os.Stderr, "real node up in %s (%v)\n", time.Since(start).Round(time.Millisecond), realNode.Timings)
+		}
+	}
 	return m.Run()
 }
 

@@ -55,8 +55,8 @@ var (
 	buildErr  error
 )
 
-// binary builds cmd/provisioner once per test process.
-func binary() (string, error) {
+// Binary builds cmd/provisioner once per test process and returns its path.
+func Binary() (string, error) {
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "provisioner-bin-")
 		if err != nil {
@@ -72,7 +72,7 @@ func binary() (string, error) {
 // stopped (SIGTERM, as the kubelet does) when the test ends.
 func Start(t testing.TB, env map[string]string) *Function {
 	t.Helper()
-	bin, err := binary()
+	bin, err := Binary()
 	if err != nil {
 		t.Fatal(err)
 	}

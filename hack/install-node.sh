@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Installs the parts of the real test node (issue: a real node in the test
+# cluster), all from the Go module proxy or Debian, cached outside the
+# repository:
+#   kubelet, kube-proxy      k8s.io/kubernetes $KUBE_VERSION (hack/tools/kube)
+#   containerd, ctr, shim    github.com/containerd/containerd/v2 $CONTAINERD_VERSION
+#   CNI plugins              bridge, host-local, loopback, portmap $CNI_VERSION
+#   kube-network-policies    $KNP_VERSION with hack/patches (this kernel has no nft queue)
+#   runc, iptables, nft      Debian
+# Idempotent; a warm cache returns at once.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+# Debian packages first: the kubelet, containerd and kube-proxy need them.
+need=()
+command -v runc >/dev/null || need+=(runc)
+command -v iptables >/dev/null || need+=(iptables)
+command -v nft >/dev/null || need+=(nftables)
+command -v conntrack >/dev/null || need+=(conntrack)
+if [[ ${#need[@]} -gt 0 ]]; then
+  log "installing Debian packages: ${need[*]}"
+  [[ $(id -u) == 0 ]] || die "installing ${need[*]} needs root (apt-get)"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+# kubelet and kube-proxy, like the control plane.
+KUBE_COMPONENTS="kubelet kube-proxy" "$REPO_ROOT/hack/install-kube.sh"
+
+mkdir -p "$NODE_BIN_DIR" "$CNI_BIN_DIR"
+cd "$CACHE_DIR"
+if [[ ! -x "$NODE_BIN_DIR/containerd" || ! -x "$NODE_BIN_DIR/ctr" || ! -x "$NODE_BIN_DIR/containerd-shim-runc-v2" ]]; then
+  log "building containerd $CONTAINERD_VERSION (about 2 minutes with a warm Go cache, more when cold)"
+  run_with_progress "containerd" env GOBIN="$NODE_BIN_DIR" CGO_ENABLED=0 GOFLAGS=-trimpath \
+    go install "github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION" \
+    "github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION" \
+    "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION"
+else
+  log "containerd $CONTAINERD_VERSION cached in $NODE_BIN_DIR"
+fi
+
+missing=()
+for p in bridge host-local loopback portmap; do
+  [[ -x "$CNI_BIN_DIR/$p" ]] || missing+=("github.com/containernetworking/plugins/plugins/$( [[ $p == host-local ]] && echo ipam || echo main)/$p@$CNI_VERSION")
+done
+if [[ ${#missing[@]} -gt 0 ]]; then
+  log "building CNI plugins $CNI_VERSION"
+  run_with_progress "cni" env GOBIN="$CNI_BIN_DIR" CGO_ENABLED=0 GOFLAGS=-trimpath go install "${missing[@]}"
+else
+  log "CNI plugins $CNI_VERSION cached in $CNI_BIN_DIR"
+fi
+
+# kube-network-policies: `go install …@v0.7.0` fails here (the proxy refuses
+# to list versions and the checksum database does not know the module), so
+# download the one version by name, copy its source, patch it and build.
+if [[ ! -x "$NODE_BIN_DIR/kube-network-policies" ]]; then
+  log "building kube-network-policies $KNP_VERSION (patched for xt NFQUEUE; about 2 minutes)"
+  dir=$(GONOSUMDB=sigs.k8s.io/kube-network-policies GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/kube-network-policies@$KNP_VERSION" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  [[ -d "$dir" ]] || die "go mod download sigs.k8s.io/kube-network-policies@$KNP_VERSION gave no directory"
+  src=$(mktemp -d)
+  trap 'rm -rf "$src"' EXIT
+  cp -r "$dir/." "$src" && chmod -R u+w "$src"
+  patch -s -d "$src" -p1 < "$REPO_ROOT/hack/patches/kube-network-policies-$KNP_VERSION-xt-nfqueue.patch"
+  (cd "$src" && run_with_progress "kube-network-policies" env CGO_ENABLED=0 GONOSUMDB=sigs.k8s.io/kube-network-policies \
+    go build -trimpath -ldflags "-s -w" -o "$NODE_BIN_DIR/kube-network-policies" ./cmd)
+else
+  log "kube-network-policies $KNP_VERSION cached in $NODE_BIN_DIR"
+fi
