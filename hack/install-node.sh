@@ -39,8 +39,8 @@ else
 fi
 
 missing=()
-for p in bridge host-local loopback portmap; do
-  [[ -x "$CNI_BIN_DIR/$p" ]] || missing+=("github.com/containernetworking/plugins/plugins/$( [[ $p == host-local ]] && echo ipam || echo main)/$p@$CNI_VERSION")
+for p in main/bridge ipam/host-local main/loopback meta/portmap; do
+  [[ -x "$CNI_BIN_DIR/${p#*/}" ]] || missing+=("github.com/containernetworking/plugins/plugins/$p@$CNI_VERSION")
 done
 if [[ ${#missing[@]} -gt 0 ]]; then
   log "building CNI plugins $CNI_VERSION"

@@ -320,8 +320,14 @@ func (c *Config) Validate() error {
 		cidrs []string
 	}{{"SANDBOX_EGRESS_DENY_CIDRS", c.EgressDenyCIDRs}, {"SANDBOX_EGRESS_ALLOW_CIDRS", c.EgressAllowCIDRs}, {"SANDBOX_INGRESS_NODE_CIDRS", c.IngressNodeCIDRs}} {
 		for _, cidr := range list.cidrs {
-			if _, _, err := net.ParseCIDR(cidr); err != nil {
+			ip, network, err := net.ParseCIDR(cidr)
+			switch {
+			case err != nil:
 				bad(list.name, "%q is not a CIDR such as 169.254.169.254/32", cidr)
+			case !ip.Equal(network.IP):
+				// The API server refuses a NetworkPolicy ipBlock with host
+				// bits set, so every create would fail later.
+				bad(list.name, "%q has host bits set; write the network, %s", cidr, network)
 			}
 		}
 	}

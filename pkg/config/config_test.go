@@ -51,8 +51,10 @@ func TestLoadRejectsBadValuesNamingTheVariable(t *testing.T) {
 		{"NODE_HOST", "http://x"},
 		{"LOG_LEVEL", "loud"},
 		{"SANDBOX_EGRESS_DENY_CIDRS", "169.254.169.254"},
+		{"SANDBOX_EGRESS_DENY_CIDRS", "192.0.2.2/24"}, // host bits: the API server would refuse the policy
 		{"SANDBOX_CAPABILITIES_ADD", "sys_admin"},
 		{"MAX_SANDBOXES", "-1"},
+		{"K8S_EVENTS_QPS", "0"},
 		// The capability allow-list: each of these used to pass a deny-list.
 		{"SANDBOX_CAPABILITIES_ADD", "NET_ADMIN"},
 		{"SANDBOX_CAPABILITIES_ADD", "BPF"},

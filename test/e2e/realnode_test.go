@@ -54,11 +54,40 @@ func realEnv(t *testing.T, ns string, extra map[string]string) map[string]string
 	env["SANDBOX_IMAGE"] = realnode.SandboxImage
 	env["SANDBOX_NODE_SELECTOR"] = "sandbox.test/real-node:true"
 	env["SANDBOX_TOLERATIONS"] = realnode.TaintKey + "=true:NoSchedule"
-	env["SANDBOX_EGRESS_DENY_CIDRS"] = strings.Join(append(probe.EgressDenyCIDRs, rn.HostIP+"/24"), ",")
+	_, hostNet, err := net.ParseCIDR(rn.HostIP + "/24")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env["SANDBOX_EGRESS_DENY_CIDRS"] = strings.Join(append(probe.EgressDenyCIDRs, hostNet.String()), ",")
+	// This node's runtime cannot give Pods user namespaces (cgroup v1 and
+	// Debian's runc 1.1.5; TestUserNamespacesFailClosed shows the kubelet
+	// refusing), so sandboxes here run without one.
+	env["SANDBOX_USER_NAMESPACE"] = "false"
+	// DeerFlow's host-path mode, under a base directory of this test's.
+	base := hostBase(t)
+	env["DEER_FLOW_HOST_BASE_DIR"], env["THREADS_HOST_PATH"], env["SKILLS_HOST_PATH"] = base, filepath.Join(base, "threads"), filepath.Join(base, "skills")
 	for k, v := range extra {
 		env[k] = v
 	}
 	return env
+}
+
+// hostBase makes a DeerFlow base directory on the node (this machine):
+// skills, and a threads directory the sandboxes' users may write.
+func hostBase(t *testing.T) string {
+	t.Helper()
+	base := t.TempDir()
+	for _, d := range []string{"skills/public", "skills/custom", "threads"} {
+		if err := os.MkdirAll(filepath.Join(base, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Shared user data is world-writable: a sandbox's user, mapped into
+	// its own user namespace, must write its thread's directory.
+	if err := os.Chmod(filepath.Join(base, "threads"), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	return base
 }
 
 // execIn asks the stand-in in a sandbox (or any Pod running it) to act, the
@@ -136,7 +165,7 @@ func TestRealSandbox(t *testing.T) {
 				// The URL is the Service's DNS name, which only cluster DNS
 				// resolves; ask the Service's ClusterIP, as that name would.
 				svc := services(t, ns, "sandbox-id=real1")
-				if len(svc) != 1 || !strings.HasPrefix(url, "http://sandbox-real1.") {
+				if len(svc) != 1 || !strings.HasPrefix(url, "http://sandbox-real1-svc."+ns+".svc") {
 					t.Fatalf("ClusterIP URL %q, Services %d", url, len(svc))
 				}
 				url = fmt.Sprintf("http://%s:%d", svc[0].Spec.ClusterIP, svc[0].Spec.Ports[0].Port)
@@ -265,49 +294,101 @@ func TestAttacksFromInsideASandbox(t *testing.T) {
 
 	_, apiPort, _ := net.SplitHostPort(strings.TrimPrefix(kc.Config.Host, "https://"))
 	type attack struct {
-		name     string
-		action   map[string]any
-		blocked  bool // expected from the sandbox
-		fromBack bool // expected from the backend (the control)
+		name   string
+		action map[string]any
+		// node is true for targets on the sandbox's own node: traffic to
+		// them ends in the node's INPUT path, which NetworkPolicy does not
+		// cover; config/node/sandbox-node-guard.nft does.
+		node    bool
+		blocked bool // expected from the sandbox (with the guard for node targets)
 	}
 	connect := func(addr string) map[string]any { return map[string]any{"op": "connect", "addr": addr, "timeout_ms": 2000} }
 	attacks := []attack{
-		{"another sandbox's port 8080 (Pod IP)", connect(net.JoinHostPort(victim.Status.PodIP, "8080")), true, true},
-		{"another sandbox's Service (ClusterIP)", connect(net.JoinHostPort(victimSvc.Spec.ClusterIP, "8080")), true, true},
+		{"another sandbox's port 8080 (Pod IP)", connect(net.JoinHostPort(victim.Status.PodIP, "8080")), false, true},
+		{"another sandbox's Service (ClusterIP)", connect(net.JoinHostPort(victimSvc.Spec.ClusterIP, "8080")), false, true},
+		{"DNS to a server other than the cluster's", map[string]any{"op": "dns", "server": realnode.PublicIP + ":53", "name": "exfil.example.com", "timeout_ms": 2000}, false, true},
+		{"a public host (HTTP)", map[string]any{"op": "http", "url": "http://" + realnode.PublicIP + "/v1/sandbox", "timeout_ms": 3000}, false, false},
 		{"the API server (node address)", connect(net.JoinHostPort(rn.HostIP, apiPort)), true, true},
-		{"the API server (kubernetes Service)", connect("10.96.0.1:443"), true, false},
+		{"the API server (kubernetes Service 10.96.0.1)", connect("10.96.0.1:443"), true, true},
 		{"the kubelet's port 10250", connect(net.JoinHostPort(rn.HostIP, "10250")), true, true},
+		{"etcd (no authentication)", connect(net.JoinHostPort(rn.HostIP, etcdPort(t))), true, true},
 		{"the provisioner", connect(net.JoinHostPort(rn.HostIP, p)), true, true},
-		{"the metadata address", connect(realnode.MetadataIP + ":80"), true, true},
-		{"DNS to a server other than the cluster's", map[string]any{"op": "dns", "server": realnode.PublicIP + ":53", "name": "exfil.example.com", "timeout_ms": 2000}, true, true},
-		{"a public host (HTTP)", map[string]any{"op": "http", "url": "http://" + realnode.PublicIP + "/v1/sandbox", "timeout_ms": 3000}, false, true},
+		{"the metadata address (served by the node)", connect(realnode.MetadataIP + ":80"), true, true},
 	}
-	var table strings.Builder
-	fmt.Fprintf(&table, "\n| attack from a sandbox | expected | observed | from the backend (control) |\n|---|---|---|---|\n")
 	word := func(ok bool) string {
 		if ok {
 			return "reached"
 		}
 		return "blocked"
 	}
+	var table strings.Builder
+	fmt.Fprintf(&table, "\n| attack from a sandbox | expected | observed | without the node guard | from the backend (control) |\n|---|---|---|---|---|\n")
+	// First without the node guard: the policy alone. Node targets are
+	// reached (the finding the guard exists for); everything else is as
+	// expected already.
+	without := map[string]bool{}
 	for _, a := range attacks {
 		ok, detail := execIn(t, attacker.Status.PodIP, a.action)
-		cok, cdetail := execIn(t, backendIP, a.action)
-		fmt.Fprintf(&table, "| %s | %s | %s | %s |\n", a.name, word(!a.blocked), word(ok), word(cok))
-		if ok == a.blocked {
+		without[a.name] = ok
+		if !a.node && ok == a.blocked {
 			t.Errorf("%s: from the sandbox %s (%s), want %s", a.name, word(ok), detail, word(!a.blocked))
 		}
-		if cok != a.fromBack {
-			t.Errorf("%s: from the backend %s (%s), want %s", a.name, word(cok), cdetail, word(a.fromBack))
+		if a.node && !ok {
+			t.Errorf("%s: blocked without the node guard (%s); the test no longer shows what the guard is for", a.name, detail)
 		}
 	}
-	// The backend's selector reaches the sandbox it serves.
+	// The backend, not a sandbox, reaches every target: each is up and
+	// reachable from the Pod network, so a block below is the policy's or
+	// the guard's doing.
+	control := map[string]bool{}
+	for _, a := range attacks {
+		ok, detail := execIn(t, backendIP, a.action)
+		control[a.name] = ok
+		if !ok {
+			t.Errorf("%s: the backend cannot reach it either (%s): the target is down", a.name, detail)
+		}
+	}
+	guard := filepath.Join("..", "..", "config", "node", "sandbox-node-guard.nft")
+	if err := rn.ApplyNodeGuard(context.Background(), guard); err != nil {
+		t.Fatal(err)
+	}
+	defer rn.RemoveNodeGuard()
+	for _, a := range attacks {
+		ok, detail := execIn(t, attacker.Status.PodIP, a.action)
+		fmt.Fprintf(&table, "| %s | %s | %s | %s | %s |\n", a.name, word(!a.blocked), word(ok), word(without[a.name]), word(control[a.name]))
+		if ok == a.blocked {
+			t.Errorf("%s: from the sandbox with the node guard %s (%s), want %s", a.name, word(ok), detail, word(!a.blocked))
+		}
+	}
+	// The backend's selector still reaches the sandbox it serves, and the
+	// real probe still passes, with the guard in place.
 	ok, detail := execIn(t, backendIP, connect(net.JoinHostPort(attacker.Status.PodIP, "8080")))
-	fmt.Fprintf(&table, "| (backend → sandbox port 8080) | reached | %s | |\n", word(ok))
+	fmt.Fprintf(&table, "| (backend → sandbox port 8080) | reached | %s | | |\n", word(ok))
 	if !ok {
 		t.Errorf("the backend cannot reach a sandbox: %s", detail)
 	}
+	r := mustDo(t, f, "GET", "/api/sandboxes/attacker", nil)
+	if r.Body["ready"] != true {
+		t.Errorf("the sandbox is not ready with the node guard in place (probes blocked?): %s", r.Raw)
+	}
 	t.Log(table.String())
+}
+
+// etcdPort is the test cluster's etcd client port (kwok runs it with no
+// authentication, listening on every address).
+func etcdPort(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(kc.Workdir, "clusters", kc.Name, "kwok.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "- --listen-client-urls=http://0.0.0.0:"); ok {
+			return v
+		}
+	}
+	t.Fatal("no etcd client port in kwok.yaml")
+	return ""
 }
 
 // TestSymlinkedExtraMountNeverMountsItsTarget: code in a sandbox plants a
@@ -317,19 +398,11 @@ func TestAttacksFromInsideASandbox(t *testing.T) {
 func TestSymlinkedExtraMountNeverMountsItsTarget(t *testing.T) {
 	needRealNode(t)
 	ns := namespace(t)
-	base, err := os.MkdirTemp("", "deer-flow-base-")
-	if err != nil {
+	base := hostBase(t)
+	userData := filepath.Join(base, "threads", "t1", "user-data")
+	if err := os.MkdirAll(userData, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	defer os.RemoveAll(base)
-	userData := filepath.Join(base, "threads", "t1", "user-data")
-	for _, d := range []string{userData, filepath.Join(base, "skills", "public"), filepath.Join(base, "skills", "custom")} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// World-writable, as a shared user-data volume is: the sandbox's user
-	// (in its own user namespace) must be able to write it.
 	if err := os.Chmod(userData, 0o777); err != nil {
 		t.Fatal(err)
 	}
@@ -349,7 +422,7 @@ func TestSymlinkedExtraMountNeverMountsItsTarget(t *testing.T) {
 	}
 
 	r := mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "victim2", "thread_id": "t1",
-		"extra_mounts": []map[string]any{{"host_path": filepath.Join(userData, "escape"), "container_path": "/mnt/escape", "read_only": true}}})
+		"extra_mounts": []map[string]any{{"host_path": filepath.Join(userData, "escape"), "container_path": "/mnt/acp-workspace", "read_only": true}}})
 	if r.Code != 200 {
 		// Refusing it up front is as good an outcome.
 		t.Logf("the create naming the link was refused: %d %s", r.Code, r.Raw)
@@ -367,7 +440,7 @@ func TestSymlinkedExtraMountNeverMountsItsTarget(t *testing.T) {
 					last = cs.State.Waiting.Reason + ": " + cs.State.Waiting.Message
 				}
 				if cs.State.Running != nil {
-					ok, detail := execIn(t, p[0].Status.PodIP, map[string]any{"op": "list", "path": "/mnt/escape"})
+					ok, detail := execIn(t, p[0].Status.PodIP, map[string]any{"op": "list", "path": "/mnt/acp-workspace"})
 					if ok && strings.Contains(detail, filepath.Base(base)) || strings.Contains(detail, "proc") {
 						t.Fatalf("the host's root is mounted in the sandbox: %s", detail)
 					}
@@ -380,4 +453,37 @@ func TestSymlinkedExtraMountNeverMountsItsTarget(t *testing.T) {
 		t.Errorf("the kubelet did not refuse the escaping subPath; last container state: %q", last)
 	}
 	t.Logf("the kubelet refused the mount: %s", last)
+}
+
+// TestUserNamespacesFailClosed: with the default SANDBOX_USER_NAMESPACE=true
+// (hostUsers: false) on a runtime that cannot provide user namespaces, the
+// kubelet refuses the Pod: the sandbox never runs in the host's user
+// namespace instead.
+func TestUserNamespacesFailClosed(t *testing.T) {
+	needRealNode(t)
+	ns := namespace(t)
+	f := start(t, ns, realEnv(t, ns, map[string]string{"SANDBOX_USER_NAMESPACE": "true"}))
+	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "userns1"}), 200, "create")
+	var reason string
+	eventually(t, 30*time.Second, "the kubelet's refusal", func() (bool, error) {
+		evs, err := client().CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=sandbox-userns1"})
+		if err != nil {
+			return false, err
+		}
+		for _, e := range evs.Items {
+			if e.Reason == "FailedCreatePodSandBox" {
+				reason = e.Message
+				return true, nil
+			}
+		}
+		return false, fmt.Errorf("%d events", len(evs.Items))
+	})
+	if !strings.Contains(reason, "user namespaces") {
+		t.Errorf("the kubelet refused for another reason: %s", reason)
+	}
+	p := pods(t, ns, "sandbox-id=userns1")
+	if len(p) != 1 || p[0].Status.Phase != corev1.PodPending || len(p[0].Status.ContainerStatuses) > 0 && p[0].Status.ContainerStatuses[0].State.Running != nil {
+		t.Errorf("a sandbox asking for a user namespace ran without one: %+v", p)
+	}
+	t.Logf("kubelet: %s", reason)
 }

@@ -63,7 +63,6 @@ const (
 	bridgeName = "rn0"
 	publicNS   = "rn-public"
 	publicVeth = "rn-pub0"
-	metaDev    = "rn-meta0"
 )
 
 // policyAgentImage is the reference hack/node-images.sh gives the patched
@@ -369,9 +368,11 @@ func (n *Node) Log(name string, lines int) string {
 
 func (n *Node) ctr(ctx context.Context, args ...string) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, filepath.Join(n.paths.NodeBin, "ctr"), append([]string{"--address", n.sock, "--namespace", "k8s.io"}, args...)...)
-	out, err := cmd.CombinedOutput()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		return out, fmt.Errorf("ctr %s: %w: %s", strings.Join(args, " "), err, out)
+		return out, fmt.Errorf("ctr %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(stderr.Bytes()))
 	}
 	return out, nil
 }
@@ -654,9 +655,8 @@ func (n *Node) startSurroundings(ctx context.Context) error {
 		{"ip", "-n", publicNS, "link", "set", "eth0", "up"},
 		{"ip", "-n", publicNS, "link", "set", "lo", "up"},
 		{"ip", "-n", publicNS, "route", "add", "default", "via", "203.0.113.1"},
-		{"ip", "link", "add", metaDev, "type", "dummy"},
-		{"ip", "addr", "add", MetadataIP + "/32", "dev", metaDev},
-		{"ip", "link", "set", metaDev, "up"},
+		// This kernel has no dummy devices: the metadata address goes on lo.
+		{"ip", "addr", "add", MetadataIP + "/32", "dev", "lo"},
 	}
 	for _, c := range cmds {
 		if err := run(ctx, c[0], c[1:]...); err != nil {
@@ -677,6 +677,31 @@ func (n *Node) startSurroundings(ctx context.Context) error {
 		}
 		return true, nil
 	})
+}
+
+// NodeGuardTable is the nftables table config/node/sandbox-node-guard.nft
+// creates.
+const NodeGuardTable = "deer-flow-sandbox-node-guard"
+
+// ApplyNodeGuard applies an nft ruleset file (config/node's guard) on the
+// node, with its POD_CIDRS set to this node's Pod range.
+func (n *Node) ApplyNodeGuard(ctx context.Context, file string) error {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	rules := strings.Replace(string(b), "define POD_CIDRS = { 10.88.0.0/16 }", "define POD_CIDRS = { "+PodCIDR+" }", 1)
+	cmd := exec.CommandContext(ctx, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(rules)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("nft -f %s: %w: %s", file, err, out)
+	}
+	return nil
+}
+
+// RemoveNodeGuard deletes the guard's table.
+func (n *Node) RemoveNodeGuard() {
+	_ = exec.Command("nft", "delete", "table", "inet", NodeGuardTable).Run()
 }
 
 // Down stops everything Up started and undoes its changes to the machine.
@@ -708,9 +733,11 @@ func (n *Node) Down() {
 	_ = exec.Command("pkill", "-KILL", "-f", "containerd-shim-runc-v2 .*"+n.sock).Run()
 	_ = exec.Command(filepath.Join(n.paths.KubeBin, "kube-proxy"), "--cleanup").Run()
 	_ = exec.Command("nft", "delete", "table", "inet", "kube-network-policies").Run()
-	for _, dev := range []string{bridgeName, publicVeth, metaDev} {
+	n.RemoveNodeGuard()
+	for _, dev := range []string{bridgeName, publicVeth} {
 		_ = exec.Command("ip", "link", "del", dev).Run()
 	}
+	_ = exec.Command("ip", "addr", "del", MetadataIP+"/32", "dev", "lo").Run()
 	_ = exec.Command("ip", "netns", "del", publicNS).Run()
 	n.unmountAll()
 	for path, v := range n.sysctls {
