@@ -27,21 +27,22 @@ import (
 var nodePortURL = regexp.MustCompile(`^http://127\.0\.0\.1:(3[0-2][0-9]{3})$`)
 
 // TestDeerFlowContract replays the requests DeerFlow's backend really sends.
-func TestDeerFlowContract(t *testing.T) {
-	ns := namespace(t)
-	f := start(t, ns, nil)
+// recorded is one request DeerFlow's backend really sent.
+type recorded struct {
+	Method  string            `json:"method"`
+	Path    string            `json:"path"`
+	Headers map[string]string `json:"headers"`
+	Body    json.RawMessage   `json:"body"`
+}
 
+// goldenRequests reads the recording of DeerFlow's client (contract/).
+func goldenRequests(t *testing.T) []recorded {
+	t.Helper()
 	file, err := os.Open("testdata/deerflow-client-requests.jsonl")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer file.Close()
-	type recorded struct {
-		Method  string            `json:"method"`
-		Path    string            `json:"path"`
-		Headers map[string]string `json:"headers"`
-		Body    json.RawMessage   `json:"body"`
-	}
 	var reqs []recorded
 	sc := bufio.NewScanner(file)
 	for sc.Scan() {
@@ -54,6 +55,14 @@ func TestDeerFlowContract(t *testing.T) {
 	if len(reqs) != 7 {
 		t.Fatalf("golden file has %d requests, want 7", len(reqs))
 	}
+	return reqs
+}
+
+func TestDeerFlowContract(t *testing.T) {
+	ns := namespace(t)
+	f := start(t, ns, nil)
+
+	reqs := goldenRequests(t)
 	send := func(r recorded) map[string]any {
 		var body any
 		if string(r.Body) != "null" {

@@ -302,7 +302,9 @@ func TestAttacksFromInsideASandbox(t *testing.T) {
 		node    bool
 		blocked bool // expected from the sandbox (with the guard for node targets)
 	}
-	connect := func(addr string) map[string]any { return map[string]any{"op": "connect", "addr": addr, "timeout_ms": 2000} }
+	connect := func(addr string) map[string]any {
+		return map[string]any{"op": "connect", "addr": addr, "timeout_ms": 2000}
+	}
 	attacks := []attack{
 		{"another sandbox's port 8080 (Pod IP)", connect(net.JoinHostPort(victim.Status.PodIP, "8080")), false, true},
 		{"another sandbox's Service (ClusterIP)", connect(net.JoinHostPort(victimSvc.Spec.ClusterIP, "8080")), false, true},
@@ -486,4 +488,64 @@ func TestUserNamespacesFailClosed(t *testing.T) {
 		t.Errorf("a sandbox asking for a user namespace ran without one: %+v", p)
 	}
 	t.Logf("kubelet: %s", reason)
+}
+
+// TestDeerFlowContractOnRealNode replays DeerFlow's recorded requests
+// against sandboxes that run for real, and polls {sandbox_url}/v1/sandbox as
+// DeerFlow's backend does before it hands the sandbox to an agent. The
+// recording's host paths under /.deer-flow are moved under this test's base
+// directory (the only change), because the node is this machine.
+func TestDeerFlowContractOnRealNode(t *testing.T) {
+	needRealNode(t)
+	ns := namespace(t)
+	env := realEnv(t, ns, map[string]string{"SANDBOX_SERVICE_TYPE": "NodePort", "SANDBOX_INGRESS_NODE_CIDRS": "10.88.0.1/32"})
+	base := env["DEER_FLOW_HOST_BASE_DIR"]
+	f := start(t, ns, env)
+	send := func(r recorded) harness.Response {
+		var body any
+		if string(r.Body) != "null" {
+			body = []byte(strings.ReplaceAll(string(r.Body), `"/.deer-flow/`, `"`+base+`/`))
+		}
+		if _, hasKey := r.Headers["X-API-Key"]; hasKey {
+			r.Headers["X-API-Key"] = harness.Key
+		}
+		resp, err := f.DoWithHeaders(r.Method, r.Path, body, r.Headers)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	reqs := goldenRequests(t)
+	poll := func(url string) time.Duration {
+		began := time.Now()
+		eventually(t, 60*time.Second, "DeerFlow's readiness poll of "+url+"/v1/sandbox", func() (bool, error) {
+			resp, err := (&http.Client{Timeout: 2 * time.Second}).Get(url + "/v1/sandbox")
+			if err != nil {
+				return false, err
+			}
+			resp.Body.Close()
+			return resp.StatusCode == 200, fmt.Errorf("%d", resp.StatusCode)
+		})
+		return time.Since(began)
+	}
+	for i, want := range map[int]string{0: "0123456789abcdef", 1: "abcd1234"} {
+		r := send(reqs[i])
+		if r.Code != 200 || r.Body["sandbox_id"] != want {
+			t.Fatalf("create %s: %d %s", want, r.Code, r.Raw)
+		}
+		url, _ := r.Body["sandbox_url"].(string)
+		t.Logf("%s: %s answered DeerFlow's poll after %s", want, url, poll(url).Round(time.Millisecond))
+	}
+	if r := send(reqs[2]); r.Code != 200 || r.Body["status"] != "Running" || r.Body["ready"] != true {
+		t.Errorf("GET after the poll: %d %s", r.Code, r.Raw)
+	}
+	if r := send(reqs[4]); r.Code != 200 || r.Body["count"] != float64(2) {
+		t.Errorf("list: %d %s", r.Code, r.Raw)
+	}
+	if r := send(reqs[5]); r.Code != 200 || r.Body["ok"] != true {
+		t.Errorf("delete: %d %s", r.Code, r.Raw)
+	}
+	if r := send(reqs[6]); r.Code != 401 || r.Detail() == "" {
+		t.Errorf("unauthenticated: %d %s", r.Code, r.Raw)
+	}
 }
