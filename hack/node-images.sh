@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the images the real test node runs, as docker archives containerd
+# Builds the images the real test node runs, as OCI image archives containerd
 # imports (nothing can be pulled here): pause (the Pod sandbox image), the
 # sandbox stand-in (test/images/sandbox) and kube-network-policies. Each is one
 # static binary in an otherwise empty image (test/images/mkimage).

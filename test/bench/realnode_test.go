@@ -5,6 +5,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -56,6 +57,16 @@ func BenchmarkRealNodeCreateToReady(b *testing.B) {
 	env["SANDBOX_NODE_SELECTOR"] = "sandbox.test/real-node:true"
 	env["SANDBOX_TOLERATIONS"] = realnode.TaintKey + "=true:NoSchedule"
 	env["K8S_CLIENT_QPS"], env["K8S_CLIENT_BURST"] = "500", "1000"
+	// This node's runtime has no user namespaces (the e2e suite shows the
+	// kubelet refusing them), and host-path mode needs its base directory.
+	env["SANDBOX_USER_NAMESPACE"] = "false"
+	base := b.TempDir()
+	for _, d := range []string{"skills/public", "skills/custom", "threads"} {
+		if err := os.MkdirAll(filepath.Join(base, d), 0o777); err != nil {
+			b.Fatal(err)
+		}
+	}
+	env["DEER_FLOW_HOST_BASE_DIR"], env["THREADS_HOST_PATH"], env["SKILLS_HOST_PATH"] = base, filepath.Join(base, "threads"), filepath.Join(base, "skills")
 	fn, err := harness.StartBinary(bin, env, filepath.Join(dir, "fn.log"))
 	if err != nil {
 		b.Fatal(err)

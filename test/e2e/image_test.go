@@ -5,10 +5,12 @@ package e2e
 import (
 	"archive/tar"
 	"compress/gzip"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,11 +23,17 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/deerflow-sandbox/provisioner/test/cluster"
 	"github.com/deerflow-sandbox/provisioner/test/harness"
+	"github.com/deerflow-sandbox/provisioner/test/realnode"
 )
 
 // imageSizeBudget is the most the linux/amd64 image may weigh, compressed
@@ -357,4 +365,94 @@ func runScript(t *testing.T, env map[string]string, script string, args ...strin
 func lastLines(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// TestImageRunsInCluster runs the image `make image` built as a Pod on the
+// real node, with config/'s ServiceAccount, RBAC and container settings from
+// 400-service.yaml (a plain Pod stands in for the Knative Service, whose
+// controller this cluster does not run). The function then serves the API
+// with its in-cluster credentials: the mounted ServiceAccount token, and
+// TokenReview for bearer tokens.
+func TestImageRunsInCluster(t *testing.T) {
+	rn := needRealNode(t)
+	img := openImage(t)
+	ctx := context.Background()
+	const ref = "localhost/sandbox-provisioner:e2e"
+	if err := rn.ImportOCILayout(ctx, img.dir, ref); err != nil {
+		t.Fatal(err)
+	}
+	var rbac []string
+	for _, f := range configFiles(t) {
+		if b := filepath.Base(f); strings.HasPrefix(b, "1") || strings.HasPrefix(b, "2") || b == "701-networkpolicy-sandboxes.yaml" {
+			rbac = append(rbac, f)
+		}
+	}
+	applyServerSide(t, readObjects(t, rbac...))
+	const ns = "deer-flow"
+	eventually(t, 30*time.Second, "default ServiceAccount in deer-flow", func() (bool, error) {
+		_, err := client().CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, err
+	})
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-provisioner", Namespace: ns}, StringData: map[string]string{"api-key": harness.Key}}
+	if _, err := client().CoreV1().Secrets(ns).Create(ctx, secret, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+
+	var ksvc servingv1.Service
+	raw, err := os.ReadFile(filepath.Join("..", "..", "config", "400-service.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(raw, &ksvc); err != nil {
+		t.Fatal(err)
+	}
+	spec := ksvc.Spec.Template.Spec.PodSpec
+	c := &spec.Containers[0]
+	c.Image, c.ImagePullPolicy = ref, corev1.PullNever
+	// Knative fills the probe ports in; a plain Pod needs them.
+	for _, p := range []*corev1.Probe{c.ReadinessProbe, c.LivenessProbe} {
+		p.HTTPGet.Port = intstr.FromInt32(8080)
+		p.PeriodSeconds = 1
+	}
+	// The test API server's certificate does not name the kubernetes
+	// Service's address (10.96.0.1), so in-cluster clients reach it at the
+	// node's address, which it names; token and CA are the mounted ones.
+	_, apiPort, _ := net.SplitHostPort(strings.TrimPrefix(kc.Config.Host, "https://"))
+	c.Env = append(c.Env, corev1.EnvVar{Name: "KUBERNETES_SERVICE_HOST", Value: rn.HostIP}, corev1.EnvVar{Name: "KUBERNETES_SERVICE_PORT", Value: apiPort})
+	spec.NodeSelector = map[string]string{"sandbox.test/real-node": "true"}
+	spec.Tolerations = []corev1.Toleration{realnode.Toleration}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-provisioner-e2e", Namespace: ns, Labels: ksvc.Spec.Template.Labels}, Spec: spec}
+	_ = client().CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	eventually(t, 30*time.Second, "no earlier provisioner Pod", func() (bool, error) {
+		_, err := client().CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), err
+	})
+	if _, err := client().CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("config/'s provisioner as a Pod: %v", err)
+	}
+	defer client().CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{})
+	var ip string
+	eventually(t, 60*time.Second, "the image's Pod Ready (its readiness: connected to the API server)", func() (bool, error) {
+		p, err := client().CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		ip = p.Status.PodIP
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+				return true, nil
+			}
+		}
+		return false, fmt.Errorf("phase %s %+v", p.Status.Phase, p.Status.ContainerStatuses)
+	})
+	f := &harness.Function{URL: "http://" + net.JoinHostPort(ip, "8080"), Client: &http.Client{Timeout: 30 * time.Second}}
+	expectCode(t, mustDo(t, f, "GET", "/api/capabilities", nil), 200, "capabilities from the Pod")
+	r := mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "incluster1", "thread_id": "t1", "user_id": "u1"})
+	if r.Code != 200 || r.Body["sandbox_url"] != "http://sandbox-incluster1-svc.deer-flow.svc.cluster.local:8080" {
+		t.Errorf("create from the Pod, with its ServiceAccount: %d %s", r.Code, r.Raw)
+	}
+	if p := pods(t, ns, "sandbox-id=incluster1"); len(p) != 1 {
+		t.Errorf("the in-cluster create made %d Pods", len(p))
+	}
+	expectCode(t, mustDo(t, f, "DELETE", "/api/sandboxes/incluster1", nil), 200, "destroy from the Pod")
 }

@@ -679,6 +679,21 @@ func (n *Node) startSurroundings(ctx context.Context) error {
 	})
 }
 
+// ImportOCILayout imports an OCI image layout directory (as func's host
+// builder writes it) into the node's runtime as ref, pinned.
+func (n *Node) ImportOCILayout(ctx context.Context, dir, ref string) error {
+	archive := filepath.Join(n.State, "import.tar")
+	if err := run(ctx, "tar", "-C", dir, "-cf", archive, "."); err != nil {
+		return err
+	}
+	defer os.Remove(archive)
+	if _, err := n.ctr(ctx, "images", "import", "--platform", "linux/amd64", "--index-name", ref, archive); err != nil {
+		return err
+	}
+	_, err := n.ctr(ctx, "images", "label", ref, "io.cri-containerd.pinned=pinned")
+	return err
+}
+
 // NodeGuardTable is the nftables table config/node/sandbox-node-guard.nft
 // creates.
 const NodeGuardTable = "deer-flow-sandbox-node-guard"
@@ -777,8 +792,9 @@ func (n *Node) unmountAll() {
 	}
 }
 
-// extractEntrypoint copies the one executable of a single-layer docker
-// archive (as test/images/mkimage writes them) to dst.
+// extractEntrypoint copies the one executable of a single-layer OCI image
+// archive (as test/images/mkimage writes them) to dst: the layer is the blob
+// that reads as a tar holding an executable file.
 func extractEntrypoint(archive, dst string) error {
 	f, err := os.Open(archive)
 	if err != nil {
@@ -789,27 +805,27 @@ func extractEntrypoint(archive, dst string) error {
 	for {
 		h, err := tr.Next()
 		if err != nil {
-			return fmt.Errorf("%s: no layer.tar: %w", archive, err)
+			return fmt.Errorf("%s: no layer with an executable: %w", archive, err)
 		}
-		if h.Name != "layer.tar" {
+		if !strings.HasPrefix(h.Name, "blobs/sha256/") {
 			continue
 		}
-		lr := tar.NewReader(tr)
+		body, err := io.ReadAll(tr)
+		if err != nil {
+			return err
+		}
+		lr := tar.NewReader(bytes.NewReader(body))
 		for {
 			lh, err := lr.Next()
 			if err != nil {
-				return fmt.Errorf("%s: no executable in its layer: %w", archive, err)
+				break // not a layer, or no executable in it
 			}
 			if lh.Typeflag == tar.TypeReg && lh.Mode&0o111 != 0 {
-				out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
+				b, err := io.ReadAll(lr)
 				if err != nil {
 					return err
 				}
-				if _, err := io.Copy(out, lr); err != nil {
-					out.Close()
-					return err
-				}
-				return out.Close()
+				return os.WriteFile(dst, b, 0o755)
 			}
 		}
 	}

@@ -1,6 +1,8 @@
 // Command mkimage packs one static binary into a single-layer linux/amd64
-// image and writes it as a docker-archive tarball (what `ctr images import`
-// reads). Only the standard library: the format is three small files.
+// image and writes it as an OCI image archive (an OCI layout in a tar, what
+// `ctr images import` reads), named by the io.containerd.image.name
+// annotation. Only the standard library: the format is a handful of small
+// JSON documents around one layer.
 //
 //	mkimage -ref localhost/sandbox:e2e -out sandbox.tar /path/to/binary
 package main
@@ -36,9 +38,21 @@ func main() {
 	}
 }
 
+// blob is one content-addressed file of the layout.
+type blob struct {
+	mediaType string
+	body      []byte
+}
+
+func (b blob) digest() string { return fmt.Sprintf("sha256:%x", sha256.Sum256(b.body)) }
+
+func (b blob) descriptor() map[string]any {
+	return map[string]any{"mediaType": b.mediaType, "digest": b.digest(), "size": len(b.body)}
+}
+
 // write builds the layer (the binary and a world-writable /tmp), the image
-// config and the docker-archive manifest. Timestamps are the epoch, so the
-// same binary always gives the same image id.
+// config, the manifest and the index. Timestamps are the epoch, so the same
+// binary always gives the same image.
 func write(ref, out, bin, entry, user string) error {
 	data, err := os.ReadFile(bin)
 	if err != nil {
@@ -47,37 +61,42 @@ func write(ref, out, bin, entry, user string) error {
 	epoch := time.Unix(0, 0).UTC()
 	var layer bytes.Buffer
 	tw := tar.NewWriter(&layer)
-	hdrs := []*tar.Header{
-		{Name: "tmp/", Typeflag: tar.TypeDir, Mode: 0o1777, ModTime: epoch},
-		{Name: entry[1:], Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(data)), ModTime: epoch},
+	if err := tw.WriteHeader(&tar.Header{Name: "tmp/", Typeflag: tar.TypeDir, Mode: 0o1777, ModTime: epoch}); err != nil {
+		return err
 	}
-	for i, h := range hdrs {
-		if err := tw.WriteHeader(h); err != nil {
-			return err
-		}
-		if i == 1 {
-			if _, err := tw.Write(data); err != nil {
-				return err
-			}
-		}
+	if err := tw.WriteHeader(&tar.Header{Name: entry[1:], Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(data)), ModTime: epoch}); err != nil {
+		return err
+	}
+	if _, err := tw.Write(data); err != nil {
+		return err
 	}
 	if err := tw.Close(); err != nil {
 		return err
 	}
-	diffID := fmt.Sprintf("sha256:%x", sha256.Sum256(layer.Bytes()))
+	layerBlob := blob{"application/vnd.oci.image.layer.v1.tar", layer.Bytes()}
 	config, err := json.Marshal(map[string]any{
 		"architecture": "amd64",
 		"os":           "linux",
 		"created":      epoch.Format(time.RFC3339),
 		"config":       map[string]any{"Entrypoint": []string{entry}, "Env": []string{"PATH=/"}, "User": user},
-		"rootfs":       map[string]any{"type": "layers", "diff_ids": []string{diffID}},
-		"history":      []map[string]any{{"created": epoch.Format(time.RFC3339), "created_by": "mkimage " + filepath.Base(bin)}},
+		"rootfs":       map[string]any{"type": "layers", "diff_ids": []string{layerBlob.digest()}},
 	})
 	if err != nil {
 		return err
 	}
-	configName := fmt.Sprintf("%x.json", sha256.Sum256(config))
-	manifest, err := json.Marshal([]map[string]any{{"Config": configName, "RepoTags": []string{ref}, "Layers": []string{"layer.tar"}}})
+	configBlob := blob{"application/vnd.oci.image.config.v1+json", config}
+	manifest, err := json.Marshal(map[string]any{
+		"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+		"config": configBlob.descriptor(), "layers": []any{layerBlob.descriptor()},
+	})
+	if err != nil {
+		return err
+	}
+	manifestBlob := blob{"application/vnd.oci.image.manifest.v1+json", manifest}
+	desc := manifestBlob.descriptor()
+	desc["platform"] = map[string]string{"os": "linux", "architecture": "amd64"}
+	desc["annotations"] = map[string]string{"io.containerd.image.name": ref}
+	index, err := json.Marshal(map[string]any{"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": []any{desc}})
 	if err != nil {
 		return err
 	}
@@ -88,10 +107,17 @@ func write(ref, out, bin, entry, user string) error {
 	}
 	defer f.Close()
 	aw := tar.NewWriter(f)
-	for _, file := range []struct {
+	files := []struct {
 		name string
 		body []byte
-	}{{configName, config}, {"layer.tar", layer.Bytes()}, {"manifest.json", manifest}} {
+	}{{"oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`)}, {"index.json", index}}
+	for _, b := range []blob{layerBlob, configBlob, manifestBlob} {
+		files = append(files, struct {
+			name string
+			body []byte
+		}{"blobs/sha256/" + b.digest()[len("sha256:"):], b.body})
+	}
+	for _, file := range files {
 		if err := aw.WriteHeader(&tar.Header{Name: file.name, Mode: 0o644, Size: int64(len(file.body)), ModTime: epoch, Typeflag: tar.TypeReg}); err != nil {
 			return err
 		}
