@@ -171,7 +171,13 @@ func TestRealSandbox(t *testing.T) {
 				url = fmt.Sprintf("http://%s:%d", svc[0].Spec.ClusterIP, svc[0].Spec.Ports[0].Port)
 			}
 			var body string
-			eventually(t, 20*time.Second, "GET "+url+"/v1/sandbox", func() (bool, error) {
+			// kube-proxy programs a new Service within its sync period, but a
+			// full resync over the thousands of Services earlier tests made
+			// takes this 2-core machine a while: wait up to 90 s. (An
+			// address no rule covers yet is answered 404 by this machine's
+			// outbound proxy, so only the sandbox's own answer counts.)
+			began = time.Now()
+			eventually(t, 90*time.Second, "GET "+url+"/v1/sandbox", func() (bool, error) {
 				resp, err := (&http.Client{Timeout: 3 * time.Second}).Get(url + "/v1/sandbox")
 				if err != nil {
 					return false, err
@@ -180,11 +186,12 @@ func TestRealSandbox(t *testing.T) {
 				var b bytes.Buffer
 				_, _ = b.ReadFrom(resp.Body)
 				body = b.String()
-				return resp.StatusCode == 200, fmt.Errorf("%d %s", resp.StatusCode, body)
+				return resp.StatusCode == 200 && strings.Contains(body, pod.Name), fmt.Errorf("%d %s", resp.StatusCode, body)
 			})
 			if !strings.Contains(body, pod.Name) {
 				t.Errorf("/v1/sandbox answered %q, not from the sandbox's container (%s)", body, pod.Name)
 			}
+			t.Logf("%s: %s answered after %s", mode, url, time.Since(began).Round(time.Millisecond))
 		})
 	}
 }
@@ -263,6 +270,18 @@ func TestAttacksFromInsideASandbox(t *testing.T) {
 	}
 	attacker, victim := runningPod(t, ns, "attacker"), runningPod(t, ns, "victim")
 	victimSvc := services(t, ns, "sandbox-id=victim")[0]
+	// Attack the Service only once kube-proxy has programmed it (the host,
+	// as root, is always admitted by the policy agent).
+	eventually(t, 90*time.Second, "kube-proxy programs the victim's Service", func() (bool, error) {
+		resp, err := (&http.Client{Timeout: 2 * time.Second}).Get(fmt.Sprintf("http://%s:%d/v1/sandbox", victimSvc.Spec.ClusterIP, victimSvc.Spec.Ports[0].Port))
+		if err != nil {
+			return false, err
+		}
+		defer resp.Body.Close()
+		var b bytes.Buffer
+		_, _ = b.ReadFrom(resp.Body)
+		return strings.Contains(b.String(), victim.Name), fmt.Errorf("%d %s", resp.StatusCode, b.String())
+	})
 
 	// The backend: what the sandbox policy admits, on the same node.
 	backend := &corev1.Pod{
@@ -518,7 +537,7 @@ func TestDeerFlowContractOnRealNode(t *testing.T) {
 	reqs := goldenRequests(t)
 	poll := func(url string) time.Duration {
 		began := time.Now()
-		eventually(t, 60*time.Second, "DeerFlow's readiness poll of "+url+"/v1/sandbox", func() (bool, error) {
+		eventually(t, 90*time.Second, "DeerFlow's readiness poll of "+url+"/v1/sandbox", func() (bool, error) {
 			resp, err := (&http.Client{Timeout: 2 * time.Second}).Get(url + "/v1/sandbox")
 			if err != nil {
 				return false, err
