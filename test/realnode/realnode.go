@@ -158,6 +158,7 @@ func Up(ctx context.Context, p Paths, c Cluster) (n *Node, err error) {
 	if err := Preflight(p); err != nil {
 		return nil, err
 	}
+	cleanLeftovers()
 	state, err := os.MkdirTemp("", "rn-")
 	if err != nil {
 		return nil, err
@@ -203,6 +204,43 @@ func Up(ctx context.Context, p Paths, c Cluster) (n *Node, err error) {
 		}
 	}
 	return n, nil
+}
+
+// cleanLeftovers undoes what an earlier run that never reached Down (a
+// killed test binary) left behind, so this run does not trip over it: its
+// processes (found by their state directory in the command line), mounts,
+// devices, namespace and rule tables.
+func cleanLeftovers() {
+	prefix := filepath.Join(os.TempDir(), "rn-")
+	_ = exec.Command("pkill", "-KILL", "-f", prefix).Run()
+	// Containers outlive their killed shims: end every process the kubelet
+	// placed under kubepods (this machine runs no other kubelet).
+	_ = filepath.WalkDir("/sys/fs/cgroup/pids/kubepods", func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.Name() != "cgroup.procs" {
+			return nil
+		}
+		b, _ := os.ReadFile(path)
+		for _, f := range strings.Fields(string(b)) {
+			var pid int
+			if _, err := fmt.Sscanf(f, "%d", &pid); err == nil && pid > 1 {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		return nil
+	})
+	for _, dev := range []string{bridgeName, publicVeth} {
+		_ = exec.Command("ip", "link", "del", dev).Run()
+	}
+	_ = exec.Command("ip", "netns", "del", publicNS).Run()
+	_ = exec.Command("ip", "addr", "del", MetadataIP+"/32", "dev", "lo").Run()
+	for _, table := range []string{"kube-network-policies", NodeGuardTable} {
+		_ = exec.Command("nft", "delete", "table", "inet", table).Run()
+	}
+	old, _ := filepath.Glob(prefix + "*")
+	for _, dir := range old {
+		(&Node{State: dir}).unmountAll()
+		_ = os.RemoveAll(dir)
+	}
 }
 
 // hostIP is the address of the interface holding the default route.
