@@ -69,7 +69,6 @@ type Review struct {
 	Authenticated bool
 	Username      string
 	Audiences     []string
-	Error         string
 }
 
 // Reviewer asks the API server about a token (a TokenReview).

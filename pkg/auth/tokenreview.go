@@ -32,6 +32,5 @@ func (t TokenReviewer) Review(ctx context.Context, token, audience string) (Revi
 		Authenticated: tr.Status.Authenticated,
 		Username:      tr.Status.User.Username,
 		Audiences:     tr.Status.Audiences,
-		Error:         tr.Status.Error,
 	}, nil
 }

@@ -101,7 +101,7 @@ type Config struct {
 
 	// Isolation.
 	// One shared NetworkPolicy isolates every sandbox (see
-	// sandbox.BuildNetworkPolicy and config/700-networkpolicy-sandboxes.yaml).
+	// sandbox.BuildNetworkPolicy and config/701-networkpolicy-sandboxes.yaml).
 	// With SANDBOX_NETWORK_POLICY on, no sandbox is created until it exists.
 	NetworkPolicy        bool              `envconfig:"SANDBOX_NETWORK_POLICY" default:"true"`
 	NetworkPolicyName    string            `envconfig:"SANDBOX_NETWORK_POLICY_NAME" default:"deer-flow-sandbox-isolation"`
@@ -150,6 +150,12 @@ var subjectPattern = regexp.MustCompile(`^system:serviceaccount:[a-z0-9]([-a-z0-
 // (NET_ADMIN, BPF, SYS_RAWIO, DAC_READ_SEARCH, SYS_ADMIN, ...) is refused at
 // start-up, and the admission policy in config/ refuses it again.
 var AllowedCapabilities = []string{"CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "NET_BIND_SERVICE", "SETGID", "SETUID"}
+
+// CapabilityAllowed reports whether a sandbox may add capability, named as
+// Kubernetes and the admission policy in config/ name it (CHOWN).
+func CapabilityAllowed(capability string) bool {
+	return slices.Contains(AllowedCapabilities, capability)
+}
 
 // AllowedExtraMountPaths is DeerFlow's allow-list of container paths that an
 // extra mount may target. Anything else is refused.
@@ -332,7 +338,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	for _, capability := range c.CapabilitiesAdd {
-		if !slices.Contains(AllowedCapabilities, capability) {
+		if !CapabilityAllowed(capability) {
 			bad("SANDBOX_CAPABILITIES_ADD", "%q is not on the allow-list %s; a sandbox may not add it", capability, strings.Join(AllowedCapabilities, ","))
 		}
 	}

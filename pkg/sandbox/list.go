@@ -19,13 +19,13 @@ func (m *Manager) List(ctx context.Context) ([]Sandbox, error) {
 	}
 	byID := map[string]*corev1.Pod{}
 	for i := range pods {
-		if id := pods[i].Labels[LabelID]; id != "" && pods[i].DeletionTimestamp == nil && pods[i].Name == PodName(id) {
+		if id := podID(&pods[i]); id != "" && pods[i].DeletionTimestamp == nil {
 			byID[id] = &pods[i]
 		}
 	}
 	svcByID := map[string]*corev1.Service{}
 	for i := range svcs {
-		if id := svcs[i].Labels[LabelID]; id != "" && svcs[i].Name == ServiceName(id) {
+		if id := serviceID(&svcs[i]); id != "" {
 			svcByID[id] = &svcs[i]
 		}
 	}

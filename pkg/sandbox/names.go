@@ -3,6 +3,7 @@ package sandbox
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	corev1 "k8s.io/api/core/v1"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -47,6 +48,23 @@ func ServiceName(id string) string { return "sandbox-" + id + "-svc" }
 func IsSandbox(obj metav1.Object, id string) bool {
 	l := obj.GetLabels()
 	return l[LabelApp] == LabelAppValue && l[LabelID] == id
+}
+
+// podID is the id of the sandbox whose Pod p is (labelled as a sandbox and
+// named for its id), or "" when p is no sandbox's Pod.
+func podID(p *corev1.Pod) string {
+	if id := p.Labels[LabelID]; id != "" && p.Name == PodName(id) && IsSandbox(p, id) {
+		return id
+	}
+	return ""
+}
+
+// serviceID is podID for Services.
+func serviceID(s *corev1.Service) string {
+	if id := s.Labels[LabelID]; id != "" && s.Name == ServiceName(id) && IsSandbox(s, id) {
+		return id
+	}
+	return ""
 }
 
 // selectorAll selects every sandbox, ours and DeerFlow's, so list adopts leftovers.

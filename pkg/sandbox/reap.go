@@ -45,13 +45,15 @@ func (m *Manager) Reap(ctx context.Context) (Reaped, error) {
 	live := map[string]bool{}
 	svcByID := map[string]*corev1.Service{}
 	for i := range svcs {
-		svcByID[svcs[i].Labels[LabelID]] = &svcs[i]
+		if id := serviceID(&svcs[i]); id != "" {
+			svcByID[id] = &svcs[i]
+		}
 	}
 	for i := range pods {
 		p := &pods[i]
 		id := p.Labels[LabelID]
 		live[id] = true
-		if p.Labels[LabelManagedBy] != ManagedByValue || p.DeletionTimestamp != nil || p.Name != PodName(id) {
+		if p.Labels[LabelManagedBy] != ManagedByValue || p.DeletionTimestamp != nil || podID(p) == "" {
 			continue
 		}
 		reason := expiryReason(p, now)
@@ -64,7 +66,7 @@ func (m *Manager) Reap(ctx context.Context) (Reaped, error) {
 			err := m.client.CoreV1().Pods(m.cfg.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{
 				Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv},
 			})
-			if err != nil || svc == nil || svc.Name != ServiceName(id) || ownerUID(svc.OwnerReferences) != uid {
+			if err != nil || svc == nil || ownerUID(svc.OwnerReferences) != uid {
 				return err
 			}
 			// The GC would remove the Service too, but only eventually: a
@@ -81,7 +83,7 @@ func (m *Manager) Reap(ctx context.Context) (Reaped, error) {
 	for i := range svcs {
 		s := &svcs[i]
 		id := s.Labels[LabelID]
-		if live[id] || s.Labels[LabelManagedBy] != ManagedByValue || s.DeletionTimestamp != nil || s.Name != ServiceName(id) {
+		if live[id] || s.Labels[LabelManagedBy] != ManagedByValue || s.DeletionTimestamp != nil || serviceID(s) == "" {
 			continue
 		}
 		uid := s.UID

@@ -14,7 +14,6 @@ package template
 
 import (
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -179,8 +178,7 @@ func checkSpec(spec *corev1.PodSpec, bad func(field, format string, args ...any)
 			}
 			if sc.Capabilities != nil {
 				for _, c := range sc.Capabilities.Add {
-					name := strings.TrimPrefix(strings.ToUpper(string(c)), "CAP_")
-					if !slices.Contains(config.AllowedCapabilities, name) {
+					if !config.CapabilityAllowed(string(c)) {
 						return bad(f+".securityContext.capabilities.add", "%s is not on the allow-list %s", c, strings.Join(config.AllowedCapabilities, ","))
 					}
 				}
