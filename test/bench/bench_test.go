@@ -22,6 +22,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
@@ -229,33 +230,62 @@ func median(xs []float64) float64 {
 	return s[len(s)/2]
 }
 
-func BenchmarkProvisioner(b *testing.B) {
-	ctx := context.Background()
-	kc, err := cluster.Up(ctx, "bench", 2)
+// benchCluster brings up a kwok cluster with nodes fake nodes.
+func benchCluster(b *testing.B, name string, nodes int) *cluster.Cluster {
+	b.Helper()
+	kc, err := cluster.Up(context.Background(), name, nodes)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer kc.Down()
+	return kc
+}
+
+// useNamespace makes the bench namespace and waits for its default
+// ServiceAccount, without which Pods are refused.
+func useNamespace(b *testing.B, kc *cluster.Cluster) {
+	b.Helper()
+	ctx := context.Background()
 	if err := kc.EnsureNamespace(ctx, ns); err != nil {
 		b.Fatal(err)
 	}
-	for i := 0; i < 300; i++ { // Pods are refused until the default ServiceAccount exists
-		if _, err := kc.Client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{}); err == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := kc.Client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, nil
+	})
+	if err != nil {
+		b.Fatalf("no default ServiceAccount in %s: %v", ns, err)
 	}
-	dir := b.TempDir()
-	bin, err := harness.Build(dir)
+}
+
+// binary is the function as the tests run it (cmd/provisioner on func-go).
+func binary(b *testing.B) string {
+	b.Helper()
+	bin, err := harness.Binary()
 	if err != nil {
 		b.Fatal(err)
 	}
+	return bin
+}
+
+// benchEnv is the function's configuration for kc, with the same
+// client-side rate limits as the floor's client (cluster.Up: 500/1000), so
+// the comparison is of the calls each makes, not of limits: the default,
+// 50/100 per replica, caps creates near 15/s.
+func benchEnv(kc *cluster.Cluster) map[string]string {
 	env := harness.BaseEnv(kc.Kubeconfig, ns)
-	env["MAX_SANDBOXES"] = "5000"
-	// The same client-side rate limits as the floor's client (cluster.Up:
-	// 500/1000), so the comparison is of the calls each makes, not of
-	// limits: the default, 50/100 per replica, caps creates near 15/s.
 	env["K8S_CLIENT_QPS"], env["K8S_CLIENT_BURST"] = "500", "1000"
+	return env
+}
+
+func BenchmarkProvisioner(b *testing.B) {
+	ctx := context.Background()
+	kc := benchCluster(b, "bench", 2)
+	defer kc.Down()
+	useNamespace(b, kc)
+	dir := b.TempDir()
+	bin := binary(b)
+	env := benchEnv(kc)
+	env["MAX_SANDBOXES"] = "5000"
 	res := Results{When: time.Now().UTC()}
 
 	// Cold start: process start to the first 200 on /health, and idle RSS.

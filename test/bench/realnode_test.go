@@ -5,7 +5,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -28,45 +27,24 @@ import (
 // and Service, then watches the Pod until Ready), alternating, in one run.
 func BenchmarkRealNodeCreateToReady(b *testing.B) {
 	ctx := context.Background()
-	kc, err := cluster.Up(ctx, "benchrn", 0)
-	if err != nil {
-		b.Fatal(err)
-	}
+	kc := benchCluster(b, "benchrn", 0)
 	defer kc.Down()
 	rn, err := realnode.Up(ctx, realnode.DefaultPaths(cluster.CacheDir()), realnode.Cluster{Host: kc.Config.Host, PKIDir: kc.PKIDir(), Client: kc.Client})
 	if err != nil {
 		b.Skipf("no real node, so no create → Ready figures: %v", err)
 	}
 	defer rn.Down()
-	if err := kc.EnsureNamespace(ctx, ns); err != nil {
-		b.Fatal(err)
-	}
-	for i := 0; i < 300; i++ {
-		if _, err := kc.Client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{}); err == nil {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	useNamespace(b, kc)
 	dir := b.TempDir()
-	bin, err := harness.Build(dir)
+	bin := binary(b)
+	base, err := realnode.HostBase(b.TempDir())
 	if err != nil {
 		b.Fatal(err)
 	}
-	env := harness.BaseEnv(kc.Kubeconfig, ns)
-	env["SANDBOX_IMAGE"] = realnode.SandboxImage
-	env["SANDBOX_NODE_SELECTOR"] = "sandbox.test/real-node:true"
-	env["SANDBOX_TOLERATIONS"] = realnode.TaintKey + "=true:NoSchedule"
-	env["K8S_CLIENT_QPS"], env["K8S_CLIENT_BURST"] = "500", "1000"
-	// This node's runtime has no user namespaces (the e2e suite shows the
-	// kubelet refusing them), and host-path mode needs its base directory.
-	env["SANDBOX_USER_NAMESPACE"] = "false"
-	base := b.TempDir()
-	for _, d := range []string{"skills/public", "skills/custom", "threads"} {
-		if err := os.MkdirAll(filepath.Join(base, d), 0o777); err != nil {
-			b.Fatal(err)
-		}
+	env := benchEnv(kc)
+	for k, v := range realnode.FunctionEnv(base) {
+		env[k] = v
 	}
-	env["DEER_FLOW_HOST_BASE_DIR"], env["THREADS_HOST_PATH"], env["SKILLS_HOST_PATH"] = base, filepath.Join(base, "threads"), filepath.Join(base, "skills")
 	fn, err := harness.StartBinary(bin, env, filepath.Join(dir, "fn.log"))
 	if err != nil {
 		b.Fatal(err)
@@ -95,10 +73,8 @@ func BenchmarkRealNodeCreateToReady(b *testing.B) {
 					return fmt.Errorf("watch error: %v", ev.Object)
 				}
 				if p, ok := ev.Object.(*corev1.Pod); ok {
-					for _, c := range p.Status.Conditions {
-						if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
-							return nil
-						}
+					if realnode.Ready(p) {
+						return nil
 					}
 				}
 			case <-timeout:

@@ -49,7 +49,9 @@ func CacheDir() string {
 	return filepath.Join(base, "sandbox-provisioner")
 }
 
-func envOr(key, def string) string {
+// EnvOr is the environment variable key, or def when it is unset (how the
+// tests find what hack/lib.sh lets one override).
+func EnvOr(key, def string) string {
 	if v := os.Getenv(key); v != "" {
 		return v
 	}
@@ -58,10 +60,10 @@ func envOr(key, def string) string {
 
 // Up creates a fresh cluster with nodes fake nodes, in a new work directory.
 func Up(ctx context.Context, name string, nodes int) (*Cluster, error) {
-	kubeVersion := envOr("KUBE_VERSION", "v1.36.3")
-	kubeBin := envOr("KUBE_BIN_DIR", filepath.Join(CacheDir(), "kube-"+kubeVersion))
-	kwokBin := envOr("KWOK_BIN_DIR", filepath.Join(CacheDir(), "kwok-"+envOr("KWOK_VERSION", "v0.7.0")))
-	etcd := envOr("ETCD_BIN", filepath.Join(CacheDir(), "etcd-"+envOr("ETCD_VERSION", "v3.6.5"), "etcd"))
+	kubeVersion := EnvOr("KUBE_VERSION", "v1.36.3")
+	kubeBin := EnvOr("KUBE_BIN_DIR", filepath.Join(CacheDir(), "kube-"+kubeVersion))
+	kwokBin := EnvOr("KWOK_BIN_DIR", filepath.Join(CacheDir(), "kwok-"+EnvOr("KWOK_VERSION", "v0.7.0")))
+	etcd := EnvOr("ETCD_BIN", filepath.Join(CacheDir(), "etcd-"+EnvOr("ETCD_VERSION", "v3.6.5"), "etcd"))
 	for _, f := range []string{kubeBin + "/kube-apiserver", kwokBin + "/kwokctl", kwokBin + "/kwok", etcd} {
 		if _, err := os.Stat(f); err != nil {
 			return nil, fmt.Errorf("%s is missing; run hack/install-tools.sh (make tools) first: %w", f, err)
@@ -118,7 +120,7 @@ func Up(ctx context.Context, name string, nodes int) (*Cluster, error) {
 
 func (c *Cluster) run(ctx context.Context, args ...string) error {
 	cmd := exec.CommandContext(ctx, c.kwokctl, append([]string{"--name", c.Name}, args...)...)
-	cmd.Env = append(os.Environ(), "KWOK_WORKDIR="+c.Workdir, "KWOK_KUBE_VERSION="+envOr("KUBE_VERSION", "v1.36.3"))
+	cmd.Env = append(os.Environ(), "KWOK_WORKDIR="+c.Workdir, "KWOK_KUBE_VERSION="+EnvOr("KUBE_VERSION", "v1.36.3"))
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {

@@ -266,7 +266,7 @@ func TestSandboxBoundToItsOwner(t *testing.T) {
 func TestConcurrentWaitsAreCapped(t *testing.T) {
 	ns := namespace(t)
 	const cap, n = 20, 200
-	bin, err := harness.Build(t.TempDir())
+	bin, err := harness.Binary()
 	if err != nil {
 		t.Fatal(err)
 	}

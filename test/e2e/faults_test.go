@@ -161,7 +161,7 @@ func idSetSvc(items []corev1.Service) map[string]bool {
 func TestFunctionKilledMidLoad(t *testing.T) {
 	ns := namespace(t)
 	dir := t.TempDir()
-	bin, err := harness.Build(dir)
+	bin, err := harness.Binary()
 	if err != nil {
 		t.Fatal(err)
 	}

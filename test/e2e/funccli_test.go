@@ -19,7 +19,7 @@ import (
 // module proxy); the test skips, saying so, when it is absent.
 func funcCLI(t *testing.T) string {
 	t.Helper()
-	version := envOr("FUNC_VERSION", "v0.48.4")
+	version := cluster.EnvOr("FUNC_VERSION", "v0.48.4")
 	bin := filepath.Join(cluster.CacheDir(), "func-"+version, "func")
 	if _, err := os.Stat(bin); err != nil {
 		t.Skipf("no func CLI at %s: hack/install-func.sh builds it (make test-e2e does so first): %v", bin, err)

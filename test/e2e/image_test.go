@@ -138,6 +138,20 @@ func (b builtImage) eachFile(t *testing.T, fn func(h *tar.Header, r io.Reader)) 
 	}
 }
 
+// configService is config/400-service.yaml, the Knative Service users deploy.
+func configService(t *testing.T) servingv1.Service {
+	t.Helper()
+	var ksvc servingv1.Service
+	raw, err := os.ReadFile(filepath.Join("..", "..", "config", "400-service.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(raw, &ksvc); err != nil {
+		t.Fatal(err)
+	}
+	return ksvc
+}
+
 // TestImage inspects the image `make image` built with func's host builder,
 // then runs the binary taken from its layers against the test cluster.
 func TestImage(t *testing.T) {
@@ -149,14 +163,7 @@ func TestImage(t *testing.T) {
 	if _, err := fmt.Sscanf(cfg.User, "%d:%d", &uid, &gid); err != nil || uid == 0 {
 		t.Errorf("image user %q: want a numeric non-root uid:gid", cfg.User)
 	}
-	var ksvc servingv1.Service
-	raw, err := os.ReadFile(filepath.Join("..", "..", "config", "400-service.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := yaml.Unmarshal(raw, &ksvc); err != nil {
-		t.Fatal(err)
-	}
+	ksvc := configService(t)
 	sc := ksvc.Spec.Template.Spec.Containers[0].SecurityContext
 	if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
 		t.Error("config/400-service.yaml does not set runAsNonRoot")
@@ -257,7 +264,7 @@ func TestImage(t *testing.T) {
 // registry on 127.0.0.1, and checks that the rendered manifests name the
 // digest the registry holds.
 func TestPushedImageIsWhatDeployNames(t *testing.T) {
-	registry := filepath.Join(cluster.CacheDir(), "registry-"+envOr("REGISTRY_VERSION", "v3.1.2"), "registry")
+	registry := filepath.Join(cluster.CacheDir(), "registry-"+cluster.EnvOr("REGISTRY_VERSION", "v3.1.2"), "registry")
 	if _, err := os.Stat(registry); err != nil {
 		t.Skipf("no registry binary at %s: hack/install-registry.sh builds it (make test-e2e does so first): %v", registry, err)
 	}
@@ -310,13 +317,6 @@ func TestPushedImageIsWhatDeployNames(t *testing.T) {
 	if diff := cmp.Diff(want, images); diff != "" {
 		t.Errorf("deploy manifests' images (-pushed +rendered):\n%s", diff)
 	}
-}
-
-func envOr(key, def string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return def
 }
 
 // process is a helper process a test started.
@@ -398,14 +398,7 @@ func TestImageRunsInCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var ksvc servingv1.Service
-	raw, err := os.ReadFile(filepath.Join("..", "..", "config", "400-service.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := yaml.Unmarshal(raw, &ksvc); err != nil {
-		t.Fatal(err)
-	}
+	ksvc := configService(t)
 	spec := ksvc.Spec.Template.Spec.PodSpec
 	c := &spec.Containers[0]
 	c.Image, c.ImagePullPolicy = ref, corev1.PullNever
@@ -419,7 +412,7 @@ func TestImageRunsInCluster(t *testing.T) {
 	// node's address, which it names; token and CA are the mounted ones.
 	_, apiPort, _ := net.SplitHostPort(strings.TrimPrefix(kc.Config.Host, "https://"))
 	c.Env = append(c.Env, corev1.EnvVar{Name: "KUBERNETES_SERVICE_HOST", Value: rn.HostIP}, corev1.EnvVar{Name: "KUBERNETES_SERVICE_PORT", Value: apiPort})
-	spec.NodeSelector = map[string]string{"sandbox.test/real-node": "true"}
+	spec.NodeSelector = map[string]string{realnode.NodeLabel: "true"}
 	spec.Tolerations = []corev1.Toleration{realnode.Toleration}
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-provisioner-e2e", Namespace: ns, Labels: ksvc.Spec.Template.Labels}, Spec: spec}
 	_ = client().CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
@@ -431,20 +424,8 @@ func TestImageRunsInCluster(t *testing.T) {
 		t.Fatalf("config/'s provisioner as a Pod: %v", err)
 	}
 	defer client().CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{})
-	var ip string
-	eventually(t, 60*time.Second, "the image's Pod Ready (its readiness: connected to the API server)", func() (bool, error) {
-		p, err := client().CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		ip = p.Status.PodIP
-		for _, c := range p.Status.Conditions {
-			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
-				return true, nil
-			}
-		}
-		return false, fmt.Errorf("phase %s %+v", p.Status.Phase, p.Status.ContainerStatuses)
-	})
+	// Ready is the function's readiness: connected to the API server.
+	ip := waitReady(t, "the image's Pod", podNamed(ns, pod.Name)).Status.PodIP
 	f := &harness.Function{URL: "http://" + net.JoinHostPort(ip, "8080"), Client: &http.Client{Timeout: 30 * time.Second}}
 	expectCode(t, mustDo(t, f, "GET", "/api/capabilities", nil), 200, "capabilities from the Pod")
 	r := mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "incluster1", "thread_id": "t1", "user_id": "u1"})

@@ -63,7 +63,7 @@ func Binary() (string, error) {
 			buildErr = err
 			return
 		}
-		builtBin, buildErr = Build(dir)
+		builtBin, buildErr = build(dir)
 	})
 	return builtBin, buildErr
 }
@@ -177,8 +177,8 @@ func (f *Function) DoWithHeaders(method, path string, body any, headers map[stri
 	return out, nil
 }
 
-// Build compiles the provisioner binary into dir and returns its path.
-func Build(dir string) (string, error) {
+// build compiles the provisioner binary into dir and returns its path.
+func build(dir string) (string, error) {
 	bin := filepath.Join(dir, "provisioner")
 	cmd := exec.Command("go", "build", "-o", bin, "github.com/deerflow-sandbox/provisioner/cmd/provisioner")
 	if out, err := cmd.CombinedOutput(); err != nil {

@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"io"
 	"math/big"
+	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -42,12 +43,16 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
+
+	"github.com/deerflow-sandbox/provisioner/test/cluster"
 )
 
 const (
 	// Name is the real node's name; Pods reach it with NodeSelector and
 	// Toleration.
 	Name = "real-node"
+	// NodeLabel is the label (value "true") that selects the real node.
+	NodeLabel = "sandbox.test/real-node"
 	// TaintKey keeps every Pod not meant for the real node off it.
 	TaintKey = "sandbox.test/real-node"
 	// SandboxImage is the stand-in for DeerFlow's sandbox image.
@@ -89,19 +94,54 @@ type Paths struct {
 
 // DefaultPaths are hack/lib.sh's, under cacheDir.
 func DefaultPaths(cacheDir string) Paths {
-	env := func(k, def string) string {
-		if v := os.Getenv(k); v != "" {
-			return v
-		}
-		return def
-	}
-	kube, containerd, knp, cni := env("KUBE_VERSION", "v1.36.3"), env("CONTAINERD_VERSION", "v2.4.2"), env("KNP_VERSION", "v0.7.0"), env("CNI_VERSION", "v1.9.1")
+	kube, containerd := cluster.EnvOr("KUBE_VERSION", "v1.36.3"), cluster.EnvOr("CONTAINERD_VERSION", "v2.4.2")
+	knp, cni := cluster.EnvOr("KNP_VERSION", "v0.7.0"), cluster.EnvOr("CNI_VERSION", "v1.9.1")
 	return Paths{
 		KubeBin:   filepath.Join(cacheDir, "kube-"+kube),
 		NodeBin:   filepath.Join(cacheDir, "node-containerd-"+containerd+"-knp-"+knp),
 		CNIBin:    filepath.Join(cacheDir, "cni-"+cni),
 		ImagesDir: filepath.Join(cacheDir, "node-images"),
 	}
+}
+
+// FunctionEnv is what the function needs, beyond its base settings, to put
+// sandboxes on the real node: the stand-in image, the node's selector and
+// toleration, no user namespace (this node's runtime cannot provide one;
+// the e2e suite shows the kubelet refusing), and DeerFlow's host-path mode
+// under base (see HostBase).
+func FunctionEnv(base string) map[string]string {
+	return map[string]string{
+		"SANDBOX_IMAGE":           SandboxImage,
+		"SANDBOX_NODE_SELECTOR":   NodeLabel + ":true",
+		"SANDBOX_TOLERATIONS":     TaintKey + "=true:NoSchedule",
+		"SANDBOX_USER_NAMESPACE":  "false",
+		"DEER_FLOW_HOST_BASE_DIR": base,
+		"THREADS_HOST_PATH":       filepath.Join(base, "threads"),
+		"SKILLS_HOST_PATH":        filepath.Join(base, "skills"),
+	}
+}
+
+// HostBase makes a DeerFlow base directory under dir on the node (this
+// machine): skills, and a threads directory every sandbox user may write
+// (shared user data is world-writable: a sandbox's user must write its
+// thread's directory).
+func HostBase(dir string) (string, error) {
+	for _, d := range []string{"skills/public", "skills/custom", "threads"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			return "", err
+		}
+	}
+	return dir, os.Chmod(filepath.Join(dir, "threads"), 0o777)
+}
+
+// Ready reports whether a Pod's Ready condition is true.
+func Ready(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // Cluster is what the node needs of the control plane.
@@ -114,8 +154,7 @@ type Cluster struct {
 // Node is a running real node.
 type Node struct {
 	State    string // scratch directory
-	NodeIP   string
-	HostIP   string // this machine's address the API server listens on
+	HostIP   string // this machine's address: the node's, and the API server's
 	Timings  map[string]time.Duration
 	paths    Paths
 	cluster  Cluster
@@ -176,7 +215,6 @@ func Up(ctx context.Context, p Paths, c Cluster) (n *Node, err error) {
 		return n, err
 	}
 	n.HostIP = hostIP()
-	n.NodeIP = n.HostIP
 	step := func(name string, f func() error) error {
 		start := time.Now()
 		if err := f(); err != nil {
@@ -563,8 +601,8 @@ nodeStatusUpdateFrequency: 5s
 		"--cert-dir", filepath.Join(n.State, "kubelet/pki"),
 		"--root-dir", filepath.Join(n.State, "kubelet/root"),
 		"--hostname-override", Name,
-		"--node-ip", n.NodeIP,
-		"--node-labels", "sandbox.test/real-node=true",
+		"--node-ip", n.HostIP,
+		"--node-labels", NodeLabel+"=true",
 		"--v", "1")
 }
 
@@ -709,9 +747,11 @@ func (n *Node) startSurroundings(ctx context.Context) error {
 	}
 	return poll(ctx, 10*time.Second, "public host and metadata listener", func(ctx context.Context) (bool, error) {
 		for _, addr := range []string{PublicIP + ":80", MetadataIP + ":80"} {
-			if err := run(ctx, "bash", "-c", "exec 3<>/dev/tcp/"+strings.Replace(addr, ":", "/", 1)); err != nil {
+			c, err := (&net.Dialer{Timeout: time.Second}).DialContext(ctx, "tcp", addr)
+			if err != nil {
 				return false, err
 			}
+			c.Close()
 		}
 		return true, nil
 	})
