@@ -277,6 +277,22 @@ func benchEnv(kc *cluster.Cluster) map[string]string {
 	return env
 }
 
+// startWithFloor starts the function with env and returns it with the floor
+// for the same configuration.
+func startWithFloor(b *testing.B, kc *cluster.Cluster, bin string, env map[string]string, dir string) (*harness.Function, floor) {
+	b.Helper()
+	fn, err := harness.StartBinary(bin, env, filepath.Join(dir, "fn.log"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg, err := loadConfig(env)
+	if err != nil {
+		fn.Stop()
+		b.Fatal(err)
+	}
+	return fn, floor{cfg: cfg, client: kc.Client}
+}
+
 func BenchmarkProvisioner(b *testing.B) {
 	ctx := context.Background()
 	kc := benchCluster(b, "bench", 2)
@@ -300,16 +316,8 @@ func BenchmarkProvisioner(b *testing.B) {
 	}
 	res.ColdStartMs, res.ColdReadyMs, res.IdleRSSMiB, res.ColdStartRuns = median(starts), median(readies), median(idle), len(starts)
 
-	fn, err := harness.StartBinary(bin, env, filepath.Join(dir, "fn.log"))
-	if err != nil {
-		b.Fatal(err)
-	}
+	fn, fl := startWithFloor(b, kc, bin, env, dir)
 	defer fn.Stop()
-	cfg, err := loadConfig(env)
-	if err != nil {
-		b.Fatal(err)
-	}
-	fl := floor{cfg: cfg, client: kc.Client}
 
 	// Warm both paths (connections, caches) before measuring.
 	for i := 0; i < 20; i++ {

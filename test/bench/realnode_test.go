@@ -5,7 +5,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,7 +16,6 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/test/cluster"
-	"github.com/deerflow-sandbox/provisioner/test/harness"
 	"github.com/deerflow-sandbox/provisioner/test/realnode"
 )
 
@@ -45,16 +43,8 @@ func BenchmarkRealNodeCreateToReady(b *testing.B) {
 	for k, v := range realnode.FunctionEnv(base) {
 		env[k] = v
 	}
-	fn, err := harness.StartBinary(bin, env, filepath.Join(dir, "fn.log"))
-	if err != nil {
-		b.Fatal(err)
-	}
+	fn, fl := startWithFloor(b, kc, bin, env, dir)
 	defer fn.Stop()
-	cfg, err := loadConfig(env)
-	if err != nil {
-		b.Fatal(err)
-	}
-	fl := floor{cfg: cfg, client: kc.Client}
 
 	floorReady := func(id string) error {
 		w, err := kc.Client.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", sandbox.PodName(id)).String()})
