@@ -22,6 +22,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/kube"
 	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
 // backend is the sandbox.Operations the front doors call. Until the
@@ -172,6 +173,28 @@ func (b *backend) Reap(ctx context.Context) (sandbox.Reaped, error) {
 		return sandbox.Reaped{}, err
 	}
 	return m.Reap(ctx)
+}
+
+func (b *backend) Pause(ctx context.Context, id string) (sandbox.Sandbox, error) {
+	return withManager(b, func(m *sandbox.Manager) (sandbox.Sandbox, error) { return m.Pause(ctx, id) })
+}
+
+func (b *backend) Resume(ctx context.Context, id string, wait time.Duration) (sandbox.Sandbox, error) {
+	return withManager(b, func(m *sandbox.Manager) (sandbox.Sandbox, error) { return m.Resume(ctx, id, wait) })
+}
+
+func (b *backend) Templates(ctx context.Context) ([]template.Summary, error) {
+	return withManager(b, func(m *sandbox.Manager) ([]template.Summary, error) { return m.Templates(ctx) })
+}
+
+// withManager runs op once connected, or answers 503.
+func withManager[T any](b *backend, op func(*sandbox.Manager) (T, error)) (T, error) {
+	m, err := b.manager()
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return op(m)
 }
 
 // Review verifies a bearer token with the API server once connected.

@@ -95,6 +95,11 @@ type Config struct {
 	MaxReadyWait   time.Duration `envconfig:"SANDBOX_MAX_READY_WAIT" default:"20s"`
 	RequestTimeout time.Duration `envconfig:"REQUEST_TIMEOUT" default:"8s"`
 
+	// TemplateCacheTTL is how long a sandbox template read from the API
+	// server is reused before it is read again (and re-validated only when
+	// its resourceVersion changed): an edit applies to creates this much later.
+	TemplateCacheTTL time.Duration `envconfig:"SANDBOX_TEMPLATE_CACHE_TTL" default:"1s"`
+
 	// Quotas; 0 means no limit.
 	MaxSandboxes        int `envconfig:"MAX_SANDBOXES" default:"500"`
 	MaxSandboxesPerUser int `envconfig:"MAX_SANDBOXES_PER_USER" default:"0"`
@@ -291,6 +296,9 @@ func (c *Config) Validate() error {
 	}
 	if c.RequestTimeout+c.MaxReadyWait > RuntimeWriteBudget {
 		bad("SANDBOX_MAX_READY_WAIT", "%s plus REQUEST_TIMEOUT %s exceeds %s: the func runtime drops answers after 30 s", c.MaxReadyWait, c.RequestTimeout, RuntimeWriteBudget)
+	}
+	if c.TemplateCacheTTL < 0 || c.TemplateCacheTTL > time.Minute {
+		bad("SANDBOX_TEMPLATE_CACHE_TTL", "%s must be between 0 (read on every create) and 1m", c.TemplateCacheTTL)
 	}
 	if c.MaxConcurrentWaits < 1 {
 		bad("MAX_CONCURRENT_WAITS", "%d must be at least 1", c.MaxConcurrentWaits)

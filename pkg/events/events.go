@@ -35,6 +35,8 @@ const (
 	TypeList    = "dev.deerflow.sandbox.list"
 	TypeDestroy = "dev.deerflow.sandbox.destroy"
 	TypeReap    = "dev.deerflow.sandbox.reap"
+	TypePause   = "dev.deerflow.sandbox.pause"
+	TypeResume  = "dev.deerflow.sandbox.resume"
 	TypePing    = "dev.knative.sources.ping"
 
 	TypeCreated   = "dev.deerflow.sandbox.created"
@@ -42,10 +44,12 @@ const (
 	TypeListed    = "dev.deerflow.sandbox.listed"
 	TypeDestroyed = "dev.deerflow.sandbox.destroyed"
 	TypeReaped    = "dev.deerflow.sandbox.reaped"
+	TypePaused    = "dev.deerflow.sandbox.paused"
+	TypeResumed   = "dev.deerflow.sandbox.resumed"
 )
 
 // RequestTypes lists the event types we accept, in the order we document them.
-var RequestTypes = []string{TypeCreate, TypeGet, TypeList, TypeDestroy, TypeReap, TypePing}
+var RequestTypes = []string{TypeCreate, TypeGet, TypeList, TypeDestroy, TypePause, TypeResume, TypeReap, TypePing}
 
 // operation is one request type's behaviour. Every operation, reads and
 // reap included, needs a credential.
@@ -61,6 +65,8 @@ var operations = map[string]operation{
 	TypeList:    {"list", TypeListed, (*Handler).list},
 	TypeDestroy: {"destroy", TypeDestroyed, (*Handler).destroy},
 	TypeReap:    {"reap", TypeReaped, (*Handler).reap},
+	TypePause:   {"pause", TypePaused, (*Handler).pause},
+	TypeResume:  {"resume", TypeResumed, (*Handler).resume},
 	TypePing:    {"reap", TypeReaped, (*Handler).reap},
 }
 
@@ -252,6 +258,32 @@ func (h *Handler) destroy(ctx context.Context, data []byte, subject string) (any
 	defer cancel()
 	err = h.ops.Destroy(ctx, req.SandboxID)
 	return sandbox.DestroyResponse{OK: true, SandboxID: req.SandboxID}, req.SandboxID, err
+}
+
+func (h *Handler) pause(ctx context.Context, data []byte, subject string) (any, string, error) {
+	req, err := decodeID(data, subject)
+	if err != nil {
+		return nil, "", err
+	}
+	ctx, cancel := readywait.Deadline(ctx, h.cfg, 0)
+	defer cancel()
+	sb, err := h.ops.Pause(ctx, req.SandboxID)
+	return sb, req.SandboxID, err
+}
+
+func (h *Handler) resume(ctx context.Context, data []byte, subject string) (any, string, error) {
+	req, err := decodeID(data, subject)
+	if err != nil {
+		return nil, "", err
+	}
+	wait, err := readywait.FromSeconds(h.cfg, req.WaitSeconds, "wait_seconds")
+	if err != nil {
+		return nil, "", err
+	}
+	ctx, cancel := readywait.Deadline(ctx, h.cfg, wait)
+	defer cancel()
+	sb, err := h.ops.Resume(ctx, req.SandboxID, wait)
+	return sb, req.SandboxID, err
 }
 
 func (h *Handler) reap(ctx context.Context, _ []byte, _ string) (any, string, error) {

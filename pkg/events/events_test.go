@@ -18,6 +18,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
 	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
 // fakeOps records calls; the domain itself is tested against a real API server.
@@ -46,6 +47,15 @@ func (f *fakeOps) Reap(context.Context) (sandbox.Reaped, error) {
 	f.calls = append(f.calls, "reap")
 	return sandbox.Reaped{Removed: []sandbox.ReapedSandbox{}}, nil
 }
+func (f *fakeOps) Pause(_ context.Context, id string) (sandbox.Sandbox, error) {
+	f.calls = append(f.calls, "pause "+id)
+	return sandbox.Sandbox{ID: id, Status: sandbox.StatusPaused}, nil
+}
+func (f *fakeOps) Resume(_ context.Context, id string, _ time.Duration) (sandbox.Sandbox, error) {
+	f.calls = append(f.calls, "resume "+id)
+	return sandbox.Sandbox{ID: id, Status: "Pending"}, nil
+}
+func (f *fakeOps) Templates(context.Context) ([]template.Summary, error) { return nil, nil }
 
 const testKey = "0123456789abcdef-test"
 
@@ -97,6 +107,8 @@ func TestRouting(t *testing.T) {
 		{"get missing", binaryEvent(TypeGet, "missing", ``, key), 404, "", "", []string{"get missing"}},
 		{"list", binaryEvent(TypeList, "", ``, key), 200, TypeListed, "", []string{"list"}},
 		{"destroy", binaryEvent(TypeDestroy, "", `{"sandbox_id":"abc"}`, key), 200, TypeDestroyed, "abc", []string{"destroy abc"}},
+		{"pause", binaryEvent(TypePause, "", `{"sandbox_id":"abc"}`, key), 200, TypePaused, "abc", []string{"pause abc"}},
+		{"resume", binaryEvent(TypeResume, "abc", `{}`, key), 200, TypeResumed, "abc", []string{"resume abc"}},
 		{"ping reaps", binaryEvent(TypePing, "", ``, key), 200, TypeReaped, "", []string{"reap"}},
 		{"reap", binaryEvent(TypeReap, "", ``, key), 200, TypeReaped, "", []string{"reap"}},
 		{"key in the data", binaryEvent(TypeCreate, "", `{"sandbox_id":"abf","api_key":"`+testKey+`"}`, nil), 200, TypeCreated, "abf", []string{"create abf"}},

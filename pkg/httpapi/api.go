@@ -41,6 +41,9 @@ func New(cfg *config.Config, authn *auth.Authenticator, ops sandbox.Operations, 
 	a.route("GET /api/sandboxes", "list", a.list)
 	a.route("GET /api/sandboxes/{id}", "get", a.get)
 	a.route("DELETE /api/sandboxes/{id}", "destroy", a.destroy)
+	a.route("POST /api/sandboxes/{id}/pause", "pause", a.pause)
+	a.route("POST /api/sandboxes/{id}/resume", "resume", a.resume)
+	a.route("GET /api/templates", "templates", a.templates)
 	a.route("POST /api/reap", "reap", a.reap)
 	a.mux.HandleFunc("/", a.notFound)
 	return a
@@ -97,10 +100,29 @@ type Capabilities struct {
 	WaitForReady        bool     `json:"wait_for_ready"`
 	CloudEvents         bool     `json:"cloudevents"`
 	Version             string   `json:"version"`
+	// Templates names the sandbox templates a create may ask for (details
+	// at GET /api/templates); PauseResume says that ReplicaSet sandboxes
+	// can be paused and resumed.
+	Templates   []string `json:"templates"`
+	PauseResume bool     `json:"pause_resume"`
 }
 
-func (a *API) capabilities(w http.ResponseWriter, _ *http.Request) int {
+func (a *API) capabilities(w http.ResponseWriter, r *http.Request) int {
+	ctx, cancel := readywait.Deadline(r.Context(), a.cfg, 0)
+	defer cancel()
+	tmpls, err := a.ops.Templates(ctx)
+	if err != nil {
+		return a.fail(w, r, err)
+	}
+	names := make([]string, 0, len(tmpls))
+	for _, t := range tmpls {
+		if t.Error == "" {
+			names = append(names, t.Name)
+		}
+	}
 	problem.WriteJSON(w, http.StatusOK, Capabilities{
+		Templates:           names,
+		PauseResume:         true,
 		LarkCLIInitImage:    a.cfg.LarkCLIInitImage != "",
 		LarkCLIBrokerImage:  a.cfg.LarkCLIBrokerImage != "",
 		MaxShellSessions:    true,
@@ -189,6 +211,45 @@ func (a *API) destroy(w http.ResponseWriter, r *http.Request) int {
 	return http.StatusOK
 }
 
+func (a *API) pause(w http.ResponseWriter, r *http.Request) int {
+	ctx, cancel := readywait.Deadline(r.Context(), a.cfg, 0)
+	defer cancel()
+	id := r.PathValue("id")
+	sb, err := a.ops.Pause(ctx, id)
+	if err != nil {
+		return a.fail(w, r, err, "sandbox_id", id)
+	}
+	problem.WriteJSON(w, http.StatusOK, sb)
+	return http.StatusOK
+}
+
+func (a *API) resume(w http.ResponseWriter, r *http.Request) int {
+	wait, err := readywait.FromQuery(a.cfg, r.URL.Query().Get("wait"))
+	if err != nil {
+		return problem.Write(w, err)
+	}
+	ctx, cancel := readywait.Deadline(r.Context(), a.cfg, wait)
+	defer cancel()
+	id := r.PathValue("id")
+	sb, err := a.ops.Resume(ctx, id, wait)
+	if err != nil {
+		return a.fail(w, r, err, "sandbox_id", id)
+	}
+	problem.WriteJSON(w, http.StatusOK, sb)
+	return http.StatusOK
+}
+
+func (a *API) templates(w http.ResponseWriter, r *http.Request) int {
+	ctx, cancel := readywait.Deadline(r.Context(), a.cfg, 0)
+	defer cancel()
+	list, err := a.ops.Templates(ctx)
+	if err != nil {
+		return a.fail(w, r, err)
+	}
+	problem.WriteJSON(w, http.StatusOK, sandbox.TemplatesResponse{Templates: list, Count: len(list)})
+	return http.StatusOK
+}
+
 func (a *API) reap(w http.ResponseWriter, r *http.Request) int {
 	ctx, cancel := readywait.Deadline(r.Context(), a.cfg, 0)
 	defer cancel()
@@ -202,7 +263,7 @@ func (a *API) reap(w http.ResponseWriter, r *http.Request) int {
 
 func (a *API) notFound(w http.ResponseWriter, r *http.Request) {
 	problem.WriteDetail(w, http.StatusNotFound, "no such endpoint "+r.Method+" "+r.URL.Path+
-		"; the API is GET /health, GET /api/capabilities, POST|GET /api/sandboxes, GET|DELETE /api/sandboxes/{id}, POST /api/reap")
+		"; the API is GET /health, GET /api/capabilities, GET /api/templates, POST|GET /api/sandboxes, GET|DELETE /api/sandboxes/{id}, POST /api/sandboxes/{id}/pause|resume, POST /api/reap")
 }
 
 // fail logs a failed operation (server-side failures at error level) and answers.

@@ -12,6 +12,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
 // unavailable is a domain that is always down, to check the status mapping.
@@ -26,6 +27,13 @@ func (unavailable) Get(context.Context, string, time.Duration) (sandbox.Sandbox,
 func (unavailable) List(context.Context) ([]sandbox.Sandbox, error) { return nil, nil }
 func (unavailable) Destroy(context.Context, string) error           { return nil }
 func (unavailable) Reap(context.Context) (sandbox.Reaped, error)    { return sandbox.Reaped{}, nil }
+func (unavailable) Pause(context.Context, string) (sandbox.Sandbox, error) {
+	return sandbox.Sandbox{}, nil
+}
+func (unavailable) Resume(context.Context, string, time.Duration) (sandbox.Sandbox, error) {
+	return sandbox.Sandbox{}, nil
+}
+func (unavailable) Templates(context.Context) ([]template.Summary, error) { return nil, nil }
 
 func newAPI(t *testing.T, env map[string]string) *API {
 	for k, v := range env {

@@ -17,8 +17,8 @@ type lifetime struct {
 	idle, max             time.Duration
 }
 
-func lifetimeOf(pod *corev1.Pod) (lifetime, bool) {
-	a := pod.Annotations
+func lifetimeOf(obj metav1.Object) (lifetime, bool) {
+	a := obj.GetAnnotations()
 	created, err1 := time.Parse(time.RFC3339, a[AnnotationCreatedAt])
 	last, err2 := time.Parse(time.RFC3339, a[AnnotationLastActivity])
 	idle, err3 := strconv.ParseInt(a[AnnotationIdleTimeout], 10, 64)
@@ -35,22 +35,33 @@ func (l lifetime) expiresAt() time.Time { return expiresAt(l.created, l.lastActi
 // a busy sandbox is not patched on every request. A failed write is logged by
 // the caller's metrics, not returned: activity is best effort, the answer is not.
 func (m *Manager) touch(ctx context.Context, pod *corev1.Pod) *corev1.Pod {
-	lt, ok := lifetimeOf(pod)
+	patch := m.activityPatch(pod)
+	if patch == nil {
+		return pod
+	}
+	patched, err := m.client.CoreV1().Pods(m.cfg.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
+		return pod
+	}
+	return patched
+}
+
+// activityPatch is the patch that records activity on obj now, or nil when
+// there is nothing to record: not ours (DeerFlow's provisioner made it, no
+// expiry to extend), or recorded less than ActivityThrottle ago.
+func (m *Manager) activityPatch(obj metav1.Object) []byte {
+	lt, ok := lifetimeOf(obj)
 	if !ok {
-		return pod // not ours (DeerFlow's provisioner made it): no expiry to extend
+		return nil
 	}
 	now := time.Now().UTC().Truncate(time.Second)
 	if now.Sub(lt.lastActivity) < m.cfg.ActivityThrottle {
-		return pod
+		return nil
 	}
 	lt.lastActivity = now
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
 		AnnotationLastActivity: now.Format(time.RFC3339),
 		AnnotationExpiresAt:    lt.expiresAt().Format(time.RFC3339),
 	}}})
-	patched, err := m.client.CoreV1().Pods(m.cfg.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
-	if err != nil {
-		return pod
-	}
-	return patched
+	return patch
 }

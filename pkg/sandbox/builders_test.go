@@ -252,7 +252,7 @@ func TestBuildService(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := testConfig(t, tc.env)
-			if diff := cmp.Diff(tc.want, BuildService(cfg, testSpec(), pod)); diff != "" {
+			if diff := cmp.Diff(tc.want, BuildService(cfg, testSpec(), PodOwnerRef(pod))); diff != "" {
 				t.Errorf("BuildService (-want +got):\n%s", diff)
 			}
 		})

@@ -11,7 +11,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
 // maxConvergeAttempts bounds the create-or-adopt loops. Each round trip that
@@ -28,10 +31,12 @@ func (m *Manager) Create(ctx context.Context, s Spec, wait time.Duration) (Sandb
 		return Sandbox{}, err
 	}
 	defer release()
+	if s, err = m.resolveTemplate(ctx, s); err != nil {
+		return Sandbox{}, err
+	}
 	for attempt := 0; ; attempt++ {
 		var (
-			pod               *corev1.Pod
-			svc               *corev1.Service
+			f                 found
 			existed, repaired bool
 			err               error
 		)
@@ -39,14 +44,14 @@ func (m *Manager) Create(ctx context.Context, s Spec, wait time.Duration) (Sandb
 			// Racing creates refused each other: back off for a random moment
 			// so that the next round admits some of them, and create again only
 			// if a count shows room, so that a quota full of young sandboxes
-			// does not cost a Pod created and deleted per round.
+			// does not cost a workload created and deleted per round.
 			if err := sleepCtx(ctx, time.Duration(attempt)*time.Duration(50+rand.IntN(150))*time.Millisecond); err != nil {
 				return Sandbox{}, classify(err, "create the sandbox")
 			}
 			err = m.checkQuota(ctx, s, nil)
 		}
 		if err == nil {
-			pod, svc, existed, repaired, err = m.createOnce(ctx, s)
+			f, existed, repaired, err = m.createOnce(ctx, s)
 		}
 		var qe *quotaError
 		if errors.As(err, &qe) && qe.contended && attempt < maxQuotaRetries {
@@ -58,65 +63,153 @@ func (m *Manager) Create(ctx context.Context, s Spec, wait time.Duration) (Sandb
 		if err != nil {
 			return Sandbox{}, err
 		}
+		obj := f.workload().(runtime.Object)
 		switch {
 		case !existed:
-			m.recorder.Eventf(pod, corev1.EventTypeNormal, "SandboxCreated", "Created sandbox %s for user %s", s.ID, s.UserID)
+			m.recorder.Eventf(obj, corev1.EventTypeNormal, "SandboxCreated", "Created sandbox %s for user %s", s.ID, s.UserID)
 		case repaired:
-			m.recorder.Eventf(pod, corev1.EventTypeNormal, "SandboxRepaired", "Recreated the missing Service of sandbox %s", s.ID)
+			m.recorder.Eventf(obj, corev1.EventTypeNormal, "SandboxRepaired", "Recreated the missing Service of sandbox %s", s.ID)
 		}
 		if wait > 0 {
-			return m.waitReady(ctx, s.ID, pod, svc, wait)
+			return m.waitReady(ctx, s.ID, f, wait)
 		}
-		return m.view(s.ID, pod, svc), nil
+		return m.view(s.ID, f), nil
 	}
 }
 
 // maxQuotaRetries bounds the rounds a create spends on a contended quota.
 const maxQuotaRetries = 4
 
-// createOnce makes one attempt: Pod first, then the Service and the quota
-// count concurrently. Isolation needs no write: the shared NetworkPolicy
-// selects the Pod by label from its first moment.
-func (m *Manager) createOnce(ctx context.Context, s Spec) (pod *corev1.Pod, svc *corev1.Service, existed, repaired bool, err error) {
+// createOnce makes one attempt with the workload kind of the template. An
+// id already taken by a sandbox of the other kind (a paused ReplicaSet
+// sandbox that DeerFlow, sending no template, creates again; a bare Pod
+// sandbox from before templates) is answered with that sandbox.
+func (m *Manager) createOnce(ctx context.Context, s Spec) (found, bool, bool, error) {
 	if err := m.requireIsolation(ctx); err != nil {
-		return nil, nil, false, false, err
+		return found{}, false, false, err
 	}
-	pod, existed, err = m.ensurePod(ctx, s)
+	var (
+		f                 found
+		existed, repaired bool
+		err               error
+	)
+	if s.Resolved != nil && s.Resolved.Kind == template.KindReplicaSet {
+		f, existed, repaired, err = m.createReplicaSetOnce(ctx, s)
+	} else {
+		f, existed, repaired, err = m.createPodOnce(ctx, s)
+	}
+	if !errors.Is(err, errOtherKind) {
+		return f, existed, repaired, err
+	}
+	return m.reuseOtherKind(ctx, s)
+}
+
+// errOtherKind says that the sandbox's Service belongs to a workload of the
+// other kind: the id is taken by a sandbox the create did not expect.
+var errOtherKind = errors.New("the sandbox exists as the other workload kind")
+
+// reuseOtherKind answers a create with the sandbox that holds the id, as
+// DeerFlow's create reuses whatever exists (resuming it if paused).
+func (m *Manager) reuseOtherKind(ctx context.Context, s Spec) (found, bool, bool, error) {
+	f, err := m.fetch(ctx, s.ID)
 	if err != nil {
-		return nil, nil, false, false, err
+		return found{}, false, false, err
+	}
+	switch {
+	case f.rs != nil:
+		if f.rs, err = m.reuseReplicaSet(ctx, f.rs, s); err != nil {
+			return found{}, false, false, err
+		}
+		if paused(f.rs) {
+			f.pod = nil
+		}
+	case f.pod != nil:
+		if err := checkOwner(f.pod, "Pod", s); err != nil {
+			return found{}, false, false, err
+		}
+		if err := checkCapacity(f.pod, s); err != nil {
+			return found{}, false, false, err
+		}
+	default:
+		return found{}, false, false, &Error{Kind: KindConflict, Detail: "sandbox " + s.ID + " is being created and deleted concurrently; retry"}
+	}
+	return f, true, false, nil
+}
+
+// createPodOnce makes one attempt: Pod first, then the Service and the
+// quota count concurrently. Isolation needs no write: the shared
+// NetworkPolicy selects the Pod by label from its first moment.
+func (m *Manager) createPodOnce(ctx context.Context, s Spec) (found, bool, bool, error) {
+	pod, existed, err := m.ensurePod(ctx, s)
+	if err != nil {
+		return found{}, false, false, err
 	}
 	if existed {
 		pod = m.touch(ctx, pod)
 	}
+	svc, repaired, err := m.serviceAndQuota(ctx, s, pod, PodOwnerRef(pod), existed)
+	if errors.Is(err, errOtherKind) && !existed {
+		if uerr := m.undoCreate(context.WithoutCancel(ctx), pod, nil); uerr != nil {
+			return found{}, false, false, uerr
+		}
+	}
+	return found{pod: pod, svc: svc}, existed, repaired, err
+}
 
-	// The Service needs the Pod's UID for its owner reference; the quota
-	// count needs the Pod to exist. The two then overlap, so a create costs
-	// two API round trips, like the bare floor.
+// createReplicaSetOnce is createPodOnce for the ReplicaSet kind. The Pod
+// comes from the ReplicaSet controller, after this returns.
+func (m *Manager) createReplicaSetOnce(ctx context.Context, s Spec) (found, bool, bool, error) {
+	rs, existed, err := m.ensureReplicaSet(ctx, s)
+	if err != nil {
+		return found{}, false, false, err
+	}
+	if existed {
+		rs = m.touchReplicaSet(ctx, rs)
+	}
+	svc, repaired, err := m.serviceAndQuota(ctx, s, rs, replicaSetOwnerRef(rs), existed)
+	if errors.Is(err, errOtherKind) && !existed {
+		if uerr := m.undoCreate(context.WithoutCancel(ctx), rs, nil); uerr != nil {
+			return found{}, false, false, uerr
+		}
+	}
+	f := found{rs: rs, svc: svc}
+	if err == nil && existed && !paused(rs) {
+		if f.pod, err = m.podsOf(ctx, rs); err != nil {
+			return found{}, false, false, err
+		}
+	}
+	return f, existed, repaired, err
+}
+
+// serviceAndQuota ensures the Service owned by the workload and, for a new
+// workload, counts the quota, concurrently: the Service needs the
+// workload's UID, the count needs the workload to exist, so a create costs
+// two API round trips like the bare floor. A refused create is undone.
+func (m *Manager) serviceAndQuota(ctx context.Context, s Spec, workload workloadObject, owner metav1.OwnerReference, existed bool) (*corev1.Service, bool, error) {
 	var (
 		wg               sync.WaitGroup
+		svc              *corev1.Service
+		repaired         bool
 		svcErr, quotaErr error
 	)
 	wg.Add(1)
-	go func() { defer wg.Done(); svc, repaired, svcErr = m.ensureService(ctx, s, pod, existed) }()
+	go func() { defer wg.Done(); svc, repaired, svcErr = m.ensureService(ctx, s, owner, existed) }()
 	if !existed && (m.cfg.MaxSandboxes > 0 || m.cfg.MaxSandboxesPerUser > 0) {
 		wg.Add(1)
-		go func() { defer wg.Done(); quotaErr = m.checkQuota(ctx, s, pod) }()
+		go func() { defer wg.Done(); quotaErr = m.checkQuota(ctx, s, workload) }()
 	}
 	wg.Wait()
 
 	if quotaErr != nil {
 		if KindOf(quotaErr) == KindQuota {
 			// Undo what this call created; a refused create leaves nothing behind.
-			if err := m.undoCreate(context.WithoutCancel(ctx), pod, svc); err != nil {
-				return nil, nil, false, false, err
+			if err := m.undoCreate(context.WithoutCancel(ctx), workload, svc); err != nil {
+				return nil, false, err
 			}
 		}
-		return nil, nil, false, false, quotaErr
+		return nil, false, quotaErr
 	}
-	if svcErr != nil {
-		return nil, nil, false, false, svcErr
-	}
-	return pod, svc, existed, repaired, nil
+	return svc, repaired, svcErr
 }
 
 // ensurePod creates the Pod or adopts the existing one. A Pod that is being
@@ -143,7 +236,7 @@ func (m *Manager) ensurePod(ctx context.Context, s Spec) (*corev1.Pod, bool, err
 		if err != nil {
 			return nil, false, classify(err, "read the existing sandbox Pod")
 		}
-		if err := checkOwner(existing, s); err != nil {
+		if err := checkOwner(existing, "Pod", s); err != nil {
 			return nil, false, err
 		}
 		if existing.DeletionTimestamp != nil {
@@ -165,11 +258,11 @@ func (m *Manager) ensurePod(ctx context.Context, s Spec) (*corev1.Pod, bool, err
 // anyone who can create could pre-create another user's sandbox and receive
 // that user's agent traffic, or take over an existing one. The detail names
 // neither the owner nor the URL.
-func checkOwner(pod *corev1.Pod, s Spec) error {
-	if !IsSandbox(pod, s.ID) {
-		return &Error{Kind: KindConflict, Detail: "a Pod named " + pod.Name + " exists and is not a sandbox; choose another sandbox_id"}
+func checkOwner(obj metav1.Object, kind string, s Spec) error {
+	if !IsSandbox(obj, s.ID) {
+		return &Error{Kind: KindConflict, Detail: "a " + kind + " named " + obj.GetName() + " exists and is not a sandbox; choose another sandbox_id"}
 	}
-	if pod.Annotations[AnnotationUserID] != s.UserID || pod.Annotations[AnnotationThreadID] != s.ThreadID {
+	if a := obj.GetAnnotations(); a[AnnotationUserID] != s.UserID || a[AnnotationThreadID] != s.ThreadID {
 		return &Error{Kind: KindConflict, Detail: "sandbox " + s.ID + " exists for another user or thread; choose another sandbox_id"}
 	}
 	return nil
@@ -177,11 +270,11 @@ func checkOwner(pod *corev1.Pod, s Spec) error {
 
 // checkCapacity refuses to reuse a Pod that was created for fewer shell
 // sessions than now requested, so DeerFlow's backend replaces it.
-func checkCapacity(pod *corev1.Pod, s Spec) error {
+func checkCapacity(obj metav1.Object, s Spec) error {
 	if s.MaxShellSessions == 0 {
 		return nil
 	}
-	have, err := strconv.Atoi(pod.Annotations[AnnotationMaxShellSessions])
+	have, err := strconv.Atoi(obj.GetAnnotations()[AnnotationMaxShellSessions])
 	if err != nil {
 		return &Error{Kind: KindConflict, Detail: "sandbox " + s.ID + " exists but was created without max_shell_sessions; delete it and create it again to get " + strconv.Itoa(s.MaxShellSessions)}
 	}
@@ -192,12 +285,14 @@ func checkCapacity(pod *corev1.Pod, s Spec) error {
 	return nil
 }
 
-// ensureService creates the Service owned by pod, adopting or replacing an
-// existing one. It reports whether it had to create one for a Pod that
-// already existed (a repair). For a Pod that already existed it reads first,
-// since the Service most likely exists too (DeerFlow creates on every reuse).
-func (m *Manager) ensureService(ctx context.Context, s Spec, pod *corev1.Pod, readFirst bool) (*corev1.Service, bool, error) {
-	want := BuildService(m.cfg, s, pod)
+// ensureService creates the Service owned by the workload, adopting or
+// replacing an existing one. It reports whether it had to create one for a
+// workload that already existed (a repair). For a workload that already
+// existed it reads first, since the Service most likely exists too
+// (DeerFlow creates on every reuse). A Service owned by a live workload of
+// the other kind is errOtherKind.
+func (m *Manager) ensureService(ctx context.Context, s Spec, owner metav1.OwnerReference, readFirst bool) (*corev1.Service, bool, error) {
+	want := BuildService(m.cfg, s, owner)
 	svcs := m.client.CoreV1().Services(m.cfg.Namespace)
 	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
 		if !readFirst {
@@ -220,24 +315,35 @@ func (m *Manager) ensureService(ctx context.Context, s Spec, pod *corev1.Pod, re
 		if !IsSandbox(existing, s.ID) {
 			return nil, false, &Error{Kind: KindConflict, Detail: "a Service named " + existing.Name + " exists and is not a sandbox's; choose another sandbox_id"}
 		}
-		switch owner := ownerUID(existing.OwnerReferences); {
-		case owner == pod.UID && existing.DeletionTimestamp == nil:
+		current := sandboxOwner(existing.OwnerReferences)
+		switch {
+		case current != nil && current.UID == owner.UID && existing.DeletionTimestamp == nil:
 			return existing, false, nil
-		case owner == "" && existing.DeletionTimestamp == nil:
+		case current != nil && current.Kind != owner.Kind && existing.DeletionTimestamp == nil:
+			if live, err := m.ownerLives(ctx, *current); err != nil || live {
+				return nil, false, cmpErr(err, errOtherKind)
+			}
+			fallthrough // left over from a workload that is gone: replace it
+		case current != nil:
+			// Left over from an earlier workload of this id (the GC will remove
+			// it anyway): remove it now so the new one gets its Service.
+			err := svcs.Delete(ctx, existing.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(existing.UID))})
+			if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+				return nil, false, classify(err, "replace a stale sandbox Service")
+			}
+			if err := sleepCtx(ctx, time.Duration(attempt+1)*100*time.Millisecond); err != nil {
+				return nil, false, classify(err, "replace a stale sandbox Service")
+			}
+		case existing.DeletionTimestamp == nil:
 			// Made by DeerFlow's provisioner, which sets no owner: adopt it and
 			// keep its node port, so a URL the backend holds stays valid.
-			adopted, err := m.adopt(ctx, existing, pod)
+			adopted, err := m.adopt(ctx, existing, owner)
 			if err != nil {
 				return nil, false, err
 			}
 			return adopted, false, nil
 		default:
-			// Left over from an earlier Pod of this id (the GC will remove it
-			// anyway): remove it now so the new Pod gets its Service.
-			err := svcs.Delete(ctx, existing.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(existing.UID))})
-			if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-				return nil, false, classify(err, "replace a stale sandbox Service")
-			}
+			// Being deleted without an owner: wait for it to go.
 			if err := sleepCtx(ctx, time.Duration(attempt+1)*100*time.Millisecond); err != nil {
 				return nil, false, classify(err, "replace a stale sandbox Service")
 			}
@@ -246,9 +352,9 @@ func (m *Manager) ensureService(ctx context.Context, s Spec, pod *corev1.Pod, re
 	return nil, false, &Error{Kind: KindConflict, Detail: "the Service of sandbox " + s.ID + " is changing concurrently; retry"}
 }
 
-func (m *Manager) adopt(ctx context.Context, svc *corev1.Service, pod *corev1.Pod) (*corev1.Service, error) {
+func (m *Manager) adopt(ctx context.Context, svc *corev1.Service, owner metav1.OwnerReference) (*corev1.Service, error) {
 	c := svc.DeepCopy()
-	c.OwnerReferences = append(c.OwnerReferences, ownerRef(pod))
+	c.OwnerReferences = append(c.OwnerReferences, owner)
 	updated, err := m.client.CoreV1().Services(m.cfg.Namespace).Update(ctx, c, metav1.UpdateOptions{})
 	if err != nil {
 		return nil, classify(err, "adopt the existing sandbox Service")
@@ -256,13 +362,50 @@ func (m *Manager) adopt(ctx context.Context, svc *corev1.Service, pod *corev1.Po
 	return updated, nil
 }
 
-func ownerUID(refs []metav1.OwnerReference) types.UID {
-	for _, r := range refs {
-		if r.Kind == "Pod" && r.APIVersion == "v1" {
-			return r.UID
+// sandboxOwner is the workload a sandbox Service belongs to, if any.
+func sandboxOwner(refs []metav1.OwnerReference) *metav1.OwnerReference {
+	for i, r := range refs {
+		if r.Kind == "Pod" && r.APIVersion == "v1" || r.Kind == "ReplicaSet" && r.APIVersion == "apps/v1" {
+			return &refs[i]
 		}
 	}
+	return nil
+}
+
+func ownerUID(refs []metav1.OwnerReference) types.UID {
+	if r := sandboxOwner(refs); r != nil {
+		return r.UID
+	}
 	return ""
+}
+
+// ownerLives reports whether the workload ref names still exists (same UID,
+// not being deleted).
+func (m *Manager) ownerLives(ctx context.Context, ref metav1.OwnerReference) (bool, error) {
+	var (
+		obj metav1.Object
+		err error
+	)
+	if ref.Kind == "ReplicaSet" {
+		obj, err = m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	} else {
+		obj, err = m.client.CoreV1().Pods(m.cfg.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	}
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, classify(err, "read the workload of the sandbox Service")
+	}
+	return obj.GetUID() == ref.UID && obj.GetDeletionTimestamp() == nil, nil
+}
+
+// cmpErr is err when set, otherwise fallback.
+func cmpErr(err, fallback error) error {
+	if err != nil {
+		return err
+	}
+	return fallback
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {

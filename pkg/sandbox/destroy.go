@@ -5,12 +5,15 @@ import (
 	"errors"
 	"sync"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
 )
 
-// Destroy removes a sandbox's Service, then its Pod. An id that never
+// Destroy removes a sandbox's Service, then its ReplicaSet and Pod. An id that never
 // existed is not an error. Only objects that carry the sandbox's labels are
 // touched, each deleted with a UID precondition, so a Pod that merely shares
 // the name, or one created since we looked, is left alone. The order is for
@@ -23,41 +26,62 @@ func (m *Manager) Destroy(ctx context.Context, id string) error {
 	if err := ValidateID(id); err != nil {
 		return err
 	}
-	pod, svc, err := m.fetch(ctx, id)
+	f, err := m.fetch(ctx, id)
 	if err != nil {
 		return err
 	}
-	if svc != nil {
-		err := m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, svc.Name, metav1.DeleteOptions{
-			Preconditions: metav1.NewUIDPreconditions(string(svc.UID))})
+	if f.svc != nil {
+		err := m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, f.svc.Name, metav1.DeleteOptions{
+			Preconditions: metav1.NewUIDPreconditions(string(f.svc.UID))})
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return classify(err, "delete sandbox "+id)
 		}
 	}
-	if pod != nil {
-		background := metav1.DeletePropagationBackground
-		err := m.client.CoreV1().Pods(m.cfg.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
-			Preconditions: metav1.NewUIDPreconditions(string(pod.UID)), PropagationPolicy: &background})
-		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+	// The ReplicaSet first, so that it does not replace the Pod deleted next.
+	if f.rs != nil {
+		if err := runAll([]func() error{m.deleteWorkload(ctx, f.rs, nil)}); err != nil {
 			return classify(err, "delete sandbox "+id)
 		}
 	}
-	return nil
+	// A bare Pod, or the ReplicaSet's current one: deleted now rather than
+	// left to the garbage collector, so the sandbox stops at once.
+	var deletes []func() error
+	for _, p := range []*corev1.Pod{f.pod, f.stray} {
+		if p != nil {
+			deletes = append(deletes, m.deleteWorkload(ctx, p, nil))
+		}
+	}
+	return classify(runAll(deletes), "delete sandbox "+id)
+}
+
+// workloadObject is a sandbox's Pod or ReplicaSet.
+type workloadObject interface {
+	metav1.Object
+	runtime.Object
+}
+
+// deleteWorkload deletes a Pod or ReplicaSet with a UID precondition (so an
+// object created since is left alone); the dependents go in the background.
+func (m *Manager) deleteWorkload(ctx context.Context, obj workloadObject, grace *int64) func() error {
+	background := metav1.DeletePropagationBackground
+	opts := metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(obj.GetUID())), PropagationPolicy: &background, GracePeriodSeconds: grace}
+	return func() error {
+		if _, ok := obj.(*appsv1.ReplicaSet); ok {
+			return m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Delete(ctx, obj.GetName(), opts)
+		}
+		return m.client.CoreV1().Pods(m.cfg.Namespace).Delete(ctx, obj.GetName(), opts)
+	}
 }
 
 // undoCreate removes what a refused create made, all of it at once rather
 // than leaving the Service to the GC, so a retry of the same
 // id finds nothing stale. Preconditions on the UIDs keep it from deleting
 // objects that another caller created since.
-func (m *Manager) undoCreate(ctx context.Context, pod *corev1.Pod, svc *corev1.Service) error {
-	deletes := []func() error{func() error {
-		// No grace period: the Pod never served anyone, and a retry of this
-		// create must not wait for it to terminate.
-		zero := int64(0)
-		return m.client.CoreV1().Pods(m.cfg.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
-			Preconditions: metav1.NewUIDPreconditions(string(pod.UID)), GracePeriodSeconds: &zero})
-	}}
-	if svc != nil && ownerUID(svc.OwnerReferences) == pod.UID {
+func (m *Manager) undoCreate(ctx context.Context, workload workloadObject, svc *corev1.Service) error {
+	// No grace period: the Pod never served anyone, and a retry of this
+	// create must not wait for it to terminate.
+	deletes := []func() error{m.deleteWorkload(ctx, workload, ptr.To(int64(0)))}
+	if svc != nil && ownerUID(svc.OwnerReferences) == workload.GetUID() {
 		deletes = append(deletes, func() error {
 			return m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, svc.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(svc.UID))})
 		})

@@ -54,7 +54,7 @@ func FuzzCreateRequest(f *testing.F) {
 			return
 		}
 		checkInvariants(t, cfg.HostBaseDir, s, BuildPod(cfg, s))
-		svc := BuildService(cfg, s, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: PodName(s.ID), UID: "u"}})
+		svc := BuildService(cfg, s, PodOwnerRef(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: PodName(s.ID), UID: "u"}}))
 		if msgs := validation.IsDNS1123Label(svc.Name); len(msgs) > 0 {
 			t.Fatalf("Service name %q: %v", svc.Name, msgs)
 		}

@@ -2,15 +2,14 @@ package sandbox
 
 import (
 	"context"
-	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"golang.org/x/sync/errgroup"
 )
 
-// Get returns one sandbox. Only the absence of both its Pod and its Service
+// Get returns one sandbox. Only the absence of its workload and its Service
 // is "not found"; any failure to ask is a transient error, never a 404,
 // because DeerFlow deletes its record of a sandbox on 404. A Get counts as
 // activity. With wait > 0 it waits (by watch) until the Pod is Ready.
@@ -23,52 +22,70 @@ func (m *Manager) Get(ctx context.Context, id string, wait time.Duration) (Sandb
 		return Sandbox{}, err
 	}
 	defer release()
-	pod, svc, err := m.fetch(ctx, id)
+	f, err := m.fetch(ctx, id)
 	if err != nil {
 		return Sandbox{}, err
 	}
-	if pod == nil && svc == nil {
+	switch {
+	case f.pod == nil && f.rs == nil && f.svc == nil:
 		return Sandbox{}, &Error{Kind: KindNotFound, Detail: "sandbox " + id + " not found"}
+	case f.rs != nil:
+		f.rs = m.touchReplicaSet(ctx, f.rs)
+	case f.pod != nil:
+		f.pod = m.touch(ctx, f.pod)
 	}
-	if pod != nil {
-		pod = m.touch(ctx, pod)
-		if wait > 0 {
-			return m.waitReady(ctx, id, pod, svc, wait)
-		}
+	if wait > 0 && f.workload() != nil {
+		return m.waitReady(ctx, id, f, wait)
 	}
-	return m.view(id, pod, svc), nil
+	return m.view(id, f), nil
 }
 
-// fetch reads a sandbox's Pod and Service concurrently; nil means absent.
-// An object with the name but not the sandbox labels is absent too.
-func (m *Manager) fetch(ctx context.Context, id string) (*corev1.Pod, *corev1.Service, error) {
-	var (
-		wg             sync.WaitGroup
-		pod            *corev1.Pod
-		svc            *corev1.Service
-		podErr, svcErr error
-	)
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		pod, podErr = m.client.CoreV1().Pods(m.cfg.Namespace).Get(ctx, PodName(id), metav1.GetOptions{})
-		if apierrors.IsNotFound(podErr) || (podErr == nil && (pod.DeletionTimestamp != nil || !IsSandbox(pod, id))) {
-			pod, podErr = nil, nil // a terminating Pod is already gone to our callers
+// fetch reads a sandbox's Pod, ReplicaSet and Service concurrently; nil
+// means absent. An object with the name but not the sandbox labels is
+// absent too, and so is one being deleted. For a ReplicaSet sandbox that is
+// not paused, its current Pod is read after (one more call).
+func (m *Manager) fetch(ctx context.Context, id string) (found, error) {
+	var f found
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		pod, err := m.client.CoreV1().Pods(m.cfg.Namespace).Get(gctx, PodName(id), metav1.GetOptions{})
+		if apierrors.IsNotFound(err) || (err == nil && (pod.DeletionTimestamp != nil || !IsSandbox(pod, id))) {
+			return nil // a terminating Pod is already gone to our callers
 		}
-	}()
-	go func() {
-		defer wg.Done()
-		svc, svcErr = m.client.CoreV1().Services(m.cfg.Namespace).Get(ctx, ServiceName(id), metav1.GetOptions{})
-		if apierrors.IsNotFound(svcErr) || (svcErr == nil && !IsSandbox(svc, id)) {
-			svc, svcErr = nil, nil
+		f.pod = pod
+		return classify(err, "read the sandbox Pod")
+	})
+	g.Go(func() error {
+		rs, err := m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Get(gctx, PodName(id), metav1.GetOptions{})
+		if apierrors.IsNotFound(err) || (err == nil && (rs.DeletionTimestamp != nil || !IsSandbox(rs, id))) {
+			return nil
 		}
-	}()
-	wg.Wait()
-	if podErr != nil {
-		return nil, nil, classify(podErr, "read the sandbox Pod")
+		f.rs = rs
+		return classify(err, "read the sandbox ReplicaSet")
+	})
+	g.Go(func() error {
+		svc, err := m.client.CoreV1().Services(m.cfg.Namespace).Get(gctx, ServiceName(id), metav1.GetOptions{})
+		if apierrors.IsNotFound(err) || (err == nil && !IsSandbox(svc, id)) {
+			return nil
+		}
+		f.svc = svc
+		return classify(err, "read the sandbox Service")
+	})
+	if err := g.Wait(); err != nil {
+		return found{}, err
 	}
-	if svcErr != nil {
-		return nil, nil, classify(svcErr, "read the sandbox Service")
+	if f.rs != nil {
+		// A bare Pod beside a ReplicaSet (two creates of both kinds racing)
+		// is not this sandbox's Pod; destroy removes it too.
+		f.stray, f.pod = f.pod, nil
+		if !paused(f.rs) {
+			pod, err := m.podsOf(ctx, f.rs)
+			if err != nil {
+				return found{}, err
+			}
+			f.pod = pod
+		}
 	}
-	return pod, svc, nil
+	return f, nil
 }
+

@@ -3,72 +3,106 @@ package sandbox
 import (
 	"context"
 	"sort"
-	"sync"
 
+	"golang.org/x/sync/errgroup"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// List returns every sandbox in the namespace, whole or half-present, in two
-// API calls whatever the count: one Pod list and one Service list, by label,
-// issued concurrently. DeerFlow's provisioner made one call per sandbox.
+// List returns every sandbox in the namespace, whole or half-present, in
+// three API calls whatever the count: one list per kind (Pods, ReplicaSets,
+// Services), by label, issued concurrently. DeerFlow's provisioner made one
+// call per sandbox.
 func (m *Manager) List(ctx context.Context) ([]Sandbox, error) {
-	pods, svcs, err := m.listAll(ctx)
+	all, err := m.listAll(ctx)
 	if err != nil {
 		return nil, err
 	}
-	byID := map[string]*corev1.Pod{}
-	for i := range pods {
-		if id := podID(&pods[i]); id != "" && pods[i].DeletionTimestamp == nil {
-			byID[id] = &pods[i]
-		}
-	}
-	svcByID := map[string]*corev1.Service{}
-	for i := range svcs {
-		if id := serviceID(&svcs[i]); id != "" {
-			svcByID[id] = &svcs[i]
-		}
-	}
-	ids := make([]string, 0, len(byID)+len(svcByID))
+	byID := all.byID()
+	ids := make([]string, 0, len(byID))
 	for id := range byID {
 		ids = append(ids, id)
-	}
-	for id := range svcByID {
-		if byID[id] == nil {
-			ids = append(ids, id)
-		}
 	}
 	sort.Strings(ids)
 	out := make([]Sandbox, 0, len(ids))
 	for _, id := range ids {
-		out = append(out, m.view(id, byID[id], svcByID[id]))
+		out = append(out, m.view(id, *byID[id]))
 	}
 	return out, nil
 }
 
-func (m *Manager) listAll(ctx context.Context) ([]corev1.Pod, []corev1.Service, error) {
-	var (
-		wg             sync.WaitGroup
-		pods           *corev1.PodList
-		svcs           *corev1.ServiceList
-		podErr, svcErr error
-	)
+// everything is one list of each kind of sandbox object.
+type everything struct {
+	pods []corev1.Pod
+	rss  []appsv1.ReplicaSet
+	svcs []corev1.Service
+}
+
+// byID groups the lists into sandboxes, as fetch reads one: objects being
+// deleted are gone, a ReplicaSet's Pods are found through their controller.
+func (e everything) byID() map[string]*found {
+	out := map[string]*found{}
+	get := func(id string) *found {
+		if out[id] == nil {
+			out[id] = &found{}
+		}
+		return out[id]
+	}
+	for i := range e.svcs {
+		if id := serviceID(&e.svcs[i]); id != "" {
+			get(id).svc = &e.svcs[i]
+		}
+	}
+	for i := range e.rss {
+		if id := replicaSetID(&e.rss[i]); id != "" && e.rss[i].DeletionTimestamp == nil {
+			get(id).rs = &e.rss[i]
+		}
+	}
+	for i := range e.pods {
+		if id := podID(&e.pods[i]); id != "" && e.pods[i].DeletionTimestamp == nil {
+			if f := get(id); f.rs == nil {
+				f.pod = &e.pods[i]
+			} else {
+				f.stray = &e.pods[i]
+			}
+		}
+	}
+	for _, f := range out {
+		if f.rs != nil && !paused(f.rs) {
+			f.pod = replicaSetPod(f.rs, e.pods)
+		}
+	}
+	return out
+}
+
+func (m *Manager) listAll(ctx context.Context) (everything, error) {
+	var e everything
 	opts := metav1.ListOptions{LabelSelector: selectorAll}
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		pods, podErr = m.client.CoreV1().Pods(m.cfg.Namespace).List(ctx, opts)
-	}()
-	go func() {
-		defer wg.Done()
-		svcs, svcErr = m.client.CoreV1().Services(m.cfg.Namespace).List(ctx, opts)
-	}()
-	wg.Wait()
-	if podErr != nil {
-		return nil, nil, classify(podErr, "list sandbox Pods")
-	}
-	if svcErr != nil {
-		return nil, nil, classify(svcErr, "list sandbox Services")
-	}
-	return pods.Items, svcs.Items, nil
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		l, err := m.client.CoreV1().Pods(m.cfg.Namespace).List(gctx, opts)
+		if err != nil {
+			return classify(err, "list sandbox Pods")
+		}
+		e.pods = l.Items
+		return nil
+	})
+	g.Go(func() error {
+		l, err := m.client.AppsV1().ReplicaSets(m.cfg.Namespace).List(gctx, opts)
+		if err != nil {
+			return classify(err, "list sandbox ReplicaSets")
+		}
+		e.rss = l.Items
+		return nil
+	})
+	g.Go(func() error {
+		l, err := m.client.CoreV1().Services(m.cfg.Namespace).List(gctx, opts)
+		if err != nil {
+			return classify(err, "list sandbox Services")
+		}
+		e.svcs = l.Items
+		return nil
+	})
+	return e, g.Wait()
 }

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
 // Sandbox is what the provisioner reports about one sandbox. The first three
@@ -56,6 +58,7 @@ type Manager struct {
 	// readiness (each holds an API watch); MAX_CONCURRENT_WAITS bounds it.
 	waits     chan struct{}
 	isolation isolation
+	templates *template.Store
 }
 
 // Option customises a Manager.
@@ -70,7 +73,7 @@ func WithObserver(o Observer) Option { return func(m *Manager) { m.observer = o 
 // NewManager returns a Manager over client.
 func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option) *Manager {
 	m := &Manager{cfg: cfg, client: client, recorder: nopRecorder{}, observer: nopObserver{},
-		waits: make(chan struct{}, max(cfg.MaxConcurrentWaits, 1))}
+		waits: make(chan struct{}, max(cfg.MaxConcurrentWaits, 1)), templates: template.NewStore(client, cfg)}
 	for _, o := range opts {
 		o(m)
 	}
@@ -103,30 +106,41 @@ func (nopObserver) CreateToReady(time.Duration) {}
 func (nopObserver) Reaped(string)               {}
 func (nopObserver) QuotaRefused(string)         {}
 
-// view joins a sandbox's Pod and Service (either may be nil) into a Sandbox.
-func (m *Manager) view(id string, pod *corev1.Pod, svc *corev1.Service) Sandbox {
+// view joins what exists of a sandbox into a Sandbox.
+func (m *Manager) view(id string, f found) Sandbox {
 	sb := Sandbox{ID: id, Status: StatusNotFound}
-	if svc != nil {
-		sb.URL = m.url(svc)
+	if f.svc != nil {
+		sb.URL = m.url(f.svc)
 	} else {
 		sb.Missing = append(sb.Missing, "service")
 	}
-	if pod == nil {
+	if w := f.workload(); w != nil {
+		if n, err := strconv.Atoi(w.GetAnnotations()[AnnotationMaxShellSessions]); err == nil {
+			sb.MaxShellSessions = &n
+		}
+		sb.ExpiresAt = w.GetAnnotations()[AnnotationExpiresAt]
+	}
+	switch {
+	case f.rs != nil && paused(f.rs):
+		sb.Status = StatusPaused
+		return sb
+	case f.rs != nil && f.pod == nil:
+		// The ReplicaSet is (re)creating its Pod.
+		sb.Status = string(corev1.PodPending)
+		return sb
+	case f.pod == nil:
 		sb.Missing = append(sb.Missing, "pod")
 		return sb
 	}
+	pod := f.pod
 	sb.Status = string(pod.Status.Phase)
 	if sb.Status == "" {
 		sb.Status = string(corev1.PodPending)
 	}
-	sb.Ready = podReady(pod) && svc != nil
-	if n, err := strconv.Atoi(pod.Annotations[AnnotationMaxShellSessions]); err == nil {
-		sb.MaxShellSessions = &n
-	}
-	sb.ExpiresAt = pod.Annotations[AnnotationExpiresAt]
+	sb.Ready = podReady(pod) && f.svc != nil
 	// A Pod that DeerFlow cannot reach is not alive to it: without a Service
 	// it reports Pending, so the backend's next create repairs it.
-	if svc == nil && sb.Status == string(corev1.PodRunning) {
+	if f.svc == nil && sb.Status == string(corev1.PodRunning) {
 		sb.Status = string(corev1.PodPending)
 	}
 	return sb
@@ -160,4 +174,10 @@ func podReady(pod *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// Templates lists the sandbox templates (GET /api/templates).
+func (m *Manager) Templates(ctx context.Context) ([]template.Summary, error) {
+	list, err := m.templates.List(ctx)
+	return list, classify(err, "list sandbox templates")
 }

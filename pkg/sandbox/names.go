@@ -3,6 +3,7 @@ package sandbox
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -30,6 +31,13 @@ const (
 	AnnotationMaxLifetime      = "sandbox.deerflow.dev/max-lifetime-seconds"
 	AnnotationExpiresAt        = "sandbox.deerflow.dev/expires-at"
 	AnnotationMaxShellSessions = "sandbox.deerflow.dev/max-shell-sessions"
+	// AnnotationTemplate names the template a sandbox was made from.
+	AnnotationTemplate = "sandbox.deerflow.dev/template-name"
+	// On a ReplicaSet sandbox: what the reap does when it is idle, how long
+	// it may stay paused, and since when it is.
+	AnnotationIdleAction    = "sandbox.deerflow.dev/idle-action"
+	AnnotationPausedTimeout = "sandbox.deerflow.dev/paused-timeout-seconds"
+	AnnotationPausedAt      = "sandbox.deerflow.dev/paused-at"
 
 	containerName = "sandbox"
 	portName      = "http"
@@ -62,6 +70,14 @@ func podID(p *corev1.Pod) string {
 // serviceID is podID for Services.
 func serviceID(s *corev1.Service) string {
 	if id := s.Labels[LabelID]; id != "" && s.Name == ServiceName(id) && IsSandbox(s, id) {
+		return id
+	}
+	return ""
+}
+
+// replicaSetID is podID for ReplicaSets, which share the Pod's name.
+func replicaSetID(rs *appsv1.ReplicaSet) string {
+	if id := rs.Labels[LabelID]; id != "" && rs.Name == PodName(id) && IsSandbox(rs, id) {
 		return id
 	}
 	return ""

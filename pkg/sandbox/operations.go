@@ -3,6 +3,8 @@ package sandbox
 import (
 	"context"
 	"time"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
 // Operations is what the front doors (HTTP and CloudEvents) call: one domain
@@ -13,6 +15,9 @@ type Operations interface {
 	List(ctx context.Context) ([]Sandbox, error)
 	Destroy(ctx context.Context, id string) error
 	Reap(ctx context.Context) (Reaped, error)
+	Pause(ctx context.Context, id string) (Sandbox, error)
+	Resume(ctx context.Context, id string, wait time.Duration) (Sandbox, error)
+	Templates(ctx context.Context) ([]template.Summary, error)
 }
 
 var _ Operations = (*Manager)(nil)
@@ -27,4 +32,10 @@ type ListResponse struct {
 type DestroyResponse struct {
 	OK        bool   `json:"ok"`
 	SandboxID string `json:"sandbox_id"`
+}
+
+// TemplatesResponse is the body of GET /api/templates.
+type TemplatesResponse struct {
+	Templates []template.Summary `json:"templates"`
+	Count     int                `json:"count"`
 }

@@ -118,6 +118,9 @@ func BuildPod(cfg *config.Config, s Spec) *corev1.Pod {
 		pod.Spec.NodeSelector = nil
 	}
 	addLarkContainers(cfg, s, pod, mounts)
+	if s.Resolved != nil {
+		applyTemplate(cfg, s.Resolved, pod)
+	}
 	return pod
 }
 
@@ -139,16 +142,18 @@ func podMounts(cfg *config.Config, s Spec) []mountEntry {
 		}
 		return hostMount(cfg, at, path.Join(cfg.SkillsHostPath, name), true)
 	}
-	set(skills("public", mountSkillsPublic))
-	set(skills("custom", mountSkillsCustom))
-	if s.IncludeLegacySkills {
-		set(skills("legacy", mountSkillsLegacy))
-	}
-	if cfg.UserdataPVCName != "" {
-		set(mountEntry{path: mountUserData, volume: pvcVolume("user-data", cfg.UserdataPVCName, false),
-			subPath: path.Join("users", s.UserID, "threads", s.ThreadID, "user-data")})
-	} else {
-		set(hostMount(cfg, mountUserData, path.Join(cfg.ThreadsHostPath, s.ThreadID, "user-data"), false))
+	if s.Resolved == nil || s.Resolved.DeerFlowMounts {
+		set(skills("public", mountSkillsPublic))
+		set(skills("custom", mountSkillsCustom))
+		if s.IncludeLegacySkills {
+			set(skills("legacy", mountSkillsLegacy))
+		}
+		if cfg.UserdataPVCName != "" {
+			set(mountEntry{path: mountUserData, volume: pvcVolume("user-data", cfg.UserdataPVCName, false),
+				subPath: path.Join("users", s.UserID, "threads", s.ThreadID, "user-data")})
+		} else {
+			set(hostMount(cfg, mountUserData, path.Join(cfg.ThreadsHostPath, s.ThreadID, "user-data"), false))
+		}
 	}
 	if s.LarkCLIRuntime {
 		set(mountEntry{path: mountLarkRuntime, volume: corev1.Volume{Name: "lark-cli-runtime",

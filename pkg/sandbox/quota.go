@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -37,50 +39,86 @@ const settled = 3 * time.Second
 // the Pod that the retry would create counts as one more, and a sandbox of
 // this id that someone else created meanwhile means room (it is never
 // refused).
-func (m *Manager) checkQuota(ctx context.Context, s Spec, own *corev1.Pod) error {
+func (m *Manager) checkQuota(ctx context.Context, s Spec, own workloadObject) error {
 	prospective := 0
 	if own == nil {
 		prospective = 1
 	}
+	var ownMeta metav1.Object
+	if own != nil {
+		ownMeta = own
+	}
 	if m.cfg.MaxSandboxesPerUser == 0 {
-		// Fast path: every sandbox is a Pod in the namespace, so if the
-		// namespace holds no more Pods than the limit, neither can the
-		// sandboxes be over it. A list of one item tells the total through
-		// remainingItemCount, at a fraction of the cost of listing every
-		// sandbox; the full count runs only near the limit.
-		page, err := m.countList(ctx, own, metav1.ListOptions{Limit: 1})
-		if err != nil {
+		// Fast path: every sandbox is a Pod or a ReplicaSet in the namespace,
+		// so if the namespace holds no more of both than the limit, neither
+		// can the sandboxes be over it. A list of one item tells the total
+		// through remainingItemCount, at a fraction of the cost of listing
+		// every sandbox; the full count runs only near the limit.
+		var pods *corev1.PodList
+		var rss *appsv1.ReplicaSetList
+		g, gctx := errgroup.WithContext(ctx)
+		one := metav1.ListOptions{Limit: 1}
+		g.Go(func() (err error) { pods, err = listFresh(gctx, ownMeta, one, m.client.CoreV1().Pods(m.cfg.Namespace).List); return err })
+		g.Go(func() (err error) {
+			rss, err = listFresh(gctx, ownMeta, one, m.client.AppsV1().ReplicaSets(m.cfg.Namespace).List)
+			return err
+		})
+		if err := g.Wait(); err != nil {
 			return classify(err, "count sandboxes for the quota")
 		}
-		total := int64(len(page.Items) + prospective)
-		if page.RemainingItemCount != nil {
-			total += *page.RemainingItemCount
+		total, exact := int64(len(pods.Items)+len(rss.Items)+prospective), true
+		for _, meta := range []metav1.ListMeta{pods.ListMeta, rss.ListMeta} {
+			if meta.RemainingItemCount != nil {
+				total += *meta.RemainingItemCount
+			} else if meta.Continue != "" {
+				exact = false
+			}
 		}
-		if (page.Continue == "" || page.RemainingItemCount != nil) && total <= int64(m.cfg.MaxSandboxes) {
+		if exact && total <= int64(m.cfg.MaxSandboxes) {
 			return nil
 		}
 	}
-	list, err := m.countList(ctx, own, metav1.ListOptions{LabelSelector: selectorAll})
-	if err != nil {
+	var pods *corev1.PodList
+	var rss *appsv1.ReplicaSetList
+	g, gctx := errgroup.WithContext(ctx)
+	all := metav1.ListOptions{LabelSelector: selectorAll}
+	g.Go(func() (err error) { pods, err = listFresh(gctx, ownMeta, all, m.client.CoreV1().Pods(m.cfg.Namespace).List); return err })
+	g.Go(func() (err error) {
+		rss, err = listFresh(gctx, ownMeta, all, m.client.AppsV1().ReplicaSets(m.cfg.Namespace).List)
+		return err
+	})
+	if err := g.Wait(); err != nil {
 		return classify(err, "count sandboxes for the quota")
+	}
+	// One entry per sandbox: a bare Pod, or a ReplicaSet (paused or not;
+	// its Pods are not counted again).
+	var sandboxes []metav1.Object
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if podID(p) == "" || p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue // on its way out; the reaper removes ended Pods
+		}
+		sandboxes = append(sandboxes, p)
+	}
+	for i := range rss.Items {
+		if rs := &rss.Items[i]; replicaSetID(rs) != "" && rs.DeletionTimestamp == nil {
+			sandboxes = append(sandboxes, rs)
+		}
 	}
 	total, mine, settledTotal, settledMine := prospective, prospective, 0, 0
 	user := LabelValue(s.UserID)
 	cutoff := time.Now().Add(-settled)
-	for i := range list.Items {
-		p := &list.Items[i]
-		if p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-			continue // on its way out; the reaper removes ended Pods
-		}
-		if own == nil && p.Labels[LabelID] == s.ID {
+	for _, o := range sandboxes {
+		if own == nil && o.GetLabels()[LabelID] == s.ID {
 			return nil
 		}
-		old := (own == nil || p.UID != own.UID) && p.CreationTimestamp.Time.Before(cutoff)
+		created := o.GetCreationTimestamp()
+		old := (own == nil || o.GetUID() != own.GetUID()) && created.Time.Before(cutoff)
 		total++
 		if old {
 			settledTotal++
 		}
-		if p.Labels[LabelUser] == user {
+		if o.GetLabels()[LabelUser] == user {
 			mine++
 			if old {
 				settledMine++
@@ -98,22 +136,23 @@ func (m *Manager) checkQuota(ctx context.Context, s Spec, own *corev1.Pod) error
 	return nil
 }
 
-// countList lists Pods as of no earlier than own's creation. That is all the
+// listFresh lists as of no earlier than own's creation. That is all the
 // zero-overshoot argument needs (of two racing creates, the one committed
 // later sees the other), and unlike a consistent read it needs no round trip
 // to etcd for its current revision nor waits for writes made after ours: the
-// watch cache answers as soon as it holds our Pod. Should the cache lag too
-// far behind, the consistent read that etcd can serve is the fallback. Without
-// own, it is that consistent read.
-func (m *Manager) countList(ctx context.Context, own *corev1.Pod, opts metav1.ListOptions) (*corev1.PodList, error) {
-	pods := m.client.CoreV1().Pods(m.cfg.Namespace)
-	if own != nil && own.ResourceVersion != "" {
+// watch cache answers as soon as it holds our object. Should the cache lag
+// too far behind, the consistent read that etcd can serve is the fallback.
+// Without own, it is that consistent read. Resource versions are etcd's
+// revisions, shared by every kind, so a ReplicaSet list can be as fresh as a
+// Pod.
+func listFresh[T any](ctx context.Context, own metav1.Object, opts metav1.ListOptions, list func(context.Context, metav1.ListOptions) (T, error)) (T, error) {
+	if own != nil && own.GetResourceVersion() != "" {
 		fresh := opts
-		fresh.ResourceVersion, fresh.ResourceVersionMatch = own.ResourceVersion, metav1.ResourceVersionMatchNotOlderThan
-		list, err := pods.List(ctx, fresh)
+		fresh.ResourceVersion, fresh.ResourceVersionMatch = own.GetResourceVersion(), metav1.ResourceVersionMatchNotOlderThan
+		l, err := list(ctx, fresh)
 		if !apierrors.HasStatusCause(err, metav1.CauseTypeResourceVersionTooLarge) {
-			return list, err
+			return l, err
 		}
 	}
-	return pods.List(ctx, opts)
+	return list(ctx, opts)
 }

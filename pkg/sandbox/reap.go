@@ -3,25 +3,33 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
 // Reaped says what one reap removed.
 type Reaped struct {
 	Removed []ReapedSandbox `json:"removed"`
 	Count   int             `json:"count"`
+	// Paused lists the idle sandboxes paused instead of removed (templates
+	// with idle-action pause).
+	Paused []ReapedSandbox `json:"paused,omitempty"`
 }
 
 // ReapedSandbox is one removed sandbox and why.
 type ReapedSandbox struct {
 	ID     string `json:"sandbox_id"`
-	Reason string `json:"reason"` // idle, lifetime, ended, orphaned-service
+	Reason string `json:"reason"` // idle, lifetime, ended, paused-timeout, orphaned-service
 }
 
 // Reap deletes every expired sandbox and every ended Pod (Succeeded/Failed,
@@ -31,15 +39,17 @@ type ReapedSandbox struct {
 // judged, so a sandbox touched since, or reaped by a concurrent reaper, is
 // left alone and counted once.
 func (m *Manager) Reap(ctx context.Context) (Reaped, error) {
-	pods, svcs, err := m.listAll(ctx)
+	all, err := m.listAll(ctx)
 	if err != nil {
 		return Reaped{}, err
 	}
+	pods, svcs := all.pods, all.svcs
 	now := time.Now()
 	type victim struct {
 		id, reason string
 		obj        runtime.Object
 		del        func() error
+		pause      bool
 	}
 	var victims []victim
 	live := map[string]bool{}
@@ -48,6 +58,37 @@ func (m *Manager) Reap(ctx context.Context) (Reaped, error) {
 		if id := serviceID(&svcs[i]); id != "" {
 			svcByID[id] = &svcs[i]
 		}
+	}
+	for i := range all.rss {
+		rs := &all.rss[i]
+		id := replicaSetID(rs)
+		if id == "" {
+			continue
+		}
+		live[id] = true
+		if rs.Labels[LabelManagedBy] != ManagedByValue || rs.DeletionTimestamp != nil {
+			continue
+		}
+		reason, pause := replicaSetExpiry(rs, now)
+		if reason == "" {
+			continue
+		}
+		if pause {
+			victims = append(victims, victim{id: id, reason: reason, obj: rs, pause: true, del: func() error {
+				_, err := m.scale(ctx, rs, 0)
+				return err
+			}})
+			continue
+		}
+		uid, rv := rs.UID, rs.ResourceVersion
+		svc := svcByID[id]
+		victims = append(victims, victim{id: id, reason: reason, obj: rs, del: func() error {
+			background := metav1.DeletePropagationBackground
+			err := m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Delete(ctx, rs.Name, metav1.DeleteOptions{
+				Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}, PropagationPolicy: &background,
+			})
+			return m.deleteOwnedService(ctx, err, svc, uid)
+		}})
 	}
 	for i := range pods {
 		p := &pods[i]
@@ -66,18 +107,7 @@ func (m *Manager) Reap(ctx context.Context) (Reaped, error) {
 			err := m.client.CoreV1().Pods(m.cfg.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{
 				Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv},
 			})
-			if err != nil || svc == nil || ownerUID(svc.OwnerReferences) != uid {
-				return err
-			}
-			// The GC would remove the Service too, but only eventually: a
-			// later reap must not find it and report this sandbox again.
-			err = m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, svc.Name, metav1.DeleteOptions{
-				Preconditions: metav1.NewUIDPreconditions(string(svc.UID)),
-			})
-			if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
-				return nil
-			}
-			return err
+			return m.deleteOwnedService(ctx, err, svc, uid)
 		}})
 	}
 	for i := range svcs {
@@ -110,11 +140,15 @@ func (m *Manager) Reap(ctx context.Context) (Reaped, error) {
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
+			case err == nil && v.pause:
+				out.Paused = append(out.Paused, ReapedSandbox{ID: v.id, Reason: v.reason})
+				m.observer.Reaped("paused")
+				m.recorder.Eventf(v.obj, corev1.EventTypeNormal, "SandboxPaused", "Paused idle sandbox %s", v.id)
 			case err == nil:
 				out.Removed = append(out.Removed, ReapedSandbox{ID: v.id, Reason: v.reason})
 				m.observer.Reaped(v.reason)
 				m.recorder.Eventf(v.obj, corev1.EventTypeNormal, "SandboxReaped", "Reaped sandbox %s: %s", v.id, v.reason)
-			case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
+			case apierrors.IsNotFound(err) || apierrors.IsConflict(err) || KindOf(err) == KindConflict:
 				// Reaped by another replica, or touched since we looked: not ours to remove.
 			default:
 				errs = append(errs, err)
@@ -145,4 +179,46 @@ func expiryReason(p *corev1.Pod, now time.Time) string {
 		return "idle"
 	}
 	return ""
+}
+
+// deleteOwnedService follows a successful workload delete with its Service.
+// The GC would remove it too, but only eventually: a later reap must not
+// find it and report this sandbox again.
+func (m *Manager) deleteOwnedService(ctx context.Context, err error, svc *corev1.Service, owner types.UID) error {
+	if err != nil || svc == nil || ownerUID(svc.OwnerReferences) != owner {
+		return err
+	}
+	err = m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, svc.Name, metav1.DeleteOptions{
+		Preconditions: metav1.NewUIDPreconditions(string(svc.UID)),
+	})
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return nil
+	}
+	return err
+}
+
+// replicaSetExpiry says what the reap does to a ReplicaSet sandbox now: the
+// reason, and whether it pauses rather than deletes. The lifetime cap holds
+// paused or not; a paused sandbox goes after its paused timeout; an idle
+// one is paused when its template says so, else deleted.
+func replicaSetExpiry(rs *appsv1.ReplicaSet, now time.Time) (string, bool) {
+	lt, ok := lifetimeOf(rs)
+	if !ok {
+		return "", false
+	}
+	a := rs.Annotations
+	switch {
+	case !now.Before(lt.created.Add(lt.max)):
+		return "lifetime", false
+	case paused(rs):
+		at, err1 := time.Parse(time.RFC3339, a[AnnotationPausedAt])
+		limit, err2 := strconv.ParseInt(a[AnnotationPausedTimeout], 10, 64)
+		if err1 == nil && err2 == nil && !now.Before(at.Add(time.Duration(limit)*time.Second)) {
+			return "paused-timeout", false
+		}
+		return "", false
+	case !now.Before(lt.lastActivity.Add(lt.idle)):
+		return "idle", a[AnnotationIdleAction] == template.IdlePause
+	}
+	return "", false
 }

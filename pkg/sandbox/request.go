@@ -13,8 +13,10 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
 // CreateRequest is the body DeerFlow's backend sends to create a sandbox, plus
@@ -34,6 +36,8 @@ type CreateRequest struct {
 	MaxLifetimeSeconds *int64 `json:"max_lifetime_seconds"`
 	CPU                string `json:"cpu"`
 	Memory             string `json:"memory"`
+	// Template names the sandbox template (a PodTemplate); empty is the default.
+	Template string `json:"template"`
 }
 
 // ExtraMount is one host directory DeerFlow asks to mount into the sandbox.
@@ -59,7 +63,17 @@ type Spec struct {
 	CPULimit            resource.Quantity
 	MemoryLimit         resource.Quantity
 	Now                 time.Time // creation time, so builders stay pure
+	// Template is the requested template's name ("" is the default);
+	// Resolved is that template once read (nil: the built-in default).
+	Template string
+	Resolved *template.Template
+	// Requested says which of the bounded fields the request set itself, so
+	// that a template's defaults fill only the others.
+	Requested Requested
 }
+
+// Requested marks the request fields that win over a template.
+type Requested struct{ IdleTimeout, MaxLifetime, CPU, Memory bool }
 
 // Mount is a validated extra mount.
 type Mount struct {
@@ -149,6 +163,14 @@ func (r CreateRequest) Validate(cfg *config.Config, now time.Time) (Spec, error)
 		CPULimit:            resource.MustParse(cfg.CPULimit),
 		MemoryLimit:         resource.MustParse(cfg.MemoryLimit),
 		Now:                 now.UTC().Truncate(time.Second),
+		Template:            r.Template,
+		Requested: Requested{IdleTimeout: r.IdleTimeoutSeconds != nil, MaxLifetime: r.MaxLifetimeSeconds != nil,
+			CPU: r.CPU != "", Memory: r.Memory != ""},
+	}
+	if r.Template != "" {
+		if msgs := validation.IsDNS1123Subdomain(r.Template); len(msgs) > 0 {
+			return Spec{}, Invalidf("template %q must be the name of a sandbox template (GET /api/templates lists them): %s", Truncate(r.Template), strings.Join(msgs, "; "))
+		}
 	}
 	if r.ThreadID != nil {
 		if !safeNamePattern.MatchString(*r.ThreadID) {

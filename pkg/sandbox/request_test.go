@@ -51,7 +51,14 @@ func TestValidateCreateRequest(t *testing.T) {
 		want: base(func(s *Spec) {
 			s.IdleTimeout, s.MaxLifetime = time.Minute, 2*time.Minute
 			s.CPULimit, s.MemoryLimit = resource.MustParse("2"), resource.MustParse("2Gi")
+			s.Requested = Requested{IdleTimeout: true, MaxLifetime: true, CPU: true, Memory: true}
 		}),
+	}, {
+		name: "a template by name", body: `{"sandbox_id":"abcd1234","template":"python"}`,
+		want: base(func(s *Spec) { s.Template = "python" }),
+	}, {
+		name: "a template name that cannot name an object", body: `{"sandbox_id":"abcd1234","template":"../Python"}`,
+		wantErr: `template "../Python" must be the name of a sandbox template`, kind: KindInvalid,
 	}, {
 		name: "idle timeout over the operator bound", body: `{"sandbox_id":"abcd1234","idle_timeout_seconds":999999}`,
 		wantErr: "idle_timeout_seconds", kind: KindInvalid,

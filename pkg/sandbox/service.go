@@ -9,17 +9,19 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 )
 
-// BuildService returns the Service that exposes the sandbox Pod. It is owned
-// by the Pod, so the cluster's garbage collector removes it with the Pod
-// whatever happens to this process mid-request.
-func BuildService(cfg *config.Config, s Spec, pod *corev1.Pod) *corev1.Service {
+// BuildService returns the Service that exposes the sandbox. It is owned by
+// the sandbox's workload (its Pod, or its ReplicaSet), so the cluster's
+// garbage collector removes it with the workload whatever happens to this
+// process mid-request. A ReplicaSet's Service outlives its Pods: a
+// recreated or resumed Pod is at the same URL.
+func BuildService(cfg *config.Config, s Spec, owner metav1.OwnerReference) *corev1.Service {
 	return &corev1.Service{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
 		ObjectMeta: metav1.ObjectMeta{
 			Name:            ServiceName(s.ID),
 			Namespace:       cfg.Namespace,
 			Labels:          labels(s),
-			OwnerReferences: []metav1.OwnerReference{ownerRef(pod)},
+			OwnerReferences: []metav1.OwnerReference{owner},
 		},
 		Spec: corev1.ServiceSpec{
 			Type:     corev1.ServiceType(cfg.ServiceType),
@@ -31,9 +33,9 @@ func BuildService(cfg *config.Config, s Spec, pod *corev1.Pod) *corev1.Service {
 	}
 }
 
-// ownerRef makes pod the controller-less owner of a dependent object. Not a
-// controller reference: nothing reconciles these objects but the GC.
-func ownerRef(pod *corev1.Pod) metav1.OwnerReference {
+// PodOwnerRef makes pod the controller-less owner of a dependent object. Not
+// a controller reference: nothing reconciles these objects but the GC.
+func PodOwnerRef(pod *corev1.Pod) metav1.OwnerReference {
 	return metav1.OwnerReference{
 		APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID,
 		BlockOwnerDeletion: ptr.To(false),

@@ -6,11 +6,16 @@ import (
 	"strings"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
 )
 
 // watchPod follows one Pod by watch, from the version we already hold, until
@@ -101,34 +106,98 @@ func (m *Manager) waitGone(ctx context.Context, pod *corev1.Pod) error {
 	return err
 }
 
-// waitReady waits up to wait for the Pod to become Ready. When the wait ends
-// first it still answers, with the reason the Pod is not ready.
-func (m *Manager) waitReady(ctx context.Context, id string, pod *corev1.Pod, svc *corev1.Service, wait time.Duration) (Sandbox, error) {
+// waitReady waits up to wait for the sandbox's Pod to become Ready. When
+// the wait ends first it still answers, with the reason the Pod is not
+// ready. A paused sandbox is answered at once: there is no Pod to wait for.
+func (m *Manager) waitReady(ctx context.Context, id string, f found, wait time.Duration) (Sandbox, error) {
 	if wait > m.cfg.MaxReadyWait {
 		wait = m.cfg.MaxReadyWait
 	}
-	if podReady(pod) {
-		return m.view(id, pod, svc), nil
+	if f.rs != nil && paused(f.rs) || f.pod != nil && podReady(f.pod) {
+		return m.view(id, f), nil
 	}
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	last, err := m.watchPod(wctx, pod, func(p *corev1.Pod) bool {
+	settled := func(p *corev1.Pod) bool {
 		return p == nil || podReady(p) || p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded
-	})
+	}
+	var (
+		last *corev1.Pod
+		err  error
+	)
+	if f.rs != nil {
+		last, err = m.watchReplicaSetPod(wctx, f.rs, settled)
+	} else {
+		last, err = m.watchPod(wctx, f.pod, settled)
+	}
 	if err != nil && wctx.Err() == nil {
 		return Sandbox{}, err
 	}
 	if ctx.Err() != nil {
 		return Sandbox{}, classify(ctx.Err(), "wait for the sandbox to become ready")
 	}
-	sb := m.view(id, last, svc)
+	f.pod = last
+	sb := m.view(id, f)
 	if last != nil && podReady(last) {
 		m.observer.CreateToReady(readySince(last).Sub(last.CreationTimestamp.Time))
 		return sb, nil
 	}
 	sb.Reason = notReadyReason(last)
+	if f.rs != nil && last == nil {
+		sb.Reason = "the ReplicaSet has not created its Pod yet"
+	}
 	sb.WaitTimedOut = err != nil
 	return sb, nil
+}
+
+// watchReplicaSetPod follows the Pods of a ReplicaSet sandbox (list, then
+// watch, by label) until its current Pod satisfies done or ctx ends. A
+// deleted Pod is not the end: the ReplicaSet makes another.
+func (m *Manager) watchReplicaSetPod(ctx context.Context, rs *appsv1.ReplicaSet, done func(*corev1.Pod) bool) (*corev1.Pod, error) {
+	selector := metav1.FormatLabelSelector(&metav1.LabelSelector{MatchLabels: replicaSetSelector(rs.Labels[LabelID])})
+	pods := m.client.CoreV1().Pods(m.cfg.Namespace)
+	lw := &cache.ListWatch{
+		ListFunc: func(o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = selector
+			return pods.List(ctx, o)
+		},
+		WatchFunc: func(o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = selector
+			return pods.Watch(ctx, o)
+		},
+	}
+	var current *corev1.Pod
+	seen := map[types.UID]corev1.Pod{}
+	check := func() bool {
+		all := make([]corev1.Pod, 0, len(seen))
+		for _, p := range seen {
+			all = append(all, p)
+		}
+		current = replicaSetPod(rs, all)
+		return current != nil && done(current)
+	}
+	_, err := watchtools.UntilWithSync(ctx, lw, &corev1.Pod{}, func(store cache.Store) (bool, error) {
+		for _, o := range store.List() {
+			p := o.(*corev1.Pod)
+			seen[p.UID] = *p
+		}
+		return check(), nil
+	}, func(ev watch.Event) (bool, error) {
+		p, ok := ev.Object.(*corev1.Pod)
+		if !ok {
+			return false, nil
+		}
+		if ev.Type == watch.Deleted {
+			delete(seen, p.UID)
+		} else {
+			seen[p.UID] = *p
+		}
+		return check(), nil
+	})
+	if err != nil && ctx.Err() == nil {
+		return current, classify(err, "watch the sandbox's Pods")
+	}
+	return current, err
 }
 
 func readySince(pod *corev1.Pod) time.Time {

@@ -3,39 +3,55 @@
 // API server types and validates. A template carries the Pod shape (the
 // sandbox container named "sandbox", sidecars, init containers, volumes,
 // imagePullSecrets, scheduling, runtime class, labels and annotations) and,
-// in annotations, our settings: workload kind, lifetimes, port and whether
-// DeerFlow's built-in mounts apply.
+// in annotations, our settings: workload kind, lifetimes, idle action, port
+// and whether DeerFlow's built-in mounts apply.
 //
 // A template may add to a sandbox but never weaken it: what the provisioner
 // controls (names, labels, the hardening and isolation of the containment
 // work, DeerFlow's mounts) is not the template's to set, and a template that
-// tries is refused with an error naming the template and the field.
+// tries is refused with an error naming the template and the field. Fields
+// are allowed by list, not refused by list, so a Pod field that a future
+// Kubernetes adds is refused until someone decides it is safe.
 package template
 
 import (
 	"fmt"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 )
 
 const (
-	// Label marks a PodTemplate as a sandbox template.
-	Label = "sandbox.deer-flow.dev/template"
+	// Label marks a PodTemplate as a sandbox template (any value).
+	Label = "sandbox.deerflow.dev/template"
 	// ContainerName is the sandbox container every template must have.
 	ContainerName = "sandbox"
+	// Default is the template a create without one uses. When no PodTemplate
+	// of that name exists, the built-in default applies: the Pod the
+	// provisioner's settings alone describe.
+	Default = "default"
 
-	annotationPrefix = "sandbox.deer-flow.dev/"
+	annotationPrefix = "sandbox.deerflow.dev/"
 	// AnnotationKind is the workload kind: Pod (default) or ReplicaSet.
 	AnnotationKind = annotationPrefix + "kind"
 	// AnnotationIdleTimeout and AnnotationMaxLifetime are default lifetimes
-	// (Go durations, e.g. 30m) for sandboxes of this template.
+	// (Go durations, e.g. 30m) for sandboxes of this template; a request's
+	// own fields still win, within the provisioner's bounds.
 	AnnotationIdleTimeout = annotationPrefix + "idle-timeout"
 	AnnotationMaxLifetime = annotationPrefix + "max-lifetime"
+	// AnnotationIdleAction is what the reap does to an idle sandbox: delete
+	// (the default) or pause (ReplicaSet kind only).
+	AnnotationIdleAction = annotationPrefix + "idle-action"
+	// AnnotationPausedTimeout is how long a sandbox may stay paused before
+	// the reap deletes it (default 24h).
+	AnnotationPausedTimeout = annotationPrefix + "paused-timeout"
 	// AnnotationPort is the sandbox container's port.
 	AnnotationPort = annotationPrefix + "port"
 	// AnnotationDeerFlowMounts says whether DeerFlow's skills and user-data
@@ -43,10 +59,15 @@ const (
 	AnnotationDeerFlowMounts = annotationPrefix + "deerflow-mounts"
 )
 
-// Workload kinds.
+// Workload kinds and idle actions.
 const (
 	KindPod        = "Pod"
 	KindReplicaSet = "ReplicaSet"
+
+	IdleDelete = "delete"
+	IdlePause  = "pause"
+
+	defaultPausedTimeout = 24 * time.Hour
 )
 
 // Template is a validated sandbox template.
@@ -57,9 +78,14 @@ type Template struct {
 	// IdleTimeout and MaxLifetime are zero when the template leaves them to
 	// the provisioner's defaults.
 	IdleTimeout, MaxLifetime time.Duration
+	IdleAction               string
+	PausedTimeout            time.Duration
 	Port                     int32
 	DeerFlowMounts           bool
-	Pod                      corev1.PodTemplateSpec
+	// CPULimit and MemoryLimit are the sandbox container's limits when the
+	// template sets them: defaults a request may override within bounds.
+	CPULimit, MemoryLimit *resource.Quantity
+	Pod                   corev1.PodTemplateSpec
 }
 
 // Error is a refused template: which one, which field, and why.
@@ -71,132 +97,336 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("sandbox template %q: %s: %s", e.Template, e.Field, e.Reason)
 }
 
-// FromPodTemplate validates pt against what a sandbox may be and returns the
-// template, or an *Error naming the first field that would weaken a sandbox
-// or that is malformed. maxLifetime is the provisioner's upper bound.
-func FromPodTemplate(pt *corev1.PodTemplate, maxLifetime time.Duration) (*Template, error) {
-	bad := func(field, format string, args ...any) error {
-		return &Error{Template: pt.Name, Field: field, Reason: fmt.Sprintf(format, args...)}
+// ReservedVolumeNames are the volumes the provisioner adds itself.
+var ReservedVolumeNames = []string{"host-base", "skills", "user-data", "tmp", "lark-cli-runtime"}
+
+// reservedMountRoots are container paths where DeerFlow's mounts live; a
+// template mounts nothing at or below them.
+var reservedMountRoots = []string{"/mnt/skills", "/mnt/user-data", "/mnt/integrations", "/mnt/acp-workspace", "/tmp"}
+
+// FromPodTemplate validates pt against what a sandbox may be under cfg and
+// returns the template, or an *Error naming the first field that would
+// weaken a sandbox or that is malformed.
+func FromPodTemplate(pt *corev1.PodTemplate, cfg *config.Config) (*Template, error) {
+	v := validator{tmpl: pt.Name, cfg: cfg}
+	t := &Template{Name: pt.Name, ResourceVersion: pt.ResourceVersion, Kind: KindPod, IdleAction: IdleDelete,
+		PausedTimeout: defaultPausedTimeout, Port: cfg.ContainerPort, DeerFlowMounts: true, Pod: *pt.Template.DeepCopy()}
+	if err := v.settings(pt.Annotations, t); err != nil {
+		return nil, err
 	}
-	t := &Template{Name: pt.Name, ResourceVersion: pt.ResourceVersion, Kind: KindPod, Port: 8080, DeerFlowMounts: true, Pod: *pt.Template.DeepCopy()}
-	a := pt.Annotations
-	if v, ok := a[AnnotationKind]; ok {
-		if v != KindPod && v != KindReplicaSet {
-			return nil, bad("metadata.annotations["+AnnotationKind+"]", "%q: want Pod or ReplicaSet", v)
-		}
-		t.Kind = v
+	if err := v.metadata(t.Pod.Labels, t.Pod.Annotations); err != nil {
+		return nil, err
 	}
-	for _, d := range []struct {
-		key  string
-		into *time.Duration
-	}{{AnnotationIdleTimeout, &t.IdleTimeout}, {AnnotationMaxLifetime, &t.MaxLifetime}} {
-		v, ok := a[d.key]
-		if !ok {
-			continue
-		}
-		dur, err := time.ParseDuration(v)
-		if err != nil || dur < time.Second || dur > maxLifetime {
-			return nil, bad("metadata.annotations["+d.key+"]", "%q: want a duration between 1s and the provisioner's maximum lifetime, %s", v, maxLifetime)
-		}
-		*d.into = dur
-	}
-	if v, ok := a[AnnotationPort]; ok {
-		port, err := strconv.ParseInt(v, 10, 32)
-		if err != nil || port < 1 || port > 65535 {
-			return nil, bad("metadata.annotations["+AnnotationPort+"]", "%q: want a port, 1 to 65535", v)
-		}
-		t.Port = int32(port)
-	}
-	if v, ok := a[AnnotationDeerFlowMounts]; ok {
-		mounts, err := strconv.ParseBool(v)
-		if err != nil {
-			return nil, bad("metadata.annotations["+AnnotationDeerFlowMounts+"]", "%q: want true or false", v)
-		}
-		t.DeerFlowMounts = mounts
-	}
-	if err := checkSpec(&t.Pod.Spec, bad); err != nil {
+	if err := v.spec(&t.Pod.Spec, t); err != nil {
 		return nil, err
 	}
 	return t, nil
 }
 
-// checkSpec refuses every Pod field that would weaken a sandbox; the
-// provisioner sets those itself.
-func checkSpec(spec *corev1.PodSpec, bad func(field, format string, args ...any) error) error {
+type validator struct {
+	tmpl string
+	cfg  *config.Config
+}
+
+func (v validator) bad(field, format string, args ...any) error {
+	return &Error{Template: v.tmpl, Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// settings reads our annotations on the PodTemplate object itself.
+func (v validator) settings(a map[string]string, t *Template) error {
+	field := func(key string) string { return "metadata.annotations[" + key + "]" }
+	for key, val := range a {
+		if !strings.HasPrefix(key, annotationPrefix) {
+			continue
+		}
+		switch key {
+		case AnnotationKind:
+			if val != KindPod && val != KindReplicaSet {
+				return v.bad(field(key), "%q: want Pod or ReplicaSet", val)
+			}
+			t.Kind = val
+		case AnnotationIdleAction:
+			if val != IdleDelete && val != IdlePause {
+				return v.bad(field(key), "%q: want delete or pause", val)
+			}
+			t.IdleAction = val
+		case AnnotationPort:
+			port, err := strconv.ParseInt(val, 10, 32)
+			if err != nil || int32(port) != v.cfg.ContainerPort {
+				return v.bad(field(key), "%q: want %d (SANDBOX_CONTAINER_PORT), the only port the shared NetworkPolicy admits to a sandbox", val, v.cfg.ContainerPort)
+			}
+			t.Port = int32(port)
+		case AnnotationDeerFlowMounts:
+			mounts, err := strconv.ParseBool(val)
+			if err != nil {
+				return v.bad(field(key), "%q: want true or false", val)
+			}
+			t.DeerFlowMounts = mounts
+		case AnnotationIdleTimeout, AnnotationMaxLifetime, AnnotationPausedTimeout:
+			max := map[string]time.Duration{AnnotationIdleTimeout: v.cfg.MaxIdleTimeout, AnnotationMaxLifetime: v.cfg.MaxMaxLifetime, AnnotationPausedTimeout: v.cfg.MaxMaxLifetime}[key]
+			dur, err := time.ParseDuration(val)
+			if err != nil || dur < time.Second || dur > max {
+				return v.bad(field(key), "%q: want a duration between 1s and %s (the provisioner's maximum)", val, max)
+			}
+			*map[string]*time.Duration{AnnotationIdleTimeout: &t.IdleTimeout, AnnotationMaxLifetime: &t.MaxLifetime, AnnotationPausedTimeout: &t.PausedTimeout}[key] = dur
+		default:
+			return v.bad(field(key), "unknown setting; the settings are %s", strings.Join([]string{AnnotationKind, AnnotationIdleTimeout,
+				AnnotationMaxLifetime, AnnotationIdleAction, AnnotationPausedTimeout, AnnotationPort, AnnotationDeerFlowMounts}, ", "))
+		}
+	}
+	if t.IdleAction == IdlePause && t.Kind != KindReplicaSet {
+		return v.bad(field(AnnotationIdleAction), "pause needs %s: %s (a bare Pod cannot be paused and resumed)", AnnotationKind, KindReplicaSet)
+	}
+	return nil
+}
+
+// metadata refuses labels that would change what selects the sandbox
+// (isolation, ingress to the backend and the provisioner, identity) and
+// annotations that would loosen its confinement or forge our bookkeeping.
+func (v validator) metadata(labels, annotations map[string]string) error {
+	owned := []string{"app", "sandbox-id"}
+	for k := range v.cfg.IngressFromPodLabels {
+		owned = append(owned, k)
+	}
+	for k := range v.cfg.DNSPodLabels {
+		owned = append(owned, k)
+	}
+	for _, k := range sortedKeys(labels) {
+		if slices.Contains(owned, k) || strings.HasPrefix(k, "app.kubernetes.io/") || strings.HasPrefix(k, annotationPrefix) || strings.Contains(k, "knative.dev/") {
+			return v.bad("template.metadata.labels["+k+"]", "the provisioner's label, or one a NetworkPolicy selects peers by; a sandbox's labels must not widen what it can reach")
+		}
+	}
+	for _, k := range sortedKeys(annotations) {
+		if strings.HasPrefix(k, annotationPrefix) || strings.Contains(k, "apparmor.security") || strings.Contains(k, "seccomp.security") {
+			return v.bad("template.metadata.annotations["+k+"]", "the provisioner's bookkeeping or confinement is not a template's to set")
+		}
+	}
+	return nil
+}
+
+// podFields are the PodSpec fields a template may set (by JSON name).
+// Defaulted ones (restartPolicy, dnsPolicy, schedulerName, grace period,
+// enableServiceLinks, an empty securityContext) appear in every template the
+// API server returns; the provisioner sets those itself, so their values
+// are checked below or overridden.
+var podFields = []string{"volumes", "initContainers", "containers", "imagePullSecrets", "nodeSelector", "affinity", "tolerations",
+	"runtimeClassName", "priorityClassName", "topologySpreadConstraints", "securityContext",
+	"restartPolicy", "dnsPolicy", "schedulerName", "terminationGracePeriodSeconds", "enableServiceLinks"}
+
+var containerFields = []string{"name", "image", "command", "args", "workingDir", "ports", "envFrom", "env", "resources",
+	"volumeMounts", "livenessProbe", "readinessProbe", "startupProbe", "imagePullPolicy", "securityContext", "restartPolicy",
+	"terminationMessagePath", "terminationMessagePolicy", "resizePolicy"}
+
+func (v validator) spec(spec *corev1.PodSpec, t *Template) error {
 	const p = "template.spec."
 	switch {
 	case spec.HostNetwork, spec.HostPID, spec.HostIPC:
-		return bad(p+"hostNetwork/hostPID/hostIPC", "a sandbox never shares the node's namespaces")
+		return v.bad(p+"hostNetwork/hostPID/hostIPC", "a sandbox never shares the node's namespaces")
 	case spec.HostUsers != nil && *spec.HostUsers:
-		return bad(p+"hostUsers", "a sandbox's user namespace is the provisioner's to set (SANDBOX_USER_NAMESPACE)")
+		return v.bad(p+"hostUsers", "a sandbox's user namespace is the provisioner's to set (SANDBOX_USER_NAMESPACE)")
 	case spec.ServiceAccountName != "" || spec.DeprecatedServiceAccount != "":
-		return bad(p+"serviceAccountName", "a sandbox runs with no ServiceAccount of a template's choosing")
+		return v.bad(p+"serviceAccountName", "a sandbox runs with no ServiceAccount of a template's choosing")
 	case spec.AutomountServiceAccountToken != nil && *spec.AutomountServiceAccountToken:
-		return bad(p+"automountServiceAccountToken", "a sandbox never gets an API token")
+		return v.bad(p+"automountServiceAccountToken", "a sandbox never gets an API token")
 	case spec.ShareProcessNamespace != nil && *spec.ShareProcessNamespace:
-		return bad(p+"shareProcessNamespace", "sidecars' processes stay out of the sandbox's reach")
+		return v.bad(p+"shareProcessNamespace", "sidecars' processes stay out of the sandbox's reach")
 	case spec.NodeName != "":
-		return bad(p+"nodeName", "scheduling goes through the scheduler (use nodeSelector or affinity)")
-	case spec.SecurityContext != nil && spec.SecurityContext.RunAsUser != nil && *spec.SecurityContext.RunAsUser == 0:
-		return bad(p+"securityContext.runAsUser", "a sandbox never runs as root")
+		return v.bad(p+"nodeName", "scheduling goes through the scheduler (use nodeSelector or affinity)")
+	case spec.RestartPolicy != "" && spec.RestartPolicy != corev1.RestartPolicyAlways:
+		return v.bad(p+"restartPolicy", "a sandbox restarts its containers (Always)")
+	case spec.DNSPolicy != "" && spec.DNSPolicy != corev1.DNSClusterFirst:
+		return v.bad(p+"dnsPolicy", "a sandbox resolves through the cluster's DNS (ClusterFirst), the only resolver its NetworkPolicy admits")
+	case spec.SchedulerName != "" && spec.SchedulerName != corev1.DefaultSchedulerName:
+		return v.bad(p+"schedulerName", "sandboxes use the default scheduler")
+	case v.cfg.RuntimeClassName != "" && spec.RuntimeClassName != nil && *spec.RuntimeClassName != v.cfg.RuntimeClassName:
+		return v.bad(p+"runtimeClassName", "SANDBOX_RUNTIME_CLASS is %s; a template cannot choose a weaker runtime", v.cfg.RuntimeClassName)
 	}
-	if spec.SecurityContext != nil && len(spec.SecurityContext.Sysctls) > 0 {
-		return bad(p+"securityContext.sysctls", "a sandbox sets no sysctls")
+	if f := setExcept(*spec, podFields); f != "" {
+		return v.bad(p+f, "not a field a template may set; the provisioner controls it")
 	}
-	for i, v := range spec.Volumes {
-		if v.HostPath != nil {
-			return bad(fmt.Sprintf("%svolumes[%d].hostPath", p, i), "host paths are DeerFlow's mounts, which the provisioner adds (set %s instead)", AnnotationDeerFlowMounts)
+	if sc := spec.SecurityContext; sc != nil {
+		if sc.RunAsUser != nil && *sc.RunAsUser == 0 {
+			return v.bad(p+"securityContext.runAsUser", "a sandbox never runs as root")
+		}
+		if len(sc.Sysctls) > 0 {
+			return v.bad(p+"securityContext.sysctls", "a sandbox sets no sysctls")
+		}
+		if f := setExcept(*sc, []string{"fsGroup", "fsGroupChangePolicy", "supplementalGroups"}); f != "" {
+			return v.bad(p+"securityContext."+f, "the provisioner sets the Pod's security context; a template may set fsGroup, fsGroupChangePolicy and supplementalGroups")
+		}
+	}
+	for i, vol := range spec.Volumes {
+		if err := v.volume(fmt.Sprintf("%svolumes[%d]", p, i), vol); err != nil {
+			return err
 		}
 	}
 	sandboxes := 0
-	check := func(kind string, cs []corev1.Container) error {
-		for i, c := range cs {
-			f := fmt.Sprintf("%s%s[%d]", p, kind, i)
-			if c.Name == ContainerName && kind == "containers" {
+	for _, group := range []struct {
+		kind string
+		cs   []corev1.Container
+	}{{"initContainers", spec.InitContainers}, {"containers", spec.Containers}} {
+		for i := range group.cs {
+			c := &group.cs[i]
+			f := fmt.Sprintf("%s%s[%d]", p, group.kind, i)
+			if c.Name == ContainerName {
+				if group.kind != "containers" {
+					return v.bad(f+".name", "%q is the sandbox container, not an init container", ContainerName)
+				}
 				sandboxes++
-			}
-			for j, port := range c.Ports {
-				if port.HostPort != 0 || port.HostIP != "" {
-					return bad(fmt.Sprintf("%s.ports[%d].hostPort", f, j), "a sandbox binds no port on the node")
+				if err := v.sandboxResources(f, c, t); err != nil {
+					return err
 				}
 			}
-			sc := c.SecurityContext
-			if sc == nil {
-				continue
+			if strings.HasPrefix(c.Name, "lark-cli-") {
+				return v.bad(f+".name", "lark-cli-* containers are the provisioner's")
 			}
-			switch {
-			case sc.Privileged != nil && *sc.Privileged:
-				return bad(f+".securityContext.privileged", "a sandbox is never privileged")
-			case sc.AllowPrivilegeEscalation != nil && *sc.AllowPrivilegeEscalation:
-				return bad(f+".securityContext.allowPrivilegeEscalation", "a sandbox never escalates privileges")
-			case sc.RunAsUser != nil && *sc.RunAsUser == 0:
-				return bad(f+".securityContext.runAsUser", "a sandbox never runs as root")
-			case sc.ProcMount != nil && *sc.ProcMount != corev1.DefaultProcMount:
-				return bad(f+".securityContext.procMount", "a sandbox gets the default /proc")
-			case sc.SeccompProfile != nil && sc.SeccompProfile.Type == corev1.SeccompProfileTypeUnconfined:
-				return bad(f+".securityContext.seccompProfile", "a sandbox is never unconfined")
-			}
-			if sc.Capabilities != nil {
-				for _, c := range sc.Capabilities.Add {
-					if !config.CapabilityAllowed(string(c)) {
-						return bad(f+".securityContext.capabilities.add", "%s is not on the allow-list %s", c, strings.Join(config.AllowedCapabilities, ","))
-					}
-				}
+			if err := v.container(f, c); err != nil {
+				return err
 			}
 		}
-		return nil
-	}
-	if err := check("initContainers", spec.InitContainers); err != nil {
-		return err
-	}
-	if err := check("containers", spec.Containers); err != nil {
-		return err
-	}
-	if len(spec.EphemeralContainers) > 0 {
-		return bad(p+"ephemeralContainers", "a template has none")
 	}
 	if sandboxes != 1 {
-		return bad(p+"containers", "want exactly one container named %q (the sandbox); found %d", ContainerName, sandboxes)
+		return v.bad(p+"containers", "want exactly one container named %q (the sandbox); found %d", ContainerName, sandboxes)
 	}
 	return nil
+}
+
+// volumeSources are the volume types a template may use: data volumes the
+// kubelet mounts for the Pod. hostPath is DeerFlow's mounts, which the
+// provisioner adds; in-tree drivers and gitRepo run node-side code; a
+// projected ServiceAccount token would hand the sandbox an API credential.
+var volumeSources = []string{"emptyDir", "configMap", "secret", "projected", "downwardAPI", "persistentVolumeClaim", "nfs", "csi", "ephemeral", "image"}
+
+func (v validator) volume(f string, vol corev1.Volume) error {
+	if slices.Contains(ReservedVolumeNames, vol.Name) {
+		return v.bad(f+".name", "%q is a volume the provisioner adds; choose another name", vol.Name)
+	}
+	if vol.HostPath != nil {
+		return v.bad(f+".hostPath", "host paths are DeerFlow's mounts, which the provisioner adds (set %s instead)", AnnotationDeerFlowMounts)
+	}
+	if src := setExcept(vol.VolumeSource, volumeSources); src != "" {
+		return v.bad(f+"."+src, "not a volume type a sandbox may use; use one of %s", strings.Join(volumeSources, ", "))
+	}
+	if vol.Projected != nil {
+		for j, s := range vol.Projected.Sources {
+			if s.ServiceAccountToken != nil || s.PodCertificate != nil {
+				return v.bad(fmt.Sprintf("%s.projected.sources[%d]", f, j), "a sandbox never gets a ServiceAccount token or Pod certificate")
+			}
+		}
+	}
+	return nil
+}
+
+func (v validator) container(f string, c *corev1.Container) error {
+	if field := setExcept(*c, containerFields); field != "" {
+		return v.bad(f+"."+field, "not a field a template may set on a container")
+	}
+	for j, port := range c.Ports {
+		if port.HostPort != 0 || port.HostIP != "" {
+			return v.bad(fmt.Sprintf("%s.ports[%d].hostPort", f, j), "a sandbox binds no port on the node")
+		}
+	}
+	for j, m := range c.VolumeMounts {
+		mf := fmt.Sprintf("%s.volumeMounts[%d]", f, j)
+		for _, root := range reservedMountRoots {
+			if root == "/tmp" && !v.cfg.ReadOnlyRootFS {
+				continue // the provisioner mounts /tmp only over a read-only root
+			}
+			if m.MountPath == root || strings.HasPrefix(m.MountPath, root+"/") {
+				return v.bad(mf+".mountPath", "%s is where the provisioner mounts DeerFlow's data; mount elsewhere", m.MountPath)
+			}
+		}
+		if m.MountPropagation != nil && *m.MountPropagation == corev1.MountPropagationBidirectional {
+			return v.bad(mf+".mountPropagation", "a sandbox never propagates mounts to the node")
+		}
+		if slices.Contains(ReservedVolumeNames, m.Name) {
+			return v.bad(mf+".name", "%q is a volume the provisioner adds", m.Name)
+		}
+	}
+	for name, pr := range map[string]*corev1.Probe{"livenessProbe": c.LivenessProbe, "readinessProbe": c.ReadinessProbe, "startupProbe": c.StartupProbe} {
+		if pr != nil && (pr.HTTPGet != nil && pr.HTTPGet.Host != "" || pr.TCPSocket != nil && pr.TCPSocket.Host != "") {
+			return v.bad(f+"."+name, "a probe checks the sandbox itself; the kubelet is not sent to another host")
+		}
+	}
+	sc := c.SecurityContext
+	if sc == nil {
+		return nil
+	}
+	switch {
+	case sc.Privileged != nil && *sc.Privileged:
+		return v.bad(f+".securityContext.privileged", "a sandbox is never privileged")
+	case sc.AllowPrivilegeEscalation != nil && *sc.AllowPrivilegeEscalation:
+		return v.bad(f+".securityContext.allowPrivilegeEscalation", "a sandbox never escalates privileges")
+	case sc.RunAsUser != nil && *sc.RunAsUser == 0:
+		return v.bad(f+".securityContext.runAsUser", "a sandbox never runs as root")
+	case sc.ProcMount != nil && *sc.ProcMount != corev1.DefaultProcMount:
+		return v.bad(f+".securityContext.procMount", "a sandbox gets the default /proc")
+	case sc.SeccompProfile != nil && sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault:
+		return v.bad(f+".securityContext.seccompProfile", "a sandbox runs with the runtime's default seccomp profile")
+	}
+	if sc.Capabilities != nil {
+		for _, cap := range sc.Capabilities.Add {
+			if !config.CapabilityAllowed(string(cap)) {
+				return v.bad(f+".securityContext.capabilities.add", "%s is not on the allow-list %s", cap, strings.Join(config.AllowedCapabilities, ","))
+			}
+		}
+	}
+	if field := setExcept(*sc, []string{"capabilities", "privileged", "allowPrivilegeEscalation", "seccompProfile", "readOnlyRootFilesystem"}); field != "" {
+		return v.bad(f+".securityContext."+field, "the provisioner sets a container's security context; a template may only add capabilities from the allow-list")
+	}
+	return nil
+}
+
+// sandboxResources reads the sandbox container's cpu and memory limits as
+// defaults within the provisioner's bounds. Requests for them are derived
+// by the provisioner (memory requests equal limits), so a template sets none.
+func (v validator) sandboxResources(f string, c *corev1.Container, t *Template) error {
+	for _, name := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory, corev1.ResourceEphemeralStorage} {
+		if _, ok := c.Resources.Requests[name]; ok {
+			return v.bad(f+".resources.requests."+string(name), "the provisioner derives the sandbox's requests; set limits")
+		}
+	}
+	if _, ok := c.Resources.Limits[corev1.ResourceEphemeralStorage]; ok {
+		return v.bad(f+".resources.limits.ephemeral-storage", "SANDBOX_EPHEMERAL_STORAGE sets it")
+	}
+	for _, r := range []struct {
+		name     corev1.ResourceName
+		min, max string
+		into     **resource.Quantity
+	}{{corev1.ResourceCPU, v.cfg.CPURequest, v.cfg.MaxCPULimit, &t.CPULimit}, {corev1.ResourceMemory, v.cfg.MemoryRequest, v.cfg.MaxMemoryLimit, &t.MemoryLimit}} {
+		q, ok := c.Resources.Limits[r.name]
+		if !ok {
+			continue
+		}
+		if q.Cmp(resource.MustParse(r.min)) < 0 || q.Cmp(resource.MustParse(r.max)) > 0 {
+			return v.bad(f+".resources.limits."+string(r.name), "%s: want between %s and %s (the provisioner's bounds)", q.String(), r.min, r.max)
+		}
+		q = q.DeepCopy()
+		*r.into = &q
+	}
+	return nil
+}
+
+// setExcept returns the JSON name of the first field of the struct s that is
+// set (not its zero value) and not in allowed, or "".
+func setExcept(s any, allowed []string) string {
+	rv := reflect.ValueOf(s)
+	rt := rv.Type()
+	for i := 0; i < rt.NumField(); i++ {
+		name, _, _ := strings.Cut(rt.Field(i).Tag.Get("json"), ",")
+		if name == "" || name == "-" || slices.Contains(allowed, name) || rv.Field(i).IsZero() {
+			continue
+		}
+		return name
+	}
+	return ""
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
 }

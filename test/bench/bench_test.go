@@ -167,7 +167,7 @@ func (f floor) create(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	_, err = f.client.CoreV1().Services(ns).Create(ctx, sandbox.BuildService(f.cfg, spec, pod), metav1.CreateOptions{})
+	_, err = f.client.CoreV1().Services(ns).Create(ctx, sandbox.BuildService(f.cfg, spec, sandbox.PodOwnerRef(pod)), metav1.CreateOptions{})
 	return err
 }
 

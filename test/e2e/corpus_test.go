@@ -58,7 +58,7 @@ func TestFuzzCorpusAcceptedByAPIServer(t *testing.T) {
 			continue
 		}
 		pod.UID = "00000000-0000-0000-0000-000000000001" // dry run assigns none; the owner reference needs one
-		if _, err := sa.CoreV1().Services(ns).Create(ctx, sandbox.BuildService(cfg, spec, pod), dry); err != nil {
+		if _, err := sa.CoreV1().Services(ns).Create(ctx, sandbox.BuildService(cfg, spec, sandbox.PodOwnerRef(pod)), dry); err != nil {
 			t.Errorf("%s: the API server refuses the Service: %v", filepath.Base(file), err)
 		}
 	}

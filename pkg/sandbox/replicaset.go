@@ -1,0 +1,280 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"maps"
+	"sort"
+	"strconv"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/template"
+)
+
+// StatusPaused is the status of a sandbox scaled to zero: no Pod, its
+// Service (and so its URL) and its data kept.
+const StatusPaused = "Paused"
+
+// LabelWorkload marks the Pods of a ReplicaSet sandbox. The ReplicaSet
+// selects on it, so it never adopts a bare sandbox Pod of the same id; the
+// Service selects on the id alone and reaches either kind.
+const (
+	LabelWorkload           = "sandbox.deerflow.dev/workload"
+	workloadReplicaSetValue = "replicaset"
+)
+
+// found is what exists of one sandbox: its Service and either a bare Pod or
+// a ReplicaSet and (unless paused or between Pods) its current Pod.
+type found struct {
+	pod *corev1.Pod
+	rs  *appsv1.ReplicaSet
+	svc *corev1.Service
+	// stray is a bare Pod of the id beside its ReplicaSet.
+	stray *corev1.Pod
+}
+
+// workload is the object that carries the sandbox's identity and lifecycle
+// annotations: the ReplicaSet, or the bare Pod.
+func (f found) workload() metav1.Object {
+	if f.rs != nil {
+		return f.rs
+	}
+	if f.pod != nil {
+		return f.pod
+	}
+	return nil
+}
+
+func paused(rs *appsv1.ReplicaSet) bool { return rs.Spec.Replicas != nil && *rs.Spec.Replicas == 0 }
+
+// BuildReplicaSet returns the sandbox of a ReplicaSet template: a ReplicaSet
+// sandbox-<id> of one Pod, which the ReplicaSet controller recreates when it
+// is deleted or evicted. The Pod is BuildPod's, without
+// activeDeadlineSeconds: a Pod ended by its deadline would only be replaced,
+// so expiry is the reap deleting the ReplicaSet. Lifecycle annotations live
+// on the ReplicaSet, which outlives its Pods.
+func BuildReplicaSet(cfg *config.Config, s Spec) *appsv1.ReplicaSet {
+	pod := BuildPod(cfg, s)
+	pod.Spec.ActiveDeadlineSeconds = nil
+	rsAnnotations := maps.Clone(pod.Annotations)
+	idleAction, pausedTimeout := template.IdleDelete, time.Duration(0)
+	if s.Resolved != nil {
+		idleAction, pausedTimeout = s.Resolved.IdleAction, s.Resolved.PausedTimeout
+	}
+	rsAnnotations[AnnotationIdleAction] = idleAction
+	if idleAction == template.IdlePause {
+		rsAnnotations[AnnotationPausedTimeout] = strconv.FormatInt(int64(pausedTimeout/time.Second), 10)
+	}
+	podAnnotations := maps.Clone(pod.Annotations)
+	delete(podAnnotations, AnnotationLastActivity)
+	delete(podAnnotations, AnnotationExpiresAt)
+	pod.Labels[LabelWorkload] = workloadReplicaSetValue
+	return &appsv1.ReplicaSet{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "ReplicaSet"},
+		ObjectMeta: metav1.ObjectMeta{Name: PodName(s.ID), Namespace: cfg.Namespace, Labels: labels(s), Annotations: rsAnnotations},
+		Spec: appsv1.ReplicaSetSpec{
+			Replicas: ptr.To(int32(1)),
+			Selector: &metav1.LabelSelector{MatchLabels: replicaSetSelector(s.ID)},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: pod.Labels, Annotations: podAnnotations},
+				Spec:       pod.Spec,
+			},
+		},
+	}
+}
+
+func replicaSetSelector(id string) map[string]string {
+	return map[string]string{LabelApp: LabelAppValue, LabelID: id, LabelWorkload: workloadReplicaSetValue}
+}
+
+// ensureReplicaSet creates the ReplicaSet or adopts the existing one (for
+// the same user and thread); a paused one is resumed, so DeerFlow's create
+// on a paused sandbox brings it back.
+func (m *Manager) ensureReplicaSet(ctx context.Context, s Spec) (*appsv1.ReplicaSet, bool, error) {
+	want := BuildReplicaSet(m.cfg, s)
+	rss := m.client.AppsV1().ReplicaSets(m.cfg.Namespace)
+	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
+		created, err := rss.Create(ctx, want, metav1.CreateOptions{})
+		if err == nil {
+			return created, false, nil
+		}
+		if !apierrors.IsAlreadyExists(err) {
+			if apierrors.IsNotFound(err) {
+				return nil, false, &Error{Kind: KindInternal, Err: err,
+					Detail: "namespace " + m.cfg.Namespace + " does not exist; create it (or set CREATE_NAMESPACE=true)"}
+			}
+			return nil, false, classify(err, "create the sandbox ReplicaSet")
+		}
+		existing, err := rss.Get(ctx, want.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return nil, false, classify(err, "read the existing sandbox ReplicaSet")
+		}
+		existing, err = m.reuseReplicaSet(ctx, existing, s)
+		return existing, true, err
+	}
+	return nil, false, &Error{Kind: KindConflict, Detail: "sandbox " + s.ID + " is being created and deleted concurrently; retry"}
+}
+
+// reuseReplicaSet hands an existing ReplicaSet sandbox to a create: only to
+// its own user and thread, with enough capacity, resumed if paused.
+func (m *Manager) reuseReplicaSet(ctx context.Context, rs *appsv1.ReplicaSet, s Spec) (*appsv1.ReplicaSet, error) {
+	if err := checkOwner(rs, "ReplicaSet", s); err != nil {
+		return nil, err
+	}
+	if rs.DeletionTimestamp != nil {
+		return nil, &Error{Kind: KindConflict, Detail: "sandbox " + s.ID + " is being deleted; retry in a moment"}
+	}
+	if err := checkCapacity(rs, s); err != nil {
+		return nil, err
+	}
+	if paused(rs) {
+		return m.scale(ctx, rs, 1)
+	}
+	return rs, nil
+}
+
+// scale pauses (0) or resumes (1) a ReplicaSet sandbox with one patch that
+// also records when it was paused, or that resuming is activity. The
+// patch carries the resourceVersion read, so it never undoes a concurrent
+// change it did not see; the caller retries on conflict.
+func (m *Manager) scale(ctx context.Context, rs *appsv1.ReplicaSet, replicas int32) (*appsv1.ReplicaSet, error) {
+	now := time.Now().UTC().Truncate(time.Second).Format(time.RFC3339)
+	ann := map[string]any{AnnotationPausedAt: now}
+	if replicas > 0 {
+		ann = map[string]any{AnnotationPausedAt: nil}
+		if lt, ok := lifetimeOf(rs); ok {
+			lt.lastActivity = time.Now().UTC().Truncate(time.Second)
+			ann[AnnotationLastActivity] = lt.lastActivity.Format(time.RFC3339)
+			ann[AnnotationExpiresAt] = lt.expiresAt().Format(time.RFC3339)
+		}
+	}
+	patch, _ := json.Marshal(map[string]any{
+		"metadata": map[string]any{"annotations": ann, "resourceVersion": rs.ResourceVersion},
+		"spec":     map[string]any{"replicas": replicas},
+	})
+	out, err := m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Patch(ctx, rs.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
+		if apierrors.IsConflict(err) {
+			return nil, &Error{Kind: KindConflict, Err: err, Detail: "sandbox " + rs.Labels[LabelID] + " changed while being paused or resumed; retry"}
+		}
+		return nil, classify(err, "scale the sandbox ReplicaSet")
+	}
+	return out, nil
+}
+
+// replicaSetPod picks the ReplicaSet's current Pod out of pods: the live one
+// it controls, Ready first, then the newest.
+func replicaSetPod(rs *appsv1.ReplicaSet, pods []corev1.Pod) *corev1.Pod {
+	var mine []*corev1.Pod
+	for i := range pods {
+		p := &pods[i]
+		if ref := metav1.GetControllerOf(p); ref != nil && ref.UID == rs.UID && p.DeletionTimestamp == nil {
+			mine = append(mine, p)
+		}
+	}
+	if len(mine) == 0 {
+		return nil
+	}
+	sort.Slice(mine, func(i, j int) bool {
+		if podReady(mine[i]) != podReady(mine[j]) {
+			return podReady(mine[i])
+		}
+		return mine[j].CreationTimestamp.Before(&mine[i].CreationTimestamp)
+	})
+	return mine[0]
+}
+
+// podsOf lists the Pods of one ReplicaSet sandbox (one call, by label).
+func (m *Manager) podsOf(ctx context.Context, rs *appsv1.ReplicaSet) (*corev1.Pod, error) {
+	list, err := m.client.CoreV1().Pods(m.cfg.Namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: metav1.FormatLabelSelector(&metav1.LabelSelector{MatchLabels: replicaSetSelector(rs.Labels[LabelID])})})
+	if err != nil {
+		return nil, classify(err, "list the sandbox's Pods")
+	}
+	return replicaSetPod(rs, list.Items), nil
+}
+
+// Pause scales a ReplicaSet sandbox to zero: its Pod goes, its Service, URL
+// and data stay, and it reports Paused. Pausing a paused sandbox is a no-op.
+func (m *Manager) Pause(ctx context.Context, id string) (Sandbox, error) {
+	return m.setPaused(ctx, id, true, 0)
+}
+
+// Resume scales a paused ReplicaSet sandbox back to one Pod, at the same
+// URL. With wait > 0 it waits for the Pod to be Ready.
+func (m *Manager) Resume(ctx context.Context, id string, wait time.Duration) (Sandbox, error) {
+	return m.setPaused(ctx, id, false, wait)
+}
+
+func (m *Manager) setPaused(ctx context.Context, id string, pause bool, wait time.Duration) (Sandbox, error) {
+	if err := ValidateID(id); err != nil {
+		return Sandbox{}, err
+	}
+	release, err := m.admitWait(wait)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	defer release()
+	f, err := m.fetch(ctx, id)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	switch {
+	case f.rs == nil && f.pod == nil && f.svc == nil:
+		return Sandbox{}, &Error{Kind: KindNotFound, Detail: "sandbox " + id + " not found"}
+	case f.rs == nil:
+		return Sandbox{}, &Error{Kind: KindConflict, Detail: "sandbox " + id + " is a bare Pod, which cannot be paused or resumed; create sandboxes from a template of kind ReplicaSet for that"}
+	}
+	verb, event := "resumed", "SandboxResumed"
+	if pause {
+		verb, event = "paused", "SandboxPaused"
+	}
+	if paused(f.rs) != pause {
+		if pause {
+			f.rs, err = m.scale(ctx, f.rs, 0)
+		} else {
+			f.rs, err = m.scale(ctx, f.rs, 1)
+		}
+		if err != nil {
+			return Sandbox{}, err
+		}
+		m.recorder.Eventf(f.rs, corev1.EventTypeNormal, event, "Sandbox %s %s", id, verb)
+	}
+	if pause {
+		f.pod = nil
+		return m.view(id, f), nil
+	}
+	if wait > 0 {
+		return m.waitReady(ctx, id, f, wait)
+	}
+	return m.view(id, f), nil
+}
+
+// touchReplicaSet is touch for a ReplicaSet sandbox's annotations.
+func (m *Manager) touchReplicaSet(ctx context.Context, rs *appsv1.ReplicaSet) *appsv1.ReplicaSet {
+	patch := m.activityPatch(rs)
+	if patch == nil {
+		return rs
+	}
+	patched, err := m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Patch(ctx, rs.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
+		return rs
+	}
+	return patched
+}
+
+// replicaSetOwnerRef makes the ReplicaSet the owner of the sandbox's Service.
+func replicaSetOwnerRef(rs *appsv1.ReplicaSet) metav1.OwnerReference {
+	return metav1.OwnerReference{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: rs.Name, UID: rs.UID, BlockOwnerDeletion: ptr.To(false)}
+}

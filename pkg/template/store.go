@@ -1,0 +1,152 @@
+package template
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
+)
+
+// ErrNotFound is a named template that does not exist.
+var ErrNotFound = errors.New("no such sandbox template")
+
+// Store reads templates on demand: no informer, no loop, nothing running
+// between requests (the function scales to zero). A template read is cached
+// for TTL; after that the next use reads the object again and reuses the
+// validated template when its resourceVersion is unchanged, so an edit with
+// kubectl applies to creates from TTL later on, without a restart.
+type Store struct {
+	client    kubernetes.Interface
+	cfg       *config.Config
+	ttl       time.Duration
+	now       func() time.Time
+	mu        sync.Mutex
+	entries   map[string]entry
+	maxCached int
+}
+
+type entry struct {
+	tmpl    *Template // nil with err nil: the built-in default
+	err     error
+	rv      string
+	checked time.Time
+}
+
+// NewStore returns a Store reading PodTemplates in cfg.Namespace.
+func NewStore(client kubernetes.Interface, cfg *config.Config) *Store {
+	return &Store{client: client, cfg: cfg, ttl: cfg.TemplateCacheTTL, now: time.Now, entries: map[string]entry{}, maxCached: 256}
+}
+
+// Get returns the validated template called name ("" is the default). It
+// returns nil, nil for the default when no PodTemplate "default" exists:
+// the built-in Pod applies. A missing named template is ErrNotFound; a
+// refused one is an *Error naming the field.
+func (s *Store) Get(ctx context.Context, name string) (*Template, error) {
+	if name == "" {
+		name = Default
+	}
+	s.mu.Lock()
+	e, ok := s.entries[name]
+	s.mu.Unlock()
+	if ok && s.now().Sub(e.checked) < s.ttl {
+		return e.tmpl, e.err
+	}
+	pt, err := s.client.CoreV1().PodTemplates(s.cfg.Namespace).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err) || err == nil && !isTemplate(pt):
+		e = entry{}
+		if name != Default {
+			e.err = fmt.Errorf("%w: %q (GET /api/templates lists them; a template is a PodTemplate in %s labelled %s)", ErrNotFound, name, s.cfg.Namespace, Label)
+		}
+	case err != nil:
+		return nil, fmt.Errorf("read sandbox template %q: %w", name, err) // not cached: transient
+	case ok && e.rv == pt.ResourceVersion:
+		// Unchanged since we validated it.
+	default:
+		t, verr := FromPodTemplate(pt, s.cfg)
+		e = entry{tmpl: t, err: verr, rv: pt.ResourceVersion}
+	}
+	e.checked = s.now()
+	s.mu.Lock()
+	if len(s.entries) >= s.maxCached {
+		clear(s.entries) // names come from requests: bound what they can make us hold
+	}
+	s.entries[name] = e
+	s.mu.Unlock()
+	return e.tmpl, e.err
+}
+
+// Summary is one template as GET /api/templates lists it.
+type Summary struct {
+	Name               string `json:"name"`
+	Kind               string `json:"kind"`
+	Image              string `json:"image,omitempty"`
+	IdleTimeoutSeconds int64  `json:"idle_timeout_seconds,omitempty"`
+	MaxLifetimeSeconds int64  `json:"max_lifetime_seconds,omitempty"`
+	IdleAction         string `json:"idle_action"`
+	DeerFlowMounts     bool   `json:"deerflow_mounts"`
+	BuiltIn            bool   `json:"built_in,omitempty"`
+	// Error is why the template is refused; creates with it get 422.
+	Error string `json:"error,omitempty"`
+}
+
+// List returns every template, valid or not, in one API call, with the
+// built-in default when no PodTemplate "default" exists.
+func (s *Store) List(ctx context.Context) ([]Summary, error) {
+	list, err := s.client.CoreV1().PodTemplates(s.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: Label})
+	if err != nil {
+		return nil, fmt.Errorf("list sandbox templates: %w", err)
+	}
+	out := []Summary{}
+	haveDefault := false
+	for i := range list.Items {
+		pt := &list.Items[i]
+		haveDefault = haveDefault || pt.Name == Default
+		t, err := FromPodTemplate(pt, s.cfg)
+		if err != nil {
+			out = append(out, Summary{Name: pt.Name, Error: err.Error()})
+			continue
+		}
+		out = append(out, Summarize(t))
+	}
+	if !haveDefault {
+		out = append(out, Summary{Name: Default, Kind: KindPod, Image: s.cfg.SandboxImage, IdleAction: IdleDelete, DeerFlowMounts: true, BuiltIn: true,
+			IdleTimeoutSeconds: int64(s.cfg.IdleTimeout / time.Second), MaxLifetimeSeconds: int64(s.cfg.MaxLifetime / time.Second)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// Summarize describes a valid template.
+func Summarize(t *Template) Summary {
+	sum := Summary{Name: t.Name, Kind: t.Kind, IdleAction: t.IdleAction, DeerFlowMounts: t.DeerFlowMounts,
+		IdleTimeoutSeconds: int64(t.IdleTimeout / time.Second), MaxLifetimeSeconds: int64(t.MaxLifetime / time.Second)}
+	if c := t.Sandbox(); c != nil {
+		sum.Image = c.Image
+	}
+	return sum
+}
+
+// Sandbox returns the template's sandbox container.
+func (t *Template) Sandbox() *corev1.Container {
+	for i := range t.Pod.Spec.Containers {
+		if t.Pod.Spec.Containers[i].Name == ContainerName {
+			return &t.Pod.Spec.Containers[i]
+		}
+	}
+	return nil
+}
+
+func isTemplate(pt *corev1.PodTemplate) bool {
+	_, ok := pt.Labels[Label]
+	return ok
+}
