@@ -4,9 +4,9 @@ import (
 	"context"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"golang.org/x/sync/errgroup"
 )
 
 // Get returns one sandbox. Only the absence of its workload and its Service
@@ -88,4 +88,3 @@ func (m *Manager) fetch(ctx context.Context, id string) (found, error) {
 	}
 	return f, nil
 }
-

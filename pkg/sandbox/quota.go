@@ -58,7 +58,10 @@ func (m *Manager) checkQuota(ctx context.Context, s Spec, own workloadObject) er
 		var rss *appsv1.ReplicaSetList
 		g, gctx := errgroup.WithContext(ctx)
 		one := metav1.ListOptions{Limit: 1}
-		g.Go(func() (err error) { pods, err = listFresh(gctx, ownMeta, one, m.client.CoreV1().Pods(m.cfg.Namespace).List); return err })
+		g.Go(func() (err error) {
+			pods, err = listFresh(gctx, ownMeta, one, m.client.CoreV1().Pods(m.cfg.Namespace).List)
+			return err
+		})
 		g.Go(func() (err error) {
 			rss, err = listFresh(gctx, ownMeta, one, m.client.AppsV1().ReplicaSets(m.cfg.Namespace).List)
 			return err
@@ -82,7 +85,10 @@ func (m *Manager) checkQuota(ctx context.Context, s Spec, own workloadObject) er
 	var rss *appsv1.ReplicaSetList
 	g, gctx := errgroup.WithContext(ctx)
 	all := metav1.ListOptions{LabelSelector: selectorAll}
-	g.Go(func() (err error) { pods, err = listFresh(gctx, ownMeta, all, m.client.CoreV1().Pods(m.cfg.Namespace).List); return err })
+	g.Go(func() (err error) {
+		pods, err = listFresh(gctx, ownMeta, all, m.client.CoreV1().Pods(m.cfg.Namespace).List)
+		return err
+	})
 	g.Go(func() (err error) {
 		rss, err = listFresh(gctx, ownMeta, all, m.client.AppsV1().ReplicaSets(m.cfg.Namespace).List)
 		return err
