@@ -93,13 +93,14 @@ fuzz:
 
 ##@ Verify
 
-## verify: check formatting, vet, go.mod tidiness and that no build output is tracked
+## verify: check formatting, vet, go.mod tidiness, the sandbox templates under config/templates and that no build output is tracked
 .PHONY: verify
 verify:
 	hack/verify-hygiene.sh
 	hack/verify-gofmt.sh
 	hack/verify-govet.sh
 	hack/verify-gomod.sh
+	hack/verify-templates.sh
 
 ## update: apply gofmt and go mod tidy
 .PHONY: update
