@@ -75,7 +75,7 @@ func (m *Manager) Reap(ctx context.Context) (Reaped, error) {
 		}
 		if pause {
 			victims = append(victims, victim{id: id, reason: reason, obj: rs, pause: true, del: func() error {
-				_, err := m.scale(ctx, rs, 0)
+				_, err := m.scale(ctx, rs, 0, true)
 				return err
 			}})
 			continue

@@ -139,16 +139,17 @@ func (m *Manager) reuseReplicaSet(ctx context.Context, rs *appsv1.ReplicaSet, s 
 		return nil, err
 	}
 	if paused(rs) {
-		return m.scale(ctx, rs, 1)
+		return m.scale(ctx, rs, 1, false)
 	}
 	return rs, nil
 }
 
 // scale pauses (0) or resumes (1) a ReplicaSet sandbox with one patch that
-// also records when it was paused, or that resuming is activity. The
-// patch carries the resourceVersion read, so it never undoes a concurrent
-// change it did not see; the caller retries on conflict.
-func (m *Manager) scale(ctx context.Context, rs *appsv1.ReplicaSet, replicas int32) (*appsv1.ReplicaSet, error) {
+// also records when it was paused, or that resuming is activity. A request
+// to pause or resume states the outcome it wants, so its patch applies
+// whatever changed since; the reap's patch (ifUnchanged) carries the
+// resourceVersion it judged, so a sandbox used since is not paused.
+func (m *Manager) scale(ctx context.Context, rs *appsv1.ReplicaSet, replicas int32, ifUnchanged bool) (*appsv1.ReplicaSet, error) {
 	now := time.Now().UTC().Truncate(time.Second).Format(time.RFC3339)
 	ann := map[string]any{AnnotationPausedAt: now}
 	if replicas > 0 {
@@ -159,10 +160,11 @@ func (m *Manager) scale(ctx context.Context, rs *appsv1.ReplicaSet, replicas int
 			ann[AnnotationExpiresAt] = lt.expiresAt().Format(time.RFC3339)
 		}
 	}
-	patch, _ := json.Marshal(map[string]any{
-		"metadata": map[string]any{"annotations": ann, "resourceVersion": rs.ResourceVersion},
-		"spec":     map[string]any{"replicas": replicas},
-	})
+	meta := map[string]any{"annotations": ann}
+	if ifUnchanged {
+		meta["resourceVersion"] = rs.ResourceVersion
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": meta, "spec": map[string]any{"replicas": replicas}})
 	out, err := m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Patch(ctx, rs.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 	if err != nil {
 		if apierrors.IsConflict(err) {
@@ -241,12 +243,11 @@ func (m *Manager) setPaused(ctx context.Context, id string, pause bool, wait tim
 		verb, event = "paused", "SandboxPaused"
 	}
 	if paused(f.rs) != pause {
+		replicas := int32(1)
 		if pause {
-			f.rs, err = m.scale(ctx, f.rs, 0)
-		} else {
-			f.rs, err = m.scale(ctx, f.rs, 1)
+			replicas = 0
 		}
-		if err != nil {
+		if f.rs, err = m.scale(ctx, f.rs, replicas, false); err != nil {
 			return Sandbox{}, err
 		}
 		m.recorder.Eventf(f.rs, corev1.EventTypeNormal, event, "Sandbox %s %s", id, verb)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -58,6 +59,18 @@ func admissionPod(ns string) *corev1.Pod {
 	return sandbox.BuildPod(cfg, spec)
 }
 
+// admissionReplicaSet is the ReplicaSet the function would build for a
+// ReplicaSet template, with default settings.
+func admissionReplicaSet(ns string) *appsv1.ReplicaSet {
+	cfg, _ := config.Load()
+	cfg.Namespace = ns
+	spec, err := sandbox.CreateRequest{SandboxID: "adm2"}.Validate(cfg, time.Now())
+	if err != nil {
+		panic(err)
+	}
+	return sandbox.BuildReplicaSet(cfg, spec)
+}
+
 // TestAdmissionPolicyRefusesEscapes acts as the provisioner's ServiceAccount:
 // the API server itself refuses every Pod shape that would let a compromised
 // function create an escaping sandbox, and admits the Pod the function builds.
@@ -67,6 +80,23 @@ func TestAdmissionPolicyRefusesEscapes(t *testing.T) {
 	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
 	if _, err := sa.CoreV1().Pods(ns).Create(ctx, admissionPod(ns), dry); err != nil {
 		t.Fatalf("the Pod the function builds is refused: %v", err)
+	}
+	if _, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, admissionReplicaSet(ns), dry); err != nil {
+		t.Fatalf("the ReplicaSet the function builds is refused: %v", err)
+	}
+	for name, mutate := range map[string]func(*appsv1.ReplicaSet){
+		"more than one Pod":            func(rs *appsv1.ReplicaSet) { rs.Spec.Replicas = ptr.To[int32](50) },
+		"a selector wider than its id": func(rs *appsv1.ReplicaSet) { delete(rs.Spec.Selector.MatchLabels, "sandbox-id") },
+	} {
+		rs := admissionReplicaSet(ns)
+		mutate(rs)
+		if name == "a selector wider than its id" {
+			delete(rs.Spec.Template.Labels, "sandbox-id") // still matching its template, as the API server demands
+			rs.Spec.Template.Labels["app"] = "deer-flow-sandbox"
+		}
+		if _, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, rs, dry); err == nil || !strings.Contains(err.Error(), "sandbox-provisioner-replicasets") {
+			t.Errorf("ReplicaSet with %s created as the provisioner's ServiceAccount: %v, want a refusal", name, err)
+		}
 	}
 	cases := []struct {
 		name   string
@@ -101,7 +131,23 @@ func TestAdmissionPolicyRefusesEscapes(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			p := admissionPod(ns)
+			// The same escape through a ReplicaSet's Pod template, whose Pods
+			// the ReplicaSet controller (not the provisioner) creates.
+			rs := admissionReplicaSet(ns)
+			p := &corev1.Pod{ObjectMeta: rs.Spec.Template.ObjectMeta, Spec: rs.Spec.Template.Spec}
+			tc.mutate(p)
+			rs.Spec.Template.ObjectMeta, rs.Spec.Template.Spec = p.ObjectMeta, p.Spec
+			// Keep the selector matching the template, as the API server
+			// demands, so that the refusal shown is the policy's.
+			for k := range rs.Spec.Selector.MatchLabels {
+				if _, ok := p.Labels[k]; !ok {
+					delete(rs.Spec.Selector.MatchLabels, k)
+				}
+			}
+			if _, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, rs, dry); err == nil || !strings.Contains(err.Error(), "sandbox-provisioner-replicasets") {
+				t.Errorf("ReplicaSet created as the provisioner's ServiceAccount: %v, want a refusal by the admission policy", err)
+			}
+			p = admissionPod(ns)
 			tc.mutate(p)
 			_, err := sa.CoreV1().Pods(ns).Create(ctx, p, dry)
 			if err == nil || !strings.Contains(err.Error(), "sandbox-provisioner-pods") {

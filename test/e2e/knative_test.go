@@ -242,6 +242,16 @@ func TestRBACWithConfigRole(t *testing.T) {
 	}
 	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "rbac1", "thread_id": "t"}), 200, "repairing create")
 	expectCode(t, mustDo(t, f, "DELETE", "/api/sandboxes/rbac1", nil), 200, "delete")
+	// A ReplicaSet template, read, created, paused, resumed and destroyed
+	// with the Role's verbs.
+	applyTemplates(t, "deer-flow", "self-healing")
+	expectCode(t, mustDo(t, f, "GET", "/api/templates", nil), 200, "list templates")
+	rsBody := map[string]any{"sandbox_id": "rbac2", "thread_id": "t", "template": "self-healing"}
+	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes?wait=15s", rsBody), 200, "create a ReplicaSet sandbox")
+	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes/rbac2/pause", nil), 200, "pause")
+	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes/rbac2/resume", nil), 200, "resume")
+	expectCode(t, mustDo(t, f, "GET", "/api/sandboxes", nil), 200, "list with a ReplicaSet sandbox")
+	expectCode(t, mustDo(t, f, "DELETE", "/api/sandboxes/rbac2", nil), 200, "delete a ReplicaSet sandbox")
 	eventually(t, 30*time.Second, "sandbox removed", func() (bool, error) {
 		return len(pods(t, "deer-flow", "sandbox-id=rbac1")) == 0, nil
 	})
@@ -265,6 +275,16 @@ func TestRBACWithConfigRole(t *testing.T) {
 	_, err = sa.CoreV1().Pods("deer-flow").Update(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "x"}}, metav1.UpdateOptions{})
 	if !apierrors.IsForbidden(err) {
 		t.Errorf("updating a Pod (not a verb we use): %v, want Forbidden", err)
+	}
+	// Templates are the operator's: the function reads them, never writes them.
+	_, err = sa.CoreV1().PodTemplates("deer-flow").Create(ctx, &corev1.PodTemplate{ObjectMeta: metav1.ObjectMeta{Name: "mine"}}, metav1.CreateOptions{})
+	if !apierrors.IsForbidden(err) {
+		t.Errorf("creating a PodTemplate: %v, want Forbidden", err)
+	}
+	// Scaling goes through the object, which the admission policy sees.
+	_, err = sa.AppsV1().ReplicaSets("deer-flow").GetScale(ctx, "sandbox-rbac2", metav1.GetOptions{})
+	if !apierrors.IsForbidden(err) {
+		t.Errorf("reading replicasets/scale: %v, want Forbidden", err)
 	}
 	err = sa.NetworkingV1().NetworkPolicies("deer-flow").Delete(ctx, "deer-flow-sandbox-isolation", metav1.DeleteOptions{})
 	if !apierrors.IsForbidden(err) {
