@@ -190,9 +190,9 @@ func TestTemplatesShapeTheSandbox(t *testing.T) {
 	}, {
 		template: "python",
 		want: shape{Workload: "Pod", Labels: sandboxLabels("tpl-python", map[string]string{"team": "data"}), Template: "python",
-			Containers: []string{"sandbox=registry.example.com/sandboxes/python:3.12", "datasets-index=registry.example.com/sandboxes/datasets-index:1.4"},
-			Volumes:    []string{"host-base:hostPath", "datasets:nfs", "pip-cache:emptyDir"},
-			Mounts:     []string{"/data", "/mnt/skills/custom", "/mnt/skills/public", "/mnt/user-data", "/var/cache/pip"},
+			Containers:       []string{"sandbox=registry.example.com/sandboxes/python:3.12", "datasets-index=registry.example.com/sandboxes/datasets-index:1.4"},
+			Volumes:          []string{"host-base:hostPath", "datasets:nfs", "pip-cache:emptyDir"},
+			Mounts:           []string{"/data", "/mnt/skills/custom", "/mnt/skills/public", "/mnt/user-data", "/var/cache/pip"},
 			ImagePullSecrets: []string{"registry-credentials"}, NodeSelector: map[string]string{"sandbox.deerflow.dev/pool": "python"},
 			Limits: map[string]string{"cpu": "2", "memory": "2Gi", "ephemeral-storage": "500Mi"}, Deadline: true, StartupProbe: true,
 			Hardened: true, NoToken: true, ServiceOwner: "Pod"},
