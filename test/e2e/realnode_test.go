@@ -11,12 +11,14 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
@@ -540,4 +542,90 @@ func TestDeerFlowContractOnRealNode(t *testing.T) {
 	if r := send(reqs[6]); r.Code != 401 || r.Detail() == "" {
 		t.Errorf("unauthenticated: %d %s", r.Code, r.Raw)
 	}
+}
+
+// readyPodOtherThan waits for a Ready Pod of sandbox id on the real node
+// other than the one with UID not.
+func readyPodOtherThan(t *testing.T, ns, id string, not types.UID) *corev1.Pod {
+	t.Helper()
+	return waitReady(t, "a new Pod of "+id, func() (*corev1.Pod, error) {
+		for _, p := range pods(t, ns, "sandbox-id="+id) {
+			if p.UID != not && p.DeletionTimestamp == nil && p.Spec.NodeName == realnode.Name {
+				return &p, nil
+			}
+		}
+		return nil, fmt.Errorf("no new Pod yet")
+	})
+}
+
+// TestRealReplicaSetHealsAndResumes: with real containers, a ReplicaSet
+// sandbox whose Pod is deleted comes back behind the same Service, and one
+// paused (its container stopped) and resumed answers at the same URL from
+// a new container. It logs pause → resume → Ready over several rounds.
+func TestRealReplicaSetHealsAndResumes(t *testing.T) {
+	needRealNode(t)
+	ns := namespace(t)
+	putTemplate(t, ns, rsTemplate("real-rs", realnode.SandboxImage, nil))
+	f := start(t, ns, realEnv(t, ns, map[string]string{"SANDBOX_SERVICE_TYPE": "ClusterIP"}))
+	ctx := context.Background()
+
+	r := mustDo(t, f, "POST", "/api/sandboxes?wait=20s", map[string]any{"sandbox_id": "rs1", "template": "real-rs"})
+	if r.Code != 200 || r.Body["status"] != "Running" || r.Body["ready"] != true {
+		t.Fatalf("create of a ReplicaSet sandbox on the real node: %d %s", r.Code, r.Raw)
+	}
+	sandboxURL := r.Body["sandbox_url"]
+	svc := services(t, ns, "sandbox-id=rs1")
+	if len(svc) != 1 {
+		t.Fatalf("%d Services", len(svc))
+	}
+	// The URL names the Service, which only cluster DNS resolves; ask its
+	// ClusterIP, as that name would.
+	url := fmt.Sprintf("http://%s:%d/v1/sandbox", svc[0].Spec.ClusterIP, svc[0].Spec.Ports[0].Port)
+	first := readyPodOtherThan(t, ns, "rs1", "")
+	answers(t, url, first.Name)
+
+	// Self-healing: the Pod (and its container) deleted, a new one serves.
+	if err := client().CoreV1().Pods(ns).Delete(ctx, first.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	second := readyPodOtherThan(t, ns, "rs1", first.UID)
+	t.Logf("Pod deleted → replacement Ready in %s", time.Since(began).Round(time.Millisecond))
+	answers(t, url, second.Name)
+	if g := mustDo(t, f, "GET", "/api/sandboxes/rs1", nil); g.Body["status"] != "Running" || g.Body["sandbox_url"] != sandboxURL {
+		t.Errorf("after self-healing: %s, want Running at %v", g.Raw, sandboxURL)
+	}
+
+	// Pause and resume, several rounds, timing resume → Ready.
+	const rounds = 5
+	var took []time.Duration
+	last := second
+	for i := 0; i < rounds; i++ {
+		p := mustDo(t, f, "POST", "/api/sandboxes/rs1/pause", nil)
+		if p.Code != 200 || p.Body["status"] != "Paused" {
+			t.Fatalf("pause round %d: %d %s", i, p.Code, p.Raw)
+		}
+		eventually(t, 60*time.Second, "the paused sandbox's container stopped and Pod gone", func() (bool, error) {
+			return len(pods(t, ns, "sandbox-id=rs1")) == 0, nil
+		})
+		if len(services(t, ns, "sandbox-id=rs1")) != 1 {
+			t.Fatal("the paused sandbox lost its Service")
+		}
+		began := time.Now()
+		rr := mustDo(t, f, "POST", "/api/sandboxes/rs1/resume?wait=20s", nil)
+		d := time.Since(began)
+		if rr.Code != 200 || rr.Body["status"] != "Running" || rr.Body["ready"] != true || rr.Body["sandbox_url"] != sandboxURL {
+			t.Fatalf("resume round %d: %d %s", i, rr.Code, rr.Raw)
+		}
+		took = append(took, d)
+		last = readyPodOtherThan(t, ns, "rs1", last.UID)
+	}
+	answers(t, url, last.Name)
+	slices.Sort(took)
+	t.Logf("pause → resume → Ready on the real node: p50 %s, min %s, max %s over %d rounds (resume?wait=20s answering Running)",
+		took[len(took)/2].Round(time.Millisecond), took[0].Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond), rounds)
+	expectCode(t, mustDo(t, f, "DELETE", "/api/sandboxes/rs1", nil), 200, "destroy")
+	eventually(t, 60*time.Second, "destroyed ReplicaSet sandbox gone", func() (bool, error) {
+		return len(pods(t, ns, "sandbox-id=rs1"))+len(services(t, ns, "sandbox-id=rs1")) == 0, nil
+	})
 }
