@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"mime"
 	"net/http"
 	"slices"
@@ -22,7 +23,7 @@ var invokeOperations = map[string]string{
 }
 
 // invokeNames lists the operations for error details.
-var invokeNames = strings.Join(sortedKeys(invokeOperations), ", ")
+var invokeNames = strings.Join(slices.Sorted(maps.Keys(invokeOperations)), ", ")
 
 // Invoke handles POST / with a plain JSON body, which is what
 // `kn func invoke --format http` sends: {"operation": "create", ...} runs the
@@ -85,13 +86,4 @@ func (h *Handler) Invoke(w http.ResponseWriter, r *http.Request) {
 	}
 	code = http.StatusOK
 	problem.WriteJSON(w, code, reply)
-}
-
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }

@@ -223,11 +223,7 @@ func (m *Manager) ensurePod(ctx context.Context, s Spec) (*corev1.Pod, bool, err
 			return created, false, nil
 		}
 		if !apierrors.IsAlreadyExists(err) {
-			if apierrors.IsNotFound(err) {
-				return nil, false, &Error{Kind: KindInternal, Err: err,
-					Detail: "namespace " + m.cfg.Namespace + " does not exist; create it (or set CREATE_NAMESPACE=true)"}
-			}
-			return nil, false, classify(err, "create the sandbox Pod")
+			return nil, false, m.createFailed(err, "Pod")
 		}
 		existing, err := pods.Get(ctx, want.Name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
@@ -251,6 +247,16 @@ func (m *Manager) ensurePod(ctx context.Context, s Spec) (*corev1.Pod, bool, err
 		return existing, true, nil
 	}
 	return nil, false, &Error{Kind: KindConflict, Detail: "sandbox " + s.ID + " is being created and deleted concurrently; retry"}
+}
+
+// createFailed explains a failed create of the sandbox's kind of object;
+// a missing namespace is the operator's to fix.
+func (m *Manager) createFailed(err error, kind string) error {
+	if apierrors.IsNotFound(err) {
+		return &Error{Kind: KindInternal, Err: err,
+			Detail: "namespace " + m.cfg.Namespace + " does not exist; create it (or set CREATE_NAMESPACE=true)"}
+	}
+	return classify(err, "create the sandbox "+kind)
 }
 
 // checkOwner refuses to hand a sandbox to anyone but the user and thread it

@@ -107,11 +107,7 @@ func (m *Manager) ensureReplicaSet(ctx context.Context, s Spec) (*appsv1.Replica
 			return created, false, nil
 		}
 		if !apierrors.IsAlreadyExists(err) {
-			if apierrors.IsNotFound(err) {
-				return nil, false, &Error{Kind: KindInternal, Err: err,
-					Detail: "namespace " + m.cfg.Namespace + " does not exist; create it (or set CREATE_NAMESPACE=true)"}
-			}
-			return nil, false, classify(err, "create the sandbox ReplicaSet")
+			return nil, false, m.createFailed(err, "ReplicaSet")
 		}
 		existing, err := rss.Get(ctx, want.Name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {

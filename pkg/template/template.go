@@ -16,6 +16,7 @@ package template
 
 import (
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"strconv"
@@ -191,12 +192,12 @@ func (v validator) metadata(labels, annotations map[string]string) error {
 	for k := range v.cfg.DNSPodLabels {
 		owned = append(owned, k)
 	}
-	for _, k := range sortedKeys(labels) {
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
 		if slices.Contains(owned, k) || strings.HasPrefix(k, "app.kubernetes.io/") || strings.HasPrefix(k, annotationPrefix) || strings.Contains(k, "knative.dev/") {
 			return v.bad("template.metadata.labels["+k+"]", "the provisioner's label, or one a NetworkPolicy selects peers by; a sandbox's labels must not widen what it can reach")
 		}
 	}
-	for _, k := range sortedKeys(annotations) {
+	for _, k := range slices.Sorted(maps.Keys(annotations)) {
 		if strings.HasPrefix(k, annotationPrefix) || strings.Contains(k, "apparmor.security") || strings.Contains(k, "seccomp.security") {
 			return v.bad("template.metadata.annotations["+k+"]", "the provisioner's bookkeeping or confinement is not a template's to set")
 		}
@@ -420,13 +421,4 @@ func setExcept(s any, allowed []string) string {
 		return name
 	}
 	return ""
-}
-
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }
