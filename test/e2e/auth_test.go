@@ -76,12 +76,15 @@ func doors(id string) []door {
 		{name: "GET /api/sandboxes", method: "GET", path: "/api/sandboxes"},
 		{name: "GET /api/sandboxes/{id}", method: "GET", path: "/api/sandboxes/" + id},
 		{name: "DELETE /api/sandboxes/{id}", method: "DELETE", path: "/api/sandboxes/" + id},
+		{name: "POST /api/sandboxes/{id}/pause", method: "POST", path: "/api/sandboxes/" + id + "/pause"},
+		{name: "POST /api/sandboxes/{id}/resume", method: "POST", path: "/api/sandboxes/" + id + "/resume"},
+		{name: "GET /api/templates", method: "GET", path: "/api/templates"},
 		{name: "POST /api/reap", method: "POST", path: "/api/reap"},
 	}
 	for _, typ := range events.RequestTypes {
 		d = append(d, door{name: "event " + typ, method: "POST", path: "/", body: `{"sandbox_id":"` + id + `"}`, event: typ})
 	}
-	for _, op := range []string{"create", "get", "list", "destroy", "reap"} {
+	for _, op := range []string{"create", "get", "list", "destroy", "pause", "resume", "reap"} {
 		d = append(d, door{name: "POST / " + op, method: "POST", path: "/", body: `{"operation":"` + op + `","sandbox_id":"` + id + `"}`})
 	}
 	return d
@@ -117,6 +120,8 @@ func (d door) send(t *testing.T, f *harness.Function, headers map[string]string)
 func TestEveryDoorAuthenticated(t *testing.T) {
 	ns := namespace(t)
 	allowed := "system:serviceaccount:" + ns + ":trigger-oidc"
+	// tok1 is a ReplicaSet sandbox, so that pause and resume succeed too.
+	putTemplate(t, ns, rsTemplate("heal", "sandbox:test", nil))
 	f := start(t, ns, map[string]string{"AUTH_TOKEN_AUDIENCE": audience, "AUTH_ALLOWED_SUBJECTS": allowed})
 	good := token(t, ns, "trigger-oidc", audience)
 	bearer := func(tok string) map[string]string { return map[string]string{"Authorization": "Bearer " + tok} }
@@ -167,7 +172,8 @@ func TestEveryDoorAuthenticated(t *testing.T) {
 	}
 
 	// The allowed token works on every door, in an order that creates,
-	// reads, destroys and reaps.
+	// reads, destroys, pauses, resumes and reaps.
+	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "tok1", "template": "heal"}), 200, "create tok1")
 	for _, d := range doors("tok1") {
 		r := d.send(t, f, bearer(good))
 		if r.Code != 200 {
@@ -175,7 +181,7 @@ func TestEveryDoorAuthenticated(t *testing.T) {
 		}
 		if strings.Contains(d.name, "DELETE") || d.event == events.TypeDestroy || d.name == "POST / destroy" {
 			// Recreate for the next door that reads it.
-			expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "tok1"}), 200, "recreate tok1")
+			expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "tok1", "template": "heal"}), 200, "recreate tok1")
 		}
 	}
 	t.Logf("%d refusal cases over %d doors", cases, len(doors("x")))
