@@ -61,12 +61,12 @@ type operation struct {
 
 var operations = map[string]operation{
 	TypeCreate:  {"create", TypeCreated, (*Handler).create},
-	TypeGet:     {"get", TypeStatus, (*Handler).get},
+	TypeGet:     {"get", TypeStatus, getByID},
 	TypeList:    {"list", TypeListed, (*Handler).list},
-	TypeDestroy: {"destroy", TypeDestroyed, (*Handler).destroy},
+	TypeDestroy: {"destroy", TypeDestroyed, destroyByID},
 	TypeReap:    {"reap", TypeReaped, (*Handler).reap},
-	TypePause:   {"pause", TypePaused, (*Handler).pause},
-	TypeResume:  {"resume", TypeResumed, (*Handler).resume},
+	TypePause:   {"pause", TypePaused, pauseByID},
+	TypeResume:  {"resume", TypeResumed, resumeByID},
 	TypePing:    {"reap", TypeReaped, (*Handler).reap},
 }
 
@@ -227,63 +227,48 @@ func (h *Handler) create(ctx context.Context, data []byte, subject string) (any,
 	return sb, spec.ID, err
 }
 
-func (h *Handler) get(ctx context.Context, data []byte, subject string) (any, string, error) {
-	req, err := decodeID(data, subject)
-	if err != nil {
-		return nil, "", err
+// byID is the run of an operation on the sandbox the data or the subject
+// names, under the deadline its wait (when it takes one: wait_seconds)
+// allows.
+func byID(waits bool, op func(ops sandbox.Operations, ctx context.Context, id string, wait time.Duration) (any, error)) func(*Handler, context.Context, []byte, string) (any, string, error) {
+	return func(h *Handler, ctx context.Context, data []byte, subject string) (any, string, error) {
+		req, err := decodeID(data, subject)
+		if err != nil {
+			return nil, "", err
+		}
+		var wait time.Duration
+		if waits {
+			if wait, err = readywait.FromSeconds(h.cfg, req.WaitSeconds, "wait_seconds"); err != nil {
+				return nil, "", err
+			}
+		}
+		ctx, cancel := readywait.Deadline(ctx, h.cfg, wait)
+		defer cancel()
+		v, err := op(h.ops, ctx, req.SandboxID, wait)
+		return v, req.SandboxID, err
 	}
-	wait, err := readywait.FromSeconds(h.cfg, req.WaitSeconds, "wait_seconds")
-	if err != nil {
-		return nil, "", err
-	}
-	ctx, cancel := readywait.Deadline(ctx, h.cfg, wait)
-	defer cancel()
-	sb, err := h.ops.Get(ctx, req.SandboxID, wait)
-	return sb, req.SandboxID, err
 }
+
+var (
+	getByID = byID(true, func(ops sandbox.Operations, ctx context.Context, id string, wait time.Duration) (any, error) {
+		return ops.Get(ctx, id, wait)
+	})
+	destroyByID = byID(false, func(ops sandbox.Operations, ctx context.Context, id string, _ time.Duration) (any, error) {
+		return sandbox.DestroyResponse{OK: true, SandboxID: id}, ops.Destroy(ctx, id)
+	})
+	pauseByID = byID(false, func(ops sandbox.Operations, ctx context.Context, id string, _ time.Duration) (any, error) {
+		return ops.Pause(ctx, id)
+	})
+	resumeByID = byID(true, func(ops sandbox.Operations, ctx context.Context, id string, wait time.Duration) (any, error) {
+		return ops.Resume(ctx, id, wait)
+	})
+)
 
 func (h *Handler) list(ctx context.Context, _ []byte, _ string) (any, string, error) {
 	ctx, cancel := readywait.Deadline(ctx, h.cfg, 0)
 	defer cancel()
 	all, err := h.ops.List(ctx)
 	return sandbox.ListResponse{Sandboxes: all, Count: len(all)}, "", err
-}
-
-func (h *Handler) destroy(ctx context.Context, data []byte, subject string) (any, string, error) {
-	req, err := decodeID(data, subject)
-	if err != nil {
-		return nil, "", err
-	}
-	ctx, cancel := readywait.Deadline(ctx, h.cfg, 0)
-	defer cancel()
-	err = h.ops.Destroy(ctx, req.SandboxID)
-	return sandbox.DestroyResponse{OK: true, SandboxID: req.SandboxID}, req.SandboxID, err
-}
-
-func (h *Handler) pause(ctx context.Context, data []byte, subject string) (any, string, error) {
-	req, err := decodeID(data, subject)
-	if err != nil {
-		return nil, "", err
-	}
-	ctx, cancel := readywait.Deadline(ctx, h.cfg, 0)
-	defer cancel()
-	sb, err := h.ops.Pause(ctx, req.SandboxID)
-	return sb, req.SandboxID, err
-}
-
-func (h *Handler) resume(ctx context.Context, data []byte, subject string) (any, string, error) {
-	req, err := decodeID(data, subject)
-	if err != nil {
-		return nil, "", err
-	}
-	wait, err := readywait.FromSeconds(h.cfg, req.WaitSeconds, "wait_seconds")
-	if err != nil {
-		return nil, "", err
-	}
-	ctx, cancel := readywait.Deadline(ctx, h.cfg, wait)
-	defer cancel()
-	sb, err := h.ops.Resume(ctx, req.SandboxID, wait)
-	return sb, req.SandboxID, err
 }
 
 func (h *Handler) reap(ctx context.Context, _ []byte, _ string) (any, string, error) {

@@ -3,6 +3,7 @@
 package httpapi
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -38,13 +39,27 @@ func New(cfg *config.Config, authn *auth.Authenticator, ops sandbox.Operations, 
 	a.mux.Handle("GET /metrics", m.Handler())
 	a.route("GET /api/capabilities", "capabilities", a.capabilities)
 	a.route("POST /api/sandboxes", "create", a.create)
-	a.route("GET /api/sandboxes", "list", a.list)
-	a.route("GET /api/sandboxes/{id}", "get", a.get)
-	a.route("DELETE /api/sandboxes/{id}", "destroy", a.destroy)
-	a.route("POST /api/sandboxes/{id}/pause", "pause", a.pause)
-	a.route("POST /api/sandboxes/{id}/resume", "resume", a.resume)
-	a.route("GET /api/templates", "templates", a.templates)
-	a.route("POST /api/reap", "reap", a.reap)
+	a.route("GET /api/sandboxes", "list", a.whole(func(ctx context.Context) (any, error) {
+		all, err := a.ops.List(ctx)
+		return sandbox.ListResponse{Sandboxes: all, Count: len(all)}, err
+	}))
+	a.route("GET /api/sandboxes/{id}", "get", a.byID(true, func(ctx context.Context, id string, wait time.Duration) (any, error) {
+		return a.ops.Get(ctx, id, wait)
+	}))
+	a.route("DELETE /api/sandboxes/{id}", "destroy", a.byID(false, func(ctx context.Context, id string, _ time.Duration) (any, error) {
+		return sandbox.DestroyResponse{OK: true, SandboxID: id}, a.ops.Destroy(ctx, id)
+	}))
+	a.route("POST /api/sandboxes/{id}/pause", "pause", a.byID(false, func(ctx context.Context, id string, _ time.Duration) (any, error) {
+		return a.ops.Pause(ctx, id)
+	}))
+	a.route("POST /api/sandboxes/{id}/resume", "resume", a.byID(true, func(ctx context.Context, id string, wait time.Duration) (any, error) {
+		return a.ops.Resume(ctx, id, wait)
+	}))
+	a.route("GET /api/templates", "templates", a.whole(func(ctx context.Context) (any, error) {
+		list, err := a.ops.Templates(ctx)
+		return sandbox.TemplatesResponse{Templates: list, Count: len(list)}, err
+	}))
+	a.route("POST /api/reap", "reap", a.whole(func(ctx context.Context) (any, error) { return a.ops.Reap(ctx) }))
 	a.mux.HandleFunc("/", a.notFound)
 	return a
 }
@@ -173,92 +188,41 @@ func (a *API) create(w http.ResponseWriter, r *http.Request) int {
 	return http.StatusOK
 }
 
-func (a *API) get(w http.ResponseWriter, r *http.Request) int {
-	wait, err := readywait.FromQuery(a.cfg, r.URL.Query().Get("wait"))
-	if err != nil {
-		return problem.Write(w, err)
+// byID answers one operation on the sandbox the path names, under the
+// deadline its wait (when the operation takes one: ?wait=) allows.
+func (a *API) byID(waits bool, op func(ctx context.Context, id string, wait time.Duration) (any, error)) handlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) int {
+		var wait time.Duration
+		if waits {
+			var err error
+			if wait, err = readywait.FromQuery(a.cfg, r.URL.Query().Get("wait")); err != nil {
+				return problem.Write(w, err)
+			}
+		}
+		ctx, cancel := readywait.Deadline(r.Context(), a.cfg, wait)
+		defer cancel()
+		id := r.PathValue("id")
+		v, err := op(ctx, id, wait)
+		if err != nil {
+			return a.fail(w, r, err, "sandbox_id", id)
+		}
+		problem.WriteJSON(w, http.StatusOK, v)
+		return http.StatusOK
 	}
-	ctx, cancel := readywait.Deadline(r.Context(), a.cfg, wait)
-	defer cancel()
-	id := r.PathValue("id")
-	sb, err := a.ops.Get(ctx, id, wait)
-	if err != nil {
-		return a.fail(w, r, err, "sandbox_id", id)
-	}
-	problem.WriteJSON(w, http.StatusOK, sb)
-	return http.StatusOK
 }
 
-func (a *API) list(w http.ResponseWriter, r *http.Request) int {
-	ctx, cancel := readywait.Deadline(r.Context(), a.cfg, 0)
-	defer cancel()
-	all, err := a.ops.List(ctx)
-	if err != nil {
-		return a.fail(w, r, err)
+// whole answers one operation on no sandbox in particular.
+func (a *API) whole(op func(ctx context.Context) (any, error)) handlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) int {
+		ctx, cancel := readywait.Deadline(r.Context(), a.cfg, 0)
+		defer cancel()
+		v, err := op(ctx)
+		if err != nil {
+			return a.fail(w, r, err)
+		}
+		problem.WriteJSON(w, http.StatusOK, v)
+		return http.StatusOK
 	}
-	problem.WriteJSON(w, http.StatusOK, sandbox.ListResponse{Sandboxes: all, Count: len(all)})
-	return http.StatusOK
-}
-
-func (a *API) destroy(w http.ResponseWriter, r *http.Request) int {
-	ctx, cancel := readywait.Deadline(r.Context(), a.cfg, 0)
-	defer cancel()
-	id := r.PathValue("id")
-	if err := a.ops.Destroy(ctx, id); err != nil {
-		return a.fail(w, r, err, "sandbox_id", id)
-	}
-	problem.WriteJSON(w, http.StatusOK, sandbox.DestroyResponse{OK: true, SandboxID: id})
-	return http.StatusOK
-}
-
-func (a *API) pause(w http.ResponseWriter, r *http.Request) int {
-	ctx, cancel := readywait.Deadline(r.Context(), a.cfg, 0)
-	defer cancel()
-	id := r.PathValue("id")
-	sb, err := a.ops.Pause(ctx, id)
-	if err != nil {
-		return a.fail(w, r, err, "sandbox_id", id)
-	}
-	problem.WriteJSON(w, http.StatusOK, sb)
-	return http.StatusOK
-}
-
-func (a *API) resume(w http.ResponseWriter, r *http.Request) int {
-	wait, err := readywait.FromQuery(a.cfg, r.URL.Query().Get("wait"))
-	if err != nil {
-		return problem.Write(w, err)
-	}
-	ctx, cancel := readywait.Deadline(r.Context(), a.cfg, wait)
-	defer cancel()
-	id := r.PathValue("id")
-	sb, err := a.ops.Resume(ctx, id, wait)
-	if err != nil {
-		return a.fail(w, r, err, "sandbox_id", id)
-	}
-	problem.WriteJSON(w, http.StatusOK, sb)
-	return http.StatusOK
-}
-
-func (a *API) templates(w http.ResponseWriter, r *http.Request) int {
-	ctx, cancel := readywait.Deadline(r.Context(), a.cfg, 0)
-	defer cancel()
-	list, err := a.ops.Templates(ctx)
-	if err != nil {
-		return a.fail(w, r, err)
-	}
-	problem.WriteJSON(w, http.StatusOK, sandbox.TemplatesResponse{Templates: list, Count: len(list)})
-	return http.StatusOK
-}
-
-func (a *API) reap(w http.ResponseWriter, r *http.Request) int {
-	ctx, cancel := readywait.Deadline(r.Context(), a.cfg, 0)
-	defer cancel()
-	res, err := a.ops.Reap(ctx)
-	if err != nil {
-		return a.fail(w, r, err)
-	}
-	problem.WriteJSON(w, http.StatusOK, res)
-	return http.StatusOK
 }
 
 func (a *API) notFound(w http.ResponseWriter, r *http.Request) {

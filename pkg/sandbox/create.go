@@ -326,8 +326,12 @@ func (m *Manager) ensureService(ctx context.Context, s Spec, owner metav1.OwnerR
 		case current != nil && current.UID == owner.UID && existing.DeletionTimestamp == nil:
 			return existing, false, nil
 		case current != nil && current.Kind != owner.Kind && existing.DeletionTimestamp == nil:
-			if live, err := m.ownerLives(ctx, *current); err != nil || live {
-				return nil, false, cmpErr(err, errOtherKind)
+			live, err := m.ownerLives(ctx, *current)
+			if err != nil {
+				return nil, false, err
+			}
+			if live {
+				return nil, false, errOtherKind
 			}
 			fallthrough // left over from a workload that is gone: replace it
 		case current != nil:
@@ -378,6 +382,17 @@ func sandboxOwner(refs []metav1.OwnerReference) *metav1.OwnerReference {
 	return nil
 }
 
+// ownerKind is the kind of the workload that owns svc ("" for none or nil).
+func ownerKind(svc *corev1.Service) string {
+	if svc == nil {
+		return ""
+	}
+	if r := sandboxOwner(svc.OwnerReferences); r != nil {
+		return r.Kind
+	}
+	return ""
+}
+
 func ownerUID(refs []metav1.OwnerReference) types.UID {
 	if r := sandboxOwner(refs); r != nil {
 		return r.UID
@@ -404,14 +419,6 @@ func (m *Manager) ownerLives(ctx context.Context, ref metav1.OwnerReference) (bo
 		return false, classify(err, "read the workload of the sandbox Service")
 	}
 	return obj.GetUID() == ref.UID && obj.GetDeletionTimestamp() == nil, nil
-}
-
-// cmpErr is err when set, otherwise fallback.
-func cmpErr(err, fallback error) error {
-	if err != nil {
-		return err
-	}
-	return fallback
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {

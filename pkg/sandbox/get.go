@@ -14,21 +14,12 @@ import (
 // because DeerFlow deletes its record of a sandbox on 404. A Get counts as
 // activity. With wait > 0 it waits (by watch) until the Pod is Ready.
 func (m *Manager) Get(ctx context.Context, id string, wait time.Duration) (Sandbox, error) {
-	if err := ValidateID(id); err != nil {
-		return Sandbox{}, err
-	}
-	release, err := m.admitWait(wait)
+	f, release, err := m.lookup(ctx, id, wait)
 	if err != nil {
 		return Sandbox{}, err
 	}
 	defer release()
-	f, err := m.fetch(ctx, id)
-	if err != nil {
-		return Sandbox{}, err
-	}
 	switch {
-	case f.pod == nil && f.rs == nil && f.svc == nil:
-		return Sandbox{}, &Error{Kind: KindNotFound, Detail: "sandbox " + id + " not found"}
 	case f.rs != nil:
 		f.rs = m.touchReplicaSet(ctx, f.rs)
 	case f.pod != nil:
@@ -40,10 +31,35 @@ func (m *Manager) Get(ctx context.Context, id string, wait time.Duration) (Sandb
 	return m.view(id, f), nil
 }
 
-// fetch reads a sandbox's Pod, ReplicaSet and Service concurrently; nil
-// means absent. An object with the name but not the sandbox labels is
-// absent too, and so is one being deleted. For a ReplicaSet sandbox that is
-// not paused, its current Pod is read after (one more call).
+// lookup is what every operation on one existing sandbox starts with: a
+// valid id, a wait token when it will wait, and what exists of the
+// sandbox; nothing at all is "not found". The caller calls release.
+func (m *Manager) lookup(ctx context.Context, id string, wait time.Duration) (found, func(), error) {
+	if err := ValidateID(id); err != nil {
+		return found{}, nil, err
+	}
+	release, err := m.admitWait(wait)
+	if err != nil {
+		return found{}, nil, err
+	}
+	f, err := m.fetch(ctx, id)
+	if err == nil && f.pod == nil && f.rs == nil && f.svc == nil {
+		err = &Error{Kind: KindNotFound, Detail: "sandbox " + id + " not found"}
+	}
+	if err != nil {
+		release()
+		return found{}, nil, err
+	}
+	return f, release, nil
+}
+
+// fetch reads a sandbox's Pod and Service concurrently; nil means absent.
+// An object with the name but not the sandbox labels is absent too, and so
+// is one being deleted. The ReplicaSet is read only when the sandbox can be
+// one: no bare Pod, or a Service owned by a ReplicaSet. So a bare Pod
+// sandbox (every DeerFlow sandbox) costs the two reads it did before
+// templates; a ReplicaSet sandbox costs that one more, and one more for its
+// current Pod unless paused.
 func (m *Manager) fetch(ctx context.Context, id string) (found, error) {
 	var f found
 	g, gctx := errgroup.WithContext(ctx)
@@ -56,14 +72,6 @@ func (m *Manager) fetch(ctx context.Context, id string) (found, error) {
 		return classify(err, "read the sandbox Pod")
 	})
 	g.Go(func() error {
-		rs, err := m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Get(gctx, PodName(id), metav1.GetOptions{})
-		if apierrors.IsNotFound(err) || (err == nil && (rs.DeletionTimestamp != nil || !IsSandbox(rs, id))) {
-			return nil
-		}
-		f.rs = rs
-		return classify(err, "read the sandbox ReplicaSet")
-	})
-	g.Go(func() error {
 		svc, err := m.client.CoreV1().Services(m.cfg.Namespace).Get(gctx, ServiceName(id), metav1.GetOptions{})
 		if apierrors.IsNotFound(err) || (err == nil && !IsSandbox(svc, id)) {
 			return nil
@@ -74,16 +82,22 @@ func (m *Manager) fetch(ctx context.Context, id string) (found, error) {
 	if err := g.Wait(); err != nil {
 		return found{}, err
 	}
-	if f.rs != nil {
-		// A bare Pod beside a ReplicaSet (two creates of both kinds racing)
-		// is not this sandbox's Pod; destroy removes it too.
-		f.stray, f.pod = f.pod, nil
-		if !paused(f.rs) {
-			pod, err := m.podsOf(ctx, f.rs)
-			if err != nil {
-				return found{}, err
-			}
-			f.pod = pod
+	if f.pod != nil && ownerKind(f.svc) != "ReplicaSet" {
+		return f, nil
+	}
+	rs, err := m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Get(ctx, PodName(id), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) || (err == nil && (rs.DeletionTimestamp != nil || !IsSandbox(rs, id))) {
+		return f, nil
+	}
+	if err != nil {
+		return found{}, classify(err, "read the sandbox ReplicaSet")
+	}
+	// A bare Pod beside a ReplicaSet (creates of both kinds racing) is not
+	// this sandbox's Pod; destroy removes it too.
+	f.rs, f.stray, f.pod = rs, f.pod, nil
+	if !paused(rs) {
+		if f.pod, err = m.podsOf(ctx, rs); err != nil {
+			return found{}, err
 		}
 	}
 	return f, nil

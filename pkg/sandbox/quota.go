@@ -44,10 +44,6 @@ func (m *Manager) checkQuota(ctx context.Context, s Spec, own workloadObject) er
 	if own == nil {
 		prospective = 1
 	}
-	var ownMeta metav1.Object
-	if own != nil {
-		ownMeta = own
-	}
 	if m.cfg.MaxSandboxesPerUser == 0 {
 		// Fast path: every sandbox is a Pod or a ReplicaSet in the namespace,
 		// so if the namespace holds no more of both than the limit, neither
@@ -59,11 +55,11 @@ func (m *Manager) checkQuota(ctx context.Context, s Spec, own workloadObject) er
 		g, gctx := errgroup.WithContext(ctx)
 		one := metav1.ListOptions{Limit: 1}
 		g.Go(func() (err error) {
-			pods, err = listFresh(gctx, ownMeta, one, m.client.CoreV1().Pods(m.cfg.Namespace).List)
+			pods, err = listFresh(gctx, own, one, m.client.CoreV1().Pods(m.cfg.Namespace).List)
 			return err
 		})
 		g.Go(func() (err error) {
-			rss, err = listFresh(gctx, ownMeta, one, m.client.AppsV1().ReplicaSets(m.cfg.Namespace).List)
+			rss, err = listFresh(gctx, own, one, m.client.AppsV1().ReplicaSets(m.cfg.Namespace).List)
 			return err
 		})
 		if err := g.Wait(); err != nil {
@@ -86,11 +82,11 @@ func (m *Manager) checkQuota(ctx context.Context, s Spec, own workloadObject) er
 	g, gctx := errgroup.WithContext(ctx)
 	all := metav1.ListOptions{LabelSelector: selectorAll}
 	g.Go(func() (err error) {
-		pods, err = listFresh(gctx, ownMeta, all, m.client.CoreV1().Pods(m.cfg.Namespace).List)
+		pods, err = listFresh(gctx, own, all, m.client.CoreV1().Pods(m.cfg.Namespace).List)
 		return err
 	})
 	g.Go(func() (err error) {
-		rss, err = listFresh(gctx, ownMeta, all, m.client.AppsV1().ReplicaSets(m.cfg.Namespace).List)
+		rss, err = listFresh(gctx, own, all, m.client.AppsV1().ReplicaSets(m.cfg.Namespace).List)
 		return err
 	})
 	if err := g.Wait(); err != nil {

@@ -216,32 +216,21 @@ func (m *Manager) Resume(ctx context.Context, id string, wait time.Duration) (Sa
 }
 
 func (m *Manager) setPaused(ctx context.Context, id string, pause bool, wait time.Duration) (Sandbox, error) {
-	if err := ValidateID(id); err != nil {
-		return Sandbox{}, err
-	}
-	release, err := m.admitWait(wait)
+	f, release, err := m.lookup(ctx, id, wait)
 	if err != nil {
 		return Sandbox{}, err
 	}
 	defer release()
-	f, err := m.fetch(ctx, id)
-	if err != nil {
-		return Sandbox{}, err
-	}
 	switch {
-	case f.rs == nil && f.pod == nil && f.svc == nil:
-		return Sandbox{}, &Error{Kind: KindNotFound, Detail: "sandbox " + id + " not found"}
-	case f.rs == nil:
+	case f.rs == nil && f.pod != nil:
 		return Sandbox{}, &Error{Kind: KindConflict, Detail: "sandbox " + id + " is a bare Pod, which cannot be paused or resumed; create sandboxes from a template of kind ReplicaSet for that"}
-	}
-	verb, event := "resumed", "SandboxResumed"
-	if pause {
-		verb, event = "paused", "SandboxPaused"
+	case f.rs == nil:
+		return Sandbox{}, &Error{Kind: KindConflict, Detail: "sandbox " + id + " has only its Service left, nothing to pause or resume; create it again"}
 	}
 	if paused(f.rs) != pause {
-		replicas := int32(1)
+		replicas, verb, event := int32(1), "resumed", "SandboxResumed"
 		if pause {
-			replicas = 0
+			replicas, verb, event = 0, "paused", "SandboxPaused"
 		}
 		if f.rs, err = m.scale(ctx, f.rs, replicas, false); err != nil {
 			return Sandbox{}, err
@@ -250,9 +239,7 @@ func (m *Manager) setPaused(ctx context.Context, id string, pause bool, wait tim
 	}
 	if pause {
 		f.pod = nil
-		return m.view(id, f), nil
-	}
-	if wait > 0 {
+	} else if wait > 0 {
 		return m.waitReady(ctx, id, f, wait)
 	}
 	return m.view(id, f), nil

@@ -25,14 +25,16 @@ var ErrNotFound = errors.New("no such sandbox template")
 // validated template when its resourceVersion is unchanged, so an edit with
 // kubectl applies to creates from TTL later on, without a restart.
 type Store struct {
-	client    kubernetes.Interface
-	cfg       *config.Config
-	ttl       time.Duration
-	now       func() time.Time
-	mu        sync.Mutex
-	entries   map[string]entry
-	maxCached int
+	client  kubernetes.Interface
+	cfg     *config.Config
+	ttl     time.Duration
+	now     func() time.Time
+	mu      sync.Mutex
+	entries map[string]entry
 }
+
+// maxCached bounds the entries a Store holds: names come from requests.
+const maxCached = 256
 
 type entry struct {
 	tmpl    *Template // nil with err nil: the built-in default
@@ -43,7 +45,7 @@ type entry struct {
 
 // NewStore returns a Store reading PodTemplates in cfg.Namespace.
 func NewStore(client kubernetes.Interface, cfg *config.Config) *Store {
-	return &Store{client: client, cfg: cfg, ttl: cfg.TemplateCacheTTL, now: time.Now, entries: map[string]entry{}, maxCached: 256}
+	return &Store{client: client, cfg: cfg, ttl: cfg.TemplateCacheTTL, now: time.Now, entries: map[string]entry{}}
 }
 
 // Get returns the validated template called name ("" is the default). It
@@ -77,8 +79,8 @@ func (s *Store) Get(ctx context.Context, name string) (*Template, error) {
 	}
 	e.checked = s.now()
 	s.mu.Lock()
-	if len(s.entries) >= s.maxCached {
-		clear(s.entries) // names come from requests: bound what they can make us hold
+	if len(s.entries) >= maxCached {
+		clear(s.entries)
 	}
 	s.entries[name] = e
 	s.mu.Unlock()

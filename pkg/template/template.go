@@ -136,10 +136,12 @@ func (v validator) bad(field, format string, args ...any) error {
 // settings reads our annotations on the PodTemplate object itself.
 func (v validator) settings(a map[string]string, t *Template) error {
 	field := func(key string) string { return "metadata.annotations[" + key + "]" }
-	for key, val := range a {
+	for _, key := range slices.Sorted(maps.Keys(a)) {
+		val := a[key]
 		if !strings.HasPrefix(key, annotationPrefix) {
 			continue
 		}
+		var err error
 		switch key {
 		case AnnotationKind:
 			if val != KindPod && val != KindReplicaSet {
@@ -163,22 +165,33 @@ func (v validator) settings(a map[string]string, t *Template) error {
 				return v.bad(field(key), "%q: want true or false", val)
 			}
 			t.DeerFlowMounts = mounts
-		case AnnotationIdleTimeout, AnnotationMaxLifetime, AnnotationPausedTimeout:
-			max := map[string]time.Duration{AnnotationIdleTimeout: v.cfg.MaxIdleTimeout, AnnotationMaxLifetime: v.cfg.MaxMaxLifetime, AnnotationPausedTimeout: v.cfg.MaxMaxLifetime}[key]
-			dur, err := time.ParseDuration(val)
-			if err != nil || dur < time.Second || dur > max {
-				return v.bad(field(key), "%q: want a duration between 1s and %s (the provisioner's maximum)", val, max)
-			}
-			*map[string]*time.Duration{AnnotationIdleTimeout: &t.IdleTimeout, AnnotationMaxLifetime: &t.MaxLifetime, AnnotationPausedTimeout: &t.PausedTimeout}[key] = dur
+		case AnnotationIdleTimeout:
+			t.IdleTimeout, err = v.duration(field(key), val, v.cfg.MaxIdleTimeout)
+		case AnnotationMaxLifetime:
+			t.MaxLifetime, err = v.duration(field(key), val, v.cfg.MaxMaxLifetime)
+		case AnnotationPausedTimeout:
+			t.PausedTimeout, err = v.duration(field(key), val, v.cfg.MaxMaxLifetime)
 		default:
 			return v.bad(field(key), "unknown setting; the settings are %s", strings.Join([]string{AnnotationKind, AnnotationIdleTimeout,
 				AnnotationMaxLifetime, AnnotationIdleAction, AnnotationPausedTimeout, AnnotationPort, AnnotationDeerFlowMounts}, ", "))
+		}
+		if err != nil {
+			return err
 		}
 	}
 	if t.IdleAction == IdlePause && t.Kind != KindReplicaSet {
 		return v.bad(field(AnnotationIdleAction), "pause needs %s: %s (a bare Pod cannot be paused and resumed)", AnnotationKind, KindReplicaSet)
 	}
 	return nil
+}
+
+// duration reads a lifetime setting: a Go duration from 1s to max.
+func (v validator) duration(field, val string, max time.Duration) (time.Duration, error) {
+	d, err := time.ParseDuration(val)
+	if err != nil || d < time.Second || d > max {
+		return 0, v.bad(field, "%q: want a duration between 1s and %s (the provisioner's maximum)", val, max)
+	}
+	return d, nil
 }
 
 // metadata refuses labels that would change what selects the sandbox

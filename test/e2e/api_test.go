@@ -480,8 +480,13 @@ func TestRecreateOfExistingSandboxIsCheap(t *testing.T) {
 	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", body), 200, "create")
 	proxy.Reset()
 	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", body), 200, "re-create")
-	// Pod create (already exists) and get; Service get.
-	if total := proxy.Total(); total > 3 {
-		t.Errorf("re-create of an existing sandbox made %d API calls (%v), want at most 3", total, proxy.Counts())
+	// Pod create (already exists) and get; Service get. Besides, at most
+	// once per SANDBOX_TEMPLATE_CACHE_TTL (1 s) per replica, the read of the
+	// default template that hot reload requires: whether it falls into this
+	// request depends on how long the first create took.
+	counts := proxy.Counts()
+	templateReads := counts["GET podtemplates"]
+	if total := proxy.Total() - templateReads; total > 3 || templateReads > 1 {
+		t.Errorf("re-create of an existing sandbox made %d API calls and %d template reads (%v), want at most 3 and 1", total, templateReads, counts)
 	}
 }
