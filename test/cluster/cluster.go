@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -81,6 +82,11 @@ func Up(ctx context.Context, name string, nodes int) (*Cluster, error) {
 		"--kube-controller-manager-binary", kubeBin+"/kube-controller-manager",
 		"--kwok-controller-binary", kwokBin+"/kwok",
 		"--etcd-binary", etcd,
+		// kwokctl v0.7.0 files a component's later --extra-args under the
+		// position of its first one among all --extra-args, and panics when
+		// that is past the components seen so far: so each component's
+		// first argument comes before any component's second.
+		//
 		// The API server's default Service range (a /24) runs out long before
 		// the load and list tests do.
 		"--extra-args", "kube-apiserver=service-cluster-ip-range=10.96.0.0/16",
@@ -88,6 +94,12 @@ func Up(ctx context.Context, name string, nodes int) (*Cluster, error) {
 		// never the real node's status or its Pods'.
 		"--extra-args", "kwok-controller=manage-all-nodes=false",
 		"--extra-args", "kwok-controller=manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+		// kwokctl hands out its components' ports counting down from 32767,
+		// inside the default NodePort range, and the real node's kube-proxy
+		// answers 127.0.0.1:<nodePort>. A sandbox Service given the API
+		// server's port as its NodePort would take over every connection to
+		// the API server, so NodePorts stay below the ports kwokctl uses.
+		"--extra-args", "kube-apiserver=service-node-port-range="+NodePortRange,
 		"--kubeconfig", filepath.Join(workdir, "kubeconfig-merged"),
 		"--timeout", "120s"); err != nil {
 		_ = os.RemoveAll(workdir)
@@ -95,6 +107,10 @@ func Up(ctx context.Context, name string, nodes int) (*Cluster, error) {
 	}
 	c.Config, err = clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
 	if err != nil {
+		c.Down()
+		return nil, err
+	}
+	if err := c.checkPortOutsideNodePorts(); err != nil {
 		c.Down()
 		return nil, err
 	}
@@ -116,6 +132,29 @@ func Up(ctx context.Context, name string, nodes int) (*Cluster, error) {
 		}
 	}
 	return c, nil
+}
+
+// NodePortRange is the test clusters' NodePort range: below the ports
+// kwokctl gives the control plane (it counts down from 32767, skipping the
+// ones in use).
+const (
+	NodePortRange   = "30000-31999"
+	minTestNodePort = 30000
+	maxTestNodePort = 31999
+)
+
+// checkPortOutsideNodePorts fails when the API server landed inside the
+// NodePort range, where kube-proxy could redirect its port to a sandbox.
+func (c *Cluster) checkPortOutsideNodePorts() error {
+	u, err := url.Parse(c.Config.Host)
+	if err != nil {
+		return fmt.Errorf("API server address %q: %w", c.Config.Host, err)
+	}
+	if port, err := strconv.Atoi(u.Port()); err == nil && port >= minTestNodePort && port <= maxTestNodePort {
+		return fmt.Errorf("kwokctl put the API server on port %d, inside the NodePort range %s; "+
+			"close whatever holds the ports above %d and run again", port, NodePortRange, maxTestNodePort)
+	}
+	return nil
 }
 
 func (c *Cluster) run(ctx context.Context, args ...string) error {

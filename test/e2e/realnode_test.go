@@ -9,20 +9,24 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/test/cluster"
 	"github.com/deerflow-sandbox/provisioner/test/harness"
 	"github.com/deerflow-sandbox/provisioner/test/realnode"
 )
@@ -98,16 +102,24 @@ func podNamed(ns, name string) func() (*corev1.Pod, error) {
 	}
 }
 
+// freshClient opens a new connection for every request. A kept-alive one
+// would pin the first route taken: a GET to a ClusterIP that kube-proxy had
+// not programmed yet leaves the node through its default route (on this
+// machine an egress proxy answers it with an empty 404), and every retry
+// reusing that connection would see the same 404 long after the rules exist.
+func freshClient(timeout time.Duration) *http.Client {
+	return &http.Client{Timeout: timeout, Transport: &http.Transport{DisableKeepAlives: true}}
+}
+
 // answers waits (bounded) until url answers 200 with a body containing
-// want. kube-proxy programs a new Service within its sync period, but a full
-// resync over the thousands of Services earlier tests made takes this
-// 2-core machine a while; and an address no rule covers yet is answered 404
-// by this machine's outbound proxy, so only the expected body counts.
+// want, on a fresh connection each try. An address no kube-proxy rule covers
+// yet is answered 404 by this machine's outbound proxy, so only the expected
+// body counts.
 func answers(t *testing.T, url, want string) string {
 	t.Helper()
 	var body string
 	eventually(t, 90*time.Second, "GET "+url, func() (bool, error) {
-		resp, err := (&http.Client{Timeout: 3 * time.Second}).Get(url)
+		resp, err := freshClient(3 * time.Second).Get(url)
 		if err != nil {
 			return false, err
 		}
@@ -126,7 +138,7 @@ func answers(t *testing.T, url, want string) string {
 func execIn(t *testing.T, podIP string, action map[string]any) (ok bool, detail string) {
 	t.Helper()
 	body, _ := json.Marshal(action)
-	resp, err := (&http.Client{Timeout: 10 * time.Second}).Post("http://"+net.JoinHostPort(podIP, "8080")+"/v1/exec", "application/json", bytes.NewReader(body))
+	resp, err := freshClient(10*time.Second).Post("http://"+net.JoinHostPort(podIP, "8080")+"/v1/exec", "application/json", bytes.NewReader(body))
 	if err != nil {
 		t.Fatalf("exec in %s: %v", podIP, err)
 	}
@@ -161,6 +173,36 @@ func runningPod(t *testing.T, ns, id string) corev1.Pod {
 		return &p[0], nil
 	})
 	return *pod
+}
+
+// TestNodePortCannotTakeTheAPIServersPort guards the suite itself: the real
+// node's kube-proxy answers 127.0.0.1:<nodePort>, and kwokctl puts the API
+// server on a port counting down from 32767. A CI run once failed thirty
+// tests at once: a sandbox Service on a kwok node drew the API server's port
+// as its NodePort, kube-proxy sent every new connection to 127.0.0.1:<that
+// port> to the fake Pod's address, and this machine's egress proxy answered
+// there with its own certificate ("doesn't contain any IP SANs"). The test
+// clusters keep NodePorts below the control plane's ports, so the API
+// server refuses such a Service.
+func TestNodePortCannotTakeTheAPIServersPort(t *testing.T) {
+	ns := namespace(t)
+	u, err := url.Parse(kc.Config.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, err := strconv.Atoi(u.Port())
+	if err != nil {
+		t.Fatalf("API server address %s: %v", kc.Config.Host, err)
+	}
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "shadow"},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Selector: map[string]string{"app": "shadow"},
+			Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080), NodePort: int32(port)}}},
+	}
+	_, err = client().CoreV1().Services(ns).Create(context.Background(), svc, metav1.CreateOptions{})
+	if !apierrors.IsInvalid(err) {
+		t.Fatalf("a Service with NodePort %d (the API server's port): err %v, want Invalid (outside %s)", port, err, cluster.NodePortRange)
+	}
 }
 
 // TestRealSandbox: a sandbox on the real node runs the stand-in, its probe
@@ -560,11 +602,8 @@ func readyPodOtherThan(t *testing.T, ns, id string, not types.UID) *corev1.Pod {
 
 // servedBy checks that the sandbox's Service is still the one it was (same
 // UID and ClusterIP: the same URL), that its EndpointSlice routes to pod,
-// Ready, and that pod's own container answers. The path through kube-proxy
-// is TestRealSandbox's: here, with the thousands of Services earlier tests
-// leave, kube-proxy's resync after an endpoint change at times took longer
-// than 90 s on this 2-core machine (seen twice), which says nothing about
-// the sandbox.
+// Ready, that pod's own container answers, and that the Service's address
+// answers from pod (through kube-proxy, on a fresh connection each try).
 func servedBy(t *testing.T, ns string, svc corev1.Service, pod *corev1.Pod) {
 	t.Helper()
 	ctx := context.Background()
@@ -587,6 +626,7 @@ func servedBy(t *testing.T, ns string, svc corev1.Service, pod *corev1.Pod) {
 		return false, fmt.Errorf("%d slices", len(list.Items))
 	})
 	answers(t, "http://"+net.JoinHostPort(pod.Status.PodIP, "8080")+"/v1/sandbox", pod.Name)
+	answers(t, fmt.Sprintf("http://%s/v1/sandbox", net.JoinHostPort(svc.Spec.ClusterIP, strconv.Itoa(int(svc.Spec.Ports[0].Port)))), pod.Name)
 }
 
 // TestRealReplicaSetHealsAndResumes: with real containers, a ReplicaSet

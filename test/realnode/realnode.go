@@ -197,7 +197,7 @@ func Up(ctx context.Context, p Paths, c Cluster) (n *Node, err error) {
 	if err := Preflight(p); err != nil {
 		return nil, err
 	}
-	cleanLeftovers()
+	cleanLeftovers(p)
 	state, err := os.MkdirTemp("", "rn-")
 	if err != nil {
 		return nil, err
@@ -247,8 +247,10 @@ func Up(ctx context.Context, p Paths, c Cluster) (n *Node, err error) {
 // cleanLeftovers undoes what an earlier run that never reached Down (a
 // killed test binary) left behind, so this run does not trip over it: its
 // processes (found by their state directory in the command line), mounts,
-// devices, namespace and rule tables.
-func cleanLeftovers() {
+// devices, namespace and rule tables. kube-proxy's NAT rules outlive it too:
+// a stale one for 127.0.0.1:<nodePort> would redirect whatever now listens
+// on that port.
+func cleanLeftovers(p Paths) {
 	prefix := filepath.Join(os.TempDir(), "rn-")
 	_ = exec.Command("pkill", "-KILL", "-f", prefix).Run()
 	// Containers outlive their killed shims: end every process the kubelet
@@ -274,6 +276,7 @@ func cleanLeftovers() {
 	for _, table := range []string{"kube-network-policies", NodeGuardTable} {
 		_ = exec.Command("nft", "delete", "table", "inet", table).Run()
 	}
+	_ = exec.Command(filepath.Join(p.KubeBin, "kube-proxy"), "--cleanup").Run()
 	old, _ := filepath.Glob(prefix + "*")
 	for _, dir := range old {
 		(&Node{State: dir}).unmountAll()
