@@ -1,10 +1,12 @@
 package sandbox
 
 import (
+	"maps"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -224,12 +226,18 @@ func TestBuildPod(t *testing.T) {
 }
 
 func TestBuildService(t *testing.T) {
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-0123456789abcdef", UID: "uid-1"}}
-	owner := []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: "sandbox-0123456789abcdef", UID: "uid-1", BlockOwnerDeletion: ptr.To(false)}}
-	want := func(typ corev1.ServiceType) *corev1.Service {
+	podOwner := PodOwnerRef(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-0123456789abcdef", UID: "uid-1"}})
+	if diff := cmp.Diff(metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: "sandbox-0123456789abcdef", UID: "uid-1", BlockOwnerDeletion: ptr.To(false)}, podOwner); diff != "" {
+		t.Errorf("PodOwnerRef (-want +got):\n%s", diff)
+	}
+	rs := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-0123456789abcdef", UID: "uid-2"}}
+	rsOwner := replicaSetOwnerRef(rs)
+	want := func(typ corev1.ServiceType, owner metav1.OwnerReference, extra map[string]string) *corev1.Service {
+		l := wantLabels()
+		maps.Copy(l, extra)
 		return &corev1.Service{
 			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
-			ObjectMeta: metav1.ObjectMeta{Name: "sandbox-0123456789abcdef-svc", Namespace: "deer-flow", Labels: wantLabels(), OwnerReferences: owner},
+			ObjectMeta: metav1.ObjectMeta{Name: "sandbox-0123456789abcdef-svc", Namespace: "deer-flow", Labels: l, OwnerReferences: []metav1.OwnerReference{owner}},
 			Spec: corev1.ServiceSpec{
 				Type:     typ,
 				Selector: map[string]string{"sandbox-id": "0123456789abcdef"},
@@ -238,22 +246,52 @@ func TestBuildService(t *testing.T) {
 		}
 	}
 	tests := []struct {
-		name string
-		env  map[string]string
-		want *corev1.Service
+		name  string
+		env   map[string]string
+		owner metav1.OwnerReference
+		want  *corev1.Service
 	}{{
-		name: "NodePort",
-		want: want(corev1.ServiceTypeNodePort),
+		name:  "NodePort",
+		owner: podOwner,
+		want:  want(corev1.ServiceTypeNodePort, podOwner, nil),
 	}, {
-		name: "ClusterIP",
-		env:  map[string]string{"SANDBOX_SERVICE_TYPE": "ClusterIP"},
-		want: want(corev1.ServiceTypeClusterIP),
+		name:  "ClusterIP",
+		env:   map[string]string{"SANDBOX_SERVICE_TYPE": "ClusterIP"},
+		owner: podOwner,
+		want:  want(corev1.ServiceTypeClusterIP, podOwner, nil),
+	}, {
+		// The quota's quick count finds ReplicaSet sandboxes by this label.
+		name:  "owned by a ReplicaSet",
+		owner: rsOwner,
+		want:  want(corev1.ServiceTypeNodePort, rsOwner, map[string]string{"sandbox.deerflow.dev/workload": "replicaset"}),
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := testConfig(t, tc.env)
-			if diff := cmp.Diff(tc.want, BuildService(cfg, testSpec(), PodOwnerRef(pod))); diff != "" {
+			if diff := cmp.Diff(tc.want, BuildService(cfg, testSpec(), tc.owner)); diff != "" {
 				t.Errorf("BuildService (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestCount(t *testing.T) {
+	tests := []struct {
+		name      string
+		meta      metav1.ListMeta
+		items     int
+		want      int64
+		wantExact bool
+	}{
+		{"whole list", metav1.ListMeta{}, 3, 3, true},
+		{"first of many", metav1.ListMeta{Continue: "c", RemainingItemCount: ptr.To[int64](41)}, 1, 42, true},
+		{"more, count unknown", metav1.ListMeta{Continue: "c"}, 1, 0, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, exact := count(tc.meta, tc.items)
+			if diff := cmp.Diff([]any{tc.want, tc.wantExact}, []any{got, exact}); diff != "" {
+				t.Errorf("count (-want +got):\n%s", diff)
 			}
 		})
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"math/rand/v2"
 	"strconv"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -48,7 +47,7 @@ func (m *Manager) Create(ctx context.Context, s Spec, wait time.Duration) (Sandb
 			if err := sleepCtx(ctx, time.Duration(attempt)*time.Duration(50+rand.IntN(150))*time.Millisecond); err != nil {
 				return Sandbox{}, classify(err, "create the sandbox")
 			}
-			err = m.checkQuota(ctx, s, nil)
+			err = m.checkQuota(ctx, s, nil, nil)
 		}
 		if err == nil {
 			f, existed, repaired, err = m.createOnce(ctx, s)
@@ -182,34 +181,48 @@ func (m *Manager) createReplicaSetOnce(ctx context.Context, s Spec) (found, bool
 }
 
 // serviceAndQuota ensures the Service owned by the workload and, for a new
-// workload, counts the quota, concurrently: the Service needs the
-// workload's UID, the count needs the workload to exist, so a create costs
-// two API round trips like the bare floor. A refused create is undone.
+// workload, counts the quota beside it: the Service needs the workload's
+// UID, the count needs the workload to exist (and, in part, the Service: see
+// checkQuota), so a create costs little more than the bare floor's two
+// writes. A refused create is undone.
 func (m *Manager) serviceAndQuota(ctx context.Context, s Spec, workload workloadObject, owner metav1.OwnerReference, existed bool) (*corev1.Service, bool, error) {
-	var (
-		wg               sync.WaitGroup
-		svc              *corev1.Service
-		repaired         bool
-		svcErr, quotaErr error
-	)
-	wg.Add(1)
-	go func() { defer wg.Done(); svc, repaired, svcErr = m.ensureService(ctx, s, owner, existed) }()
-	if !existed && (m.cfg.MaxSandboxes > 0 || m.cfg.MaxSandboxesPerUser > 0) {
-		wg.Add(1)
-		go func() { defer wg.Done(); quotaErr = m.checkQuota(ctx, s, workload) }()
+	if existed || (m.cfg.MaxSandboxes == 0 && m.cfg.MaxSandboxesPerUser == 0) {
+		return m.ensureService(ctx, s, owner, existed)
 	}
-	wg.Wait()
-
-	if quotaErr != nil {
-		if KindOf(quotaErr) == KindQuota {
-			// Undo what this call created; a refused create leaves nothing behind.
-			if err := m.undoCreate(context.WithoutCancel(ctx), workload, svc); err != nil {
-				return nil, false, err
-			}
+	var (
+		svc      *corev1.Service
+		repaired bool
+		svcErr   error
+		written  = make(chan struct{})
+	)
+	go func() {
+		defer close(written)
+		svc, repaired, svcErr = m.ensureService(ctx, s, owner, false)
+	}()
+	quotaErr := m.checkQuota(ctx, s, workload, func() (*corev1.Service, error) {
+		<-written
+		if svcErr != nil {
+			return nil, svcErr
+		}
+		return svc, nil
+	})
+	<-written
+	if quotaErr != nil && !errors.Is(svcErr, errOtherKind) {
+		// Refused, or the count itself failed: what this call made never
+		// passed the quota, so it goes at once (a retry creates it anew)
+		// rather than linger uncounted.
+		if err := m.undoCreate(context.WithoutCancel(ctx), workload, svc); err != nil {
+			return nil, false, err
+		}
+		if svcErr != nil && KindOf(quotaErr) != KindQuota {
+			return nil, false, svcErr // the count waited on the Service, which failed
 		}
 		return nil, false, quotaErr
 	}
-	return svc, repaired, svcErr
+	if svcErr != nil {
+		return nil, false, svcErr
+	}
+	return svc, repaired, nil
 }
 
 // ensurePod creates the Pod or adopts the existing one. A Pod that is being
@@ -365,6 +378,12 @@ func (m *Manager) ensureService(ctx context.Context, s Spec, owner metav1.OwnerR
 func (m *Manager) adopt(ctx context.Context, svc *corev1.Service, owner metav1.OwnerReference) (*corev1.Service, error) {
 	c := svc.DeepCopy()
 	c.OwnerReferences = append(c.OwnerReferences, owner)
+	if owner.Kind == "ReplicaSet" {
+		if c.Labels == nil {
+			c.Labels = map[string]string{}
+		}
+		c.Labels[LabelWorkload] = workloadReplicaSetValue
+	}
 	updated, err := m.client.CoreV1().Services(m.cfg.Namespace).Update(ctx, c, metav1.UpdateOptions{})
 	if err != nil {
 		return nil, classify(err, "adopt the existing sandbox Service")

@@ -86,7 +86,7 @@ func (m *Manager) undoCreate(ctx context.Context, workload workloadObject, svc *
 			return m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, svc.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(svc.UID))})
 		})
 	}
-	return classify(runAll(deletes), "remove the sandbox refused by the quota")
+	return classify(runAll(deletes), "remove what a refused or failed create made")
 }
 
 // runAll runs deletes concurrently. An object already gone, or replaced by a

@@ -86,6 +86,9 @@ func replicaSetID(rs *appsv1.ReplicaSet) string {
 // selectorAll selects every sandbox, ours and DeerFlow's, so list adopts leftovers.
 var selectorAll = LabelApp + "=" + LabelAppValue
 
+// selectorReplicaSetServices selects the Services of ReplicaSet sandboxes.
+var selectorReplicaSetServices = selectorAll + "," + LabelWorkload + "=" + workloadReplicaSetValue
+
 // LabelValue returns v if it is a valid label value, otherwise a stable hash
 // of it: user and thread ids may be 64 characters or start with '_'.
 func LabelValue(v string) string {

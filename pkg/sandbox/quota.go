@@ -27,53 +27,98 @@ func (e *quotaError) Unwrap() error { return e.err }
 // than a racing create that may yet withdraw.
 const settled = 3 * time.Second
 
-// checkQuota counts sandboxes after this call's Pod exists. Counting after
-// creating (not before) is what bounds the overshoot at zero across replicas:
-// of any set of racing creates, the last Pod created sees all of them in its
-// list (see countList), so the total admitted never exceeds the limit. The
-// price is that racing creates at the limit can refuse each other; Create
-// then retries a few rounds with random backoff. The caller deletes its Pod
-// on refusal.
+// checkQuota counts sandboxes after this call's workload and Service exist.
+// Counting after creating (not before) is what bounds the overshoot at zero
+// across replicas: of any set of racing creates, the one that wrote last
+// sees all the others in its lists (see listFresh), so the total admitted
+// never exceeds the limit. The price is that racing creates at the limit can
+// refuse each other; Create then retries a few rounds with random backoff.
+// The caller deletes what it made on refusal.
 //
-// With own nil it is the look for room a retry makes before it creates again:
-// the Pod that the retry would create counts as one more, and a sandbox of
-// this id that someone else created meanwhile means room (it is never
-// refused).
-func (m *Manager) checkQuota(ctx context.Context, s Spec, own workloadObject) error {
+// How fresh each list must be, with two kinds of sandbox. A list "after X"
+// holds every object written before X. A bare Pod create lists Pods after
+// its Pod; a ReplicaSet create lists ReplicaSets after its ReplicaSet and
+// Pods after its Service (written after its ReplicaSet). Of a Pod create P
+// and a ReplicaSet create R racing: if P's Pod was written before R's
+// Service, R's Pod list holds it; otherwise R's Service (and before it R's
+// ReplicaSet) was written before P's Pod, so P sees R if it counts
+// ReplicaSet sandboxes after its Pod, through their ReplicaSets or through
+// their Services. P's quick count takes the Services (labelled
+// LabelWorkload): the API server's cache answers a list "after" an object
+// only once it has seen a write of its own resource at least as new, or
+// etcd's progress report, which it asks for every 100 ms. Services are
+// written by every create, P's own among them a moment later; ReplicaSets
+// mostly are not, and a list of them after P's Pod waited ~30 ms (p50) on
+// this machine's test cluster. DeerFlow's creates (bare Pods) so pay no
+// such wait; the full count (near the limit, or with a per-user limit)
+// reads the ReplicaSets themselves.
+//
+// ownSvc yields this call's Service once it is written (the count runs
+// beside its create; a ReplicaSet create's Pod lists wait for it). With own
+// nil it is the look for room a retry makes
+// before it creates again: the Pod that the retry would create counts as one
+// more, and a sandbox of this id that someone else created meanwhile means
+// room (it is never refused).
+func (m *Manager) checkQuota(ctx context.Context, s Spec, own workloadObject, ownSvc func() (*corev1.Service, error)) error {
 	prospective := 0
 	if own == nil {
 		prospective = 1
 	}
+	_, bareKind := own.(*corev1.Pod)
+	// podsAfter is what the Pod lists must be fresher than.
+	podsAfter := func() (metav1.Object, error) {
+		if own == nil || bareKind {
+			return own, nil
+		}
+		return ownSvc()
+	}
+	listPods := func(ctx context.Context, opts metav1.ListOptions) (*corev1.PodList, error) {
+		after, err := podsAfter()
+		if err != nil {
+			return nil, err
+		}
+		return listFresh(ctx, after, opts, m.client.CoreV1().Pods(m.cfg.Namespace).List)
+	}
 	if m.cfg.MaxSandboxesPerUser == 0 {
-		// Fast path: every sandbox is a Pod or a ReplicaSet in the namespace,
-		// so if the namespace holds no more of both than the limit, neither
-		// can the sandboxes be over it. A list of one item tells the total
-		// through remainingItemCount, at a fraction of the cost of listing
-		// every sandbox; the full count runs only near the limit.
+		// Fast path: every sandbox is a Pod or a ReplicaSet in the namespace
+		// (a running ReplicaSet sandbox shows in both: an over-count, which
+		// only sends the check to the full count sooner), so if the namespace
+		// holds no more than the limit, neither can the sandboxes be over it.
+		// A list of one item tells the total through remainingItemCount, at a
+		// fraction of the cost of listing every sandbox.
 		var pods *corev1.PodList
-		var rss *appsv1.ReplicaSetList
+		var others int64
+		othersExact := true
 		g, gctx := errgroup.WithContext(ctx)
 		one := metav1.ListOptions{Limit: 1}
 		g.Go(func() (err error) {
-			pods, err = listFresh(gctx, own, one, m.client.CoreV1().Pods(m.cfg.Namespace).List)
+			pods, err = listPods(gctx, one)
 			return err
 		})
-		g.Go(func() (err error) {
-			rss, err = listFresh(gctx, own, one, m.client.AppsV1().ReplicaSets(m.cfg.Namespace).List)
-			return err
+		g.Go(func() error {
+			if bareKind {
+				// Served once the cache holds a Service written after our Pod:
+				// our own, whose create is under way.
+				l, err := listFresh(gctx, own, metav1.ListOptions{LabelSelector: selectorReplicaSetServices},
+					m.client.CoreV1().Services(m.cfg.Namespace).List)
+				if err != nil {
+					return err
+				}
+				others = int64(len(l.Items))
+				return nil
+			}
+			l, err := listFresh(gctx, own, one, m.client.AppsV1().ReplicaSets(m.cfg.Namespace).List)
+			if err != nil {
+				return err
+			}
+			others, othersExact = count(l.ListMeta, len(l.Items))
+			return nil
 		})
 		if err := g.Wait(); err != nil {
 			return classify(err, "count sandboxes for the quota")
 		}
-		total, exact := int64(len(pods.Items)+len(rss.Items)+prospective), true
-		for _, meta := range []metav1.ListMeta{pods.ListMeta, rss.ListMeta} {
-			if meta.RemainingItemCount != nil {
-				total += *meta.RemainingItemCount
-			} else if meta.Continue != "" {
-				exact = false
-			}
-		}
-		if exact && total <= int64(m.cfg.MaxSandboxes) {
+		podCount, podsExact := count(pods.ListMeta, len(pods.Items))
+		if podsExact && othersExact && podCount+others+int64(prospective) <= int64(m.cfg.MaxSandboxes) {
 			return nil
 		}
 	}
@@ -82,7 +127,7 @@ func (m *Manager) checkQuota(ctx context.Context, s Spec, own workloadObject) er
 	g, gctx := errgroup.WithContext(ctx)
 	all := metav1.ListOptions{LabelSelector: selectorAll}
 	g.Go(func() (err error) {
-		pods, err = listFresh(gctx, own, all, m.client.CoreV1().Pods(m.cfg.Namespace).List)
+		pods, err = listPods(gctx, all)
 		return err
 	})
 	g.Go(func() (err error) {
@@ -157,4 +202,17 @@ func listFresh[T any](ctx context.Context, own metav1.Object, opts metav1.ListOp
 		}
 	}
 	return list(ctx, opts)
+}
+
+// count is the number of items a list of limited length stands for, and
+// whether that number is known.
+func count(meta metav1.ListMeta, items int) (int64, bool) {
+	switch {
+	case meta.RemainingItemCount != nil:
+		return int64(items) + *meta.RemainingItemCount, true
+	case meta.Continue != "":
+		return 0, false
+	default:
+		return int64(items), true
+	}
 }

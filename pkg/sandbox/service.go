@@ -14,13 +14,21 @@ import (
 // garbage collector removes it with the workload whatever happens to this
 // process mid-request. A ReplicaSet's Service outlives its Pods: a
 // recreated or resumed Pod is at the same URL.
+//
+// A ReplicaSet's Service carries LabelWorkload too: the quota counts
+// ReplicaSet sandboxes through their Services on the hot path (see
+// checkQuota).
 func BuildService(cfg *config.Config, s Spec, owner metav1.OwnerReference) *corev1.Service {
+	l := labels(s)
+	if owner.Kind == "ReplicaSet" {
+		l[LabelWorkload] = workloadReplicaSetValue
+	}
 	return &corev1.Service{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
 		ObjectMeta: metav1.ObjectMeta{
 			Name:            ServiceName(s.ID),
 			Namespace:       cfg.Namespace,
-			Labels:          labels(s),
+			Labels:          l,
 			OwnerReferences: []metav1.OwnerReference{owner},
 		},
 		Spec: corev1.ServiceSpec{

@@ -204,36 +204,9 @@ func TestQuotaUnderConcurrency(t *testing.T) {
 	env := map[string]string{"MAX_SANDBOXES": "5"}
 	replicas := []*harness.Function{start(t, ns, env), start(t, ns, env)}
 	const n = 24
-	codes := make([]int, n)
-	var wg sync.WaitGroup
-	for i := 0; i < n; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r, err := replicas[i%2].Do("POST", "/api/sandboxes", map[string]any{"sandbox_id": fmt.Sprintf("c%02d", i)})
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			codes[i] = r.Code
-		}()
-	}
-	wg.Wait()
-	// Refused rounds force-delete their Pods and retry under the same name;
-	// kwok deletes Pods by name without a UID precondition, so let its
-	// delayed deletes land before counting what lives. An overshoot shows in
-	// the answers, which kwok cannot change.
-	time.Sleep(time.Second)
-	admitted := 0
-	for i, c := range codes {
-		switch c {
-		case 200:
-			admitted++
-		case 429:
-		default:
-			t.Errorf("create %d: status %d", i, c)
-		}
-	}
+	admitted := raceCreates(t, n, func(i int) (*harness.Function, map[string]any) {
+		return replicas[i%2], map[string]any{"sandbox_id": fmt.Sprintf("c%02d", i)}
+	})
 	live := 0
 	for _, p := range pods(t, ns, "app=deer-flow-sandbox") {
 		if p.DeletionTimestamp == nil {
@@ -401,4 +374,42 @@ func TestMetricsFollowCalls(t *testing.T) {
 			t.Errorf("%s did not grow", key)
 		}
 	}
+}
+
+// raceCreates sends n creates at once (each to the replica and with the
+// body that req gives for i) and returns how many were admitted; any answer
+// but 200 or 429 is an error. Refused rounds force-delete their workloads
+// and retry under the same name; kwok deletes Pods by name without a UID
+// precondition, so its delayed deletes are let land before the caller
+// counts what lives. An overshoot shows in the answers, which kwok cannot
+// change.
+func raceCreates(t *testing.T, n int, req func(i int) (*harness.Function, map[string]any)) (admitted int) {
+	t.Helper()
+	codes := make([]int, n)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f, body := req(i)
+			r, err := f.Do("POST", "/api/sandboxes", body)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			codes[i] = r.Code
+		}()
+	}
+	wg.Wait()
+	time.Sleep(time.Second)
+	for i, c := range codes {
+		switch c {
+		case 200:
+			admitted++
+		case 429:
+		default:
+			t.Errorf("create %d: status %d", i, c)
+		}
+	}
+	return admitted
 }

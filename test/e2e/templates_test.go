@@ -443,6 +443,65 @@ func TestReplicaSetSandboxHealsAndIsReaped(t *testing.T) {
 	}
 }
 
+// TestQuotaCountsBothKinds: DeerFlow's creates (bare Pods) count ReplicaSet
+// sandboxes, paused ones too, in the quota's quick count, which finds them
+// through their Services; and racing creates of both kinds, through two
+// replicas, never overshoot.
+func TestQuotaCountsBothKinds(t *testing.T) {
+	ns := namespace(t)
+	applyTemplates(t, ns, "self-healing")
+	f := start(t, ns, map[string]string{"MAX_SANDBOXES": "2"})
+	create(t, f, map[string]any{"sandbox_id": "napper", "template": "self-healing"})
+	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes/napper/pause", nil), 200, "pause")
+	// Gone, not only terminating: a Pod still listed would send the quick
+	// count to the full one, which reads the ReplicaSets themselves.
+	eventually(t, 30*time.Second, "no Pod of the paused sandbox", func() (bool, error) {
+		return len(pods(t, ns, "sandbox-id=napper")) == 0, nil
+	})
+	create(t, f, map[string]any{"sandbox_id": "bare1"})
+	// One Pod and one ReplicaSet sandbox's Service: the quick count sees the
+	// limit of 2 reached. Missing the paused sandbox, it would admit a third.
+	r := mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "bare2"})
+	if r.Code != 429 || !strings.Contains(r.Detail(), "limit of 2 sandboxes") {
+		t.Errorf("a bare sandbox beside a paused ReplicaSet one and a bare one, MAX_SANDBOXES=2: %d %s", r.Code, r.Raw)
+	}
+
+	ns = namespace(t)
+	applyTemplates(t, ns, "self-healing")
+	env := map[string]string{"MAX_SANDBOXES": "5"}
+	replicas := []*harness.Function{start(t, ns, env), start(t, ns, env)}
+	const n = 24
+	admitted := raceCreates(t, n, func(i int) (*harness.Function, map[string]any) {
+		body := map[string]any{"sandbox_id": fmt.Sprintf("m%02d", i)}
+		if i%2 == 1 {
+			body["template"] = "self-healing"
+		}
+		return replicas[i%3%2], body
+	})
+	live := 0
+	for _, p := range pods(t, ns, "app=deer-flow-sandbox") {
+		if p.DeletionTimestamp == nil && p.Labels["sandbox.deerflow.dev/workload"] == "" {
+			live++
+		}
+	}
+	rss, err := client().AppsV1().ReplicaSets(ns).List(context.Background(), metav1.ListOptions{LabelSelector: "app=deer-flow-sandbox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rs := range rss.Items {
+		if rs.DeletionTimestamp == nil {
+			live++
+		}
+	}
+	t.Logf("admitted %d of %d racing creates of both kinds; %d live sandboxes; limit 5", admitted, n, live)
+	if admitted > 5 || live > 5 {
+		t.Errorf("quota overshoot: %d admitted, %d live, limit 5", admitted, live)
+	}
+	if admitted == 0 {
+		t.Errorf("no create admitted")
+	}
+}
+
 // TestPauseAndResume drives pause and resume through every door, DeerFlow's
 // create on a paused sandbox, and the reap's idle pause then delete.
 func TestPauseAndResume(t *testing.T) {
