@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -31,17 +30,19 @@ func lifetimeOf(obj metav1.Object) (lifetime, bool) {
 
 func (l lifetime) expiresAt() time.Time { return expiresAt(l.created, l.lastActivity, l.idle, l.max) }
 
-// touch records activity on a sandbox, at most once per ActivityThrottle, so
-// a busy sandbox is not patched on every request. A failed write is logged by
-// the caller's metrics, not returned: activity is best effort, the answer is not.
-func (m *Manager) touch(ctx context.Context, pod *corev1.Pod) *corev1.Pod {
-	patch := m.activityPatch(pod)
-	if patch == nil {
-		return pod
+// touch records activity on a sandbox's workload (its bare Pod or its
+// ReplicaSet, through patch, that kind's typed Patch), at most once per
+// ActivityThrottle, so a busy sandbox is not patched on every request. A
+// failed write is logged by the caller's metrics, not returned: activity is
+// best effort, the answer is not.
+func touch[T metav1.Object](ctx context.Context, m *Manager, obj T, patch func(context.Context, string, types.PatchType, []byte, metav1.PatchOptions, ...string) (T, error)) T {
+	data := m.activityPatch(obj)
+	if data == nil {
+		return obj
 	}
-	patched, err := m.client.CoreV1().Pods(m.cfg.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	patched, err := patch(ctx, obj.GetName(), types.MergePatchType, data, metav1.PatchOptions{})
 	if err != nil {
-		return pod
+		return obj
 	}
 	return patched
 }

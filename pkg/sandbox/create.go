@@ -144,14 +144,9 @@ func (m *Manager) createPodOnce(ctx context.Context, s Spec) (found, bool, bool,
 		return found{}, false, false, err
 	}
 	if existed {
-		pod = m.touch(ctx, pod)
+		pod = touch(ctx, m, pod, m.client.CoreV1().Pods(m.cfg.Namespace).Patch)
 	}
 	svc, repaired, err := m.serviceAndQuota(ctx, s, pod, PodOwnerRef(pod), existed)
-	if errors.Is(err, errOtherKind) && !existed {
-		if uerr := m.undoCreate(context.WithoutCancel(ctx), pod, nil); uerr != nil {
-			return found{}, false, false, uerr
-		}
-	}
 	return found{pod: pod, svc: svc}, existed, repaired, err
 }
 
@@ -163,14 +158,9 @@ func (m *Manager) createReplicaSetOnce(ctx context.Context, s Spec) (found, bool
 		return found{}, false, false, err
 	}
 	if existed {
-		rs = m.touchReplicaSet(ctx, rs)
+		rs = touch(ctx, m, rs, m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Patch)
 	}
 	svc, repaired, err := m.serviceAndQuota(ctx, s, rs, replicaSetOwnerRef(rs), existed)
-	if errors.Is(err, errOtherKind) && !existed {
-		if uerr := m.undoCreate(context.WithoutCancel(ctx), rs, nil); uerr != nil {
-			return found{}, false, false, uerr
-		}
-	}
 	f := found{rs: rs, svc: svc}
 	if err == nil && existed && !paused(rs) {
 		if f.pod, err = m.podsOf(ctx, rs); err != nil {
@@ -184,43 +174,42 @@ func (m *Manager) createReplicaSetOnce(ctx context.Context, s Spec) (found, bool
 // workload, counts the quota beside it: the Service needs the workload's
 // UID, the count needs the workload to exist (and, in part, the Service: see
 // checkQuota), so a create costs little more than the bare floor's two
-// writes. A refused create is undone.
+// writes. A new workload that is refused, whose count fails, or whose id
+// turns out to be the other kind's (errOtherKind) is removed again.
 func (m *Manager) serviceAndQuota(ctx context.Context, s Spec, workload workloadObject, owner metav1.OwnerReference, existed bool) (*corev1.Service, bool, error) {
-	if existed || (m.cfg.MaxSandboxes == 0 && m.cfg.MaxSandboxesPerUser == 0) {
-		return m.ensureService(ctx, s, owner, existed)
-	}
 	var (
-		svc      *corev1.Service
-		repaired bool
-		svcErr   error
-		written  = make(chan struct{})
+		svc              *corev1.Service
+		repaired         bool
+		svcErr, quotaErr error
 	)
-	go func() {
-		defer close(written)
-		svc, repaired, svcErr = m.ensureService(ctx, s, owner, false)
-	}()
-	quotaErr := m.checkQuota(ctx, s, workload, func() (*corev1.Service, error) {
+	if existed || (m.cfg.MaxSandboxes == 0 && m.cfg.MaxSandboxesPerUser == 0) {
+		svc, repaired, svcErr = m.ensureService(ctx, s, owner, existed)
+	} else {
+		written := make(chan struct{})
+		go func() {
+			defer close(written)
+			svc, repaired, svcErr = m.ensureService(ctx, s, owner, false)
+		}()
+		quotaErr = m.checkQuota(ctx, s, workload, func() (*corev1.Service, error) {
+			<-written
+			return svc, svcErr
+		})
 		<-written
-		if svcErr != nil {
-			return nil, svcErr
-		}
-		return svc, nil
-	})
-	<-written
-	if quotaErr != nil && !errors.Is(svcErr, errOtherKind) {
-		// Refused, or the count itself failed: what this call made never
-		// passed the quota, so it goes at once (a retry creates it anew)
-		// rather than linger uncounted.
+	}
+	undo := !existed && (quotaErr != nil || errors.Is(svcErr, errOtherKind))
+	if undo {
+		// What this call made never passed the quota (or belongs to no
+		// sandbox): it goes at once (a retry creates it anew) rather than
+		// linger uncounted.
 		if err := m.undoCreate(context.WithoutCancel(ctx), workload, svc); err != nil {
 			return nil, false, err
 		}
-		if svcErr != nil && KindOf(quotaErr) != KindQuota {
-			return nil, false, svcErr // the count waited on the Service, which failed
-		}
-		return nil, false, quotaErr
 	}
-	if svcErr != nil {
-		return nil, false, svcErr
+	switch {
+	case svcErr != nil && (errors.Is(svcErr, errOtherKind) || KindOf(quotaErr) != KindQuota):
+		return nil, false, svcErr // a failed count waited on the Service, which failed
+	case quotaErr != nil:
+		return nil, false, quotaErr
 	}
 	return svc, repaired, nil
 }

@@ -39,7 +39,7 @@ func (m *Manager) Destroy(ctx context.Context, id string) error {
 	}
 	// The ReplicaSet first, so that it does not replace the Pod deleted next.
 	if f.rs != nil {
-		if err := runAll([]func() error{m.deleteWorkload(ctx, f.rs, nil)}); err != nil {
+		if err := runAll([]func() error{m.deleteWorkload(ctx, f.rs, nil, false)}); err != nil {
 			return classify(err, "delete sandbox "+id)
 		}
 	}
@@ -48,7 +48,7 @@ func (m *Manager) Destroy(ctx context.Context, id string) error {
 	var deletes []func() error
 	for _, p := range []*corev1.Pod{f.pod, f.stray} {
 		if p != nil {
-			deletes = append(deletes, m.deleteWorkload(ctx, p, nil))
+			deletes = append(deletes, m.deleteWorkload(ctx, p, nil, false))
 		}
 	}
 	return classify(runAll(deletes), "delete sandbox "+id)
@@ -62,9 +62,14 @@ type workloadObject interface {
 
 // deleteWorkload deletes a Pod or ReplicaSet with a UID precondition (so an
 // object created since is left alone); the dependents go in the background.
-func (m *Manager) deleteWorkload(ctx context.Context, obj workloadObject, grace *int64) func() error {
+// Judged, it also carries the resourceVersion the caller judged, so an
+// object changed since (a sandbox used since the reap looked) is left alone.
+func (m *Manager) deleteWorkload(ctx context.Context, obj workloadObject, grace *int64, judged bool) func() error {
 	background := metav1.DeletePropagationBackground
 	opts := metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(obj.GetUID())), PropagationPolicy: &background, GracePeriodSeconds: grace}
+	if judged {
+		opts.Preconditions.ResourceVersion = ptr.To(obj.GetResourceVersion())
+	}
 	return func() error {
 		if _, ok := obj.(*appsv1.ReplicaSet); ok {
 			return m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Delete(ctx, obj.GetName(), opts)
@@ -80,7 +85,7 @@ func (m *Manager) deleteWorkload(ctx context.Context, obj workloadObject, grace 
 func (m *Manager) undoCreate(ctx context.Context, workload workloadObject, svc *corev1.Service) error {
 	// No grace period: the Pod never served anyone, and a retry of this
 	// create must not wait for it to terminate.
-	deletes := []func() error{m.deleteWorkload(ctx, workload, ptr.To(int64(0)))}
+	deletes := []func() error{m.deleteWorkload(ctx, workload, ptr.To(int64(0)), false)}
 	if svc != nil && ownerUID(svc.OwnerReferences) == workload.GetUID() {
 		deletes = append(deletes, func() error {
 			return m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, svc.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(svc.UID))})

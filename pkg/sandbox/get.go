@@ -21,9 +21,9 @@ func (m *Manager) Get(ctx context.Context, id string, wait time.Duration) (Sandb
 	defer release()
 	switch {
 	case f.rs != nil:
-		f.rs = m.touchReplicaSet(ctx, f.rs)
+		f.rs = touch(ctx, m, f.rs, m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Patch)
 	case f.pod != nil:
-		f.pod = m.touch(ctx, f.pod)
+		f.pod = touch(ctx, m, f.pod, m.client.CoreV1().Pods(m.cfg.Namespace).Patch)
 	}
 	if wait > 0 && f.workload() != nil {
 		return m.waitReady(ctx, id, f, wait)

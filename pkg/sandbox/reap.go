@@ -53,6 +53,12 @@ func (m *Manager) Reap(ctx context.Context) (Reaped, error) {
 	}
 	var victims []victim
 	live := map[string]bool{}
+	// expire deletes an expired workload as judged, then its Service.
+	expire := func(id, reason string, obj workloadObject, svc *corev1.Service) {
+		victims = append(victims, victim{id: id, reason: reason, obj: obj, del: func() error {
+			return m.deleteOwnedService(ctx, m.deleteWorkload(ctx, obj, nil, true)(), svc, obj.GetUID())
+		}})
+	}
 	svcByID := map[string]*corev1.Service{}
 	for i := range svcs {
 		if id := serviceID(&svcs[i]); id != "" {
@@ -80,15 +86,7 @@ func (m *Manager) Reap(ctx context.Context) (Reaped, error) {
 			}})
 			continue
 		}
-		uid, rv := rs.UID, rs.ResourceVersion
-		svc := svcByID[id]
-		victims = append(victims, victim{id: id, reason: reason, obj: rs, del: func() error {
-			background := metav1.DeletePropagationBackground
-			err := m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Delete(ctx, rs.Name, metav1.DeleteOptions{
-				Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}, PropagationPolicy: &background,
-			})
-			return m.deleteOwnedService(ctx, err, svc, uid)
-		}})
+		expire(id, reason, rs, svcByID[id])
 	}
 	for i := range pods {
 		p := &pods[i]
@@ -101,14 +99,7 @@ func (m *Manager) Reap(ctx context.Context) (Reaped, error) {
 		if reason == "" {
 			continue
 		}
-		uid, rv := p.UID, p.ResourceVersion
-		svc := svcByID[id]
-		victims = append(victims, victim{id: id, reason: reason, obj: p, del: func() error {
-			err := m.client.CoreV1().Pods(m.cfg.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{
-				Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv},
-			})
-			return m.deleteOwnedService(ctx, err, svc, uid)
-		}})
+		expire(id, reason, p, svcByID[id])
 	}
 	for i := range svcs {
 		s := &svcs[i]

@@ -245,19 +245,6 @@ func (m *Manager) setPaused(ctx context.Context, id string, pause bool, wait tim
 	return m.view(id, f), nil
 }
 
-// touchReplicaSet is touch for a ReplicaSet sandbox's annotations.
-func (m *Manager) touchReplicaSet(ctx context.Context, rs *appsv1.ReplicaSet) *appsv1.ReplicaSet {
-	patch := m.activityPatch(rs)
-	if patch == nil {
-		return rs
-	}
-	patched, err := m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Patch(ctx, rs.Name, types.MergePatchType, patch, metav1.PatchOptions{})
-	if err != nil {
-		return rs
-	}
-	return patched
-}
-
 // replicaSetOwnerRef makes the ReplicaSet the owner of the sandbox's Service.
 func replicaSetOwnerRef(rs *appsv1.ReplicaSet) metav1.OwnerReference {
 	return metav1.OwnerReference{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: rs.Name, UID: rs.UID, BlockOwnerDeletion: ptr.To(false)}

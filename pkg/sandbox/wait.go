@@ -12,7 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 	watchtools "k8s.io/client-go/tools/watch"
@@ -166,34 +165,24 @@ func (m *Manager) watchReplicaSetPod(ctx context.Context, rs *appsv1.ReplicaSet,
 			return pods.Watch(ctx, o)
 		},
 	}
-	var current *corev1.Pod
-	seen := map[types.UID]corev1.Pod{}
-	check := func() bool {
-		all := make([]corev1.Pod, 0, len(seen))
-		for _, p := range seen {
-			all = append(all, p)
+	// The informer's store is the Pods as of each event: the current one is
+	// picked from it afresh.
+	var (
+		store   cache.Store
+		current *corev1.Pod
+	)
+	check := func(watch.Event) (bool, error) {
+		var all []corev1.Pod
+		for _, o := range store.List() {
+			all = append(all, *o.(*corev1.Pod))
 		}
 		current = replicaSetPod(rs, all)
-		return current != nil && done(current)
+		return current != nil && done(current), nil
 	}
-	_, err := watchtools.UntilWithSync(ctx, lw, &corev1.Pod{}, func(store cache.Store) (bool, error) {
-		for _, o := range store.List() {
-			p := o.(*corev1.Pod)
-			seen[p.UID] = *p
-		}
-		return check(), nil
-	}, func(ev watch.Event) (bool, error) {
-		p, ok := ev.Object.(*corev1.Pod)
-		if !ok {
-			return false, nil
-		}
-		if ev.Type == watch.Deleted {
-			delete(seen, p.UID)
-		} else {
-			seen[p.UID] = *p
-		}
-		return check(), nil
-	})
+	_, err := watchtools.UntilWithSync(ctx, lw, &corev1.Pod{}, func(s cache.Store) (bool, error) {
+		store = s
+		return check(watch.Event{})
+	}, check)
 	if err != nil && ctx.Err() == nil {
 		return current, classify(err, "watch the sandbox's Pods")
 	}

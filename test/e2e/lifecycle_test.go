@@ -167,12 +167,7 @@ func TestQuota(t *testing.T) {
 		t.Errorf("q4 after a delete made room: %d Pods", len(p))
 	}
 	// Refused creates left nothing behind.
-	live := 0
-	for _, p := range pods(t, ns, "app=deer-flow-sandbox") {
-		if p.DeletionTimestamp == nil {
-			live++
-		}
-	}
+	live := liveSandboxes(t, ns)
 	if live != 3 {
 		t.Errorf("%d live sandboxes, want 3", live)
 	}
@@ -207,12 +202,7 @@ func TestQuotaUnderConcurrency(t *testing.T) {
 	admitted := raceCreates(t, n, func(i int) (*harness.Function, map[string]any) {
 		return replicas[i%2], map[string]any{"sandbox_id": fmt.Sprintf("c%02d", i)}
 	})
-	live := 0
-	for _, p := range pods(t, ns, "app=deer-flow-sandbox") {
-		if p.DeletionTimestamp == nil {
-			live++
-		}
-	}
+	live := liveSandboxes(t, ns)
 	t.Logf("admitted %d of %d racing creates; %d live sandboxes; limit 5", admitted, n, live)
 	if admitted > 5 || live > 5 {
 		t.Errorf("quota overshoot: %d admitted, %d live, limit 5", admitted, live)
@@ -412,4 +402,26 @@ func raceCreates(t *testing.T, n int, req func(i int) (*harness.Function, map[st
 		}
 	}
 	return admitted
+}
+
+// liveSandboxes counts the sandboxes in ns that are not being deleted: bare
+// Pods, and ReplicaSets (paused or not; their Pods are not counted again).
+func liveSandboxes(t *testing.T, ns string) int {
+	t.Helper()
+	live := 0
+	for _, p := range pods(t, ns, "app=deer-flow-sandbox") {
+		if p.DeletionTimestamp == nil && p.Labels["sandbox.deerflow.dev/workload"] == "" {
+			live++
+		}
+	}
+	rss, err := client().AppsV1().ReplicaSets(ns).List(context.Background(), metav1.ListOptions{LabelSelector: "app=deer-flow-sandbox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rs := range rss.Items {
+		if rs.DeletionTimestamp == nil {
+			live++
+		}
+	}
+	return live
 }

@@ -478,21 +478,7 @@ func TestQuotaCountsBothKinds(t *testing.T) {
 		}
 		return replicas[i%3%2], body
 	})
-	live := 0
-	for _, p := range pods(t, ns, "app=deer-flow-sandbox") {
-		if p.DeletionTimestamp == nil && p.Labels["sandbox.deerflow.dev/workload"] == "" {
-			live++
-		}
-	}
-	rss, err := client().AppsV1().ReplicaSets(ns).List(context.Background(), metav1.ListOptions{LabelSelector: "app=deer-flow-sandbox"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, rs := range rss.Items {
-		if rs.DeletionTimestamp == nil {
-			live++
-		}
-	}
+	live := liveSandboxes(t, ns)
 	t.Logf("admitted %d of %d racing creates of both kinds; %d live sandboxes; limit 5", admitted, n, live)
 	if admitted > 5 || live > 5 {
 		t.Errorf("quota overshoot: %d admitted, %d live, limit 5", admitted, live)
