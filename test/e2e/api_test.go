@@ -475,18 +475,16 @@ func TestAPIServerDownIsUnavailableNotNotFound(t *testing.T) {
 // so an existing sandbox costs reads, not failed writes.
 func TestRecreateOfExistingSandboxIsCheap(t *testing.T) {
 	ns := namespace(t)
-	f := start(t, ns, map[string]string{"EMIT_KUBERNETES_EVENTS": "false"})
+	// The template read that hot reload costs (once per
+	// SANDBOX_TEMPLATE_CACHE_TTL per replica) is kept out of the measured
+	// request: the first create makes it, and it holds for a minute.
+	f := start(t, ns, map[string]string{"EMIT_KUBERNETES_EVENTS": "false", "SANDBOX_TEMPLATE_CACHE_TTL": "1m"})
 	body := map[string]any{"sandbox_id": "reuse1", "thread_id": "t"}
 	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", body), 200, "create")
 	proxy.Reset()
 	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", body), 200, "re-create")
-	// Pod create (already exists) and get; Service get. Besides, at most
-	// once per SANDBOX_TEMPLATE_CACHE_TTL (1 s) per replica, the read of the
-	// default template that hot reload requires: whether it falls into this
-	// request depends on how long the first create took.
-	counts := proxy.Counts()
-	templateReads := counts["GET podtemplates"]
-	if total := proxy.Total() - templateReads; total > 3 || templateReads > 1 {
-		t.Errorf("re-create of an existing sandbox made %d API calls and %d template reads (%v), want at most 3 and 1", total, templateReads, counts)
+	// Pod create (already exists) and get; Service get.
+	if total := proxy.Total(); total > 3 {
+		t.Errorf("re-create of an existing sandbox made %d API calls (%v), want at most 3", total, proxy.Counts())
 	}
 }
