@@ -230,7 +230,9 @@ func TestImage(t *testing.T) {
 	}
 	defer f.Stop()
 	expectCode(t, mustDo(t, f, "GET", "/api/capabilities", nil), 200, "capabilities from the image's binary")
-	r := mustDo(t, f, "POST", "/api/sandboxes?wait=10s", map[string]any{"sandbox_id": "img1"})
+	// The wait the other create-and-wait tests allow (SANDBOX_MAX_READY_WAIT's
+	// default): once, kwok's scheduler left the Pod unbound for over 10 s.
+	r := mustDo(t, f, "POST", "/api/sandboxes?wait=20s", map[string]any{"sandbox_id": "img1"})
 	if r.Code != 200 || r.Body["status"] != "Running" {
 		t.Errorf("create with wait from the image's binary: %d %s", r.Code, r.Raw)
 	}
