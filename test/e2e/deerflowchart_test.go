@@ -240,7 +240,7 @@ func TestDeerFlowChartOverlay(t *testing.T) {
 	proxy.Impersonate(sa)
 	defer proxy.Impersonate("")
 	run := map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "false"}
-	for _, k := range []string{"K8S_NAMESPACE", "USERDATA_PVC_NAME", "SKILLS_PVC_NAME", "SKILLS_HOST_PATH", "DEER_FLOW_HOST_BASE_DIR", "THREADS_HOST_PATH", "SANDBOX_INGRESS_FROM_POD_LABELS", "SANDBOX_SERVICE_TYPE"} {
+	for _, k := range []string{"K8S_NAMESPACE", "USERDATA_PVC_NAME", "SKILLS_PVC_NAME", "DEER_FLOW_HOST_BASE_DIR", "THREADS_HOST_PATH", "SANDBOX_INGRESS_FROM_POD_LABELS", "SANDBOX_SERVICE_TYPE"} {
 		if v, ok := env[k]; ok {
 			run[k] = v
 		}
