@@ -10,17 +10,13 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/utils/ptr"
 	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
@@ -229,13 +225,8 @@ func TestDeerFlowChartOverlay(t *testing.T) {
 	// extra mounts on the home claim under deer-flow/, as DeerFlow's own
 	// provisioner mounts them with this chart, and nothing from the node.
 	ctx := context.Background()
-	for _, claim := range []string{home, "deer-flow-skills"} {
-		chartClaim(t, ns, claim)
-	}
-	eventually(t, 30*time.Second, "ResourceQuota counted", func() (bool, error) {
-		q, err := client().CoreV1().ResourceQuotas(ns).Get(ctx, "deer-flow-sandboxes", metav1.GetOptions{})
-		return err == nil && len(q.Status.Hard) > 0, err
-	})
+	bindClaims(t, ns, home, "deer-flow-skills")
+	quotaCounted(t, ns)
 	sa := "system:serviceaccount:" + ns + ":sandbox-provisioner"
 	proxy.Impersonate(sa)
 	defer proxy.Impersonate("")
@@ -290,36 +281,4 @@ func TestDeerFlowChartOverlay(t *testing.T) {
 		t.Errorf("the sandbox's mounts of the chart's home claim (-DeerFlow's +ours):\n%s", diff)
 	}
 	expectCode(t, mustDo(t, f, "DELETE", "/api/sandboxes/chart1", nil), 200, "delete")
-}
-
-// chartClaim makes a claim in ns bound to a volume (kwok mounts nothing; the
-// scheduler only needs the claim bound), as the chart's would be.
-func chartClaim(t *testing.T, ns, name string) {
-	t.Helper()
-	ctx := context.Background()
-	pv := &corev1.PersistentVolume{
-		ObjectMeta: metav1.ObjectMeta{Name: ns + "-" + name},
-		Spec: corev1.PersistentVolumeSpec{
-			Capacity:               corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
-			AccessModes:            []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
-			PersistentVolumeSource: corev1.PersistentVolumeSource{NFS: &corev1.NFSVolumeSource{Server: "nfs.invalid", Path: "/" + name}},
-			ClaimRef:               &corev1.ObjectReference{Namespace: ns, Name: name},
-		},
-	}
-	if _, err := client().CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = client().CoreV1().PersistentVolumes().Delete(context.Background(), pv.Name, metav1.DeleteOptions{})
-	})
-	pvc := &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: corev1.PersistentVolumeClaimSpec{
-			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}, VolumeName: pv.Name, StorageClassName: ptr.To(""),
-			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
-		},
-	}
-	if _, err := client().CoreV1().PersistentVolumeClaims(ns).Create(ctx, pvc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
 }
