@@ -263,7 +263,7 @@ type podCase struct {
 	name    string
 	message string
 	mutate  func(*corev1.Pod)
-	// podUpdate is the merge patch that makes the same escape on a live Pod,
+	// podUpdate is the JSON patch that makes the same escape on a live Pod,
 	// when the API server lets a Pod change so at all ("" when it does not:
 	// most of a Pod's spec is immutable, and its validation refuses first).
 	podUpdate string
@@ -297,10 +297,10 @@ func podCases(t *testing.T) []podCase {
 		{name: "no sandbox label", message: labels, mutate: func(p *corev1.Pod) { delete(p.Labels, "app") }, selector: true},
 		{name: "no sandbox id", message: labels, mutate: func(p *corev1.Pod) { delete(p.Labels, "sandbox-id") }, selector: true},
 		{name: "the backend's label", message: backend, mutate: func(p *corev1.Pod) { p.Labels["app.kubernetes.io/name"] = "deer-flow-backend" },
-			podUpdate: `{"metadata":{"labels":{"app.kubernetes.io/name":"deer-flow-backend"}}}`},
+			podUpdate: `[{"op":"add","path":"/metadata/labels/app.kubernetes.io~1name","value":"deer-flow-backend"}]`},
 		{name: "a runtime annotation", message: annotation, mutate: func(p *corev1.Pod) {
 			p.Annotations["io.katacontainers.config.hypervisor.kernel_params"] = "init=/bin/sh"
-		}, podUpdate: `{"metadata":{"annotations":{"io.katacontainers.config.hypervisor.kernel_params":"init=/bin/sh"}}}`},
+		}, podUpdate: `[{"op":"add","path":"/metadata/annotations/io.katacontainers.config.hypervisor.kernel_params","value":"init=/bin/sh"}]`},
 		{name: "privileged", message: "must not be privileged", mutate: func(p *corev1.Pod) {
 			sc(p).Privileged, sc(p).AllowPrivilegeEscalation = ptr.To(true), nil
 		}},
@@ -371,10 +371,10 @@ func podCases(t *testing.T) []podCase {
 		{name: "a node named", message: "nodeName", mutate: func(p *corev1.Pod) { p.Spec.NodeName = "kwok-node-0" }},
 		{name: "a control-plane toleration", message: toleration, mutate: func(p *corev1.Pod) {
 			p.Spec.Tolerations = append(p.Spec.Tolerations, corev1.Toleration{Key: "node-role.kubernetes.io/control-plane", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule})
-		}, podUpdate: `{"spec":{"tolerations":[{"key":"node-role.kubernetes.io/control-plane","operator":"Exists","effect":"NoSchedule"}]}}`},
+		}, podUpdate: `[{"op":"add","path":"/spec/tolerations/-","value":{"key":"node-role.kubernetes.io/control-plane","operator":"Exists","effect":"NoSchedule"}}]`},
 		{name: "a toleration of every taint", message: toleration, mutate: func(p *corev1.Pod) {
 			p.Spec.Tolerations = append(p.Spec.Tolerations, corev1.Toleration{Operator: corev1.TolerationOpExists})
-		}, podUpdate: `{"spec":{"tolerations":[{"operator":"Exists"}]}}`},
+		}, podUpdate: `[{"op":"add","path":"/spec/tolerations/-","value":{"operator":"Exists"}}]`},
 		{name: "a priority class", message: "priority classes", mutate: func(p *corev1.Pod) { p.Spec.PriorityClassName = admissionPriorityClass }},
 	}
 }
@@ -459,7 +459,7 @@ func TestAdmissionPolicyRefusesEscapes(t *testing.T) {
 				}
 			}
 			if tc.podUpdate != "" {
-				_, err = sa.CoreV1().Pods(ns).Patch(ctx, livePod.Name, types.MergePatchType, []byte(tc.podUpdate), metav1.PatchOptions{})
+				_, err = sa.CoreV1().Pods(ns).Patch(ctx, livePod.Name, types.JSONPatchType, []byte(tc.podUpdate), metav1.PatchOptions{})
 				if !refusedBy(err, podPolicy, tc.message) {
 					t.Errorf("Pod update %s as the provisioner's ServiceAccount: %v; want a refusal by %s saying %q", tc.podUpdate, err, podPolicy, tc.message)
 				}
