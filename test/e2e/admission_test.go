@@ -177,7 +177,24 @@ func (a admission) service(id string, typ corev1.ServiceType, owner metav1.Owner
 func TestAdmissionAdmitsTheFunctionsObjects(t *testing.T) {
 	ns, sa := serviceAccountNamespace(t)
 	ctx := context.Background()
-	lark := &sandbox.CreateRequest{ProvisionLarkCLIRuntime: true, ProvisionLarkCLIBroker: true, IncludeLegacySkills: true, MaxShellSessions: ptr.To(3)}
+	user, thread := "u1", "t1"
+	mount := func(host, at string, ro bool) sandbox.ExtraMount {
+		return sandbox.ExtraMount{HostPath: host, ContainerPath: at, ReadOnly: ptr.To(ro)}
+	}
+	// DeerFlow's Lark request: both containers, the credential mounts in the
+	// user's tree, the shared runtime, a workspace of the user's own.
+	lark := &sandbox.CreateRequest{ThreadID: &thread, UserID: &user, ProvisionLarkCLIRuntime: true, ProvisionLarkCLIBroker: true,
+		IncludeLegacySkills: true, MaxShellSessions: ptr.To(3), ExtraMounts: []sandbox.ExtraMount{
+			mount("/.deer-flow/users/u1/integrations/lark-cli/config", "/mnt/integrations/lark-cli/config", true),
+			mount("/.deer-flow/users/u1/integrations/lark-cli/config/locks", "/mnt/integrations/lark-cli/config/locks", false),
+			mount("/.deer-flow/users/u1/integrations/lark-cli/data", "/mnt/integrations/lark-cli/data", false),
+			mount("/.deer-flow/integrations/lark-cli/sandbox-cli", "/mnt/integrations/lark-cli/runtime", true),
+			mount("/.deer-flow/users/u1/threads/t1/acp", "/mnt/acp-workspace", false),
+		}}
+	// A shared directory asked for read-write: the function mounts it
+	// read-only, which the policy demands.
+	initOnly := &sandbox.CreateRequest{ThreadID: &thread, UserID: &user, ProvisionLarkCLIRuntime: true, ExtraMounts: []sandbox.ExtraMount{
+		mount("/.deer-flow/integrations/skills", "/mnt/skills/integrations", false)}}
 	host, pvc := newAdmission(t, ns, nil), newAdmission(t, ns, map[string]string{"pvc": "true"})
 	cases := []struct {
 		name string
@@ -187,7 +204,8 @@ func TestAdmissionAdmitsTheFunctionsObjects(t *testing.T) {
 		rs   bool
 	}{
 		{"default Pod", host, nil, "", false},
-		{"Pod with Lark containers", host, lark, "", false},
+		{"Pod with Lark containers and extra mounts", host, lark, "", false},
+		{"Pod with the Lark init container", host, initOnly, "", false},
 		{"Pod in PVC mode", pvc, lark, "", false},
 		{"Pod of the python template", host, nil, "python", false},
 		{"ReplicaSet", host, nil, "", true},
@@ -346,10 +364,22 @@ func podCases(t *testing.T) []podCase {
 		{name: "a host port", message: "host ports", mutate: func(p *corev1.Pod) { p.Spec.Containers[0].Ports[0].HostPort = 8080 }},
 		{name: "hostPath outside the base", message: hostPaths, mutate: hostPath("/etc", ptr.To(corev1.HostPathDirectory))},
 		{name: "hostPath beside the base", message: hostPaths, mutate: hostPath("/.deer-flow-evil", ptr.To(corev1.HostPathDirectory))},
+		{name: "hostPath at the base", message: hostPaths, mutate: hostPath("/.deer-flow", ptr.To(corev1.HostPathDirectory))},
 		// The attack: a plain hostPath at a link planted in user data.
-		{name: "hostPath under the base", message: hostPaths, mutate: hostPath("/.deer-flow/threads/t/user-data/root", ptr.To(corev1.HostPathDirectory))},
-		{name: "hostPath created if missing", message: hostPaths, mutate: hostPath("/.deer-flow", ptr.To(corev1.HostPathDirectoryOrCreate))},
-		{name: "hostPath of no type", message: hostPaths, mutate: hostPath("/.deer-flow", nil)},
+		{name: "hostPath inside a thread's data", message: hostPaths, mutate: hostPath("/.deer-flow/threads/t/user-data/root", ptr.To(corev1.HostPathDirectory))},
+		{name: "hostPath inside a user's tree", message: hostPaths, mutate: hostPath("/.deer-flow/users/u/x", ptr.To(corev1.HostPathDirectoryOrCreate))},
+		{name: "hostPath at a dot segment", message: hostPaths, mutate: hostPath("/.deer-flow/users/.", ptr.To(corev1.HostPathDirectory))},
+		{name: "hostPath of no type", message: hostPaths, mutate: hostPath("/.deer-flow/skills_view", nil)},
+		{name: "hostPath of a file", message: hostPaths, mutate: hostPath("/.deer-flow/skills_view", ptr.To(corev1.HostPathFileOrCreate))},
+		// A shared root read-write would let a sandbox replace the tenants'
+		// roots it holds with links.
+		{name: "a shared root read-write", message: "read-only", mutate: func(p *corev1.Pod) {
+			for i := range p.Spec.Containers[0].VolumeMounts {
+				if m := &p.Spec.Containers[0].VolumeMounts[i]; m.Name == p.Spec.Volumes[0].Name {
+					m.ReadOnly = false
+				}
+			}
+		}},
 		{name: "a Secret volume", message: "must not mount Secrets", mutate: volume(corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: secret.Name}})},
 		{name: "a projected Secret", message: "must not mount Secrets", mutate: volume(corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
 			Sources: []corev1.VolumeProjection{{Secret: &corev1.SecretProjection{LocalObjectReference: secret}}}}})},

@@ -201,8 +201,15 @@ func TestAdmissionParamsAdmitTheDefaults(t *testing.T) {
 	if got, want := data["capabilities"], strings.Join(config.AllowedCapabilities, ","); got != want {
 		t.Errorf("capabilities %q, want pkg/config's allow-list %q", got, want)
 	}
-	if !slices.Contains(list("hostPathRoots"), cfg.HostBaseDir) {
-		t.Errorf("hostPathRoots %q lacks DEER_FLOW_HOST_BASE_DIR %q", data["hostPathRoots"], cfg.HostBaseDir)
+	// The roots sandbox.hostRootOf gives host mounts: the thread's and the
+	// user's directories (read-write), the base's children (shared).
+	for key, root := range map[string]string{"hostPathRoots": cfg.ThreadsHostPath + "/*", "hostPathSharedRoots": cfg.HostBaseDir + "/*"} {
+		if !slices.Contains(list(key), root) {
+			t.Errorf("%s %q lacks %q", key, data[key], root)
+		}
+	}
+	if !slices.Contains(list("hostPathRoots"), cfg.HostBaseDir+"/users/*") {
+		t.Errorf("hostPathRoots %q lacks the users' directories %q", data["hostPathRoots"], cfg.HostBaseDir+"/users/*")
 	}
 	tolerations := append(slices.Clone(cfg.Tolerations), cfg.TemplateTolerations...)
 	tolerations = append(tolerations, "node.kubernetes.io/not-ready:NoExecute", "node.kubernetes.io/unreachable:NoExecute")
@@ -231,12 +238,15 @@ func TestAdmissionParamsAdmitTheDefaults(t *testing.T) {
 	}
 }
 
-// TestHostPathRootsDoNotNest: no allowed hostPath root lies inside another.
-// If one did, a sandbox given the outer one read-write could replace the
-// inner one with a link to the node's /, which the kubelet would follow
-// when another sandbox mounts the inner root.
+// TestHostPathRootsDoNotNest: no root a sandbox may mount read-write holds
+// another root. If one did, a sandbox given the outer one read-write could
+// replace the inner one with a link to the node's /, which the kubelet
+// would follow when another sandbox mounts the inner root. (The shared
+// roots hold the tenants' roots, and are mounted read-only only.)
 func TestHostPathRootsDoNotNest(t *testing.T) {
-	roots := strings.Split(readAdmission(t).params.Data["hostPathRoots"], ",")
+	data := readAdmission(t).params.Data
+	rw := strings.Split(data["hostPathRoots"], ",")
+	roots := append(slices.Clone(rw), strings.Split(data["hostPathSharedRoots"], ",")...)
 	for _, r := range roots {
 		if !strings.HasPrefix(r, "/") || r == "/" || strings.Contains(r, "..") || strings.HasSuffix(r, "/") {
 			t.Errorf("hostPathRoots entry %q is not an absolute, clean directory other than /", r)
@@ -250,10 +260,10 @@ func TestHostPathRootsDoNotNest(t *testing.T) {
 			t.Errorf("nests(%q, %q) = %v, want %v", tc.a, tc.b, got, tc.want)
 		}
 	}
-	for _, a := range roots {
+	for _, a := range rw {
 		for _, b := range roots {
-			if a != b && nests(a, b) {
-				t.Errorf("hostPathRoots: %q lies inside %q", b, a)
+			if nests(a, b) {
+				t.Errorf("hostPath root %q lies inside the read-write root %q", b, a)
 			}
 		}
 	}
