@@ -600,6 +600,16 @@ func TestAdmissionParamsAreTheOnePlace(t *testing.T) {
 		t.Errorf("a Pod with the runtime class is refused: %v", err)
 	}
 
+	// A setting missing from the parameters refuses everything, naming the
+	// ConfigMap, rather than reading as "no restriction".
+	if _, err := cms.Patch(ctx, "sandbox-admission", types.MergePatchType, []byte(`{"data":{"runtimeClassName":"","nonRoot":null}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the function's own Pod refused with a setting missing", func() (bool, error) {
+		_, err := sa.CoreV1().Pods(ns).Create(ctx, a.pod("partial", nil), dry)
+		return refusedBy(err, podPolicy, "deer-flow/sandbox-admission lacks a setting"), err
+	})
+
 	if err := cms.Delete(ctx, "sandbox-admission", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
