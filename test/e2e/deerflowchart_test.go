@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -17,6 +18,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
@@ -56,7 +59,7 @@ func renderChartOverlay(t *testing.T, release, namespace string) []*unstructured
 		}
 		t.Fatalf("kubectl kustomize %s: %v\n%s", dir, err, stderr)
 	}
-	for _, leftover := range []string{"RELEASE", ":" + "deer-flow" + ":"} {
+	for _, leftover := range []string{"RELEASE", ":deer-flow:", "namespace: deer-flow\n", "deer-flow/sandbox-admission"} {
 		if namespace != "deer-flow" && strings.Contains(string(out), leftover) {
 			t.Errorf("the rendered overlay still contains %q:\n%s", leftover, out)
 		}
@@ -107,7 +110,7 @@ func TestDeerFlowChartOverlay(t *testing.T) {
 		if o.GetNamespace() != "" && o.GetNamespace() != ns {
 			t.Errorf("%s %s is in namespace %s, want %s", o.GetKind(), o.GetName(), o.GetNamespace(), ns)
 		}
-		if o.GetKind() == "ConfigMap" {
+		if o.GetKind() == "ConfigMap" && strings.HasPrefix(o.GetName(), "deerflow-chart") {
 			t.Errorf("the overlay's local-config ConfigMap %s is in the output", o.GetName())
 		}
 		if o.GetKind() == "RoleBinding" || o.GetKind() == "ClusterRoleBinding" {
@@ -200,6 +203,26 @@ func TestDeerFlowChartOverlay(t *testing.T) {
 		t.Errorf("Pods that may reach sandboxes (-the chart's gateway +rendered):\n%s", diff)
 	}
 
+	// The admission policies' parameters: no node directories, and the
+	// gateway's own labels refused on sandboxes (not app.kubernetes.io/name,
+	// which sandboxes carry too: the selector needs all three).
+	var params corev1.ConfigMap
+	renderedObject(t, objs, "v1", "ConfigMap", "sandbox-admission", &params)
+	gotParams := map[string]string{}
+	for _, k := range []string{"hostPathRoots", "hostPathSharedRoots", "forbiddenLabels"} {
+		gotParams[k] = params.Data[k]
+	}
+	wantParams := map[string]string{"hostPathRoots": "", "hostPathSharedRoots": "",
+		"forbiddenLabels": "app.kubernetes.io/component=gateway,app.kubernetes.io/instance=" + release}
+	if diff := cmp.Diff(wantParams, gotParams); diff != "" {
+		t.Errorf("the admission policies' parameters (-want +got):\n%s", diff)
+	}
+	for _, o := range objs {
+		if ref, ok, _ := unstructured.NestedString(o.Object, "spec", "paramRef", "namespace"); ok && ref != ns {
+			t.Errorf("%s %s reads its parameters from namespace %s, want %s", o.GetKind(), o.GetName(), ref, ns)
+		}
+	}
+
 	// The function starts with these settings and builds the same policy.
 	for k, v := range env {
 		t.Setenv(k, v)
@@ -217,9 +240,27 @@ func TestDeerFlowChartOverlay(t *testing.T) {
 	// binding are cluster-wide, under config/'s names: put config/'s back.
 	installKnativeCRDs(t)
 	t.Cleanup(func() {
-		applyServerSide(t, readObjects(t, filepath.Join("..", "..", "config", "203-clusterrole-tokenreview.yaml"), filepath.Join("..", "..", "config", "800-admission-policy.yaml")))
+		base := readObjects(t, filepath.Join("..", "..", "config", "203-clusterrole-tokenreview.yaml"), filepath.Join("..", "..", "config", "800-admission-policy.yaml"))
+		applyServerSide(t, slices.DeleteFunc(base, func(o *unstructured.Unstructured) bool { return o.GetNamespace() != "" }))
 	})
 	applyServerSide(t, objs)
+	// The policies take a moment to be in force: wait until they refuse,
+	// for the overlay's ServiceAccount, a Pod without the sandbox label, so
+	// that the create below passes them, not just their absence.
+	sa := "system:serviceaccount:" + ns + ":sandbox-provisioner"
+	rc := rest.CopyConfig(kc.Config)
+	rc.Impersonate = rest.ImpersonationConfig{UserName: sa}
+	asSA := kubernetes.NewForConfigOrDie(rc)
+	eventually(t, 30*time.Second, "the overlay's admission policy in force", func() (bool, error) {
+		spec, err := sandbox.CreateRequest{SandboxID: "probe"}.Validate(cfg, time.Now())
+		if err != nil {
+			return false, err
+		}
+		p := sandbox.BuildPod(cfg, spec)
+		delete(p.Labels, "app")
+		_, err = asSA.CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return refusedBy(err, podPolicy, ""), err
+	})
 
 	// As the overlay's ServiceAccount, the gateway's create: user data and
 	// extra mounts on the home claim under deer-flow/, as DeerFlow's own
@@ -227,7 +268,6 @@ func TestDeerFlowChartOverlay(t *testing.T) {
 	ctx := context.Background()
 	bindClaims(t, ns, home, "deer-flow-skills")
 	quotaCounted(t, ns)
-	sa := "system:serviceaccount:" + ns + ":sandbox-provisioner"
 	proxy.Impersonate(sa)
 	defer proxy.Impersonate("")
 	run := map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "false"}
