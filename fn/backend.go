@@ -13,8 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/client-go/rest"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/auth"
@@ -34,8 +34,8 @@ type backend struct {
 	metrics *metrics.Metrics
 	log     *slog.Logger
 
-	mgr         atomic.Pointer[sandbox.Manager]
-	client      atomic.Value // kubernetes.Interface
+	mgr    atomic.Pointer[sandbox.Manager]
+	client atomic.Value // kubernetes.Interface
 	// reviews is the client TokenReviews go through: its own rate limit
 	// (AUTH_TOKEN_REVIEW_QPS/BURST), so forged tokens cannot use up the
 	// one sandbox operations need (K8S_CLIENT_QPS/BURST).

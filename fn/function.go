@@ -79,7 +79,7 @@ func (f *Function) Start(ctx context.Context, cfg map[string]string) error {
 	case !authn.KeyUsable():
 		f.log.Error("API keys are refused: "+authn.KeyProblem()+"; only bearer tokens can authenticate", "token_audience", c.TokenAudience)
 	case authn.KeyProblem() != "":
-		f.log.Info("PROVISIONER_API_KEY is not used ("+authn.KeyProblem()+"); the keys of PROVISIONER_API_KEYS authenticate")
+		f.log.Info("PROVISIONER_API_KEY is not used (" + authn.KeyProblem() + "); the keys of PROVISIONER_API_KEYS authenticate")
 	}
 	if authn.TokensEnabled() && len(c.AllowedSubjects) == 0 {
 		f.log.Warn("AUTH_TOKEN_AUDIENCE is set but AUTH_ALLOWED_SUBJECTS is empty: every verified token gets 403")

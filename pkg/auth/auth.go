@@ -16,9 +16,9 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
-	"maps"
 	"strings"
 	"time"
 

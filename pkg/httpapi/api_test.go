@@ -125,7 +125,7 @@ func TestOperationsPerPrincipal(t *testing.T) {
 	}
 	want := map[string]int{
 		"GET /api/sandboxes/abc": http.StatusGatewayTimeout, // reached the (unavailable) domain
-		"POST /api/sandboxes": 403, "GET /api/sandboxes": 403, "DELETE /api/sandboxes/abc": 403,
+		"POST /api/sandboxes":    403, "GET /api/sandboxes": 403, "DELETE /api/sandboxes/abc": 403,
 		"POST /api/sandboxes/abc/pause": 403, "POST /api/sandboxes/abc/resume": 403, "POST /api/reap": 403,
 		"GET /api/templates": 403, "GET /api/capabilities": 403,
 	}
