@@ -1,9 +1,13 @@
-// Package auth decides whether a request may act: every door (the HTTP API,
-// CloudEvents, POST /) asks it the same question with the credentials it
-// found. Two credentials are accepted: the API key, compared in constant
-// time, and a Kubernetes-issued service-account token (as Knative Eventing
-// sends with authentication-oidc), verified by the API server through a
-// TokenReview for our audience and then authorised by its subject.
+// Package auth decides whether a request may act, and as whom: every door
+// (the HTTP API, CloudEvents, POST /) asks it the same question with the
+// credentials it found and the operation it would run. Two credentials are
+// accepted: an API key, compared in constant time, whose name is the
+// principal ("default" for PROVISIONER_API_KEY), and a Kubernetes-issued
+// service-account token (as Knative Eventing sends with
+// authentication-oidc), verified by the API server through a TokenReview
+// for our audience, whose subject is the principal once allowed. Each
+// principal then runs only the operations PROVISIONER_PRINCIPAL_OPERATIONS
+// gives it; PROVISIONER_ADMINS marks those that see every sandbox.
 //
 // The network is never trusted: Knative's broker ingress and the
 // cluster-local gateway relay requests from any Pod, sandboxes included.
