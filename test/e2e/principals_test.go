@@ -33,7 +33,9 @@ func as(t *testing.T, f *harness.Function, headers map[string]string, d door) ha
 
 func keyHeader(k string) map[string]string { return map[string]string{"X-API-Key": k} }
 
-func bearerHeader(tok string) map[string]string { return map[string]string{"Authorization": "Bearer " + tok} }
+func bearerHeader(tok string) map[string]string {
+	return map[string]string{"Authorization": "Bearer " + tok}
+}
 
 // byIDDoors are the operations on one sandbox, through each door.
 func byIDDoors(id string) map[string]door {
