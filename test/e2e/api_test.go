@@ -110,7 +110,7 @@ func TestDeerFlowContract(t *testing.T) {
 	if seen["/mnt/skills/custom"] != 1 || seen["/mnt/acp-workspace"] != 1 || seen["/mnt/user-data"] != 1 {
 		t.Errorf("mounts = %v, want /mnt/skills/custom, /mnt/acp-workspace and /mnt/user-data", seen)
 	}
-	// Every host path is a subPath of the one base volume.
+	// Every host path is a subPath of the volume for its tenant's root.
 	hostPathAt := map[string]string{}
 	for _, m := range pod.Spec.Containers[0].VolumeMounts {
 		for _, v := range pod.Spec.Volumes {
@@ -479,8 +479,10 @@ func TestRecreateOfExistingSandboxIsCheap(t *testing.T) {
 	ns := namespace(t)
 	// The template read that hot reload costs (once per
 	// SANDBOX_TEMPLATE_CACHE_TTL per replica) is kept out of the measured
-	// request: the first create makes it, and it holds for a minute.
-	f := start(t, ns, map[string]string{"EMIT_KUBERNETES_EVENTS": "false", "SANDBOX_TEMPLATE_CACHE_TTL": "1m"})
+	// request: the first create makes it, and it holds for a minute. So
+	// does the re-check of the shared NetworkPolicy (one read per
+	// SANDBOX_NETWORK_POLICY_CHECK_TTL).
+	f := start(t, ns, map[string]string{"EMIT_KUBERNETES_EVENTS": "false", "SANDBOX_TEMPLATE_CACHE_TTL": "1m", "SANDBOX_NETWORK_POLICY_CHECK_TTL": "1m"})
 	body := map[string]any{"sandbox_id": "reuse1", "thread_id": "t"}
 	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", body), 200, "create")
 	proxy.Reset()

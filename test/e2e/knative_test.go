@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -21,7 +22,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -31,7 +31,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
-	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/events"
 )
@@ -184,43 +183,9 @@ func TestRBACWithConfigRole(t *testing.T) {
 	// The namespace enforces Pod Security baseline, which forbids hostPath:
 	// run in PVC mode, as config/400-service.yaml does, with claims bound to
 	// volumes (kwok mounts nothing; the scheduler only needs them bound).
-	for _, claim := range []string{"deer-flow-skills", "deer-flow-user-data"} {
-		pv := &corev1.PersistentVolume{
-			ObjectMeta: metav1.ObjectMeta{Name: "rbac-" + claim},
-			Spec: corev1.PersistentVolumeSpec{
-				Capacity:               corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
-				AccessModes:            []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
-				PersistentVolumeSource: corev1.PersistentVolumeSource{NFS: &corev1.NFSVolumeSource{Server: "nfs.invalid", Path: "/" + claim}},
-				ClaimRef:               &corev1.ObjectReference{Namespace: "deer-flow", Name: claim},
-			},
-		}
-		if _, err := client().CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatal(err)
-		}
-		pvc := &corev1.PersistentVolumeClaim{
-			ObjectMeta: metav1.ObjectMeta{Name: claim, Namespace: "deer-flow"},
-			Spec: corev1.PersistentVolumeClaimSpec{
-				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}, VolumeName: pv.Name, StorageClassName: ptr.To(""),
-				Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
-			},
-		}
-		if _, err := client().CoreV1().PersistentVolumeClaims("deer-flow").Create(ctx, pvc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatal(err)
-		}
-	}
+	bindClaims(t, "deer-flow", "deer-flow-skills", "deer-flow-user-data")
 	// A ResourceQuota refuses Pods until its controller has counted usage.
-	eventually(t, 30*time.Second, "ResourceQuota counted", func() (bool, error) {
-		l, err := client().CoreV1().ResourceQuotas("deer-flow").List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false, err
-		}
-		for _, q := range l.Items {
-			if len(q.Status.Hard) == 0 {
-				return false, nil
-			}
-		}
-		return true, nil
-	})
+	quotaCounted(t, "deer-flow")
 
 	proxy.Impersonate(serviceAccount)
 	defer proxy.Impersonate("")
@@ -254,9 +219,18 @@ func TestRBACWithConfigRole(t *testing.T) {
 	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes/rbac2/resume", nil), 200, "resume")
 	expectCode(t, mustDo(t, f, "GET", "/api/sandboxes", nil), 200, "list with a ReplicaSet sandbox")
 	expectCode(t, mustDo(t, f, "DELETE", "/api/sandboxes/rbac2", nil), 200, "delete a ReplicaSet sandbox")
-	eventually(t, 30*time.Second, "sandbox removed", func() (bool, error) {
-		return len(pods(t, "deer-flow", "sandbox-id=rbac1")) == 0, nil
-	})
+	// Both destroys took, as the ServiceAccount: the ReplicaSet sandbox's
+	// ReplicaSet, Pod and Service are gone, as are the bare one's.
+	for _, id := range []string{"rbac2", "rbac1"} {
+		eventually(t, 30*time.Second, "sandbox "+id+" removed", func() (bool, error) {
+			rs, err := client().AppsV1().ReplicaSets("deer-flow").List(ctx, metav1.ListOptions{LabelSelector: "sandbox-id=" + id})
+			if err != nil {
+				return false, err
+			}
+			left := len(rs.Items) + len(pods(t, "deer-flow", "sandbox-id="+id)) + len(services(t, "deer-flow", "sandbox-id="+id))
+			return left == 0, fmt.Errorf("%d objects of sandbox %s left", left, id)
+		})
+	}
 
 	// Outside the Role: denied.
 	rc := rest.CopyConfig(kc.Config)

@@ -180,7 +180,10 @@ func TestTemplatesShapeTheSandbox(t *testing.T) {
 	ns := namespace(t)
 	applyTemplates(t, ns, "python", "self-healing")
 	f := start(t, ns, nil)
-	defaultMounts := []string{"/mnt/skills/custom", "/mnt/skills/public", "/mnt/user-data"}
+	defaultMounts := []string{"/mnt/skills/custom", "/mnt/skills/legacy", "/mnt/skills/public", "/mnt/user-data"}
+	// Host-path mode: DeerFlow's mounts rooted at the shared skills view,
+	// the user's tree and the thread's directory (see sandbox.hostRootOf).
+	hostRoots := []string{"host-shared-skills-view-fa5d0ede:hostPath", "host-user:hostPath", "host-thread:hostPath"}
 	limits := map[string]string{"cpu": "1", "memory": "1Gi", "ephemeral-storage": "500Mi"}
 	tests := []struct {
 		template string
@@ -188,20 +191,20 @@ func TestTemplatesShapeTheSandbox(t *testing.T) {
 	}{{
 		template: "",
 		want: shape{Workload: "Pod", Labels: sandboxLabels("tpl-default", nil), Containers: []string{"sandbox=sandbox:test"},
-			Volumes: []string{"host-base:hostPath"}, Mounts: defaultMounts, Limits: limits, Deadline: true, Hardened: true, NoToken: true, ServiceOwner: "Pod"},
+			Volumes: hostRoots, Mounts: defaultMounts, Limits: limits, Deadline: true, Hardened: true, NoToken: true, ServiceOwner: "Pod"},
 	}, {
 		template: "python",
 		want: shape{Workload: "Pod", Labels: sandboxLabels("tpl-python", map[string]string{"team": "data"}), Template: "python",
 			Containers:       []string{"sandbox=registry.example.com/sandboxes/python:3.12", "datasets-index=registry.example.com/sandboxes/datasets-index:1.4"},
-			Volumes:          []string{"host-base:hostPath", "datasets:nfs", "pip-cache:emptyDir"},
-			Mounts:           []string{"/data", "/mnt/skills/custom", "/mnt/skills/public", "/mnt/user-data", "/var/cache/pip"},
+			Volumes:          append(hostRoots[:len(hostRoots):len(hostRoots)], "datasets:nfs", "pip-cache:emptyDir"),
+			Mounts:           []string{"/data", "/mnt/skills/custom", "/mnt/skills/legacy", "/mnt/skills/public", "/mnt/user-data", "/var/cache/pip"},
 			ImagePullSecrets: []string{"registry-credentials"}, NodeSelector: map[string]string{"sandbox.deerflow.dev/pool": "python"},
 			Limits: map[string]string{"cpu": "2", "memory": "2Gi", "ephemeral-storage": "500Mi"}, Deadline: true, StartupProbe: true,
 			Hardened: true, NoToken: true, ServiceOwner: "Pod"},
 	}, {
 		template: "self-healing",
 		want: shape{Workload: "ReplicaSet", Replicas: 1, Labels: sandboxLabels("tpl-self-healing", map[string]string{"sandbox.deerflow.dev/workload": "replicaset"}),
-			Template: "self-healing", Containers: []string{"sandbox=" + deerflowImage}, Volumes: []string{"host-base:hostPath"}, Mounts: defaultMounts,
+			Template: "self-healing", Containers: []string{"sandbox=" + deerflowImage}, Volumes: hostRoots, Mounts: defaultMounts,
 			Limits: limits, Hardened: true, NoToken: true, ServiceOwner: "ReplicaSet"},
 	}}
 	for _, tc := range tests {
@@ -289,6 +292,14 @@ func TestTemplateEditsAndRefusals(t *testing.T) {
 	hostPath.Volumes = []corev1.Volume{{Name: "root", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}}}
 	putTemplate(t, ns, podTemplate("hostpath", nil, hostPath))
 	putTemplate(t, ns, podTemplate("badkind", map[string]string{template.AnnotationKind: "Deployment"}, spec("x:1")))
+	// The function's API keys live in the namespace's Secrets: a template
+	// reaches none of them.
+	secretVol := spec("x:1")
+	secretVol.Volumes = []corev1.Volume{{Name: "keys", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "sandbox-provisioner"}}}}
+	putTemplate(t, ns, podTemplate("secretvol", nil, secretVol))
+	envFrom := spec("x:1")
+	envFrom.Containers[0].EnvFrom = []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "sandbox-provisioner"}}}}
+	putTemplate(t, ns, podTemplate("envfrom", nil, envFrom))
 	unlabelled := podTemplate("unlabelled", nil, spec("x:1"))
 	unlabelled.Labels = nil
 	putTemplate(t, ns, unlabelled)
@@ -299,6 +310,8 @@ func TestTemplateEditsAndRefusals(t *testing.T) {
 		{"unsafe", `sandbox template "unsafe": template.spec.containers[1].securityContext.capabilities.add: SYS_ADMIN is not on the allow-list`},
 		{"hostpath", `sandbox template "hostpath": template.spec.volumes[0].hostPath`},
 		{"badkind", `sandbox template "badkind": metadata.annotations[sandbox.deerflow.dev/kind]`},
+		{"secretvol", `sandbox template "secretvol": template.spec.volumes[0].secret`},
+		{"envfrom", `sandbox template "envfrom": template.spec.containers[0].envFrom`},
 		{"edit", `sandbox template "edit": template.spec.volumes[0].hostPath`},
 		{"missing", `no such sandbox template: "missing"`},
 		{"unlabelled", `no such sandbox template: "unlabelled"`},
@@ -331,7 +344,7 @@ func TestTemplateEditsAndRefusals(t *testing.T) {
 		m := x.(map[string]any)
 		refused[m["name"].(string)] = m["error"] != nil
 	}
-	if diff := cmp.Diff(map[string]bool{"default": false, "edit": true, "unsafe": true, "hostpath": true, "badkind": true}, refused); diff != "" {
+	if diff := cmp.Diff(map[string]bool{"default": false, "edit": true, "unsafe": true, "hostpath": true, "badkind": true, "secretvol": true, "envfrom": true}, refused); diff != "" {
 		t.Errorf("GET /api/templates: refused (-want +got):\n%s", diff)
 	}
 }
