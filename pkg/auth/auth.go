@@ -105,7 +105,7 @@ type Settings struct {
 	// not listed. Without an entry (and without "*"), everything.
 	Operations map[string][]string
 	// ReviewQPS and ReviewBurst bound the TokenReviews this replica sends
-	// (0: 20 per second, bursts of 40).
+	// (0: 5 per second, bursts of 10).
 	ReviewQPS   float64
 	ReviewBurst int
 }
@@ -152,7 +152,7 @@ func New(s Settings, reviewer Reviewer) *Authenticator {
 	a.refused = cache.NewLRUExpireCacheWithClock(cacheMax, clock{a})
 	qps, burst := s.ReviewQPS, s.ReviewBurst
 	if qps <= 0 || burst < 1 {
-		qps, burst = 20, 40
+		qps, burst = 5, 10
 	}
 	a.limiter = rate.NewLimiter(rate.Limit(qps), burst)
 	if a.keyProblem == "" {

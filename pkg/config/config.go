@@ -58,9 +58,11 @@ type Config struct {
 	PrincipalOperations string `envconfig:"PROVISIONER_PRINCIPAL_OPERATIONS"`
 	// TokenReviewQPS and TokenReviewBurst bound the TokenReviews a replica
 	// sends, on a client of their own: a flood of forged tokens cannot
-	// take the rate that sandbox operations use.
-	TokenReviewQPS   float32 `envconfig:"AUTH_TOKEN_REVIEW_QPS" default:"20"`
-	TokenReviewBurst int     `envconfig:"AUTH_TOKEN_REVIEW_BURST" default:"40"`
+	// take the rate that sandbox operations use. The honest tokens are few
+	// (one per Trigger and PingSource, reused for an hour, each verified
+	// once a minute at most), so a few per second is plenty.
+	TokenReviewQPS   float32 `envconfig:"AUTH_TOKEN_REVIEW_QPS" default:"5"`
+	TokenReviewBurst int     `envconfig:"AUTH_TOKEN_REVIEW_BURST" default:"10"`
 
 	// AuthDisabled accepts every request without credentials. It is a
 	// development switch: start-up refuses it unless LISTEN_ADDRESS is a
