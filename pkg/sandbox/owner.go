@@ -62,11 +62,21 @@ func PrincipalLabelValue(principal string) string {
 	return "p-" + hex.EncodeToString(sum[:])[:40]
 }
 
+// LegacyPrincipal owns the sandboxes that record no principal: those made
+// before principals were recorded, when PROVISIONER_API_KEY (principal
+// "default") was the only credential that could create one. So DeerFlow's
+// backend keeps its sandboxes across an upgrade (a get that answered 404
+// would make it create the id again, and that create would be refused).
+const LegacyPrincipal = "default"
+
 // sees reports whether c may see obj: an administrator sees everything, a
-// principal what records it. Objects without the annotation (made before
-// principals, or by DeerFlow's provisioner) are the administrators' alone.
+// principal what records it, and LegacyPrincipal also what records none.
 func (c Caller) sees(obj metav1.Object) bool {
-	return c.Admin || (c.Principal != "" && obj.GetAnnotations()[AnnotationPrincipal] == c.Principal)
+	owner, ok := obj.GetAnnotations()[AnnotationPrincipal]
+	if !ok {
+		owner = LegacyPrincipal
+	}
+	return c.Admin || (c.Principal != "" && owner == c.Principal)
 }
 
 // seesSandbox judges a sandbox by what carries its identity: its workload,
@@ -125,9 +135,11 @@ func (m *Manager) fetchVisible(ctx context.Context, id string) (f found, hidden 
 
 // listSelector selects the sandboxes the caller may list: all of them for
 // an administrator, those labelled with its principal otherwise (the
-// annotation is checked again on each: the label is a hash).
+// annotation is checked again on each: the label is a hash). The legacy
+// principal's include those that record none, which no label selects: it
+// lists every sandbox and List keeps what it sees.
 func listSelector(c Caller) string {
-	if c.Admin {
+	if c.Admin || c.Principal == LegacyPrincipal {
 		return selectorAll
 	}
 	return selectorAll + "," + LabelPrincipal + "=" + PrincipalLabelValue(c.Principal)
