@@ -154,25 +154,55 @@ func (p *Pool) Claim(ctx context.Context, t *template.Template, hash string, c s
 	}
 	rand.Shuffle(len(ready), func(i, j int) { ready[i], ready[j] = ready[j], ready[i] })
 	for _, pod := range ready {
-		patch, err := claimPatch(pod, c, p.now())
-		if err != nil {
-			continue
-		}
-		claimed, err := pods.Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+		claimed, err := p.claim(ctx, pod, hash, c)
 		switch {
-		case err == nil:
-			p.observe(t.Name, ResultHit)
-			return claimed
-		case apierrors.IsConflict(err) || apierrors.IsNotFound(err):
-			continue // claimed (or replaced) by someone else first
-		default:
+		case err != nil:
 			p.log.Warn("cannot claim a pooled sandbox; creating cold", "template", t.Name, "pod", pod.Name, "error", err)
 			p.observe(t.Name, ResultError)
 			return nil
+		case claimed != nil:
+			p.observe(t.Name, ResultHit)
+			return claimed
 		}
 	}
 	p.observe(t.Name, ResultEmpty)
 	return nil
+}
+
+// maxClaimTries bounds the writes a claim spends on one Pod that other
+// writers (the kubelet's status, say) change under it.
+const maxClaimTries = 3
+
+// claim tries to claim pod: nil, nil when someone else claimed it first (or
+// it is gone, or no longer claimable). A conflict that left the Pod
+// unclaimed (its status changed) is retried on the fresh Pod, so that only
+// a claim by someone else sends a create on to another Pod or the cold way.
+func (p *Pool) claim(ctx context.Context, pod *corev1.Pod, hash string, c sandbox.Claim) (*corev1.Pod, error) {
+	pods := p.client.CoreV1().Pods(p.cfg.Namespace)
+	for try := 0; try < maxClaimTries; try++ {
+		patch, err := claimPatch(pod, c, p.now())
+		if err != nil {
+			return nil, err
+		}
+		claimed, err := pods.Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+		switch {
+		case err == nil:
+			return claimed, nil
+		case apierrors.IsNotFound(err):
+			return nil, nil
+		case !apierrors.IsConflict(err):
+			return nil, err
+		}
+		if pod, err = pods.Get(ctx, pod.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			return nil, nil
+		} else if err != nil {
+			return nil, err
+		}
+		if !claimable(pod, hash) {
+			return nil, nil // claimed by someone else first
+		}
+	}
+	return nil, nil
 }
 
 // Missed implements sandbox.Pool.

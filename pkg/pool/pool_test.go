@@ -382,3 +382,29 @@ func TestDescribe(t *testing.T) {
 		t.Errorf("pool of a template that is gone still there (%v)", err)
 	}
 }
+
+// TestClaimSurvivesAStatusWrite: a conflict caused by another writer (the
+// kubelet updating status) rather than a claim does not send the create
+// the cold way while the Pod is still free.
+func TestClaimSurvivesAStatusWrite(t *testing.T) {
+	cfg := testConfig(t)
+	tmpl := pooled(t, cfg, 1)
+	cs := clientset(poolPod(cfg, tmpl, "only", true))
+	var once sync.Once
+	cs.PrependReactor("patch", "pods", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		once.Do(func() {
+			obj, _ := cs.Tracker().Get(podsGVR, ns, "only")
+			pod := obj.(*corev1.Pod).DeepCopy()
+			pod.ResourceVersion = "11"
+			if err := cs.Tracker().Update(podsGVR, pod, ns); err != nil {
+				t.Error(err)
+			}
+		})
+		return false, nil, nil
+	})
+	var c counts
+	p := newPool(cfg, cs, &c, tmpl)
+	if got := p.Claim(context.Background(), tmpl, hashOf(cfg, tmpl), claimFor("abc")); got == nil || got.Labels[sandbox.LabelID] != "abc" {
+		t.Fatalf("claim after a status write: %v; want the Pod claimed", got)
+	}
+}
