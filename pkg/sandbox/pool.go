@@ -8,6 +8,7 @@ import (
 	"errors"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -107,11 +108,30 @@ func (m *Manager) createFromPool(ctx context.Context, s Spec, wait time.Duration
 	// sandbox claimed before (DeerFlow creates again on every reuse) is
 	// answered here, as the cold way would find it only after making a Pod
 	// and removing it again. Claiming first would spend a pooled Pod.
-	svc, err := m.client.CoreV1().Services(m.cfg.Namespace).Get(ctx, ServiceName(s.ID), metav1.GetOptions{})
+	// A Pod sandbox-<id> without its Service (half made) is the cold way's
+	// to repair, so both are read.
+	var (
+		svc            *corev1.Service
+		svcErr, podErr error
+	)
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		svc, svcErr = m.client.CoreV1().Services(m.cfg.Namespace).Get(gctx, ServiceName(s.ID), metav1.GetOptions{})
+		return nil
+	})
+	g.Go(func() error {
+		_, podErr = m.client.CoreV1().Pods(m.cfg.Namespace).Get(gctx, PodName(s.ID), metav1.GetOptions{})
+		return nil
+	})
+	_ = g.Wait()
 	switch {
-	case apierrors.IsNotFound(err):
-	case err != nil:
-		return Sandbox{}, true, classify(err, "read the sandbox Service")
+	case podErr == nil:
+		return Sandbox{}, false, nil
+	case !apierrors.IsNotFound(podErr):
+		return Sandbox{}, true, classify(podErr, "read the sandbox Pod")
+	case apierrors.IsNotFound(svcErr):
+	case svcErr != nil:
+		return Sandbox{}, true, classify(svcErr, "read the sandbox Service")
 	default:
 		if !claimedOwner(svc, s.ID) {
 			return Sandbox{}, false, nil
