@@ -8,6 +8,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
@@ -93,5 +95,36 @@ func TestManagerServesFromThePool(t *testing.T) {
 	defer c.mu.Unlock()
 	if c.m["warm/hit"] != 1 || c.m["warm/empty"] != 1 || c.m["warm/miss"] != 1 {
 		t.Errorf("observed %v; want one hit, one empty, one miss", c.m)
+	}
+}
+
+// TestClaimWhoseServiceFailsIsUndone: a claimed Pod whose Service cannot be
+// made is deleted (a retry, which finds sandboxes by their Pod's name or
+// Service, would not find it), and the create fails with a transient error.
+func TestClaimWhoseServiceFailsIsUndone(t *testing.T) {
+	t.Setenv("SANDBOX_SERVICE_TYPE", "ClusterIP")
+	t.Setenv("SANDBOX_NETWORK_POLICY", "false")
+	cfg := testConfig(t)
+	tmpl := pooled(t, cfg, 1)
+	pt := &corev1.PodTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: "warm", Namespace: ns, UID: tmpl.UID, Labels: map[string]string{template.Label: "true"},
+			Annotations: map[string]string{template.AnnotationPoolSize: "1", template.AnnotationDeerFlowMounts: "false"}},
+		Template: tmpl.Pod,
+	}
+	cs := clientset(pt, poolPod(cfg, tmpl, "sandbox-pool-warm-aaaaa", true))
+	cs.PrependReactor("create", "services", func(clienttesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewServiceUnavailable("etcd is away")
+	})
+	var c counts
+	m := sandbox.NewManager(cfg, cs, sandbox.WithPool(newPool(cfg, cs, &c, tmpl)))
+	s, err := sandbox.CreateRequest{SandboxID: "abc", Template: "warm"}.Validate(cfg, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Create(context.Background(), s, 0); sandbox.KindOf(err) != sandbox.KindUnavailable {
+		t.Fatalf("create with the Service refused: %v; want unavailable", err)
+	}
+	if _, err := cs.CoreV1().Pods(ns).Get(context.Background(), "sandbox-pool-warm-aaaaa", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("claimed Pod without a Service: %v; want deleted", err)
 	}
 }

@@ -171,6 +171,11 @@ func (m *Manager) createFromPool(ctx context.Context, s Spec, wait time.Duration
 		m.observer.QuotaRefused(qe.scope)
 		return Sandbox{}, true, err
 	case err != nil:
+		// The claimed Pod served no one and, named by its pool, a retry would
+		// not find it: it goes now rather than linger without its Service.
+		if uerr := m.undoCreate(context.WithoutCancel(ctx), pod, f.svc); uerr != nil {
+			return Sandbox{}, true, errors.Join(err, uerr)
+		}
 		return Sandbox{}, true, err
 	}
 	m.recorder.Eventf(pod, corev1.EventTypeNormal, "SandboxCreated", "Created sandbox %s for user %s from the warm pool of template %s", s.ID, s.UserID, t.Name)

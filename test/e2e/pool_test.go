@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 	"github.com/deerflow-sandbox/provisioner/test/harness"
@@ -43,6 +44,50 @@ func poolReady(t *testing.T, ns, tmpl string) int {
 		}
 	}
 	return n
+}
+
+// cordon marks every node unschedulable and returns the function that
+// undoes it (also run when the test ends).
+func cordon(t *testing.T) (undo func()) {
+	t.Helper()
+	ctx := context.Background()
+	set := func(v bool) {
+		nodes, err := client().CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		patch := []byte(fmt.Sprintf(`{"spec":{"unschedulable":%v}}`, v))
+		for _, n := range nodes.Items {
+			if _, err := client().CoreV1().Nodes().Patch(ctx, n.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	set(true)
+	done := false
+	undo = func() {
+		if !done {
+			done = true
+			set(false)
+		}
+	}
+	t.Cleanup(undo)
+	return undo
+}
+
+// poolState says what the pool's Pods are doing, for a failure message.
+func poolState(t *testing.T, ns, tmpl string) error {
+	var b strings.Builder
+	rs, err := client().AppsV1().ReplicaSets(ns).Get(context.Background(), "sandbox-pool-"+tmpl, metav1.GetOptions{})
+	if err != nil {
+		fmt.Fprintf(&b, "ReplicaSet: %v; ", err)
+	} else {
+		fmt.Fprintf(&b, "ReplicaSet replicas %d ready %d conditions %v; ", *rs.Spec.Replicas, rs.Status.ReadyReplicas, rs.Status.Conditions)
+	}
+	for _, p := range pods(t, ns, poolLabel+"="+tmpl) {
+		fmt.Fprintf(&b, "%s node=%q phase=%s ready=%v; ", p.Name, p.Spec.NodeName, p.Status.Phase, ready(&p))
+	}
+	return fmt.Errorf("%s", b.String())
 }
 
 func ready(p *corev1.Pod) bool {
@@ -78,7 +123,7 @@ func warmUp(t *testing.T, f *harness.Function, ns, name string, size int) {
 		t.Fatalf("template %s pool: %v, want size %d and no error", name, p, size)
 	}
 	eventually(t, 60*time.Second, fmt.Sprintf("%d Ready Pods in the pool of %s", size, name), func() (bool, error) {
-		return poolReady(t, ns, name) == size, nil
+		return poolReady(t, ns, name) == size, poolState(t, ns, name)
 	})
 }
 
@@ -91,6 +136,10 @@ func TestPoolClaims(t *testing.T) {
 	ns := namespace(t)
 	f := start(t, ns, nil)
 	warmUp(t, f, ns, "warm", 5)
+	// No node takes new Pods during the burst: on kwok a replacement is
+	// Ready within a second, and one claimed mid-burst would make the count
+	// of hits depend on timing. Scheduling resumes for the refill below.
+	schedule := cordon(t)
 
 	var (
 		wg      sync.WaitGroup
@@ -153,6 +202,7 @@ func TestPoolClaims(t *testing.T) {
 	}
 
 	// Kubernetes refills the pool; GET /api/templates shows it.
+	schedule()
 	eventually(t, 60*time.Second, "the pool refilled to 5 Ready Pods", func() (bool, error) {
 		return poolReady(t, ns, "warm") == 5, nil
 	})
