@@ -54,6 +54,23 @@ func BenchmarkRealNodePool(b *testing.B) {
 	for k, v := range realnode.FunctionEnv(base) {
 		env[k] = v
 	}
+	benchPool(b, kc, env, realnode.SandboxImage, poolRowName)
+}
+
+// BenchmarkKwokPool is BenchmarkRealNodePool on kwok's simulated nodes:
+// the API cost of a claim without a kubelet (kwok reports pooled Pods
+// Ready at once, so the refill between rounds is quick).
+func BenchmarkKwokPool(b *testing.B) {
+	kc := benchCluster(b, "benchpoolkwok", 2)
+	defer kc.Down()
+	useNamespace(b, kc)
+	benchPool(b, kc, benchEnv(kc), "sandbox:test", "create from pool → Ready (kwok)")
+}
+
+// benchPool runs the rounds against a function started with env and
+// prints the rows named rowName.
+func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, rowName string) {
+	ctx := context.Background()
 	fn, fl := startWithFloor(b, kc, binary(b), env, b.TempDir())
 	defer fn.Stop()
 
@@ -61,7 +78,7 @@ func BenchmarkRealNodePool(b *testing.B) {
 	pt := &corev1.PodTemplate{
 		ObjectMeta: metav1.ObjectMeta{Name: "warm", Namespace: ns, Labels: map[string]string{template.Label: "true"},
 			Annotations: map[string]string{template.AnnotationPoolSize: fmt.Sprint(size), template.AnnotationDeerFlowMounts: "false"}},
-		Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "sandbox", Image: realnode.SandboxImage}}}},
+		Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "sandbox", Image: image}}}},
 	}
 	if _, err := kc.Client.CoreV1().PodTemplates(ns).Create(ctx, pt, metav1.CreateOptions{}); err != nil {
 		b.Fatal(err)
@@ -86,12 +103,23 @@ func BenchmarkRealNodePool(b *testing.B) {
 		return out, nil
 	}
 	waitPool := func(n int) {
-		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
 			r, err := readyPooled(ctx)
 			return err == nil && len(r) >= n, nil
 		})
 		if err != nil {
-			b.Fatalf("the pool did not stand %d Ready on the real node: %v", n, err)
+			var state strings.Builder
+			if rs, err := kc.Client.AppsV1().ReplicaSets(ns).Get(ctx, "sandbox-pool-warm", metav1.GetOptions{}); err != nil {
+				fmt.Fprintf(&state, "ReplicaSet: %v", err)
+			} else {
+				fmt.Fprintf(&state, "ReplicaSet: %d replicas, %d ready, %v", *rs.Spec.Replicas, rs.Status.ReadyReplicas, rs.Status.Conditions)
+			}
+			if l, err := pods.List(ctx, metav1.ListOptions{LabelSelector: poolSel}); err == nil {
+				for _, p := range l.Items {
+					fmt.Fprintf(&state, "; %s %s on %q", p.Name, p.Status.Phase, p.Spec.NodeName)
+				}
+			}
+			b.Fatalf("the pool did not stand %d Ready: %v (%s)", n, err, state.String())
 		}
 	}
 	// floorClaim is what a claim needs, with bare client-go.
@@ -144,7 +172,7 @@ func BenchmarkRealNodePool(b *testing.B) {
 	for _, c := range []int{1, 8} {
 		res := &result{}
 		results[c] = res
-		progress("real node: %d rounds of %d claims from a warm pool of %d, the floor and ours alternating", rounds, c, size)
+		progress("%s: %d rounds of %d claims from a warm pool of %d, the floor and ours alternating", rowName, rounds, c, size)
 		for r := 0; r < rounds; r++ {
 			for _, side := range []struct {
 				name string
@@ -182,7 +210,7 @@ func BenchmarkRealNodePool(b *testing.B) {
 	fmt.Fprintf(&md, "\n| measure | c | n | p50 ms | p95 ms | p99 ms | floor p50 ms | ratio |\n|---|---|---|---|---|---|---|---|\n")
 	for _, c := range []int{1, 8} {
 		r := results[c]
-		fmt.Fprintf(&md, "| %s | %d | %d | %.1f | %.1f | %.1f | %.1f | %.2f× |\n", poolRowName, c, len(r.ours),
+		fmt.Fprintf(&md, "| %s | %d | %d | %.1f | %.1f | %.1f | %.1f | %.2f× |\n", rowName, c, len(r.ours),
 			pct(r.ours, .5), pct(r.ours, .95), pct(r.ours, .99), pct(r.floor, .5), pct(r.ours, .5)/pct(r.floor, .5))
 	}
 	fmt.Fprintf(&md, "\nfloor: client-go lists the pool's Pods, claims one with a conditional patch and creates its Service. Targets: p50 ≤ 50 ms, p99 ≤ 250 ms at c=1 and c=8. Errors: %d.\n", errs)
