@@ -130,21 +130,29 @@ func selector(lv string) map[string]string {
 	return map[string]string{sandbox.LabelApp: sandbox.LabelAppValue, sandbox.LabelPool: lv}
 }
 
-// Claim implements sandbox.Pool: it lists the pool's Pods of the wanted
-// shape and tries the Ready ones in random order (so racing claims mostly
-// pick different Pods), each with one patch that carries the
-// resourceVersion it saw: a Pod someone claimed since fails with a
-// conflict, and the next is tried.
+// Claim lists the pool's Ready Pods of the wanted shape and claims one
+// (Ready, then ClaimFrom).
 func (p *Pool) Claim(ctx context.Context, t *template.Template, hash string, c sandbox.Claim) *corev1.Pod {
+	ready, err := p.Ready(ctx, t, hash)
+	if err != nil {
+		return nil
+	}
+	return p.ClaimFrom(ctx, t, hash, ready, c)
+}
+
+// Ready implements sandbox.Pool: one list of the pool's Pods of the wanted
+// shape, the claimable ones in random order (so racing claims mostly pick
+// different Pods). A failure is counted and logged here; the caller goes
+// the cold way.
+func (p *Pool) Ready(ctx context.Context, t *template.Template, hash string) ([]*corev1.Pod, error) {
 	p.ensureSoon(t)
-	pods := p.client.CoreV1().Pods(p.cfg.Namespace)
 	sel := labels.Set(selector(sandbox.LabelValue(t.Name)))
 	sel[sandbox.LabelPoolHash] = hash
-	list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+	list, err := p.client.CoreV1().Pods(p.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
 	if err != nil {
 		p.log.Warn("cannot read the warm pool; creating cold", "template", t.Name, "error", err)
 		p.observe(t.Name, ResultError)
-		return nil
+		return nil, err
 	}
 	var ready []*corev1.Pod
 	for i := range list.Items {
@@ -153,6 +161,13 @@ func (p *Pool) Claim(ctx context.Context, t *template.Template, hash string, c s
 		}
 	}
 	rand.Shuffle(len(ready), func(i, j int) { ready[i], ready[j] = ready[j], ready[i] })
+	return ready, nil
+}
+
+// ClaimFrom implements sandbox.Pool: it tries the Pods Ready listed, each
+// with one patch that carries the resourceVersion it saw: a Pod someone
+// claimed since fails with a conflict, and the next is tried.
+func (p *Pool) ClaimFrom(ctx context.Context, t *template.Template, hash string, ready []*corev1.Pod, c sandbox.Claim) *corev1.Pod {
 	for _, pod := range ready {
 		claimed, err := p.claim(ctx, pod, hash, c)
 		switch {

@@ -32,11 +32,13 @@ const (
 
 // Pool hands out warm Pods; package pool implements it over ReplicaSets.
 type Pool interface {
-	// Claim turns one Ready pooled Pod of t whose shape hash is hash into
-	// the sandbox c describes, with one conditional write, and returns it;
-	// nil when none could be had (empty, all taken by racing claims,
-	// unreadable): the create then goes the cold way.
-	Claim(ctx context.Context, t *template.Template, hash string, c Claim) *corev1.Pod
+	// Ready lists the claimable pooled Pods of t whose shape hash is hash
+	// (one call); an error means the pool cannot serve (counted there).
+	Ready(ctx context.Context, t *template.Template, hash string) ([]*corev1.Pod, error)
+	// ClaimFrom turns one of ready into the sandbox c describes, with one
+	// conditional write each try, and returns it; nil when none could be
+	// had (all taken by racing claims): the create then goes the cold way.
+	ClaimFrom(ctx context.Context, t *template.Template, hash string, ready []*corev1.Pod, c Claim) *corev1.Pod
 	// Missed records a create of a pooled template that needs what a
 	// pooled Pod lacks (mounts, env, resources) and so goes the cold way.
 	Missed(t *template.Template)
@@ -109,12 +111,17 @@ func (m *Manager) createFromPool(ctx context.Context, s Spec, wait time.Duration
 	// answered here, as the cold way would find it only after making a Pod
 	// and removing it again. Claiming first would spend a pooled Pod.
 	// A Pod sandbox-<id> without its Service (half made) is the cold way's
-	// to repair, so both are read.
+	// to repair, so both are read, beside the pool's list.
 	var (
-		svc            *corev1.Service
-		svcErr, podErr error
+		svc                      *corev1.Service
+		ready                    []*corev1.Pod
+		svcErr, podErr, readyErr error
 	)
 	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		ready, readyErr = m.pool.Ready(gctx, t, hash)
+		return nil
+	})
 	g.Go(func() error {
 		svc, svcErr = m.client.CoreV1().Services(m.cfg.Namespace).Get(gctx, ServiceName(s.ID), metav1.GetOptions{})
 		return nil
@@ -151,7 +158,10 @@ func (m *Manager) createFromPool(ctx context.Context, s Spec, wait time.Duration
 	}
 	c := Claim{Labels: labels(s), Annotations: annotations(s), MaxLifetime: s.MaxLifetime}
 	c.Labels[LabelPooled] = "true"
-	pod := m.pool.Claim(ctx, t, hash, c)
+	if readyErr != nil {
+		return Sandbox{}, false, nil
+	}
+	pod := m.pool.ClaimFrom(ctx, t, hash, ready, c)
 	if pod == nil {
 		return Sandbox{}, false, nil
 	}
