@@ -110,6 +110,21 @@ type Config struct {
 	// using them, outside MAX_SANDBOXES, so they have a limit of their own.
 	MaxPoolSize int `envconfig:"SANDBOX_MAX_POOL_SIZE" default:"10"`
 
+	// What a template may add beyond the provisioner's own settings, each by
+	// allow-list (config/800-admission-policy.yaml's parameters must admit
+	// the same): tolerations (key[=value]:Effect, as SANDBOX_TOLERATIONS),
+	// Pod annotations (exact keys, or prefixes ending in *), and priority
+	// classes (none by default).
+	TemplateTolerations     []string `envconfig:"SANDBOX_TEMPLATE_TOLERATIONS"`
+	TemplateAnnotations     []string `envconfig:"SANDBOX_TEMPLATE_ANNOTATIONS" default:"kubectl.kubernetes.io/default-container,cluster-autoscaler.kubernetes.io/safe-to-evict,prometheus.io/scrape,prometheus.io/port,prometheus.io/path"`
+	TemplatePriorityClasses []string `envconfig:"SANDBOX_TEMPLATE_PRIORITY_CLASSES"`
+
+	// NetworkPolicyCheckTTL is how long a create trusts the last check of the
+	// shared NetworkPolicy (present, and what the function would build)
+	// before it reads the policy again: a deleted or altered policy stops
+	// creates this much later at most.
+	NetworkPolicyCheckTTL time.Duration `envconfig:"SANDBOX_NETWORK_POLICY_CHECK_TTL" default:"2s"`
+
 	// Quotas; 0 means no limit.
 	MaxSandboxes        int `envconfig:"MAX_SANDBOXES" default:"500"`
 	MaxSandboxesPerUser int `envconfig:"MAX_SANDBOXES_PER_USER" default:"0"`
@@ -316,6 +331,10 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxPoolSize < 0 {
 		bad("SANDBOX_MAX_POOL_SIZE", "%d must be 0 (no pools) or positive", c.MaxPoolSize)
+	}
+	errs = append(errs, c.validateTemplateAllowLists()...)
+	if c.NetworkPolicyCheckTTL < 0 || c.NetworkPolicyCheckTTL > time.Minute {
+		bad("SANDBOX_NETWORK_POLICY_CHECK_TTL", "%s must be between 0 (read on every create) and 1m", c.NetworkPolicyCheckTTL)
 	}
 	if c.MaxConcurrentWaits < 1 {
 		bad("MAX_CONCURRENT_WAITS", "%d must be at least 1", c.MaxConcurrentWaits)
