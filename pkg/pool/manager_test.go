@@ -34,7 +34,7 @@ func TestManagerServesFromThePool(t *testing.T) {
 	var c counts
 	p := newPool(cfg, cs, &c, tmpl)
 	m := sandbox.NewManager(cfg, cs, sandbox.WithPool(p))
-	ctx := context.Background()
+	ctx := sandbox.WithCaller(context.Background(), sandbox.Caller{Principal: "alice"})
 	spec := func(id string, mutate func(*sandbox.CreateRequest)) sandbox.Spec {
 		req := sandbox.CreateRequest{SandboxID: id, Template: "warm"}
 		if mutate != nil {
@@ -53,6 +53,18 @@ func TestManagerServesFromThePool(t *testing.T) {
 	}
 	if !sb.Pooled || sb.URL == "" || sb.Status != "Running" {
 		t.Fatalf("create: %+v; want a pooled, Running sandbox with a URL", sb)
+	}
+	claimed, err := cs.CoreV1().Pods(ns).Get(ctx, "sandbox-pool-warm-aaaaa", metav1.GetOptions{})
+	if err != nil || claimed.Annotations[sandbox.AnnotationPrincipal] != "alice" || claimed.Labels[sandbox.LabelPrincipal] != sandbox.PrincipalLabelValue("alice") {
+		t.Fatalf("claimed Pod: %v %v; want it to record its principal alice", err, claimed.ObjectMeta)
+	}
+	// Another principal does not see it, nor can it take the id.
+	bob := sandbox.WithCaller(context.Background(), sandbox.Caller{Principal: "bob"})
+	if _, err := m.Get(bob, "abc", 0); sandbox.KindOf(err) != sandbox.KindNotFound {
+		t.Errorf("get by another principal: %v; want not found", err)
+	}
+	if _, err := m.Create(bob, spec("abc", nil), 0); sandbox.KindOf(err) != sandbox.KindConflict {
+		t.Errorf("create of the id by another principal: %v; want a conflict", err)
 	}
 	svc, err := cs.CoreV1().Services(ns).Get(ctx, "sandbox-abc-svc", metav1.GetOptions{})
 	if err != nil || len(svc.OwnerReferences) != 1 || svc.OwnerReferences[0].Name != "sandbox-pool-warm-aaaaa" {
@@ -121,7 +133,7 @@ func TestClaimWhoseServiceFailsIsUndone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Create(context.Background(), s, 0); sandbox.KindOf(err) != sandbox.KindUnavailable {
+	if _, err := m.Create(sandbox.WithCaller(context.Background(), sandbox.Caller{Principal: "alice"}), s, 0); sandbox.KindOf(err) != sandbox.KindUnavailable {
 		t.Fatalf("create with the Service refused: %v; want unavailable", err)
 	}
 	if _, err := cs.CoreV1().Pods(ns).Get(context.Background(), "sandbox-pool-warm-aaaaa", metav1.GetOptions{}); !apierrors.IsNotFound(err) {

@@ -156,8 +156,10 @@ func (m *Manager) createFromPool(ctx context.Context, s Spec, wait time.Duration
 		f.pod = touch(ctx, m, f.pod, m.client.CoreV1().Pods(m.cfg.Namespace).Patch)
 		return m.answer(ctx, s.ID, f, wait)
 	}
-	c := Claim{Labels: labels(s), Annotations: annotations(s), MaxLifetime: s.MaxLifetime}
-	c.Labels[LabelPooled] = "true"
+	meta := &metav1.ObjectMeta{Labels: labels(s), Annotations: annotations(s)}
+	recordPrincipal(meta, s)
+	meta.Labels[LabelPooled] = "true"
+	c := Claim{Labels: meta.Labels, Annotations: meta.Annotations, MaxLifetime: s.MaxLifetime}
 	if readyErr != nil {
 		return Sandbox{}, false, nil
 	}

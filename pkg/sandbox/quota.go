@@ -16,7 +16,7 @@ import (
 // long-lived sandboxes) fill the limit, so that another round may succeed.
 type quotaError struct {
 	err       *Error
-	scope     string // total or user
+	scope     string // total, user or principal
 	contended bool
 }
 
@@ -53,6 +53,10 @@ const settled = 3 * time.Second
 // such wait; the full count (near the limit, or with a per-user limit)
 // reads the ReplicaSets themselves.
 //
+// The per-principal limit is counted from the same lists as the per-user
+// one (every sandbox's objects carry LabelPrincipal from their creation),
+// so the same argument bounds its overshoot at zero.
+//
 // ownSvc yields this call's Service once it is written (the count runs
 // beside its create; a ReplicaSet create's Pod lists wait for it). With own
 // nil it is the look for room a retry makes
@@ -79,7 +83,7 @@ func (m *Manager) checkQuota(ctx context.Context, s Spec, own workloadObject, ow
 		}
 		return listFresh(ctx, after, opts, m.client.CoreV1().Pods(m.cfg.Namespace).List)
 	}
-	if m.cfg.MaxSandboxesPerUser == 0 {
+	if m.cfg.MaxSandboxesPerUser == 0 && m.cfg.MaxSandboxesPerPrincipal == 0 {
 		// Fast path: every sandbox is a Pod or a ReplicaSet in the namespace
 		// (a running ReplicaSet sandbox shows in both: an over-count, which
 		// only sends the check to the full count sooner), so if the namespace
@@ -153,7 +157,8 @@ func (m *Manager) checkQuota(ctx context.Context, s Spec, own workloadObject, ow
 		}
 	}
 	total, mine, settledTotal, settledMine := prospective, prospective, 0, 0
-	user := LabelValue(s.UserID)
+	ours, settledOurs := prospective, 0
+	user, principal := LabelValue(s.UserID), PrincipalLabelValue(s.Caller.Principal)
 	cutoff := time.Now().Add(-settled)
 	for _, o := range sandboxes {
 		if own == nil && o.GetLabels()[LabelID] == s.ID {
@@ -171,6 +176,12 @@ func (m *Manager) checkQuota(ctx context.Context, s Spec, own workloadObject, ow
 				settledMine++
 			}
 		}
+		if o.GetLabels()[LabelPrincipal] == principal {
+			ours++
+			if old {
+				settledOurs++
+			}
+		}
 	}
 	if m.cfg.MaxSandboxes > 0 && total > m.cfg.MaxSandboxes {
 		return &quotaError{scope: "total", contended: settledTotal < m.cfg.MaxSandboxes, err: &Error{Kind: KindQuota, Detail: fmt.Sprintf(
@@ -179,6 +190,10 @@ func (m *Manager) checkQuota(ctx context.Context, s Spec, own workloadObject, ow
 	if m.cfg.MaxSandboxesPerUser > 0 && mine > m.cfg.MaxSandboxesPerUser {
 		return &quotaError{scope: "user", contended: settledMine < m.cfg.MaxSandboxesPerUser, err: &Error{Kind: KindQuota, Detail: fmt.Sprintf(
 			"user %s has reached the limit of %d sandboxes per user; destroy one or raise MAX_SANDBOXES_PER_USER", s.UserID, m.cfg.MaxSandboxesPerUser)}}
+	}
+	if m.cfg.MaxSandboxesPerPrincipal > 0 && ours > m.cfg.MaxSandboxesPerPrincipal {
+		return &quotaError{scope: "principal", contended: settledOurs < m.cfg.MaxSandboxesPerPrincipal, err: &Error{Kind: KindQuota, Detail: fmt.Sprintf(
+			"%s has reached the limit of %d sandboxes per principal; destroy one or raise MAX_SANDBOXES_PER_PRINCIPAL", s.Caller.Principal, m.cfg.MaxSandboxesPerPrincipal)}}
 	}
 	return nil
 }

@@ -45,7 +45,7 @@ func TestCreateLeavesNothingWhenTheCountFails(t *testing.T) {
 				})
 			}
 			m := NewManager(testConfig(t, env), client)
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			ctx, cancel := context.WithTimeout(WithCaller(context.Background(), Caller{Principal: "default"}), 10*time.Second)
 			defer cancel()
 			_, err := m.Create(ctx, Spec{ID: "new1", UserID: "u", ThreadID: "t", IdleTimeout: time.Hour, MaxLifetime: time.Hour}, 0)
 			if KindOf(err) != tc.wantKind {

@@ -70,6 +70,9 @@ type Spec struct {
 	// Requested says which of the bounded fields the request set itself, so
 	// that a template's defaults fill only the others.
 	Requested Requested
+	// Caller is who creates the sandbox (set by Create from the request's
+	// context); its principal is recorded on every object (owner.go).
+	Caller Caller
 }
 
 // Requested marks the request fields that win over a template.

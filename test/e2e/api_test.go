@@ -287,7 +287,9 @@ func TestListCostsOneCallPerKind(t *testing.T) {
 
 func TestHalfPresentSandboxRepaired(t *testing.T) {
 	ns := namespace(t)
-	f := start(t, ns, nil)
+	// DeerFlow's provisioner records no principal: its leftovers are the
+	// administrators' to see and adopt.
+	f := start(t, ns, map[string]string{"PROVISIONER_ADMINS": "default"})
 	ctx := context.Background()
 
 	// Pod without Service.

@@ -131,9 +131,11 @@ func configFiles(t *testing.T) []string {
 	return files
 }
 
-// TestManifestsApplyServerSide installs Knative's CRDs from the Knative
-// modules and applies all of config/ server-side to the real API server.
-func TestManifestsApplyServerSide(t *testing.T) {
+// installKnativeCRDs applies the CRDs of the Knative objects config/ ships
+// (Serving's, and Eventing's Broker, Trigger and PingSource), taken from the
+// Knative modules, server-side.
+func installKnativeCRDs(t *testing.T) {
+	t.Helper()
 	serving := moduleDir(t, "knative.dev/serving@v0.42.2")
 	eventing := moduleDir(t, "knative.dev/eventing@v0.42.1")
 	crdFiles, err := filepath.Glob(filepath.Join(serving, "config", "core", "300-resources", "*.yaml"))
@@ -144,6 +146,12 @@ func TestManifestsApplyServerSide(t *testing.T) {
 		crdFiles = append(crdFiles, filepath.Join(eventing, "config", "core", "resources", name))
 	}
 	applyServerSide(t, readObjects(t, crdFiles...))
+}
+
+// TestManifestsApplyServerSide installs Knative's CRDs from the Knative
+// modules and applies all of config/ server-side to the real API server.
+func TestManifestsApplyServerSide(t *testing.T) {
+	installKnativeCRDs(t)
 
 	objs := readObjects(t, configFiles(t)...)
 	kinds := map[string]int{}

@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/events"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 	"github.com/deerflow-sandbox/provisioner/test/harness"
 )
@@ -163,7 +164,8 @@ const deerflowImage = "enterprise-public-cn-beijing.cr.volces.com/vefaas-public/
 
 func sandboxLabels(id string, extra map[string]string) map[string]string {
 	l := map[string]string{"app": "deer-flow-sandbox", "sandbox-id": id, "app.kubernetes.io/name": "deer-flow",
-		"app.kubernetes.io/component": "sandbox", "app.kubernetes.io/managed-by": "deerflow-sandbox-provisioner"}
+		"app.kubernetes.io/component": "sandbox", "app.kubernetes.io/managed-by": "deerflow-sandbox-provisioner",
+		sandbox.LabelPrincipal: sandbox.PrincipalLabelValue("default")}
 	for k, v := range extra {
 		l[k] = v
 	}
