@@ -22,6 +22,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/eventlimit"
 	"github.com/deerflow-sandbox/provisioner/pkg/kube"
 	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
+	"github.com/deerflow-sandbox/provisioner/pkg/pool"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
@@ -97,7 +98,8 @@ func (b *backend) tryConnect(ctx context.Context) error {
 			return err
 		}
 	}
-	opts := []sandbox.Option{sandbox.WithObserver(b.metrics), sandbox.WithAuditLog(b.audit)}
+	opts := []sandbox.Option{sandbox.WithObserver(b.metrics), sandbox.WithAuditLog(b.audit),
+		sandbox.WithPool(pool.New(b.cfg, client, b.metrics.PoolClaim, b.log))}
 	if b.cfg.EmitKubernetesEvents {
 		b.broadcaster = record.NewBroadcaster(record.WithContext(ctx))
 		b.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events(b.cfg.Namespace)})

@@ -128,6 +128,10 @@ type Config struct {
 	// server is reused before it is read again (and re-validated only when
 	// its resourceVersion changed): an edit applies to creates this much later.
 	TemplateCacheTTL time.Duration `envconfig:"SANDBOX_TEMPLATE_CACHE_TTL" default:"1s"`
+	// MaxPoolSize caps the warm pool a template may ask for
+	// (sandbox.deerflow.dev/pool-size): pooled Pods stand Ready with nobody
+	// using them, outside MAX_SANDBOXES, so they have a limit of their own.
+	MaxPoolSize int `envconfig:"SANDBOX_MAX_POOL_SIZE" default:"10"`
 
 	// What a template may add beyond the provisioner's own settings, each by
 	// allow-list (config/800-admission-policy.yaml's parameters must admit
@@ -350,6 +354,9 @@ func (c *Config) Validate() error {
 	}
 	if c.TemplateCacheTTL < 0 || c.TemplateCacheTTL > time.Minute {
 		bad("SANDBOX_TEMPLATE_CACHE_TTL", "%s must be between 0 (read on every create) and 1m", c.TemplateCacheTTL)
+	}
+	if c.MaxPoolSize < 0 {
+		bad("SANDBOX_MAX_POOL_SIZE", "%d must be 0 (no pools) or positive", c.MaxPoolSize)
 	}
 	errs = append(errs, c.validateTemplateAllowLists()...)
 	if c.NetworkPolicyCheckTTL < 0 || c.NetworkPolicyCheckTTL > time.Minute {

@@ -46,6 +46,9 @@ func (m *Manager) create(ctx context.Context, s Spec, wait time.Duration) (Sandb
 	if s, err = m.resolveTemplate(ctx, s); err != nil {
 		return Sandbox{}, err
 	}
+	if sb, handled, err := m.createFromPool(ctx, s, wait); handled {
+		return sb, err
+	}
 	for attempt := 0; ; attempt++ {
 		var (
 			f                 found
@@ -116,8 +119,9 @@ func (m *Manager) createOnce(ctx context.Context, s Spec) (found, bool, bool, er
 	return m.reuseOtherKind(ctx, s)
 }
 
-// errOtherKind says that the sandbox's Service belongs to a workload of the
-// other kind: the id is taken by a sandbox the create did not expect.
+// errOtherKind says that the sandbox's Service belongs to a live workload of
+// the other kind, or of another name (a Pod claimed from a warm pool keeps
+// its pool's name): the id is taken by a sandbox the create did not expect.
 var errOtherKind = errors.New("the sandbox exists as the other workload kind")
 
 // reuseOtherKind answers a create with the sandbox that holds the id, as
@@ -344,7 +348,7 @@ func (m *Manager) ensureService(ctx context.Context, s Spec, owner metav1.OwnerR
 		switch {
 		case current != nil && current.UID == owner.UID && existing.DeletionTimestamp == nil:
 			return existing, false, nil
-		case current != nil && current.Kind != owner.Kind && existing.DeletionTimestamp == nil:
+		case current != nil && (current.Kind != owner.Kind || current.Name != owner.Name) && existing.DeletionTimestamp == nil:
 			live, err := m.ownerLives(ctx, *current)
 			if err != nil {
 				return nil, false, err

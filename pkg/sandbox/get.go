@@ -83,6 +83,18 @@ func (m *Manager) fetch(ctx context.Context, id string) (found, error) {
 	if err := g.Wait(); err != nil {
 		return found{}, err
 	}
+	if f.pod == nil && f.svc != nil && claimedOwner(f.svc, id) {
+		// Claimed from a warm pool: its Pod keeps the name the pool gave it.
+		pod, err := m.client.CoreV1().Pods(m.cfg.Namespace).Get(ctx, sandboxOwner(f.svc.OwnerReferences).Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) || (err == nil && (pod.DeletionTimestamp != nil || podID(pod) != id)) {
+			return f, nil
+		}
+		if err != nil {
+			return found{}, classify(err, "read the sandbox Pod")
+		}
+		f.pod = pod
+		return f, nil
+	}
 	if f.pod != nil && ownerKind(f.svc) != "ReplicaSet" {
 		return f, nil
 	}

@@ -30,6 +30,8 @@ type Sandbox struct {
 	// readiness and the wait ended first; Reason says what the Pod is stuck on.
 	WaitTimedOut bool   `json:"wait_timed_out,omitempty"`
 	Reason       string `json:"reason,omitempty"`
+	// Pooled says that the sandbox's Pod was claimed from a warm pool.
+	Pooled bool `json:"pooled,omitempty"`
 }
 
 // StatusNotFound is DeerFlow's status for a sandbox whose Pod is gone.
@@ -60,6 +62,7 @@ type Manager struct {
 	waits     chan struct{}
 	isolation isolation
 	templates *template.Store
+	pool      Pool
 	auditLog  *slog.Logger
 }
 
@@ -135,6 +138,7 @@ func (m *Manager) view(id string, f found) Sandbox {
 		return sb
 	}
 	pod := f.pod
+	sb.Pooled = pod.Labels[LabelPooled] == "true"
 	sb.Status = string(pod.Status.Phase)
 	if sb.Status == "" {
 		sb.Status = string(corev1.PodPending)
@@ -180,6 +184,9 @@ func podReady(pod *corev1.Pod) bool {
 
 // Templates lists the sandbox templates (GET /api/templates).
 func (m *Manager) Templates(ctx context.Context) ([]template.Summary, error) {
-	list, err := m.templates.List(ctx)
+	list, valid, err := m.templates.ListValid(ctx)
+	if err == nil && m.pool != nil {
+		m.pool.Describe(ctx, list, valid)
+	}
 	return list, classify(err, "list sandbox templates")
 }

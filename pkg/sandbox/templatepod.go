@@ -27,23 +27,7 @@ func (m *Manager) resolveTemplate(ctx context.Context, s Spec) (Spec, error) {
 	case err != nil:
 		return s, classify(err, "read the sandbox template")
 	}
-	s.Resolved = t
-	if t == nil {
-		return s, nil
-	}
-	if !s.Requested.IdleTimeout && t.IdleTimeout > 0 {
-		s.IdleTimeout = t.IdleTimeout
-	}
-	if !s.Requested.MaxLifetime && t.MaxLifetime > 0 {
-		s.MaxLifetime = t.MaxLifetime
-	}
-	if !s.Requested.CPU && t.CPULimit != nil {
-		s.CPULimit = *t.CPULimit
-	}
-	if !s.Requested.Memory && t.MemoryLimit != nil {
-		s.MemoryLimit = *t.MemoryLimit
-	}
-	return s, nil
+	return withTemplate(s, t), nil
 }
 
 // applyTemplate lays the template's Pod shape under the Pod the provisioner

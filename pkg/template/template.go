@@ -25,6 +25,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 )
@@ -58,6 +59,10 @@ const (
 	// AnnotationDeerFlowMounts says whether DeerFlow's skills and user-data
 	// mounts apply ("true", the default, or "false").
 	AnnotationDeerFlowMounts = annotationPrefix + "deerflow-mounts"
+	// AnnotationPoolSize is how many Ready sandboxes of this template stand
+	// warm, unowned, for creates to claim (0, the default: none). A bad
+	// value refuses the pool, not the template: creates go the cold way.
+	AnnotationPoolSize = annotationPrefix + "pool-size"
 )
 
 // Workload kinds and idle actions.
@@ -74,6 +79,7 @@ const (
 // Template is a validated sandbox template.
 type Template struct {
 	Name            string
+	UID             types.UID
 	ResourceVersion string
 	Kind            string
 	// IdleTimeout and MaxLifetime are zero when the template leaves them to
@@ -86,7 +92,11 @@ type Template struct {
 	// CPULimit and MemoryLimit are the sandbox container's limits when the
 	// template sets them: defaults a request may override within bounds.
 	CPULimit, MemoryLimit *resource.Quantity
-	Pod                   corev1.PodTemplateSpec
+	// PoolSize is the warm pool asked for, 0 when none or when the setting
+	// is refused; PoolError then says why (a template listing shows it).
+	PoolSize  int
+	PoolError string
+	Pod       corev1.PodTemplateSpec
 }
 
 // Error is a refused template: which one, which field, and why.
@@ -119,7 +129,7 @@ var reservedMountRoots = []string{"/mnt/skills", "/mnt/user-data", "/mnt/integra
 // weaken a sandbox or that is malformed.
 func FromPodTemplate(pt *corev1.PodTemplate, cfg *config.Config) (*Template, error) {
 	v := validator{tmpl: pt.Name, cfg: cfg}
-	t := &Template{Name: pt.Name, ResourceVersion: pt.ResourceVersion, Kind: KindPod, IdleAction: IdleDelete,
+	t := &Template{Name: pt.Name, UID: pt.UID, ResourceVersion: pt.ResourceVersion, Kind: KindPod, IdleAction: IdleDelete,
 		PausedTimeout: defaultPausedTimeout, Port: cfg.ContainerPort, DeerFlowMounts: true, Pod: *pt.Template.DeepCopy()}
 	if err := v.settings(pt.Annotations, t); err != nil {
 		return nil, err
@@ -180,9 +190,19 @@ func (v validator) settings(a map[string]string, t *Template) error {
 			t.MaxLifetime, err = v.duration(field(key), val, v.cfg.MaxMaxLifetime)
 		case AnnotationPausedTimeout:
 			t.PausedTimeout, err = v.duration(field(key), val, v.cfg.MaxMaxLifetime)
+		case AnnotationPoolSize:
+			n, perr := strconv.Atoi(val)
+			switch {
+			case perr != nil || n < 0:
+				t.PoolError = fmt.Sprintf("%q: want a whole number from 0 to %d (SANDBOX_MAX_POOL_SIZE)", val, v.cfg.MaxPoolSize)
+			case n > v.cfg.MaxPoolSize:
+				t.PoolError = fmt.Sprintf("%d is above the operator's cap SANDBOX_MAX_POOL_SIZE=%d", n, v.cfg.MaxPoolSize)
+			default:
+				t.PoolSize = n
+			}
 		default:
 			return v.bad(field(key), "unknown setting; the settings are %s", strings.Join([]string{AnnotationKind, AnnotationIdleTimeout,
-				AnnotationMaxLifetime, AnnotationIdleAction, AnnotationPausedTimeout, AnnotationPort, AnnotationDeerFlowMounts}, ", "))
+				AnnotationMaxLifetime, AnnotationIdleAction, AnnotationPausedTimeout, AnnotationPort, AnnotationDeerFlowMounts, AnnotationPoolSize}, ", "))
 		}
 		if err != nil {
 			return err
@@ -191,7 +211,30 @@ func (v validator) settings(a map[string]string, t *Template) error {
 	if t.IdleAction == IdlePause && t.Kind != KindReplicaSet {
 		return v.bad(field(AnnotationIdleAction), "pause needs %s: %s (a bare Pod cannot be paused and resumed)", AnnotationKind, KindReplicaSet)
 	}
+	v.pool(t)
 	return nil
+}
+
+// pool refuses a pool the template's Pods cannot be warmed for. A pooled
+// Pod is made before anyone asks for it, so it can hold nothing that a
+// request decides: DeerFlow's mounts are each thread's and user's own
+// directories. A claimed Pod becomes a bare Pod sandbox; a ReplicaSet
+// sandbox's Pods are its ReplicaSet's, made from its own Pod template.
+// A refused pool leaves the template usable: its creates go the cold way.
+func (v validator) pool(t *Template) {
+	switch {
+	case t.PoolError != "":
+	case t.PoolSize == 0:
+		return
+	case t.DeerFlowMounts:
+		t.PoolError = fmt.Sprintf("a pool on a template whose Pods need per-request data: DeerFlow's mounts give each Pod its user's and thread's directories; set %s: \"false\" to pool this template", AnnotationDeerFlowMounts)
+	case t.Kind != KindPod:
+		t.PoolError = fmt.Sprintf("a pool serves templates of %s: %s only; a claimed Pod becomes a bare Pod sandbox, not a ReplicaSet's", AnnotationKind, KindPod)
+	default:
+		return
+	}
+	t.PoolSize = 0
+	t.PoolError = fmt.Sprintf("sandbox template %q: metadata.annotations[%s]: %s; no pool is kept and creates with this template start cold", v.tmpl, AnnotationPoolSize, t.PoolError)
 }
 
 // duration reads a lifetime setting: a Go duration from 1s to max.

@@ -2,6 +2,7 @@ package template
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -249,6 +250,46 @@ func TestFromPodTemplateAllowLists(t *testing.T) {
 			_, err := FromPodTemplate(pt, cfg)
 			if (err == nil) != tt.ok {
 				t.Errorf("FromPodTemplate: %v, want accepted %v", err, tt.ok)
+			}
+		})
+	}
+}
+
+func TestPoolSetting(t *testing.T) {
+	tests := []struct {
+		name        string
+		annotations map[string]string
+		size        int
+		err         string // in PoolError; "" for none
+	}{
+		{"none", nil, 0, ""},
+		{"pooled", map[string]string{AnnotationPoolSize: "3", AnnotationDeerFlowMounts: "false"}, 3, ""},
+		{"zero", map[string]string{AnnotationPoolSize: "0"}, 0, ""},
+		{"at the cap", map[string]string{AnnotationPoolSize: "10", AnnotationDeerFlowMounts: "false"}, 10, ""},
+		{"above the cap", map[string]string{AnnotationPoolSize: "11", AnnotationDeerFlowMounts: "false"}, 0, "11 is above the operator's cap SANDBOX_MAX_POOL_SIZE=10"},
+		{"negative", map[string]string{AnnotationPoolSize: "-1", AnnotationDeerFlowMounts: "false"}, 0, `"-1": want a whole number from 0 to 10`},
+		{"not a number", map[string]string{AnnotationPoolSize: "many", AnnotationDeerFlowMounts: "false"}, 0, `"many": want a whole number from 0 to 10`},
+		{"per-request data", map[string]string{AnnotationPoolSize: "2"}, 0, "a pool on a template whose Pods need per-request data"},
+		{"ReplicaSet kind", map[string]string{AnnotationPoolSize: "2", AnnotationDeerFlowMounts: "false", AnnotationKind: KindReplicaSet}, 0, "a pool serves templates of"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pt := python()
+			for k, v := range tt.annotations {
+				pt.Annotations[k] = v
+			}
+			got, err := FromPodTemplate(pt, testConfig(t))
+			if err != nil {
+				t.Fatalf("a pool setting refused the template itself: %v", err)
+			}
+			if got.PoolSize != tt.size {
+				t.Errorf("PoolSize %d, want %d", got.PoolSize, tt.size)
+			}
+			if tt.err == "" && got.PoolError != "" || !strings.Contains(got.PoolError, tt.err) {
+				t.Errorf("PoolError %q, want one containing %q", got.PoolError, tt.err)
+			}
+			if tt.err != "" && !strings.Contains(got.PoolError, "creates with this template start cold") {
+				t.Errorf("PoolError %q does not say the template still serves creates", got.PoolError)
 			}
 		})
 	}
