@@ -89,13 +89,22 @@ func New(cfg *config.Config, client kubernetes.Interface, observe Observer, log 
 	return &Pool{cfg: cfg, client: client, observe: observe, log: log, now: time.Now, ensured: map[string]ensured{}}
 }
 
-// Name is the name of template's pool ReplicaSet. Pods get it plus a
-// random suffix; a name too long for that is shortened to a stable hash.
+// Name is the name of template's pool ReplicaSet: sandbox-pool- and the
+// pool label its selector holds (poolValue), so that the admission policy
+// (config/800-admission-policy.yaml) can tell that a pool's ReplicaSet
+// selects its own pool and no other. Pods get it plus a random suffix.
 func Name(tmpl string) string {
+	return "sandbox-pool-" + poolValue(tmpl)
+}
+
+// poolValue is the pool label of template's pooled Pods: the template's
+// name, or for a name too long to leave room for a Pod's suffix in Name, a
+// stable hash of it.
+func poolValue(tmpl string) string {
 	if len(tmpl) > 40 {
-		return "sandbox-pool-" + sandbox.LabelValue("pool/"+tmpl)
+		return sandbox.LabelValue("pool/" + tmpl)
 	}
-	return "sandbox-pool-" + tmpl
+	return sandbox.LabelValue(tmpl)
 }
 
 // Build returns the pool ReplicaSet of t under cfg: t.PoolSize Pods shaped
@@ -104,7 +113,7 @@ func Name(tmpl string) string {
 // PodTemplate, so deleting the template deletes its pool.
 func Build(cfg *config.Config, t *template.Template) *appsv1.ReplicaSet {
 	tpl := sandbox.PoolPodTemplate(cfg, sandbox.PoolSpec(cfg, t))
-	lv := sandbox.LabelValue(t.Name)
+	lv := poolValue(t.Name)
 	tpl.Labels[sandbox.LabelPool] = lv
 	rs := &appsv1.ReplicaSet{
 		TypeMeta: metav1.TypeMeta{APIVersion: "apps/v1", Kind: "ReplicaSet"},
@@ -146,7 +155,7 @@ func (p *Pool) Claim(ctx context.Context, t *template.Template, hash string, c s
 // the cold way.
 func (p *Pool) Ready(ctx context.Context, t *template.Template, hash string) ([]*corev1.Pod, error) {
 	p.ensureSoon(t)
-	sel := labels.Set(selector(sandbox.LabelValue(t.Name)))
+	sel := labels.Set(selector(poolValue(t.Name)))
 	sel[sandbox.LabelPoolHash] = hash
 	list, err := p.client.CoreV1().Pods(p.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
 	if err != nil {
@@ -355,7 +364,7 @@ func (p *Pool) ensure(ctx context.Context, t *template.Template, have *appsv1.Re
 // with the resourceVersion it judged, so a Pod claimed meanwhile stays.
 func (p *Pool) dropShape(ctx context.Context, t *template.Template, hash string) error {
 	pods := p.client.CoreV1().Pods(p.cfg.Namespace)
-	list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: labels.Set(selector(sandbox.LabelValue(t.Name))).String()})
+	list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: labels.Set(selector(poolValue(t.Name))).String()})
 	if err != nil {
 		return err
 	}

@@ -279,6 +279,14 @@ func TestBuild(t *testing.T) {
 	if n := Name(long.Name); len(n) > 63 || n != Name(long.Name) {
 		t.Errorf("Name(%q) = %q", long.Name, n)
 	}
+	// The admission policy admits a pool's ReplicaSet only as
+	// sandbox-pool-<the pool label it selects>.
+	for _, tp := range []*template.Template{tmpl, &long} {
+		got := Build(cfg, tp)
+		if want := "sandbox-pool-" + got.Spec.Selector.MatchLabels[sandbox.LabelPool]; got.Name != want {
+			t.Errorf("template %s: ReplicaSet %s, want %s (named for the pool it selects)", tp.Name, got.Name, want)
+		}
+	}
 }
 
 func TestEnsure(t *testing.T) {
