@@ -74,10 +74,12 @@ func hostMountAt(mountPath, subPath string, readOnly bool) corev1.VolumeMount {
 
 // wantPod is DeerFlow's Pod with our hardening, for the given volumes.
 func wantPod(volumes []corev1.Volume, mounts []corev1.VolumeMount, env []corev1.EnvVar) *corev1.Pod {
-	probe := func(delay, period int32) *corev1.Probe {
+	// No initial delays: the startup probe every second, with five
+	// minutes of failures allowed, gates the other two.
+	probe := func(period, failures int32) *corev1.Probe {
 		return &corev1.Probe{
-			ProbeHandler:        corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/v1/sandbox", Port: intstr.FromInt32(8080), Scheme: corev1.URISchemeHTTP}},
-			InitialDelaySeconds: delay, PeriodSeconds: period, TimeoutSeconds: 3, FailureThreshold: 3, SuccessThreshold: 1,
+			ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/v1/sandbox", Port: intstr.FromInt32(8080), Scheme: corev1.URISchemeHTTP}},
+			PeriodSeconds: period, TimeoutSeconds: 3, FailureThreshold: failures, SuccessThreshold: 1,
 		}
 	}
 	return &corev1.Pod{
@@ -86,9 +88,9 @@ func wantPod(volumes []corev1.Volume, mounts []corev1.VolumeMount, env []corev1.
 		Spec: corev1.PodSpec{
 			Containers: []corev1.Container{{
 				Name: "sandbox", Image: "sandbox:1", ImagePullPolicy: corev1.PullIfNotPresent,
-				Ports:          []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}},
-				Env:            env,
-				ReadinessProbe: probe(5, 5), LivenessProbe: probe(10, 10),
+				Ports:        []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}},
+				Env:          env,
+				StartupProbe: probe(1, 300), ReadinessProbe: probe(5, 3), LivenessProbe: probe(10, 3),
 				Resources: corev1.ResourceRequirements{
 					Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("1Gi"), corev1.ResourceEphemeralStorage: resource.MustParse("500Mi")},
 					Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("1Gi"), corev1.ResourceEphemeralStorage: resource.MustParse("500Mi")},
@@ -152,6 +154,26 @@ func TestBuildPod(t *testing.T) {
 					hostMountAt("/mnt/acp-workspace", "users/user-1/threads/t1/acp-workspace", true),
 				}, []corev1.EnvVar{{Name: "MAX_SHELL_SESSIONS", Value: "4"}})
 			p.Annotations["sandbox.deerflow.dev/max-shell-sessions"] = "4"
+			return p
+		}(),
+	}, {
+		name: "request env after MAX_SHELL_SESSIONS, in name order, every $ literal",
+		spec: func(s *Spec) {
+			s.MaxShellSessions = 2
+			s.Env = map[string]string{"ZED": "last", "API_KEY": "sk-$(HOME)$$x", "EMPTY": ""}
+		},
+		want: func() *corev1.Pod {
+			p := wantPod([]corev1.Volume{hostBase()}, []corev1.VolumeMount{
+				hostMountAt("/mnt/skills/public", "skills/public", true),
+				hostMountAt("/mnt/skills/custom", "skills/custom", true),
+				hostMountAt("/mnt/user-data", "threads/t1/user-data", false),
+			}, []corev1.EnvVar{
+				{Name: "MAX_SHELL_SESSIONS", Value: "2"},
+				{Name: "API_KEY", Value: "sk-$$(HOME)$$$$x"},
+				{Name: "EMPTY", Value: ""},
+				{Name: "ZED", Value: "last"},
+			})
+			p.Annotations["sandbox.deerflow.dev/max-shell-sessions"] = "2"
 			return p
 		}(),
 	}, {

@@ -74,7 +74,7 @@ type shape struct {
 	NodeSelector     map[string]string
 	Limits           map[string]string // sandbox container
 	Deadline         bool              // activeDeadlineSeconds set
-	StartupProbe     bool
+	StartupProbe     string // period × failures of the sandbox container's startup probe
 	Hardened         bool // every container drops ALL, no escalation, RuntimeDefault
 	NoToken          bool
 	ServiceOwner     string // kind of the Service's owner
@@ -147,7 +147,9 @@ func shapeOf(t *testing.T, ns, id string) shape {
 		s.Limits[string(k)] = q.String()
 	}
 	s.Deadline = spec.ActiveDeadlineSeconds != nil
-	s.StartupProbe = sandbox.StartupProbe != nil
+	if p := sandbox.StartupProbe; p != nil {
+		s.StartupProbe = fmt.Sprintf("%ds×%d", p.PeriodSeconds, p.FailureThreshold)
+	}
 	svc, err := client().CoreV1().Services(ns).Get(ctx, "sandbox-"+id+"-svc", metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("sandbox %s has no Service: %v", id, err)
@@ -186,7 +188,7 @@ func TestTemplatesShapeTheSandbox(t *testing.T) {
 	}{{
 		template: "",
 		want: shape{Workload: "Pod", Labels: sandboxLabels("tpl-default", nil), Containers: []string{"sandbox=sandbox:test"},
-			Volumes: []string{"host-base:hostPath"}, Mounts: defaultMounts, Limits: limits, Deadline: true, Hardened: true, NoToken: true, ServiceOwner: "Pod"},
+			Volumes: []string{"host-base:hostPath"}, Mounts: defaultMounts, Limits: limits, Deadline: true, StartupProbe: "1s×300", Hardened: true, NoToken: true, ServiceOwner: "Pod"},
 	}, {
 		template: "python",
 		want: shape{Workload: "Pod", Labels: sandboxLabels("tpl-python", map[string]string{"team": "data"}), Template: "python",
@@ -194,13 +196,13 @@ func TestTemplatesShapeTheSandbox(t *testing.T) {
 			Volumes:          []string{"host-base:hostPath", "datasets:nfs", "pip-cache:emptyDir"},
 			Mounts:           []string{"/data", "/mnt/skills/custom", "/mnt/skills/public", "/mnt/user-data", "/var/cache/pip"},
 			ImagePullSecrets: []string{"registry-credentials"}, NodeSelector: map[string]string{"sandbox.deerflow.dev/pool": "python"},
-			Limits: map[string]string{"cpu": "2", "memory": "2Gi", "ephemeral-storage": "500Mi"}, Deadline: true, StartupProbe: true,
+			Limits: map[string]string{"cpu": "2", "memory": "2Gi", "ephemeral-storage": "500Mi"}, Deadline: true, StartupProbe: "2s×60",
 			Hardened: true, NoToken: true, ServiceOwner: "Pod"},
 	}, {
 		template: "self-healing",
 		want: shape{Workload: "ReplicaSet", Replicas: 1, Labels: sandboxLabels("tpl-self-healing", map[string]string{"sandbox.deerflow.dev/workload": "replicaset"}),
 			Template: "self-healing", Containers: []string{"sandbox=" + deerflowImage}, Volumes: []string{"host-base:hostPath"}, Mounts: defaultMounts,
-			Limits: limits, Hardened: true, NoToken: true, ServiceOwner: "ReplicaSet"},
+			Limits: limits, StartupProbe: "1s×300", Hardened: true, NoToken: true, ServiceOwner: "ReplicaSet"},
 	}}
 	for _, tc := range tests {
 		id := "tpl-" + tc.template
