@@ -74,8 +74,8 @@ type shape struct {
 	NodeSelector     map[string]string
 	Limits           map[string]string // sandbox container
 	Deadline         bool              // activeDeadlineSeconds set
-	StartupProbe     string // period × failures of the sandbox container's startup probe
-	Hardened         bool // every container drops ALL, no escalation, RuntimeDefault
+	StartupProbe     string            // period × failures of the sandbox container's startup probe
+	Hardened         bool              // every container drops ALL, no escalation, RuntimeDefault
 	NoToken          bool
 	ServiceOwner     string // kind of the Service's owner
 }
