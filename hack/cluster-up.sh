@@ -7,7 +7,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 NODES=${KWOK_NODES:-2}
 NAMESPACE=${K8S_NAMESPACE:-deer-flow}
-"$REPO_ROOT/hack/install-tools.sh"
+# Only what the cluster runs: etcd, kwok and the control plane. The func
+# CLI, the registry and kubectl serve the tests and deploys (make tools).
+"$REPO_ROOT/hack/install-etcd.sh"
+"$REPO_ROOT/hack/install-kwok.sh"
+KUBE_COMPONENTS="kube-apiserver kube-scheduler kube-controller-manager" "$REPO_ROOT/hack/install-kube.sh"
 
 export KWOK_WORKDIR KWOK_KUBE_VERSION="$KUBE_VERSION"
 kwokctl="$KWOK_BIN_DIR/kwokctl"

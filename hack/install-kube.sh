@@ -24,8 +24,12 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 cd "$REPO_ROOT/hack/tools/kube"
-for c in "${missing[@]}"; do
-  log "building $c $KUBE_VERSION (first build takes minutes on 2 cores; cached afterwards)"
-  run_with_progress "$c" go build -trimpath -ldflags "$ldflags" -o "$KUBE_BIN_DIR/$c.tmp" "k8s.io/kubernetes/cmd/$c"
-  mv "$KUBE_BIN_DIR/$c.tmp" "$KUBE_BIN_DIR/$c"
-done
+# One go build for every missing binary: the packages they share (most of
+# k8s.io/kubernetes) compile once, and the links run in parallel.
+pkgs=()
+for c in "${missing[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
+tmp=$(mktemp -d "$KUBE_BIN_DIR/.build-XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+log "building ${missing[*]} $KUBE_VERSION in one go build (first build takes minutes on 2 cores; cached afterwards)"
+run_with_progress "kubernetes ${missing[*]}" go build -trimpath -ldflags "$ldflags" -o "$tmp/" "${pkgs[@]}"
+for c in "${missing[@]}"; do mv "$tmp/$c" "$KUBE_BIN_DIR/$c"; done

@@ -23,14 +23,18 @@ import (
 // defaults and meanings) and adds our own hardening, lifecycle and quota knobs.
 type Config struct {
 	// DeerFlow's variables.
-	Namespace                string `envconfig:"K8S_NAMESPACE" default:"deer-flow"`
-	SandboxImage             string `envconfig:"SANDBOX_IMAGE" default:"enterprise-public-cn-beijing.cr.volces.com/vefaas-public/all-in-one-sandbox:latest"`
-	SkillsHostPath           string `envconfig:"SKILLS_HOST_PATH" default:"/.deer-flow/skills"`
+	Namespace    string `envconfig:"K8S_NAMESPACE" default:"deer-flow"`
+	SandboxImage string `envconfig:"SANDBOX_IMAGE" default:"enterprise-public-cn-beijing.cr.volces.com/vefaas-public/all-in-one-sandbox:latest"`
+	// SkillsHostPath is the seed's single skills directory. DeerFlow no
+	// longer reads it (skills come from the base directory's skills_view
+	// layout); start-up refuses it, saying so, rather than ignore a setting
+	// an operator believes is in force.
+	SkillsHostPath           string `envconfig:"SKILLS_HOST_PATH"`
 	ThreadsHostPath          string `envconfig:"THREADS_HOST_PATH" default:"/.deer-flow/threads"`
 	HostBaseDir              string `envconfig:"DEER_FLOW_HOST_BASE_DIR" default:"/.deer-flow"`
 	SkillsPVCName            string `envconfig:"SKILLS_PVC_NAME"`
 	UserdataPVCName          string `envconfig:"USERDATA_PVC_NAME"`
-	SkillsPVCSubpathTemplate string `envconfig:"SKILLS_PVC_SUBPATH_TEMPLATE" default:"skills/{name}"`
+	SkillsPVCSubpathTemplate string `envconfig:"SKILLS_PVC_SUBPATH_TEMPLATE"`
 	ContainerPort            int32  `envconfig:"SANDBOX_CONTAINER_PORT" default:"8080"`
 	ServiceType              string `envconfig:"SANDBOX_SERVICE_TYPE" default:"NodePort"`
 	KubeconfigPath           string `envconfig:"KUBECONFIG_PATH"`
@@ -39,6 +43,8 @@ type Config struct {
 	APIKey                   string `envconfig:"PROVISIONER_API_KEY"`
 	LarkCLIInitImage         string `envconfig:"LARK_CLI_INIT_IMAGE"`
 	LarkCLIBrokerImage       string `envconfig:"LARK_CLI_BROKER_IMAGE"`
+	// LarkBrokerDenySubcommands is passed to the broker sidecar as is.
+	LarkBrokerDenySubcommands string `envconfig:"DEERFLOW_LARK_BROKER_DENY_SUBCOMMANDS"`
 
 	// AuthDisabled accepts every request without credentials. It is a
 	// development switch: start-up refuses it unless LISTEN_ADDRESS is a
@@ -203,20 +209,24 @@ func (c *Config) Validate() error {
 	if strings.TrimSpace(c.SandboxImage) == "" || strings.ContainsAny(c.SandboxImage, " \t\n") {
 		bad("SANDBOX_IMAGE", "%q is not an image reference", c.SandboxImage)
 	}
-	for name, p := range map[string]string{
-		"SKILLS_HOST_PATH": c.SkillsHostPath, "THREADS_HOST_PATH": c.ThreadsHostPath, "DEER_FLOW_HOST_BASE_DIR": c.HostBaseDir,
-	} {
+	if c.SkillsHostPath != "" {
+		bad("SKILLS_HOST_PATH", "is no longer used, as in DeerFlow's provisioner: skills are mounted from DEER_FLOW_HOST_BASE_DIR "+
+			"(<base>/skills_view/public, <base>/users/<user_id>/skills_view/custom and .../legacy), or with SKILLS_PVC_NAME from that claim; unset it")
+	}
+	for name, p := range map[string]string{"THREADS_HOST_PATH": c.ThreadsHostPath, "DEER_FLOW_HOST_BASE_DIR": c.HostBaseDir} {
 		if !path.IsAbs(p) || path.Clean(p) != p {
 			bad(name, "%q must be an absolute, clean path", p)
 		}
 	}
-	for name, p := range map[string]string{"SKILLS_HOST_PATH": c.SkillsHostPath, "THREADS_HOST_PATH": c.ThreadsHostPath} {
-		// Every host-backed mount is a subPath of one hostPath volume for
-		// the base directory, which the kubelet resolves without following
-		// symlinks out of it: so every host path must lie under the base.
-		if !strings.HasPrefix(p, c.HostBaseDir+"/") {
-			bad(name, "%q must lie under DEER_FLOW_HOST_BASE_DIR %q", p, c.HostBaseDir)
-		}
+	// Every host-backed mount is rooted at a tenant's directory under the
+	// base (see sandbox.hostRootOf), so the threads directory must lie under
+	// the base, and not inside a user's tree, which that user's sandboxes
+	// may write.
+	switch users := path.Join(c.HostBaseDir, "users"); {
+	case !strings.HasPrefix(c.ThreadsHostPath, c.HostBaseDir+"/"):
+		bad("THREADS_HOST_PATH", "%q must lie under DEER_FLOW_HOST_BASE_DIR %q", c.ThreadsHostPath, c.HostBaseDir)
+	case c.ThreadsHostPath == users || strings.HasPrefix(c.ThreadsHostPath, users+"/"):
+		bad("THREADS_HOST_PATH", "%q must not lie in %s, where each user's own tree is", c.ThreadsHostPath, users)
 	}
 	if c.HostBaseDir == "/" {
 		bad("DEER_FLOW_HOST_BASE_DIR", "must not be the node's root")
@@ -229,8 +239,8 @@ func (c *Config) Validate() error {
 			bad(name, "%q is not a PVC name: %s", v, strings.Join(msgs, "; "))
 		}
 	}
-	if t := c.SkillsPVCSubpathTemplate; !strings.Contains(t, "{name}") || strings.HasPrefix(t, "/") || strings.Contains(t, "..") {
-		bad("SKILLS_PVC_SUBPATH_TEMPLATE", "%q must be a relative path containing {name} (and optionally {user_id}), without ..", t)
+	if err := validSubPathTemplate(c.SkillsPVCSubpathTemplate); err != nil {
+		bad("SKILLS_PVC_SUBPATH_TEMPLATE", "%q %v", c.SkillsPVCSubpathTemplate, err)
 	}
 	if c.ContainerPort < 1 || c.ContainerPort > 65535 {
 		bad("SANDBOX_CONTAINER_PORT", "%d is not a port", c.ContainerPort)
@@ -362,6 +372,25 @@ func (c *Config) Validate() error {
 		bad("LOG_LEVEL", "%q must be debug, info, warn or error", c.LogLevel)
 	}
 	return errors.Join(errs...)
+}
+
+// validSubPathTemplate accepts what DeerFlow formats with user_id and
+// thread_id: a relative path whose only placeholders are {user_id} and
+// {thread_id}, with no '.' or '..' segment, so that no value can climb out.
+func validSubPathTemplate(t string) error {
+	if t == "" {
+		return nil
+	}
+	bare := strings.NewReplacer("{user_id}", "u", "{thread_id}", "t").Replace(t)
+	switch {
+	case strings.ContainsAny(bare, "{}"):
+		return errors.New("may use only the placeholders {user_id} and {thread_id}")
+	case strings.HasPrefix(bare, "/") || strings.ContainsAny(bare, "\\\x00"):
+		return errors.New("must be a relative path")
+	case path.Clean(bare) != bare || slices.Contains(strings.Split(bare, "/"), ".."):
+		return errors.New("must be a clean path without '.' or '..' segments")
+	}
+	return nil
 }
 
 // IsLoopback reports whether a listen address binds only to loopback.

@@ -19,13 +19,15 @@ func TestLoadDefaultsMatchDeerFlow(t *testing.T) {
 		"NODE_HOST": c.NodeHost, "SANDBOX_IDLE_TIMEOUT": c.IdleTimeout, "PROVISIONER_AUTH_DISABLED": c.AuthDisabled,
 		"AUTH_TOKEN_AUDIENCE": c.TokenAudience, "SANDBOX_RUN_AS_NON_ROOT": c.RunAsNonRoot, "SANDBOX_USER_NAMESPACE": c.UserNamespace,
 		"SANDBOX_EGRESS_MODE": c.EgressMode, "waits fit the runtime": c.RequestTimeout+c.MaxReadyWait <= RuntimeWriteBudget,
+		"SKILLS_PVC_SUBPATH_TEMPLATE": c.SkillsPVCSubpathTemplate,
 	}
 	want := map[string]any{
-		"K8S_NAMESPACE": "deer-flow", "SKILLS_HOST_PATH": "/.deer-flow/skills", "THREADS_HOST_PATH": "/.deer-flow/threads",
+		"K8S_NAMESPACE": "deer-flow", "SKILLS_HOST_PATH": "", "THREADS_HOST_PATH": "/.deer-flow/threads",
 		"DEER_FLOW_HOST_BASE_DIR": "/.deer-flow", "SANDBOX_CONTAINER_PORT": int32(8080), "SANDBOX_SERVICE_TYPE": "NodePort",
 		"NODE_HOST": "host.docker.internal", "SANDBOX_IDLE_TIMEOUT": time.Hour, "PROVISIONER_AUTH_DISABLED": false,
 		"AUTH_TOKEN_AUDIENCE": "", "SANDBOX_RUN_AS_NON_ROOT": true, "SANDBOX_USER_NAMESPACE": true,
 		"SANDBOX_EGRESS_MODE": "internet", "waits fit the runtime": true,
+		"SKILLS_PVC_SUBPATH_TEMPLATE": "",
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("defaults (-want +got):\n%s", diff)
@@ -46,7 +48,11 @@ func TestLoadRejectsBadValuesNamingTheVariable(t *testing.T) {
 		{"SANDBOX_CPU_LIMIT", "lots"},
 		{"SANDBOX_TOLERATIONS", "key=value"},
 		{"SANDBOX_RUNTIME_CLASS", "Not Valid"},
-		{"SKILLS_PVC_SUBPATH_TEMPLATE", "/abs/{name}"},
+		{"SKILLS_PVC_SUBPATH_TEMPLATE", "/abs/{user_id}"},
+		{"SKILLS_PVC_SUBPATH_TEMPLATE", "skills/{name}"}, // the seed's placeholder; DeerFlow formats only user_id and thread_id
+		{"SKILLS_PVC_SUBPATH_TEMPLATE", "{user_id}/../x"},
+		{"SKILLS_PVC_SUBPATH_TEMPLATE", "a/./{thread_id}"},
+		{"THREADS_HOST_PATH", "/.deer-flow/users/alice/threads"},
 		{"USERDATA_PVC_NAME", "UPPER"},
 		{"NODE_HOST", "http://x"},
 		{"LOG_LEVEL", "loud"},
@@ -79,6 +85,28 @@ func TestLoadRejectsBadValuesNamingTheVariable(t *testing.T) {
 			_, err := Load()
 			if err == nil || !strings.Contains(err.Error(), tc.name) {
 				t.Errorf("Load() error = %v, want one naming %s", err, tc.name)
+			}
+		})
+	}
+}
+
+// SKILLS_HOST_PATH was the seed's one skills directory; DeerFlow's
+// provisioner no longer reads it. An operator who still sets it is told what
+// replaced it instead of having it silently ignored.
+func TestSkillsHostPathSaysWhatReplacedIt(t *testing.T) {
+	t.Setenv("SKILLS_HOST_PATH", "/.deer-flow/skills")
+	_, err := Load()
+	if err == nil || !strings.Contains(err.Error(), "SKILLS_HOST_PATH: is no longer used") || !strings.Contains(err.Error(), "skills_view") {
+		t.Errorf("Load() = %v, want SKILLS_HOST_PATH refused naming the skills_view layout that replaced it", err)
+	}
+}
+
+func TestSkillsSubPathTemplateAcceptsDeerFlowsPlaceholders(t *testing.T) {
+	for _, v := range []string{"", "skills", "deer-flow/users/{user_id}/threads/{thread_id}/skills", "{user_id}"} {
+		t.Run(v, func(t *testing.T) {
+			t.Setenv("SKILLS_PVC_SUBPATH_TEMPLATE", v)
+			if _, err := Load(); err != nil {
+				t.Errorf("Load() = %v, want %q accepted", err, v)
 			}
 		})
 	}

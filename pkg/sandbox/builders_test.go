@@ -61,16 +61,31 @@ func wantAnnotations() map[string]string {
 	}
 }
 
-// hostBase is the one hostPath volume of host-path mode: every host-backed
-// mount is a subPath of it, which the kubelet resolves without following
-// symlinks out of the volume.
-func hostBase() corev1.Volume {
-	return corev1.Volume{Name: "host-base", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{
-		Path: "/.deer-flow", Type: ptr.To(corev1.HostPathDirectory)}}}
-}
+// Host-path mode roots each mount at the narrowest directory that holds it
+// (see hostRootOf): the user's tree, the thread's directory, or the shared
+// directory under the base; the rest is a subPath.
+var (
+	userRoot = corev1.Volume{Name: "host-user", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{
+		Path: "/.deer-flow/users/user-1", Type: ptr.To(corev1.HostPathDirectoryOrCreate)}}}
+	threadRoot = corev1.Volume{Name: "host-thread", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{
+		Path: "/.deer-flow/threads/t1", Type: ptr.To(corev1.HostPathDirectoryOrCreate)}}}
+	// The name carries the first 8 hex digits of sha256("/.deer-flow/skills_view").
+	skillsViewRoot = corev1.Volume{Name: "host-shared-skills-view-fa5d0ede", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{
+		Path: "/.deer-flow/skills_view", Type: ptr.To(corev1.HostPathDirectory)}}}
+)
 
-func hostMountAt(mountPath, subPath string, readOnly bool) corev1.VolumeMount {
-	return corev1.VolumeMount{Name: "host-base", MountPath: mountPath, SubPath: subPath, ReadOnly: readOnly}
+// hostVolumes are host-path mode's volumes for DeerFlow's built-in mounts.
+func hostVolumes() []corev1.Volume { return []corev1.Volume{skillsViewRoot, userRoot, threadRoot} }
+
+// hostMounts are DeerFlow's built-in mounts in host-path mode: all three
+// skills directories, read-only, and the thread's user data.
+func hostMounts() []corev1.VolumeMount {
+	return []corev1.VolumeMount{
+		{Name: skillsViewRoot.Name, MountPath: "/mnt/skills/public", SubPath: "public", ReadOnly: true},
+		{Name: "host-user", MountPath: "/mnt/skills/custom", SubPath: "skills_view/custom", ReadOnly: true},
+		{Name: "host-user", MountPath: "/mnt/skills/legacy", SubPath: "skills_view/legacy", ReadOnly: true},
+		{Name: "host-thread", MountPath: "/mnt/user-data", SubPath: "user-data"},
+	}
 }
 
 // wantPod is DeerFlow's Pod with our hardening, for the given volumes.
@@ -127,13 +142,7 @@ func TestBuildPod(t *testing.T) {
 		want *corev1.Pod
 	}{{
 		name: "host-path mode",
-		want: wantPod(
-			[]corev1.Volume{hostBase()},
-			[]corev1.VolumeMount{
-				hostMountAt("/mnt/skills/public", "skills/public", true),
-				hostMountAt("/mnt/skills/custom", "skills/custom", true),
-				hostMountAt("/mnt/user-data", "threads/t1/user-data", false),
-			}, nil),
+		want: wantPod(hostVolumes(), hostMounts(), nil),
 	}, {
 		name: "host-path mode, legacy skills, extra mounts replacing the built-in custom skills",
 		spec: func(s *Spec) {
@@ -145,18 +154,24 @@ func TestBuildPod(t *testing.T) {
 			}
 		},
 		want: func() *corev1.Pod {
-			p := wantPod(
-				[]corev1.Volume{hostBase()},
-				[]corev1.VolumeMount{
-					hostMountAt("/mnt/skills/public", "skills/public", true),
-					hostMountAt("/mnt/skills/custom", "users/user-1/skills_view/custom", true),
-					hostMountAt("/mnt/skills/legacy", "skills/legacy", true),
-					hostMountAt("/mnt/user-data", "threads/t1/user-data", false),
-					hostMountAt("/mnt/acp-workspace", "users/user-1/threads/t1/acp-workspace", true),
-				}, []corev1.EnvVar{{Name: "MAX_SHELL_SESSIONS", Value: "4"}})
+			p := wantPod(hostVolumes(), append(hostMounts(),
+				corev1.VolumeMount{Name: "host-user", MountPath: "/mnt/acp-workspace", SubPath: "threads/t1/acp-workspace", ReadOnly: true},
+			), []corev1.EnvVar{{Name: "MAX_SHELL_SESSIONS", Value: "4"}})
 			p.Annotations["sandbox.deerflow.dev/max-shell-sessions"] = "4"
 			return p
 		}(),
+	}, {
+		name: "a shared path asked read-write is mounted read-only: no sandbox may poison every user's skills",
+		spec: func(s *Spec) {
+			s.Mounts = []Mount{
+				{HostPath: "/.deer-flow/skills_view/public/evil", ContainerPath: "/mnt/skills/integrations", ReadOnly: false},
+				{HostPath: "/.deer-flow/users/user-1/threads/t1/acp-workspace", ContainerPath: "/mnt/acp-workspace", ReadOnly: false},
+			}
+		},
+		want: wantPod(hostVolumes(), append(hostMounts(),
+			corev1.VolumeMount{Name: skillsViewRoot.Name, MountPath: "/mnt/skills/integrations", SubPath: "public/evil", ReadOnly: true},
+			corev1.VolumeMount{Name: "host-user", MountPath: "/mnt/acp-workspace", SubPath: "threads/t1/acp-workspace"},
+		), nil),
 	}, {
 		name: "request env after MAX_SHELL_SESSIONS, in name order, every $ literal",
 		spec: func(s *Spec) {
@@ -164,11 +179,7 @@ func TestBuildPod(t *testing.T) {
 			s.Env = map[string]string{"ZED": "last", "API_KEY": "sk-$(HOME)$$x", "EMPTY": ""}
 		},
 		want: func() *corev1.Pod {
-			p := wantPod([]corev1.Volume{hostBase()}, []corev1.VolumeMount{
-				hostMountAt("/mnt/skills/public", "skills/public", true),
-				hostMountAt("/mnt/skills/custom", "skills/custom", true),
-				hostMountAt("/mnt/user-data", "threads/t1/user-data", false),
-			}, []corev1.EnvVar{
+			p := wantPod(hostVolumes(), hostMounts(), []corev1.EnvVar{
 				{Name: "MAX_SHELL_SESSIONS", Value: "2"},
 				{Name: "API_KEY", Value: "sk-$$(HOME)$$$$x"},
 				{Name: "EMPTY", Value: ""},
@@ -179,16 +190,19 @@ func TestBuildPod(t *testing.T) {
 		}(),
 	}, {
 		name: "PVC mode",
-		env:  map[string]string{"SKILLS_PVC_NAME": "skills", "USERDATA_PVC_NAME": "user-data"},
+		env:  map[string]string{"SKILLS_PVC_NAME": "skills", "USERDATA_PVC_NAME": "home", "SKILLS_PVC_SUBPATH_TEMPLATE": "skills/{user_id}/{thread_id}"},
+		spec: func(s *Spec) {
+			s.Mounts = []Mount{{HostPath: "/.deer-flow/users/user-1/threads/t1/acp-workspace", ContainerPath: "/mnt/acp-workspace", ReadOnly: true}}
+		},
 		want: wantPod(
 			[]corev1.Volume{
 				{Name: "skills", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "skills", ReadOnly: true}}},
-				{Name: "user-data", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "user-data"}}},
+				{Name: "user-data", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "home"}}},
 			},
 			[]corev1.VolumeMount{
-				{Name: "skills", MountPath: "/mnt/skills/public", SubPath: "skills/public", ReadOnly: true},
-				{Name: "skills", MountPath: "/mnt/skills/custom", SubPath: "skills/custom", ReadOnly: true},
-				{Name: "user-data", MountPath: "/mnt/user-data", SubPath: "users/user-1/threads/t1/user-data"},
+				{Name: "skills", MountPath: "/mnt/skills", SubPath: "skills/user-1/t1", ReadOnly: true},
+				{Name: "user-data", MountPath: "/mnt/user-data", SubPath: "deer-flow/users/user-1/threads/t1/user-data"},
+				{Name: "user-data", MountPath: "/mnt/acp-workspace", SubPath: "deer-flow/users/user-1/threads/t1/acp-workspace", ReadOnly: true},
 			}, nil),
 	}, {
 		name: "runtime class, node selector, tolerations, other user, read-only root",
@@ -197,13 +211,8 @@ func TestBuildPod(t *testing.T) {
 			"SANDBOX_CAPABILITIES_ADD": ""},
 		want: func() *corev1.Pod {
 			p := wantPod(
-				[]corev1.Volume{hostBase(), {Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
-				[]corev1.VolumeMount{
-					hostMountAt("/mnt/skills/public", "skills/public", true),
-					hostMountAt("/mnt/skills/custom", "skills/custom", true),
-					hostMountAt("/mnt/user-data", "threads/t1/user-data", false),
-					{Name: "tmp", MountPath: "/tmp"},
-				}, nil)
+				append(hostVolumes(), corev1.Volume{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}),
+				append(hostMounts(), corev1.VolumeMount{Name: "tmp", MountPath: "/tmp"}), nil)
 			p.Spec.RuntimeClassName = ptr.To("gvisor")
 			p.Spec.NodeSelector = map[string]string{"pool": "sandbox"}
 			p.Spec.Tolerations = []corev1.Toleration{{Key: "sandbox", Operator: corev1.TolerationOpEqual, Value: "true", Effect: corev1.TaintEffectNoSchedule}}
@@ -219,11 +228,7 @@ func TestBuildPod(t *testing.T) {
 		env: map[string]string{"SANDBOX_RUN_AS_NON_ROOT": "false", "SANDBOX_RUN_AS_USER": "-1", "SANDBOX_USER_NAMESPACE": "false",
 			"SANDBOX_MEMORY_REQUEST_EQUALS_LIMIT": "false"},
 		want: func() *corev1.Pod {
-			p := wantPod([]corev1.Volume{hostBase()}, []corev1.VolumeMount{
-				hostMountAt("/mnt/skills/public", "skills/public", true),
-				hostMountAt("/mnt/skills/custom", "skills/custom", true),
-				hostMountAt("/mnt/user-data", "threads/t1/user-data", false),
-			}, nil)
+			p := wantPod(hostVolumes(), hostMounts(), nil)
 			p.Spec.HostUsers = nil
 			p.Spec.SecurityContext = &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}}
 			p.Spec.Containers[0].Resources.Requests[corev1.ResourceMemory] = resource.MustParse("256Mi")

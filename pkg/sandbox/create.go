@@ -211,7 +211,7 @@ func (m *Manager) ensurePod(ctx context.Context, s Spec) (*corev1.Pod, bool, err
 			return created, false, nil
 		}
 		if !apierrors.IsAlreadyExists(err) {
-			return nil, false, m.createFailed(err, "Pod")
+			return nil, false, m.createFailed(err, "Pod", s)
 		}
 		existing, err := pods.Get(ctx, want.Name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
@@ -238,11 +238,15 @@ func (m *Manager) ensurePod(ctx context.Context, s Spec) (*corev1.Pod, bool, err
 }
 
 // createFailed explains a failed create of the sandbox's kind of object;
-// a missing namespace is the operator's to fix.
-func (m *Manager) createFailed(err error, kind string) error {
+// a missing namespace is the operator's to fix, and a refusal by admission
+// names what refused it (see admissionRefusal).
+func (m *Manager) createFailed(err error, kind string, s Spec) error {
 	if apierrors.IsNotFound(err) {
 		return &Error{Kind: KindInternal, Err: err,
 			Detail: "namespace " + m.cfg.Namespace + " does not exist; create it (or set CREATE_NAMESPACE=true)"}
+	}
+	if refused := admissionRefusal(m.cfg, err, s, kind); refused != nil {
+		return refused
 	}
 	return classify(err, "create the sandbox "+kind)
 }

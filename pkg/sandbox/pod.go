@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"maps"
-	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,48 +16,9 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 )
 
-// Container paths of the built-in mounts.
-const (
-	mountSkillsPublic = "/mnt/skills/public"
-	mountSkillsCustom = "/mnt/skills/custom"
-	mountSkillsLegacy = "/mnt/skills/legacy"
-	mountUserData     = "/mnt/user-data"
-	mountLarkRuntime  = "/mnt/integrations/lark-cli/runtime"
-)
-
-// mountEntry is one volume at one container path. Building the mounts as a
-// table keyed by container path is what makes duplicates impossible: an extra
-// mount replaces a built-in one at the same path instead of being added twice
-// (DeerFlow always sends /mnt/skills/custom, and the API server rejects a Pod
-// that mounts one path twice).
-type mountEntry struct {
-	path     string
-	volume   corev1.Volume
-	subPath  string
-	readOnly bool
-}
-
 // BuildPod returns the sandbox Pod for spec. It is a pure function of its
 // arguments, which is what the builder tests pin.
 func BuildPod(cfg *config.Config, s Spec) *corev1.Pod {
-	mounts := podMounts(cfg, s)
-	var volumes []corev1.Volume
-	var volumeMounts []corev1.VolumeMount
-	seenVolume := map[string]bool{}
-	for _, m := range mounts {
-		if !seenVolume[m.volume.Name] {
-			seenVolume[m.volume.Name] = true
-			volumes = append(volumes, m.volume)
-		}
-		volumeMounts = append(volumeMounts, corev1.VolumeMount{
-			Name: m.volume.Name, MountPath: m.path, SubPath: m.subPath, ReadOnly: m.readOnly,
-		})
-	}
-	if cfg.ReadOnlyRootFS {
-		volumes = append(volumes, corev1.Volume{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
-		volumeMounts = append(volumeMounts, corev1.VolumeMount{Name: "tmp", MountPath: "/tmp"})
-	}
-
 	var env []corev1.EnvVar
 	if s.MaxShellSessions > 0 {
 		env = append(env, corev1.EnvVar{Name: "MAX_SHELL_SESSIONS", Value: strconv.Itoa(s.MaxShellSessions)})
@@ -97,10 +57,8 @@ func BuildPod(cfg *config.Config, s Spec) *corev1.Pod {
 						corev1.ResourceEphemeralStorage: resource.MustParse(cfg.EphemeralStorage),
 					},
 				},
-				VolumeMounts:    volumeMounts,
 				SecurityContext: containerSecurityContext(cfg, cfg.CapabilitiesAdd),
 			}},
-			Volumes:                       volumes,
 			RestartPolicy:                 corev1.RestartPolicyAlways,
 			ActiveDeadlineSeconds:         ptr.To(int64(s.MaxLifetime / time.Second)),
 			AutomountServiceAccountToken:  ptr.To(false),
@@ -121,91 +79,16 @@ func BuildPod(cfg *config.Config, s Spec) *corev1.Pod {
 	if len(pod.Spec.NodeSelector) == 0 {
 		pod.Spec.NodeSelector = nil
 	}
-	addLarkContainers(cfg, s, pod, mounts)
+	sandboxMounts(cfg, s).apply(&pod.Spec, &pod.Spec.Containers[0])
+	if cfg.ReadOnlyRootFS {
+		pod.Spec.Volumes = append(pod.Spec.Volumes, emptyDirVolume("tmp"))
+		pod.Spec.Containers[0].VolumeMounts = append(pod.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "tmp", MountPath: "/tmp"})
+	}
+	addLarkContainers(cfg, s, pod)
 	if s.Resolved != nil {
 		applyTemplate(cfg, s.Resolved, pod)
 	}
 	return pod
-}
-
-func podMounts(cfg *config.Config, s Spec) []mountEntry {
-	table := []mountEntry{}
-	set := func(e mountEntry) {
-		for i := range table {
-			if table[i].path == e.path {
-				table[i] = e
-				return
-			}
-		}
-		table = append(table, e)
-	}
-	skills := func(name, at string) mountEntry {
-		if cfg.SkillsPVCName != "" {
-			sub := strings.NewReplacer("{name}", name, "{user_id}", s.UserID).Replace(cfg.SkillsPVCSubpathTemplate)
-			return mountEntry{path: at, volume: pvcVolume("skills", cfg.SkillsPVCName, true), subPath: sub, readOnly: true}
-		}
-		return hostMount(cfg, at, path.Join(cfg.SkillsHostPath, name), true)
-	}
-	if s.Resolved == nil || s.Resolved.DeerFlowMounts {
-		set(skills("public", mountSkillsPublic))
-		set(skills("custom", mountSkillsCustom))
-		if s.IncludeLegacySkills {
-			set(skills("legacy", mountSkillsLegacy))
-		}
-		if cfg.UserdataPVCName != "" {
-			set(mountEntry{path: mountUserData, volume: pvcVolume("user-data", cfg.UserdataPVCName, false),
-				subPath: path.Join("users", s.UserID, "threads", s.ThreadID, "user-data")})
-		} else {
-			set(hostMount(cfg, mountUserData, path.Join(cfg.ThreadsHostPath, s.ThreadID, "user-data"), false))
-		}
-	}
-	if s.LarkCLIRuntime {
-		set(mountEntry{path: mountLarkRuntime, volume: corev1.Volume{Name: "lark-cli-runtime",
-			VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}})
-	}
-	for _, m := range s.Mounts {
-		set(hostMount(cfg, m.ContainerPath, m.HostPath, m.ReadOnly))
-	}
-	return table
-}
-
-// hostMount mounts hostPath, which lies under the base directory (config
-// and request validation see to it), as a subPath of the one hostPath volume
-// for that base. The kubelet resolves a subPath inside its volume and refuses
-// one that a symlink leads out of it; a plain hostPath volume would follow a
-// link a sandbox planted in its writable user data (x -> /) to the node's root.
-func hostMount(cfg *config.Config, at, hostPath string, readOnly bool) mountEntry {
-	return mountEntry{path: at, volume: hostBaseVolume(cfg), subPath: strings.TrimPrefix(hostPath, cfg.HostBaseDir+"/"), readOnly: readOnly}
-}
-
-// addLarkContainers adds the Lark CLI init container (installs the CLI into
-// the runtime mount) and broker sidecar, when the operator configured their
-// images and the request asked for them.
-func addLarkContainers(cfg *config.Config, s Spec, pod *corev1.Pod, mounts []mountEntry) {
-	none := []string{}
-	if s.LarkCLIRuntime {
-		var vm []corev1.VolumeMount
-		for _, m := range mounts {
-			if m.path == mountLarkRuntime {
-				vm = append(vm, corev1.VolumeMount{Name: m.volume.Name, MountPath: m.path, SubPath: m.subPath})
-			}
-		}
-		pod.Spec.InitContainers = append(pod.Spec.InitContainers, corev1.Container{
-			Name: "lark-cli-init", Image: cfg.LarkCLIInitImage, ImagePullPolicy: corev1.PullIfNotPresent,
-			VolumeMounts: vm, SecurityContext: containerSecurityContext(cfg, none),
-			Env: []corev1.EnvVar{{Name: "LARK_CLI_RUNTIME_DIR", Value: mountLarkRuntime}},
-		})
-	}
-	if s.LarkCLIBroker {
-		pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{
-			Name: "lark-cli-broker", Image: cfg.LarkCLIBrokerImage, ImagePullPolicy: corev1.PullIfNotPresent,
-			SecurityContext: containerSecurityContext(cfg, none),
-			Resources: corev1.ResourceRequirements{
-				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
-				Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("200m"), corev1.ResourceMemory: resource.MustParse("128Mi")},
-			},
-		})
-	}
 }
 
 // requestEnv is the request's env in name order, each value literal: the
@@ -291,23 +174,6 @@ func containerSecurityContext(cfg *config.Config, add []string) *corev1.Security
 		Capabilities:             caps,
 		SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 	}
-}
-
-// hostBaseVolumeName names the one hostPath volume of a sandbox.
-const hostBaseVolumeName = "host-base"
-
-// hostBaseVolume is the base directory, which must already exist on the node
-// (type Directory: the kubelet creates nothing outside what subPaths name).
-func hostBaseVolume(cfg *config.Config) corev1.Volume {
-	return corev1.Volume{Name: hostBaseVolumeName, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{
-		Path: cfg.HostBaseDir, Type: ptr.To(corev1.HostPathDirectory),
-	}}}
-}
-
-func pvcVolume(name, claim string, readOnly bool) corev1.Volume {
-	return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{
-		ClaimName: claim, ReadOnly: readOnly,
-	}}}
 }
 
 // memoryRequest is the limit itself by default, so that the scheduler

@@ -107,7 +107,7 @@ func (m *Manager) ensureReplicaSet(ctx context.Context, s Spec) (*appsv1.Replica
 			return created, false, nil
 		}
 		if !apierrors.IsAlreadyExists(err) {
-			return nil, false, m.createFailed(err, "ReplicaSet")
+			return nil, false, m.createFailed(err, "ReplicaSet", s)
 		}
 		existing, err := rss.Get(ctx, want.Name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {

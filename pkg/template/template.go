@@ -98,8 +98,17 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("sandbox template %q: %s: %s", e.Template, e.Field, e.Reason)
 }
 
-// ReservedVolumeNames are the volumes the provisioner adds itself.
-var ReservedVolumeNames = []string{"host-base", "skills", "user-data", "tmp", "lark-cli-runtime"}
+// ReservedVolumeNames are the volumes the provisioner adds itself; every
+// name starting with ReservedVolumePrefix is too (its host-path roots).
+var ReservedVolumeNames = []string{"skills", "user-data", "tmp", "lark-cli-runtime"}
+
+// ReservedVolumePrefix starts the names of the host-path volumes the provisioner adds.
+const ReservedVolumePrefix = "host-"
+
+// reservedVolume reports whether the provisioner may add a volume of name.
+func reservedVolume(name string) bool {
+	return slices.Contains(ReservedVolumeNames, name) || strings.HasPrefix(name, ReservedVolumePrefix)
+}
 
 // reservedMountRoots are container paths where DeerFlow's mounts live; a
 // template mounts nothing at or below them.
@@ -312,7 +321,7 @@ func (v validator) spec(spec *corev1.PodSpec, t *Template) error {
 var volumeSources = []string{"emptyDir", "configMap", "secret", "projected", "downwardAPI", "persistentVolumeClaim", "nfs", "csi", "ephemeral", "image"}
 
 func (v validator) volume(f string, vol corev1.Volume) error {
-	if slices.Contains(ReservedVolumeNames, vol.Name) {
+	if reservedVolume(vol.Name) {
 		return v.bad(f+".name", "%q is a volume the provisioner adds; choose another name", vol.Name)
 	}
 	if vol.HostPath != nil {
@@ -353,7 +362,7 @@ func (v validator) container(f string, c *corev1.Container) error {
 		if m.MountPropagation != nil && *m.MountPropagation == corev1.MountPropagationBidirectional {
 			return v.bad(mf+".mountPropagation", "a sandbox never propagates mounts to the node")
 		}
-		if slices.Contains(ReservedVolumeNames, m.Name) {
+		if reservedVolume(m.Name) {
 			return v.bad(mf+".name", "%q is a volume the provisioner adds", m.Name)
 		}
 	}

@@ -115,7 +115,7 @@ func TestFromPodTemplateRefuses(t *testing.T) {
 		{"gitRepo volume", func(p *corev1.PodTemplate) {
 			p.Template.Spec.Volumes = append(p.Template.Spec.Volumes, corev1.Volume{Name: "g", VolumeSource: corev1.VolumeSource{GitRepo: &corev1.GitRepoVolumeSource{Repository: "x"}}})
 		}, "template.spec.volumes[1].gitRepo"},
-		{"volume name the provisioner uses", func(p *corev1.PodTemplate) { p.Template.Spec.Volumes[0].Name = "host-base" }, "template.spec.volumes[0].name"},
+		{"volume name the provisioner uses", func(p *corev1.PodTemplate) { p.Template.Spec.Volumes[0].Name = "host-user" }, "template.spec.volumes[0].name"},
 		{"mount over DeerFlow's data", func(p *corev1.PodTemplate) {
 			p.Template.Spec.Containers[1].VolumeMounts = []corev1.VolumeMount{{Name: "datasets", MountPath: "/mnt/user-data/x"}}
 		}, "template.spec.containers[1].volumeMounts[0].mountPath"},

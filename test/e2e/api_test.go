@@ -110,7 +110,7 @@ func TestDeerFlowContract(t *testing.T) {
 	if seen["/mnt/skills/custom"] != 1 || seen["/mnt/acp-workspace"] != 1 || seen["/mnt/user-data"] != 1 {
 		t.Errorf("mounts = %v, want /mnt/skills/custom, /mnt/acp-workspace and /mnt/user-data", seen)
 	}
-	// Every host path is a subPath of the one base volume.
+	// Every host path is a subPath of the volume for its tenant's root.
 	hostPathAt := map[string]string{}
 	for _, m := range pod.Spec.Containers[0].VolumeMounts {
 		for _, v := range pod.Spec.Volumes {

@@ -22,7 +22,7 @@ func funcCLI(t *testing.T) string {
 	version := cluster.EnvOr("FUNC_VERSION", "v0.48.4")
 	bin := filepath.Join(cluster.CacheDir(), "func-"+version, "func")
 	if _, err := os.Stat(bin); err != nil {
-		t.Skipf("no func CLI at %s: hack/install-func.sh builds it (make test-e2e does so first): %v", bin, err)
+		unavailable(t, "no func CLI at %s: hack/install-func.sh builds it (make test-e2e does so first): %v", bin, err)
 	}
 	return bin
 }

@@ -94,7 +94,7 @@ func openImage(t *testing.T) builtImage {
 	t.Helper()
 	dir := filepath.Join(cluster.CacheDir(), "image", "oci")
 	if _, err := os.Stat(filepath.Join(dir, "index.json")); err != nil {
-		t.Skipf("no image in %s: `make image` builds it (make test-e2e does so first): %v", dir, err)
+		unavailable(t, "no image in %s: `make image` builds it (make test-e2e does so first): %v", dir, err)
 	}
 	b := builtImage{dir: dir}
 	var index struct{ Manifests []ociDescriptor }
@@ -268,7 +268,7 @@ func TestImage(t *testing.T) {
 func TestPushedImageIsWhatDeployNames(t *testing.T) {
 	registry := filepath.Join(cluster.CacheDir(), "registry-"+cluster.EnvOr("REGISTRY_VERSION", "v3.1.2"), "registry")
 	if _, err := os.Stat(registry); err != nil {
-		t.Skipf("no registry binary at %s: hack/install-registry.sh builds it (make test-e2e does so first): %v", registry, err)
+		unavailable(t, "no registry binary at %s: hack/install-registry.sh builds it (make test-e2e does so first): %v", registry, err)
 	}
 	addr, err := harness.FreeAddr()
 	if err != nil {

@@ -21,7 +21,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -31,7 +30,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
-	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/events"
 )
@@ -184,43 +182,9 @@ func TestRBACWithConfigRole(t *testing.T) {
 	// The namespace enforces Pod Security baseline, which forbids hostPath:
 	// run in PVC mode, as config/400-service.yaml does, with claims bound to
 	// volumes (kwok mounts nothing; the scheduler only needs them bound).
-	for _, claim := range []string{"deer-flow-skills", "deer-flow-user-data"} {
-		pv := &corev1.PersistentVolume{
-			ObjectMeta: metav1.ObjectMeta{Name: "rbac-" + claim},
-			Spec: corev1.PersistentVolumeSpec{
-				Capacity:               corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
-				AccessModes:            []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
-				PersistentVolumeSource: corev1.PersistentVolumeSource{NFS: &corev1.NFSVolumeSource{Server: "nfs.invalid", Path: "/" + claim}},
-				ClaimRef:               &corev1.ObjectReference{Namespace: "deer-flow", Name: claim},
-			},
-		}
-		if _, err := client().CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatal(err)
-		}
-		pvc := &corev1.PersistentVolumeClaim{
-			ObjectMeta: metav1.ObjectMeta{Name: claim, Namespace: "deer-flow"},
-			Spec: corev1.PersistentVolumeClaimSpec{
-				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}, VolumeName: pv.Name, StorageClassName: ptr.To(""),
-				Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
-			},
-		}
-		if _, err := client().CoreV1().PersistentVolumeClaims("deer-flow").Create(ctx, pvc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatal(err)
-		}
-	}
+	bindClaims(t, "deer-flow", "deer-flow-skills", "deer-flow-user-data")
 	// A ResourceQuota refuses Pods until its controller has counted usage.
-	eventually(t, 30*time.Second, "ResourceQuota counted", func() (bool, error) {
-		l, err := client().CoreV1().ResourceQuotas("deer-flow").List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false, err
-		}
-		for _, q := range l.Items {
-			if len(q.Status.Hard) == 0 {
-				return false, nil
-			}
-		}
-		return true, nil
-	})
+	quotaCounted(t, "deer-flow")
 
 	proxy.Impersonate(serviceAccount)
 	defer proxy.Impersonate("")

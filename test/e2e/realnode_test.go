@@ -35,7 +35,7 @@ import (
 func needRealNode(t *testing.T) *realnode.Node {
 	t.Helper()
 	if realNode == nil {
-		t.Skipf("no real node, so this test cannot run here: %v", realNodeErr)
+		unavailable(t, "no real node, so this test cannot run here: %v", realNodeErr)
 	}
 	return realNode
 }
@@ -471,21 +471,31 @@ func TestSymlinkedExtraMountNeverMountsItsTarget(t *testing.T) {
 	if r.Code != 200 {
 		t.Fatalf("the create naming the link: %d %s; want 200, so that the kubelet's refusal is what is tested", r.Code, r.Raw)
 	}
-	// The kubelet must refuse to start the container; if it ever runs, the
-	// mount must not show the host's root.
+	last := mountRefused(t, ns, "victim2", "/mnt/acp-workspace", func(listing string) bool {
+		return strings.Contains(listing, "proc") || strings.Contains(listing, "etc")
+	})
+	t.Logf("the kubelet refused the mount: %s", last)
+}
+
+// mountRefused waits (30 s) for the kubelet's refusal to start sandbox id's
+// container because a subPath leaves its volume, and fails the test if the
+// container ever runs with a listing of at that leaked shows. It returns the
+// refusal the kubelet reported.
+func mountRefused(t *testing.T, ns, id, at string, leaked func(listing string) bool) string {
+	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	var last string
 	for time.Now().Before(deadline) {
-		p := pods(t, ns, "sandbox-id=victim2")
+		p := pods(t, ns, "sandbox-id="+id)
 		if len(p) == 1 {
 			for _, cs := range p[0].Status.ContainerStatuses {
 				if cs.State.Waiting != nil {
 					last = cs.State.Waiting.Reason + ": " + cs.State.Waiting.Message
 				}
 				if cs.State.Running != nil {
-					ok, detail := execIn(t, p[0].Status.PodIP, map[string]any{"op": "list", "path": "/mnt/acp-workspace"})
-					if ok && (strings.Contains(detail, "proc") || strings.Contains(detail, "etc")) {
-						t.Fatalf("the host's root is mounted in the sandbox: %s", detail)
+					ok, detail := execIn(t, p[0].Status.PodIP, map[string]any{"op": "list", "path": at})
+					if ok && leaked(detail) {
+						t.Fatalf("the link's target is mounted in sandbox %s at %s: %s", id, at, detail)
 					}
 				}
 			}
@@ -493,9 +503,55 @@ func TestSymlinkedExtraMountNeverMountsItsTarget(t *testing.T) {
 		time.Sleep(time.Second)
 	}
 	if !strings.Contains(last, "CreateContainerConfigError") && !strings.Contains(last, "subPath") && !strings.Contains(last, "symlink") {
-		t.Errorf("the kubelet did not refuse the escaping subPath; last container state: %q", last)
+		t.Errorf("the kubelet did not refuse the escaping subPath of %s; last container state: %q", id, last)
 	}
-	t.Logf("the kubelet refused the mount: %s", last)
+	return last
+}
+
+// TestLinkToAnotherTenantNeverMountsIt: alice's sandbox plants, in her own
+// writable tree, a link to bob's tree, and a later create for alice names
+// the link as an extra mount. The link lies under alice's directory, so the
+// API accepts it; the volume is rooted at alice's tree (not at the base
+// directory every tenant shares), so the kubelet refuses the subPath that
+// leaves it and bob's files never appear.
+func TestLinkToAnotherTenantNeverMountsIt(t *testing.T) {
+	needRealNode(t)
+	ns := namespace(t)
+	env := realEnv(t, ns, nil)
+	base := env["DEER_FLOW_HOST_BASE_DIR"]
+	workspace := filepath.Join(base, "users", "alice", "threads", "t1", "acp-workspace")
+	bob := filepath.Join(base, "users", "bob")
+	for _, d := range []string{workspace, bob} {
+		if err := os.MkdirAll(d, 0o777); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(d, 0o777); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(bob, "bobs-secret.txt"), []byte("bob's"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f := start(t, ns, env)
+	alice := map[string]any{"sandbox_id": "alice1", "thread_id": "t1", "user_id": "alice",
+		"extra_mounts": []map[string]any{{"host_path": workspace, "container_path": "/mnt/acp-workspace", "read_only": false}}}
+	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes?wait=20s", alice), 200, "create alice's sandbox")
+	planter := runningPod(t, ns, "alice1")
+	if ok, detail := execIn(t, planter.Status.PodIP, map[string]any{"op": "symlink", "target": bob, "path": "/mnt/acp-workspace/to-bob"}); !ok {
+		t.Fatalf("planting the link from inside alice's sandbox: %s", detail)
+	}
+	if target, err := os.Readlink(filepath.Join(workspace, "to-bob")); err != nil || target != bob {
+		t.Fatalf("the planted link on the host: %q %v", target, err)
+	}
+	r := mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "alice2", "thread_id": "t1", "user_id": "alice",
+		"extra_mounts": []map[string]any{{"host_path": filepath.Join(workspace, "to-bob"), "container_path": "/mnt/skills/integrations", "read_only": true}}})
+	if r.Code != 200 {
+		t.Fatalf("the create naming the link: %d %s; want 200, so that the kubelet's refusal is what is tested", r.Code, r.Raw)
+	}
+	last := mountRefused(t, ns, "alice2", "/mnt/skills/integrations", func(listing string) bool {
+		return strings.Contains(listing, "bobs-secret.txt")
+	})
+	t.Logf("the kubelet refused alice's link to bob's tree: %s", last)
 }
 
 // TestUserNamespacesFailClosed: with the default SANDBOX_USER_NAMESPACE=true

@@ -180,7 +180,10 @@ func TestTemplatesShapeTheSandbox(t *testing.T) {
 	ns := namespace(t)
 	applyTemplates(t, ns, "python", "self-healing")
 	f := start(t, ns, nil)
-	defaultMounts := []string{"/mnt/skills/custom", "/mnt/skills/public", "/mnt/user-data"}
+	defaultMounts := []string{"/mnt/skills/custom", "/mnt/skills/legacy", "/mnt/skills/public", "/mnt/user-data"}
+	// Host-path mode: DeerFlow's mounts rooted at the shared skills view,
+	// the user's tree and the thread's directory (see sandbox.hostRootOf).
+	hostRoots := []string{"host-shared-skills-view-fa5d0ede:hostPath", "host-user:hostPath", "host-thread:hostPath"}
 	limits := map[string]string{"cpu": "1", "memory": "1Gi", "ephemeral-storage": "500Mi"}
 	tests := []struct {
 		template string
@@ -188,20 +191,20 @@ func TestTemplatesShapeTheSandbox(t *testing.T) {
 	}{{
 		template: "",
 		want: shape{Workload: "Pod", Labels: sandboxLabels("tpl-default", nil), Containers: []string{"sandbox=sandbox:test"},
-			Volumes: []string{"host-base:hostPath"}, Mounts: defaultMounts, Limits: limits, Deadline: true, StartupProbe: "1s×300", Hardened: true, NoToken: true, ServiceOwner: "Pod"},
+			Volumes: hostRoots, Mounts: defaultMounts, Limits: limits, Deadline: true, StartupProbe: "1s×300", Hardened: true, NoToken: true, ServiceOwner: "Pod"},
 	}, {
 		template: "python",
 		want: shape{Workload: "Pod", Labels: sandboxLabels("tpl-python", map[string]string{"team": "data"}), Template: "python",
 			Containers:       []string{"sandbox=registry.example.com/sandboxes/python:3.12", "datasets-index=registry.example.com/sandboxes/datasets-index:1.4"},
-			Volumes:          []string{"host-base:hostPath", "datasets:nfs", "pip-cache:emptyDir"},
-			Mounts:           []string{"/data", "/mnt/skills/custom", "/mnt/skills/public", "/mnt/user-data", "/var/cache/pip"},
+			Volumes:          append(hostRoots[:len(hostRoots):len(hostRoots)], "datasets:nfs", "pip-cache:emptyDir"),
+			Mounts:           []string{"/data", "/mnt/skills/custom", "/mnt/skills/legacy", "/mnt/skills/public", "/mnt/user-data", "/var/cache/pip"},
 			ImagePullSecrets: []string{"registry-credentials"}, NodeSelector: map[string]string{"sandbox.deerflow.dev/pool": "python"},
 			Limits: map[string]string{"cpu": "2", "memory": "2Gi", "ephemeral-storage": "500Mi"}, Deadline: true, StartupProbe: "2s×60",
 			Hardened: true, NoToken: true, ServiceOwner: "Pod"},
 	}, {
 		template: "self-healing",
 		want: shape{Workload: "ReplicaSet", Replicas: 1, Labels: sandboxLabels("tpl-self-healing", map[string]string{"sandbox.deerflow.dev/workload": "replicaset"}),
-			Template: "self-healing", Containers: []string{"sandbox=" + deerflowImage}, Volumes: []string{"host-base:hostPath"}, Mounts: defaultMounts,
+			Template: "self-healing", Containers: []string{"sandbox=" + deerflowImage}, Volumes: hostRoots, Mounts: defaultMounts,
 			Limits: limits, StartupProbe: "1s×300", Hardened: true, NoToken: true, ServiceOwner: "ReplicaSet"},
 	}}
 	for _, tc := range tests {

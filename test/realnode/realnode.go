@@ -117,21 +117,27 @@ func FunctionEnv(base string) map[string]string {
 		"SANDBOX_USER_NAMESPACE":  "false",
 		"DEER_FLOW_HOST_BASE_DIR": base,
 		"THREADS_HOST_PATH":       filepath.Join(base, "threads"),
-		"SKILLS_HOST_PATH":        filepath.Join(base, "skills"),
 	}
 }
 
 // HostBase makes a DeerFlow base directory under dir on the node (this
-// machine): skills, and a threads directory every sandbox user may write
-// (shared user data is world-writable: a sandbox's user must write its
-// thread's directory).
+// machine) in DeerFlow's layout: the shared public skills view, a users
+// directory and a threads directory. The kubelet creates a tenant's own
+// directories (DirectoryOrCreate roots, subPaths) as root, so users and
+// threads are world-writable here, as a sandbox's user must write its
+// thread's data.
 func HostBase(dir string) (string, error) {
-	for _, d := range []string{"skills/public", "skills/custom", "threads"} {
+	for _, d := range []string{"skills_view/public", "users", "threads"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			return "", err
 		}
 	}
-	return dir, os.Chmod(filepath.Join(dir, "threads"), 0o777)
+	for _, d := range []string{"users", "threads"} {
+		if err := os.Chmod(filepath.Join(dir, d), 0o777); err != nil {
+			return "", err
+		}
+	}
+	return dir, nil
 }
 
 // Ready reports whether a Pod's Ready condition is true.

@@ -1,0 +1,216 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
+
+	"github.com/deerflow-sandbox/provisioner/test/harness"
+)
+
+// bindClaims makes each claim in ns and a volume bound to it. kwok mounts
+// nothing; the scheduler only needs the claims bound.
+func bindClaims(t *testing.T, ns string, claims ...string) {
+	t.Helper()
+	ctx := context.Background()
+	for _, claim := range claims {
+		pv := &corev1.PersistentVolume{
+			ObjectMeta: metav1.ObjectMeta{Name: ns + "-" + claim},
+			Spec: corev1.PersistentVolumeSpec{
+				Capacity:               corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+				AccessModes:            []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany},
+				PersistentVolumeSource: corev1.PersistentVolumeSource{NFS: &corev1.NFSVolumeSource{Server: "nfs.invalid", Path: "/" + claim}},
+				ClaimRef:               &corev1.ObjectReference{Namespace: ns, Name: claim},
+			},
+		}
+		if _, err := client().CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+		pvc := &corev1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Name: claim, Namespace: ns},
+			Spec: corev1.PersistentVolumeClaimSpec{
+				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteMany}, VolumeName: pv.Name, StorageClassName: ptr.To(""),
+				Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+			},
+		}
+		if _, err := client().CoreV1().PersistentVolumeClaims(ns).Create(ctx, pvc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+}
+
+// quotaCounted waits until every ResourceQuota in ns has been counted: until
+// then the API server refuses Pods.
+func quotaCounted(t *testing.T, ns string) {
+	t.Helper()
+	eventually(t, 30*time.Second, "ResourceQuota counted", func() (bool, error) {
+		l, err := client().CoreV1().ResourceQuotas(ns).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, q := range l.Items {
+			if len(q.Status.Hard) == 0 {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+}
+
+// serviceEnv is the settings config/400-service.yaml gives the function:
+// every variable with a literal value (the API key comes from a Secret
+// there, from the harness here).
+func serviceEnv(t *testing.T) map[string]string {
+	t.Helper()
+	objs := readObjects(t, filepath.Join("..", "..", "config", "400-service.yaml"))
+	containers, _, err := unstructured.NestedSlice(objs[0].Object, "spec", "template", "spec", "containers")
+	if err != nil || len(containers) != 1 {
+		t.Fatalf("400-service.yaml: one container expected: %v", err)
+	}
+	env := map[string]string{}
+	list, _, _ := unstructured.NestedSlice(containers[0].(map[string]any), "env")
+	for _, e := range list {
+		m := e.(map[string]any)
+		if v, ok := m["value"].(string); ok {
+			env[m["name"].(string)] = v
+		}
+	}
+	if env["USERDATA_PVC_NAME"] == "" || env["K8S_NAMESPACE"] == "" {
+		t.Fatalf("400-service.yaml no longer runs in PVC mode: %v", env)
+	}
+	return env
+}
+
+// TestDeerFlowCreateInTheShapeConfigDeploys replays DeerFlow's recorded
+// create, extra mounts included, against the function set up as config/
+// deploys it: its namespace (Pod Security baseline), ServiceAccount, Role,
+// isolation policy, admission policy, LimitRange and ResourceQuota, the
+// settings of 400-service.yaml (PVC mode), acting as the ServiceAccount.
+// The create succeeds and the Pod the API server stored mounts what
+// DeerFlow's provisioner mounts, at DeerFlow's subPaths on the claims.
+func TestDeerFlowCreateInTheShapeConfigDeploys(t *testing.T) {
+	var files []string
+	for _, name := range []string{"100-namespace.yaml", "200-serviceaccount.yaml", "201-role.yaml", "202-rolebinding.yaml",
+		"701-networkpolicy-sandboxes.yaml", "800-admission-policy.yaml", "900-limitrange.yaml"} {
+		files = append(files, filepath.Join("..", "..", "config", name))
+	}
+	applyServerSide(t, readObjects(t, files...))
+	env := serviceEnv(t)
+	ns := env["K8S_NAMESPACE"]
+	ctx := context.Background()
+	eventually(t, 30*time.Second, "default ServiceAccount in "+ns, func() (bool, error) {
+		_, err := client().CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, err
+	})
+	bindClaims(t, ns, env["SKILLS_PVC_NAME"], env["USERDATA_PVC_NAME"])
+	quotaCounted(t, ns)
+
+	proxy.Impersonate(serviceAccount)
+	defer proxy.Impersonate("")
+	env["SANDBOX_NETWORK_POLICY_ENSURE"] = "false" // config/ ships it; the Role may only read it
+	f := start(t, ns, env)
+	t.Cleanup(func() { _, _ = f.Do("DELETE", "/api/sandboxes/0123456789abcdef", nil) })
+
+	create := goldenRequests(t)[0]
+	create.Headers["X-API-Key"] = harness.Key
+	r, err := f.DoWithHeaders(create.Method, create.Path, []byte(create.Body), create.Headers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectCode(t, r, 200, "DeerFlow's create in the shape config/ deploys")
+
+	pod, err := client().CoreV1().Pods(ns).Get(ctx, "sandbox-0123456789abcdef", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims := map[string]string{}
+	for _, v := range pod.Spec.Volumes {
+		if v.PersistentVolumeClaim != nil {
+			claims[v.Name] = v.PersistentVolumeClaim.ClaimName
+		}
+		if v.HostPath != nil {
+			t.Errorf("volume %s is a hostPath, which the namespace's Pod Security refuses", v.Name)
+		}
+	}
+	got := map[string]string{}
+	for _, m := range pod.Spec.Containers[0].VolumeMounts {
+		if c, ok := claims[m.Name]; ok {
+			mode := "rw"
+			if m.ReadOnly {
+				mode = "ro"
+			}
+			got[m.MountPath] = c + " " + m.SubPath + " " + mode
+		}
+	}
+	// DeerFlow's PVC mode (docker/provisioner/app.py) for this request.
+	want := map[string]string{
+		"/mnt/skills":        "deer-flow-skills  ro",
+		"/mnt/user-data":     "deer-flow-user-data deer-flow/users/user-1/threads/t1/user-data rw",
+		"/mnt/acp-workspace": "deer-flow-user-data deer-flow/users/user-1/threads/t1/acp-workspace ro",
+		"/mnt/skills/custom": "deer-flow-user-data deer-flow/users/user-1/skills_view/custom ro",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("the stored Pod's claim mounts differ from DeerFlow's (-DeerFlow +stored):\n%s", diff)
+	}
+}
+
+// TestAdmissionRefusalsSaySo: a Pod that Pod Security or the admission
+// policy refuses is reported naming what refused it and what, with the
+// setting to fix, never as a missing RBAC permission; and nothing is left
+// behind.
+func TestAdmissionRefusalsSaySo(t *testing.T) {
+	t.Run("Pod Security refuses host-path mode", func(t *testing.T) {
+		ns := namespace(t)
+		labelled, err := client().CoreV1().Namespaces().Get(context.Background(), ns, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		labelled.Labels["pod-security.kubernetes.io/enforce"] = "baseline"
+		if _, err := client().CoreV1().Namespaces().Update(context.Background(), labelled, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		f := start(t, ns, nil)
+		r := mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "psa1", "thread_id": "t1"})
+		refusedSaying(t, r, 500, `Pod Security "baseline`, "hostPath", "USERDATA_PVC_NAME")
+		if n := len(pods(t, ns, "sandbox-id=psa1")) + len(services(t, ns, "sandbox-id=psa1")); n != 0 {
+			t.Errorf("%d objects left behind by the refused create", n)
+		}
+	})
+	t.Run("the admission policy refuses a base directory out of step with it", func(t *testing.T) {
+		ns, _ := serviceAccountNamespace(t)
+		proxy.Impersonate(serviceAccount)
+		defer proxy.Impersonate("")
+		f := start(t, ns, map[string]string{"DEER_FLOW_HOST_BASE_DIR": "/srv/deer-flow", "THREADS_HOST_PATH": "/srv/deer-flow/threads",
+			"SANDBOX_NETWORK_POLICY_ENSURE": "false", "SANDBOX_NETWORK_POLICY": "false"})
+		r := mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "vap1", "thread_id": "t1"})
+		refusedSaying(t, r, 500, "admission policy sandbox-provisioner-pods", "DEER_FLOW_HOST_BASE_DIR")
+	})
+}
+
+func refusedSaying(t *testing.T, r harness.Response, code int, parts ...string) {
+	t.Helper()
+	detail, _ := r.Body["detail"].(string)
+	if r.Code != code {
+		t.Fatalf("status %d, want %d: %s", r.Code, code, r.Raw)
+	}
+	for _, p := range parts {
+		if !strings.Contains(detail, p) {
+			t.Errorf("detail %q does not say %q", detail, p)
+		}
+	}
+	if strings.Contains(detail, "Role") {
+		t.Errorf("detail %q sends the operator to the Role", detail)
+	}
+}
