@@ -25,7 +25,7 @@ help:
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN_DIR)/provisioner ./cmd/provisioner
 
-## run: serve the function on 127.0.0.1:8080 (brings up a local kwok cluster when KUBECONFIG is unset)
+## run: serve the function on 127.0.0.1:8080 (a local kwok cluster when KUBECONFIG is unset; NODE=real: sandboxes in real containers)
 .PHONY: run
 run: build
 	hack/run.sh $(BIN_DIR)/provisioner

@@ -38,6 +38,11 @@ else
     rm -rf "$KWOK_WORKDIR/clusters/$CLUSTER_NAME"
   fi
   log "creating cluster $CLUSTER_NAME (kube $KUBE_VERSION, binary runtime)"
+  # As the test clusters (test/cluster): kwok fakes only its own nodes, never
+  # a real one joined with `make run NODE=real`; each component's first
+  # --extra-args comes before any component's second (kwokctl v0.7.0 panics
+  # otherwise); NodePorts stay below the ports kwokctl hands its components,
+  # which a real node's kube-proxy would otherwise take over on 127.0.0.1.
   kwok create cluster --runtime binary \
     --kube-apiserver-binary "$KUBE_BIN_DIR/kube-apiserver" \
     --kube-scheduler-binary "$KUBE_BIN_DIR/kube-scheduler" \
@@ -45,6 +50,9 @@ else
     --kwok-controller-binary "$KWOK_BIN_DIR/kwok" \
     --etcd-binary "$ETCD_BIN" \
     --extra-args kube-apiserver=service-cluster-ip-range=10.96.0.0/16 \
+    --extra-args kwok-controller=manage-all-nodes=false \
+    --extra-args kwok-controller=manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+    --extra-args kube-apiserver=service-node-port-range=30000-31999 \
     --kubeconfig "$KWOK_WORKDIR/kubeconfig-merged" \
     --timeout 120s
 fi

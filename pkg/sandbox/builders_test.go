@@ -328,11 +328,11 @@ func TestTally(t *testing.T) {
 		{name: "after the create: own counts, but not as settled", own: own, want: counted{total: 5, mine: 4, settledTotal: 3, settledMine: 2}},
 		{name: "the Service of an ended Pod does not count", own: own, gone: map[types.UID]bool{"pod-ended": true},
 			want: counted{total: 4, mine: 3, settledTotal: 2, settledMine: 1}},
-		{name: "a look for room counts the create to come", prospective: 1, want: counted{total: 6, mine: 5, settledTotal: 3, settledMine: 2}},
+		{name: "a look for room counts the create to come", prospective: 1, want: counted{total: 6, mine: 5, ours: 1, settledTotal: 3, settledMine: 2}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := tally(all, tc.own, "alice", tc.prospective, tc.gone)
+			got := tally(all, tc.own, "alice", "nobody", tc.prospective, tc.gone)
 			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(counted{})); diff != "" {
 				t.Errorf("tally (-want +got):\n%s", diff)
 			}

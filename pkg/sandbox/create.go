@@ -24,7 +24,20 @@ const maxConvergeAttempts = 5
 // and safe under concurrency: every caller creating the same id, from any
 // replica, converges on one Pod and one Service. A half-present sandbox is
 // repaired. With wait > 0 it also waits (by watch) until the Pod is Ready.
+// The sandbox records the caller's principal; an existing one is handed
+// only to that principal (or an administrator).
 func (m *Manager) Create(ctx context.Context, s Spec, wait time.Duration) (Sandbox, error) {
+	c, err := callerOf(ctx)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	s.Caller = c
+	sb, err := m.create(ctx, s, wait)
+	m.audit(ctx, "create", s.ID, outcome(err), err)
+	return sb, err
+}
+
+func (m *Manager) create(ctx context.Context, s Spec, wait time.Duration) (Sandbox, error) {
 	release, err := m.admitWait(wait)
 	if err != nil {
 		return Sandbox{}, err
@@ -179,7 +192,7 @@ func (m *Manager) createReplicaSetOnce(ctx context.Context, s Spec) (found, bool
 func (m *Manager) serviceAndQuota(ctx context.Context, s Spec, workload workloadObject, owner metav1.OwnerReference, existed bool) (*corev1.Service, bool, error) {
 	svc, repaired, svcErr := m.ensureService(ctx, s, owner, existed)
 	var quotaErr error
-	if svcErr == nil && !existed && (m.cfg.MaxSandboxes > 0 || m.cfg.MaxSandboxesPerUser > 0) {
+	if svcErr == nil && !existed && (m.cfg.MaxSandboxes > 0 || m.cfg.MaxSandboxesPerUser > 0 || m.cfg.MaxSandboxesPerPrincipal > 0) {
 		quotaErr = m.checkQuota(ctx, s, svc)
 	}
 	undo := !existed && (quotaErr != nil || errors.Is(svcErr, errOtherKind))
@@ -203,7 +216,7 @@ func (m *Manager) serviceAndQuota(ctx context.Context, s Spec, workload workload
 // ensurePod creates the Pod or adopts the existing one. A Pod that is being
 // deleted is not "already there": we wait for it to go, then create anew.
 func (m *Manager) ensurePod(ctx context.Context, s Spec) (*corev1.Pod, bool, error) {
-	want := BuildPod(m.cfg, s)
+	want := buildPod(m.cfg, s)
 	pods := m.client.CoreV1().Pods(m.cfg.Namespace)
 	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
 		created, err := pods.Create(ctx, want, metav1.CreateOptions{})
@@ -260,7 +273,7 @@ func checkOwner(obj metav1.Object, kind string, s Spec) error {
 	if !IsSandbox(obj, s.ID) {
 		return &Error{Kind: KindConflict, Detail: "a " + kind + " named " + obj.GetName() + " exists and is not a sandbox; choose another sandbox_id"}
 	}
-	if a := obj.GetAnnotations(); a[AnnotationUserID] != s.UserID || a[AnnotationThreadID] != s.ThreadID {
+	if a := obj.GetAnnotations(); a[AnnotationUserID] != s.UserID || a[AnnotationThreadID] != s.ThreadID || !s.Caller.sees(obj) {
 		return &Error{Kind: KindConflict, Detail: "sandbox " + s.ID + " exists for another user or thread; choose another sandbox_id"}
 	}
 	return nil
@@ -339,7 +352,7 @@ func (m *Manager) ensureService(ctx context.Context, s Spec, owner metav1.OwnerR
 		case existing.DeletionTimestamp == nil:
 			// Made by DeerFlow's provisioner, which sets no owner: adopt it and
 			// keep its node port, so a URL the backend holds stays valid.
-			adopted, err := m.adopt(ctx, existing, owner)
+			adopted, err := m.adopt(ctx, existing, owner, s)
 			if err != nil {
 				return nil, false, err
 			}
@@ -354,9 +367,10 @@ func (m *Manager) ensureService(ctx context.Context, s Spec, owner metav1.OwnerR
 	return nil, false, &Error{Kind: KindConflict, Detail: "the Service of sandbox " + s.ID + " is changing concurrently; retry"}
 }
 
-func (m *Manager) adopt(ctx context.Context, svc *corev1.Service, owner metav1.OwnerReference) (*corev1.Service, error) {
+func (m *Manager) adopt(ctx context.Context, svc *corev1.Service, owner metav1.OwnerReference, s Spec) (*corev1.Service, error) {
 	c := svc.DeepCopy()
 	c.OwnerReferences = append(c.OwnerReferences, owner)
+	recordPrincipal(c, s)
 	if owner.Kind == "ReplicaSet" {
 		if c.Labels == nil {
 			c.Labels = map[string]string{}

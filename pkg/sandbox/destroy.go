@@ -22,16 +22,32 @@ import (
 // (slow: it releases the cluster IP and node port) deletion. Were this call
 // to die between the two steps, the Pod is left, and a create repairs it or
 // a second delete finishes.
-func (m *Manager) Destroy(ctx context.Context, id string) error {
+//
+// Another principal's sandbox is answered as one that never existed (nil)
+// and left alone: the caller's postcondition, "no sandbox of mine has this
+// id", holds, and the answer tells it nothing about the other's. The audit
+// line says which it was.
+func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
+	result := outcomeOK
+	defer func() {
+		if err != nil {
+			result = outcome(err)
+		}
+		m.audit(ctx, "destroy", id, result, err)
+	}()
 	if err := ValidateID(id); err != nil {
 		return err
 	}
-	if done, err := m.destroyCached(ctx, id); done || err != nil {
+	f, hidden, err := m.fetchVisible(ctx, id)
+	switch {
+	case err != nil:
 		return err
-	}
-	f, err := m.fetch(ctx, id)
-	if err != nil {
-		return err
+	case hidden:
+		result = outcomeHidden
+		return nil
+	case f.svc == nil && f.workload() == nil && f.stray == nil:
+		result = outcomeAbsent
+		return nil
 	}
 	if f.svc != nil {
 		err := m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, f.svc.Name, metav1.DeleteOptions{
@@ -55,47 +71,6 @@ func (m *Manager) Destroy(ctx context.Context, id string) error {
 		}
 	}
 	return classify(runAll(deletes), "delete sandbox "+id)
-}
-
-// destroyCached destroys a bare-Pod sandbox in two calls, no reads: the
-// quota's Service cache holds its Service and, in the Service's owner
-// reference, its Pod's name and UID; both deletes carry the UIDs as
-// preconditions, so nothing created since is touched. It reports false
-// (nothing done that matters) when the cache cannot answer for certain: no
-// cache, no entry, a ReplicaSet sandbox, or a Service or Pod that is not
-// the cached one any more; Destroy then reads the sandbox first. (The Pod
-// is trusted to be the sandbox's by the owner reference of its sandbox
-// Service, named for it; the read path checks its labels.)
-func (m *Manager) destroyCached(ctx context.Context, id string) (bool, error) {
-	if m.slots == nil || !m.slotsRunning.Load() || !m.slots.informer.HasSynced() {
-		return false, nil
-	}
-	svc, _, ok := m.slots.owner(id, m.cfg.Namespace)
-	if !ok || serviceID(svc) != id || svc.DeletionTimestamp != nil {
-		return false, nil
-	}
-	ref := sandboxOwner(svc.OwnerReferences)
-	if ref == nil || ref.Kind != "Pod" || ref.Name != PodName(id) {
-		return false, nil
-	}
-	err := m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, svc.Name, metav1.DeleteOptions{
-		Preconditions: metav1.NewUIDPreconditions(string(svc.UID))})
-	switch {
-	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
-		return false, nil // not the cached Service: read what there is
-	case err != nil:
-		return false, classify(err, "delete sandbox "+id)
-	}
-	background := metav1.DeletePropagationBackground
-	err = m.client.CoreV1().Pods(m.cfg.Namespace).Delete(ctx, ref.Name, metav1.DeleteOptions{
-		Preconditions: metav1.NewUIDPreconditions(string(ref.UID)), PropagationPolicy: &background})
-	switch {
-	case err == nil || apierrors.IsNotFound(err):
-		return true, nil
-	case apierrors.IsConflict(err):
-		return false, nil // another Pod of the id: the read path decides
-	}
-	return false, classify(err, "delete sandbox "+id)
 }
 
 // workloadObject is a sandbox's Pod or ReplicaSet.

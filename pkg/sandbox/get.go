@@ -33,7 +33,8 @@ func (m *Manager) Get(ctx context.Context, id string, wait time.Duration) (Sandb
 
 // lookup is what every operation on one existing sandbox starts with: a
 // valid id, a wait token when it will wait, and what exists of the
-// sandbox; nothing at all is "not found". The caller calls release.
+// sandbox; nothing at all is "not found", and so is another principal's
+// sandbox (fetchVisible). The caller calls release.
 func (m *Manager) lookup(ctx context.Context, id string, wait time.Duration) (found, func(), error) {
 	if err := ValidateID(id); err != nil {
 		return found{}, nil, err
@@ -42,7 +43,7 @@ func (m *Manager) lookup(ctx context.Context, id string, wait time.Duration) (fo
 	if err != nil {
 		return found{}, nil, err
 	}
-	f, err := m.fetch(ctx, id)
+	f, _, err := m.fetchVisible(ctx, id)
 	if err == nil && f.pod == nil && f.rs == nil && f.svc == nil {
 		err = &Error{Kind: KindNotFound, Detail: "sandbox " + id + " not found"}
 	}

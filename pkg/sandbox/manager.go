@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"strconv"
 	"sync/atomic"
@@ -60,6 +61,7 @@ type Manager struct {
 	waits     chan struct{}
 	isolation isolation
 	templates *template.Store
+	auditLog  *slog.Logger
 	// slots caches the sandbox Services for the quota (nil without a
 	// quota); slotsRunning says Run started it.
 	slots        *slots
@@ -78,7 +80,7 @@ func WithObserver(o Observer) Option { return func(m *Manager) { m.observer = o 
 // NewManager returns a Manager over client.
 func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option) *Manager {
 	m := &Manager{cfg: cfg, client: client, recorder: nopRecorder{}, observer: nopObserver{},
-		waits: make(chan struct{}, max(cfg.MaxConcurrentWaits, 1)), templates: template.NewStore(client, cfg)}
+		waits: make(chan struct{}, max(cfg.MaxConcurrentWaits, 1)), templates: template.NewStore(client, cfg), auditLog: slog.Default()}
 	for _, o := range opts {
 		o(m)
 	}

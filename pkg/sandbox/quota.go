@@ -17,7 +17,7 @@ import (
 // long-lived sandboxes) fill the limit, so that another round may succeed.
 type quotaError struct {
 	err       *Error
-	scope     string // total or user
+	scope     string // total, user or principal
 	contended bool
 }
 
@@ -87,11 +87,11 @@ func (m *Manager) checkQuota(ctx context.Context, s Spec, own *corev1.Service) e
 			cached = m.slots.seen(ctx, own, slotWait)
 		}
 	}
-	user := LabelValue(s.UserID)
+	user, principal := LabelValue(s.UserID), PrincipalLabelValue(s.Caller.Principal)
 	switch {
-	case cached && m.cfg.MaxSandboxesPerUser == 0 && m.slots.size()+prospective <= m.cfg.MaxSandboxes:
+	case cached && m.cfg.MaxSandboxesPerUser == 0 && m.cfg.MaxSandboxesPerPrincipal == 0 && m.slots.size()+prospective <= m.cfg.MaxSandboxes:
 		return nil // the cache holds no more Services than the limit: neither can the sandboxes be over it
-	case cached && m.cfg.MaxSandboxes == 0:
+	case cached && m.cfg.MaxSandboxes == 0 && m.cfg.MaxSandboxesPerPrincipal == 0:
 		svcs = m.slots.services(user)
 	case cached:
 		svcs = m.slots.services("")
@@ -115,7 +115,7 @@ func (m *Manager) checkQuota(ctx context.Context, s Spec, own *corev1.Service) e
 			}
 		}
 	}
-	t := tally(svcs, own, user, prospective, nil)
+	t := tally(svcs, own, user, principal, prospective, nil)
 	if !t.over(m.cfg) {
 		return nil
 	}
@@ -134,7 +134,7 @@ func (m *Manager) checkQuota(ctx context.Context, s Spec, own *corev1.Service) e
 		}
 	}
 	if len(gone) > 0 {
-		t = tally(svcs, own, user, prospective, gone)
+		t = tally(svcs, own, user, principal, prospective, gone)
 	}
 	if m.cfg.MaxSandboxes > 0 && t.total > m.cfg.MaxSandboxes {
 		return &quotaError{scope: "total", contended: t.settledTotal < m.cfg.MaxSandboxes, err: &Error{Kind: KindQuota, Detail: fmt.Sprintf(
@@ -144,21 +144,26 @@ func (m *Manager) checkQuota(ctx context.Context, s Spec, own *corev1.Service) e
 		return &quotaError{scope: "user", contended: t.settledMine < m.cfg.MaxSandboxesPerUser, err: &Error{Kind: KindQuota, Detail: fmt.Sprintf(
 			"user %s has reached the limit of %d sandboxes per user; destroy one or raise MAX_SANDBOXES_PER_USER", s.UserID, m.cfg.MaxSandboxesPerUser)}}
 	}
+	if m.cfg.MaxSandboxesPerPrincipal > 0 && t.ours > m.cfg.MaxSandboxesPerPrincipal {
+		return &quotaError{scope: "principal", contended: t.settledOurs < m.cfg.MaxSandboxesPerPrincipal, err: &Error{Kind: KindQuota, Detail: fmt.Sprintf(
+			"%s has reached the limit of %d sandboxes per principal; destroy one or raise MAX_SANDBOXES_PER_PRINCIPAL", s.Caller.Principal, m.cfg.MaxSandboxesPerPrincipal)}}
+	}
 	return nil
 }
 
-// counted is one count of sandboxes: in total and of one user, and of
-// those the ones older than settled (not this call's own).
-type counted struct{ total, mine, settledTotal, settledMine int }
+// counted is one count of sandboxes: in total, of one user and of one
+// principal, and of those the ones older than settled (not this call's own).
+type counted struct{ total, mine, ours, settledTotal, settledMine, settledOurs int }
 
 func (c counted) over(cfg *config.Config) bool {
-	return cfg.MaxSandboxes > 0 && c.total > cfg.MaxSandboxes || cfg.MaxSandboxesPerUser > 0 && c.mine > cfg.MaxSandboxesPerUser
+	return cfg.MaxSandboxes > 0 && c.total > cfg.MaxSandboxes || cfg.MaxSandboxesPerUser > 0 && c.mine > cfg.MaxSandboxesPerUser ||
+		cfg.MaxSandboxesPerPrincipal > 0 && c.ours > cfg.MaxSandboxesPerPrincipal
 }
 
 // tally counts the sandbox Services svcs (a user's only, or everyone's):
 // not being deleted, not of a Pod in gone.
-func tally(svcs []metav1.Object, own *corev1.Service, user string, prospective int, gone map[types.UID]bool) counted {
-	c := counted{total: prospective, mine: prospective}
+func tally(svcs []metav1.Object, own *corev1.Service, user, principal string, prospective int, gone map[types.UID]bool) counted {
+	c := counted{total: prospective, mine: prospective, ours: prospective}
 	cutoff := time.Now().Add(-settled)
 	for _, o := range svcs {
 		svc, ok := o.(*corev1.Service)
@@ -174,6 +179,12 @@ func tally(svcs []metav1.Object, own *corev1.Service, user string, prospective i
 			c.mine++
 			if old {
 				c.settledMine++
+			}
+		}
+		if svc.Labels[LabelPrincipal] == principal {
+			c.ours++
+			if old {
+				c.settledOurs++
 			}
 		}
 	}

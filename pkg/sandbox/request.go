@@ -101,6 +101,9 @@ type Spec struct {
 	// Requested says which of the bounded fields the request set itself, so
 	// that a template's defaults fill only the others.
 	Requested Requested
+	// Caller is who creates the sandbox (set by Create from the request's
+	// context); its principal is recorded on every object (owner.go).
+	Caller Caller
 	// Env is the request's environment variables for the sandbox container,
 	// validated (nil: none).
 	Env map[string]string

@@ -52,7 +52,7 @@ func newSlots(client kubernetes.Interface, namespace string) *slots {
 		return &corev1.Service{ObjectMeta: metav1.ObjectMeta{
 			Name: svc.Name, Namespace: svc.Namespace, UID: svc.UID, ResourceVersion: svc.ResourceVersion,
 			CreationTimestamp: svc.CreationTimestamp, DeletionTimestamp: svc.DeletionTimestamp,
-			Labels:          map[string]string{LabelApp: svc.Labels[LabelApp], LabelID: svc.Labels[LabelID], LabelUser: svc.Labels[LabelUser]},
+			Labels:          map[string]string{LabelApp: svc.Labels[LabelApp], LabelID: svc.Labels[LabelID], LabelUser: svc.Labels[LabelUser], LabelPrincipal: svc.Labels[LabelPrincipal]},
 			OwnerReferences: svc.OwnerReferences,
 		}}, nil
 	})

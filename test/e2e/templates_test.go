@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/events"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 	"github.com/deerflow-sandbox/provisioner/test/harness"
 )
@@ -165,7 +166,8 @@ const deerflowImage = "enterprise-public-cn-beijing.cr.volces.com/vefaas-public/
 
 func sandboxLabels(id string, extra map[string]string) map[string]string {
 	l := map[string]string{"app": "deer-flow-sandbox", "sandbox-id": id, "app.kubernetes.io/name": "deer-flow",
-		"app.kubernetes.io/component": "sandbox", "app.kubernetes.io/managed-by": "deerflow-sandbox-provisioner"}
+		"app.kubernetes.io/component": "sandbox", "app.kubernetes.io/managed-by": "deerflow-sandbox-provisioner",
+		sandbox.LabelPrincipal: sandbox.PrincipalLabelValue("default")}
 	for k, v := range extra {
 		l[k] = v
 	}
@@ -292,6 +294,14 @@ func TestTemplateEditsAndRefusals(t *testing.T) {
 	hostPath.Volumes = []corev1.Volume{{Name: "root", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}}}
 	putTemplate(t, ns, podTemplate("hostpath", nil, hostPath))
 	putTemplate(t, ns, podTemplate("badkind", map[string]string{template.AnnotationKind: "Deployment"}, spec("x:1")))
+	// The function's API keys live in the namespace's Secrets: a template
+	// reaches none of them.
+	secretVol := spec("x:1")
+	secretVol.Volumes = []corev1.Volume{{Name: "keys", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "sandbox-provisioner"}}}}
+	putTemplate(t, ns, podTemplate("secretvol", nil, secretVol))
+	envFrom := spec("x:1")
+	envFrom.Containers[0].EnvFrom = []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "sandbox-provisioner"}}}}
+	putTemplate(t, ns, podTemplate("envfrom", nil, envFrom))
 	unlabelled := podTemplate("unlabelled", nil, spec("x:1"))
 	unlabelled.Labels = nil
 	putTemplate(t, ns, unlabelled)
@@ -302,6 +312,8 @@ func TestTemplateEditsAndRefusals(t *testing.T) {
 		{"unsafe", `sandbox template "unsafe": template.spec.containers[1].securityContext.capabilities.add: SYS_ADMIN is not on the allow-list`},
 		{"hostpath", `sandbox template "hostpath": template.spec.volumes[0].hostPath`},
 		{"badkind", `sandbox template "badkind": metadata.annotations[sandbox.deerflow.dev/kind]`},
+		{"secretvol", `sandbox template "secretvol": template.spec.volumes[0].secret`},
+		{"envfrom", `sandbox template "envfrom": template.spec.containers[0].envFrom`},
 		{"edit", `sandbox template "edit": template.spec.volumes[0].hostPath`},
 		{"missing", `no such sandbox template: "missing"`},
 		{"unlabelled", `no such sandbox template: "unlabelled"`},
@@ -334,7 +346,7 @@ func TestTemplateEditsAndRefusals(t *testing.T) {
 		m := x.(map[string]any)
 		refused[m["name"].(string)] = m["error"] != nil
 	}
-	if diff := cmp.Diff(map[string]bool{"default": false, "edit": true, "unsafe": true, "hostpath": true, "badkind": true}, refused); diff != "" {
+	if diff := cmp.Diff(map[string]bool{"default": false, "edit": true, "unsafe": true, "hostpath": true, "badkind": true, "secretvol": true, "envfrom": true}, refused); diff != "" {
 		t.Errorf("GET /api/templates: refused (-want +got):\n%s", diff)
 	}
 }

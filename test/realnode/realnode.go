@@ -781,6 +781,19 @@ func (n *Node) ImportOCILayout(ctx context.Context, dir, ref string) error {
 	return err
 }
 
+// ImportArchive imports an image archive (docker save or OCI) into the
+// node's runtime and pins ref, which the archive must hold: an operator's
+// own sandbox image, which nothing on this machine can pull.
+func (n *Node) ImportArchive(ctx context.Context, archive, ref string) error {
+	if _, err := n.ctr(ctx, "images", "import", "--platform", "linux/amd64", archive); err != nil {
+		return err
+	}
+	if _, err := n.ctr(ctx, "images", "label", ref, "io.cri-containerd.pinned=pinned"); err != nil {
+		return fmt.Errorf("%s holds no image %s: %w", archive, ref, err)
+	}
+	return nil
+}
+
 // NodeGuardTable is the nftables table config/node/sandbox-node-guard.nft
 // creates.
 const NodeGuardTable = "deer-flow-sandbox-node-guard"

@@ -1,0 +1,99 @@
+// Command realnode-up joins the real test node (package realnode) to a
+// running kwok cluster for `make run NODE=real`, so that the local function's
+// sandboxes run in real containers and their URLs answer. It writes the
+// function's settings for that node to -env-file once the node is Ready,
+// then holds the node until SIGINT or SIGTERM and takes it down.
+//
+// It is the test suite's node, not a production component: one node, on this
+// machine, as root.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/deerflow-sandbox/provisioner/test/cluster"
+	"github.com/deerflow-sandbox/provisioner/test/realnode"
+)
+
+func main() {
+	if err := run(); err != nil {
+		slog.Error("real node", "err", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	kubeconfig := flag.String("kubeconfig", "", "the kwok cluster's kubeconfig")
+	pki := flag.String("pki-dir", "", "the cluster's PKI directory (ca.crt, ca.key)")
+	base := flag.String("host-base", "", "DeerFlow's base directory for the sandboxes' host mounts (made if missing)")
+	envFile := flag.String("env-file", "", "where to write the function's settings for this node")
+	imageTar := flag.String("image-tar", "", "an image archive (docker save or OCI) to import as the sandbox image")
+	imageRef := flag.String("image", "", "the sandbox image's reference inside -image-tar")
+	flag.Parse()
+	if *kubeconfig == "" || *pki == "" || *base == "" || *envFile == "" {
+		return fmt.Errorf("-kubeconfig, -pki-dir, -host-base and -env-file are required")
+	}
+	if (*imageTar == "") != (*imageRef == "") {
+		return fmt.Errorf("-image-tar and -image go together: the archive and the reference to run from it")
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", *kubeconfig, err)
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	upCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	start := time.Now()
+	node, err := realnode.Up(upCtx, realnode.DefaultPaths(cluster.CacheDir()), realnode.Cluster{Host: cfg.Host, PKIDir: *pki, Client: client})
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer node.Down()
+	slog.Info("real node Ready", "after", time.Since(start).Round(time.Millisecond))
+
+	env := realnode.FunctionEnv(*base)
+	if *imageTar != "" {
+		if err := node.ImportArchive(ctx, *imageTar, *imageRef); err != nil {
+			return fmt.Errorf("importing %s: %w", *imageTar, err)
+		}
+		env["SANDBOX_IMAGE"] = *imageRef
+	}
+	if _, err := realnode.HostBase(*base); err != nil {
+		return err
+	}
+	var lines []string
+	for k, v := range env {
+		lines = append(lines, k+"="+v)
+	}
+	slices.Sort(lines)
+	tmp := *envFile + ".tmp"
+	if err := os.WriteFile(tmp, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, *envFile); err != nil {
+		return err
+	}
+	slog.Info("settings for the function written", "file", filepath.Clean(*envFile))
+	<-ctx.Done()
+	slog.Info("taking the real node down")
+	return nil
+}
