@@ -107,6 +107,9 @@ func (b *backend) tryConnect(ctx context.Context) error {
 		opts = append(opts, sandbox.WithRecorder(eventlimit.New(recorder, b.cfg.EventsQPS, b.cfg.EventsBurst, b.metrics.EventDropped)))
 	}
 	mgr := sandbox.NewManager(b.cfg, client, opts...)
+	// The quota's Service cache fills while the first requests arrive; a
+	// create that finds it not yet filled lists instead.
+	mgr.Run(ctx)
 	// Fail closed: until the shared NetworkPolicy exists, creates are
 	// refused (each retries this check), other operations go on. It is
 	// checked before the client is published, so a ready replica has

@@ -184,9 +184,12 @@ type Config struct {
 	MaxRequestBodyBytes int64   `envconfig:"MAX_REQUEST_BODY_BYTES" default:"65536"`
 	// Client-side rate limit towards the API server, per replica. The API
 	// server's priority and fairness is the real guard; this keeps one busy
-	// replica from crowding out the rest of the cluster (kubelet-sized).
-	ClientQPS   float32 `envconfig:"K8S_CLIENT_QPS" default:"50"`
-	ClientBurst int     `envconfig:"K8S_CLIENT_BURST" default:"100"`
+	// replica from crowding out the rest of the cluster. Sized for the work:
+	// a create or a destroy is two calls (the quota reads a watch-backed
+	// cache), so 200/s lets a replica create about 100 sandboxes a second,
+	// more than one API server here accepts; 50/s capped it near 12.
+	ClientQPS   float32 `envconfig:"K8S_CLIENT_QPS" default:"200"`
+	ClientBurst int     `envconfig:"K8S_CLIENT_BURST" default:"400"`
 	// MaxConcurrentWaits caps the requests of one replica that wait for
 	// readiness at once (each holds an API watch); beyond it, 429.
 	MaxConcurrentWaits int    `envconfig:"MAX_CONCURRENT_WAITS" default:"32"`

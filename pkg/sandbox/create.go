@@ -63,7 +63,7 @@ func (m *Manager) create(ctx context.Context, s Spec, wait time.Duration) (Sandb
 			if err := sleepCtx(ctx, time.Duration(attempt)*time.Duration(50+rand.IntN(150))*time.Millisecond); err != nil {
 				return Sandbox{}, classify(err, "create the sandbox")
 			}
-			err = m.checkQuota(ctx, s, nil, nil)
+			err = m.checkQuota(ctx, s, nil)
 		}
 		if err == nil {
 			f, existed, repaired, err = m.createOnce(ctx, s)
@@ -188,30 +188,16 @@ func (m *Manager) createReplicaSetOnce(ctx context.Context, s Spec) (found, bool
 }
 
 // serviceAndQuota ensures the Service owned by the workload and, for a new
-// workload, counts the quota beside it: the Service needs the workload's
-// UID, the count needs the workload to exist (and, in part, the Service: see
-// checkQuota), so a create costs little more than the bare floor's two
-// writes. A new workload that is refused, whose count fails, or whose id
-// turns out to be the other kind's (errOtherKind) is removed again.
+// workload, counts the quota once the Service is written: the Service is
+// the sandbox's slot (see checkQuota), so a create costs the bare floor's
+// two writes and a look into the Service cache. A new workload that is
+// refused, whose count fails, or whose id turns out to be the other kind's
+// (errOtherKind) is removed again.
 func (m *Manager) serviceAndQuota(ctx context.Context, s Spec, workload workloadObject, owner metav1.OwnerReference, existed bool) (*corev1.Service, bool, error) {
-	var (
-		svc              *corev1.Service
-		repaired         bool
-		svcErr, quotaErr error
-	)
-	if existed || (m.cfg.MaxSandboxes == 0 && m.cfg.MaxSandboxesPerUser == 0 && m.cfg.MaxSandboxesPerPrincipal == 0) {
-		svc, repaired, svcErr = m.ensureService(ctx, s, owner, existed)
-	} else {
-		written := make(chan struct{})
-		go func() {
-			defer close(written)
-			svc, repaired, svcErr = m.ensureService(ctx, s, owner, false)
-		}()
-		quotaErr = m.checkQuota(ctx, s, workload, func() (*corev1.Service, error) {
-			<-written
-			return svc, svcErr
-		})
-		<-written
+	svc, repaired, svcErr := m.ensureService(ctx, s, owner, existed)
+	var quotaErr error
+	if svcErr == nil && !existed && (m.cfg.MaxSandboxes > 0 || m.cfg.MaxSandboxesPerUser > 0 || m.cfg.MaxSandboxesPerPrincipal > 0) {
+		quotaErr = m.checkQuota(ctx, s, svc)
 	}
 	undo := !existed && (quotaErr != nil || errors.Is(svcErr, errOtherKind))
 	if undo {
@@ -223,8 +209,8 @@ func (m *Manager) serviceAndQuota(ctx context.Context, s Spec, workload workload
 		}
 	}
 	switch {
-	case svcErr != nil && (errors.Is(svcErr, errOtherKind) || KindOf(quotaErr) != KindQuota):
-		return nil, false, svcErr // a failed count waited on the Service, which failed
+	case svcErr != nil:
+		return nil, false, svcErr
 	case quotaErr != nil:
 		return nil, false, quotaErr
 	}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -64,6 +65,10 @@ type Manager struct {
 	templates *template.Store
 	pool      Pool
 	auditLog  *slog.Logger
+	// slots caches the sandbox Services for the quota (nil without a
+	// quota); slotsRunning says Run started it.
+	slots        *slots
+	slotsRunning atomic.Bool
 }
 
 // Option customises a Manager.
@@ -82,7 +87,19 @@ func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option)
 	for _, o := range opts {
 		o(m)
 	}
+	if cfg.MaxSandboxes > 0 || cfg.MaxSandboxesPerUser > 0 {
+		m.slots = newSlots(client, cfg.Namespace)
+	}
 	return m
+}
+
+// Run starts the Manager's background work, the quota's Service cache (a
+// watch, not a loop: see slots), until ctx ends. Without it, every quota
+// count lists the Services.
+func (m *Manager) Run(ctx context.Context) {
+	if m.slots != nil && m.slotsRunning.CompareAndSwap(false, true) {
+		go m.slots.run(ctx)
+	}
 }
 
 // admitWait takes a wait token, or refuses at once when this replica already

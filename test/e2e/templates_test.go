@@ -75,8 +75,8 @@ type shape struct {
 	NodeSelector     map[string]string
 	Limits           map[string]string // sandbox container
 	Deadline         bool              // activeDeadlineSeconds set
-	StartupProbe     bool
-	Hardened         bool // every container drops ALL, no escalation, RuntimeDefault
+	StartupProbe     string            // period × failures of the sandbox container's startup probe
+	Hardened         bool              // every container drops ALL, no escalation, RuntimeDefault
 	NoToken          bool
 	ServiceOwner     string // kind of the Service's owner
 }
@@ -148,7 +148,9 @@ func shapeOf(t *testing.T, ns, id string) shape {
 		s.Limits[string(k)] = q.String()
 	}
 	s.Deadline = spec.ActiveDeadlineSeconds != nil
-	s.StartupProbe = sandbox.StartupProbe != nil
+	if p := sandbox.StartupProbe; p != nil {
+		s.StartupProbe = fmt.Sprintf("%ds×%d", p.PeriodSeconds, p.FailureThreshold)
+	}
 	svc, err := client().CoreV1().Services(ns).Get(ctx, "sandbox-"+id+"-svc", metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("sandbox %s has no Service: %v", id, err)
@@ -191,7 +193,7 @@ func TestTemplatesShapeTheSandbox(t *testing.T) {
 	}{{
 		template: "",
 		want: shape{Workload: "Pod", Labels: sandboxLabels("tpl-default", nil), Containers: []string{"sandbox=sandbox:test"},
-			Volumes: hostRoots, Mounts: defaultMounts, Limits: limits, Deadline: true, Hardened: true, NoToken: true, ServiceOwner: "Pod"},
+			Volumes: hostRoots, Mounts: defaultMounts, Limits: limits, Deadline: true, StartupProbe: "1s×300", Hardened: true, NoToken: true, ServiceOwner: "Pod"},
 	}, {
 		template: "python",
 		want: shape{Workload: "Pod", Labels: sandboxLabels("tpl-python", map[string]string{"team": "data"}), Template: "python",
@@ -199,13 +201,13 @@ func TestTemplatesShapeTheSandbox(t *testing.T) {
 			Volumes:          append(hostRoots[:len(hostRoots):len(hostRoots)], "datasets:nfs", "pip-cache:emptyDir"),
 			Mounts:           []string{"/data", "/mnt/skills/custom", "/mnt/skills/legacy", "/mnt/skills/public", "/mnt/user-data", "/var/cache/pip"},
 			ImagePullSecrets: []string{"registry-credentials"}, NodeSelector: map[string]string{"sandbox.deerflow.dev/pool": "python"},
-			Limits: map[string]string{"cpu": "2", "memory": "2Gi", "ephemeral-storage": "500Mi"}, Deadline: true, StartupProbe: true,
+			Limits: map[string]string{"cpu": "2", "memory": "2Gi", "ephemeral-storage": "500Mi"}, Deadline: true, StartupProbe: "2s×60",
 			Hardened: true, NoToken: true, ServiceOwner: "Pod"},
 	}, {
 		template: "self-healing",
 		want: shape{Workload: "ReplicaSet", Replicas: 1, Labels: sandboxLabels("tpl-self-healing", map[string]string{"sandbox.deerflow.dev/workload": "replicaset"}),
 			Template: "self-healing", Containers: []string{"sandbox=" + deerflowImage}, Volumes: hostRoots, Mounts: defaultMounts,
-			Limits: limits, Hardened: true, NoToken: true, ServiceOwner: "ReplicaSet"},
+			Limits: limits, StartupProbe: "1s×300", Hardened: true, NoToken: true, ServiceOwner: "ReplicaSet"},
 	}}
 	for _, tc := range tests {
 		id := "tpl-" + tc.template
