@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -61,8 +62,17 @@ func serviceAccountNamespace(t *testing.T) (string, kubernetes.Interface) {
 			if err != nil || p.Status.ObservedGeneration != p.Generation {
 				return false, err
 			}
-			if tc := p.Status.TypeChecking; tc != nil && len(tc.ExpressionWarnings) > 0 {
-				t.Fatalf("%s does not type-check: %+v", name, tc.ExpressionWarnings)
+			if tc := p.Status.TypeChecking; tc != nil {
+				for _, w := range tc.ExpressionWarnings {
+					if otherGroupsOnly(w.Warning) {
+						// The API server type-checks resource "services" of
+						// group "" against every group's services (Knative
+						// Serving's too); requests of those never match.
+						t.Logf("%s: type-check warning about a kind it does not match: %s", name, w.Warning)
+						continue
+					}
+					t.Fatalf("%s does not type-check: %+v", name, tc.ExpressionWarnings)
+				}
 			}
 			return true, nil
 		})
@@ -96,6 +106,23 @@ func serviceAccountNamespace(t *testing.T) (string, kubernetes.Interface) {
 		return refusedBy(err, servicePolicy, ""), err
 	})
 	return ns, sa
+}
+
+// typeCheckKind is how a type-check warning names the kind it is about:
+// "<group>/<version>, Kind=<kind>:" (group empty for the core group).
+var typeCheckKind = regexp.MustCompile(`(?m)^([^\s/,]*)/v[0-9a-z]+, Kind=[A-Za-z]+:`)
+
+// otherGroupsOnly reports whether a type-check warning is only about kinds
+// of API groups with a dot (CRDs such as serving.knative.dev), none of the
+// core or apps kinds the policies are written for.
+func otherGroupsOnly(warning string) bool {
+	kinds := typeCheckKind.FindAllStringSubmatch(warning, -1)
+	for _, k := range kinds {
+		if !strings.Contains(k[1], ".") {
+			return false
+		}
+	}
+	return len(kinds) > 0
 }
 
 // refusedBy reports whether err is a refusal by the admission policy
@@ -331,7 +358,7 @@ func podCases(t *testing.T) []podCase {
 		{name: "capability off the list in an init container", message: "may add only the capabilities", mutate: func(p *corev1.Pod) {
 			c := p.Spec.Containers[0].DeepCopy()
 			c.Name = "init"
-			c.Ports, c.ReadinessProbe, c.LivenessProbe = nil, nil, nil
+			c.Ports, c.ReadinessProbe, c.LivenessProbe, c.StartupProbe = nil, nil, nil, nil
 			c.SecurityContext.Capabilities.Add = []corev1.Capability{"SYS_ADMIN"}
 			p.Spec.InitContainers = []corev1.Container{*c}
 		}},
