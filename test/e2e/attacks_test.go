@@ -46,9 +46,10 @@ func TestAttacksFromInsideASandbox(t *testing.T) {
 type attack struct {
 	name   string
 	action map[string]any
-	// node is true for targets on the sandbox's own node: traffic to them
-	// ends in the node's INPUT path, which NetworkPolicy does not cover;
-	// config/node/sandbox-node-guard.nft does.
+	// node is true for what NetworkPolicy does not cover and
+	// config/node/sandbox-node-guard.nft does: targets on the sandbox's own
+	// node (traffic to them ends in the node's INPUT path), and IPv6
+	// link-local traffic (addresses the policy agent knows no Pod by).
 	node    bool
 	blocked bool // expected from the sandbox (with the guard for node targets)
 }
@@ -201,11 +202,9 @@ func attackFromInside(t *testing.T, mode string) {
 	// IPv6 address, and so has the node's end, the bridge. A service on the
 	// node listening on every address ([::], as many daemons do) is the
 	// target.
-	ll, llRow := ipv6Exposure(t, rn, attacker.Status.PodIP)
+	ll, llRows := ipv6Exposure(t, rn, attacker.Status.PodIP, victim.Status.PodIP)
 	defer ll.Close()
-	if llRow != nil {
-		attacks = append(attacks, *llRow)
-	}
+	attacks = append(attacks, llRows...)
 
 	var table strings.Builder
 	fmt.Fprintf(&table, "\n%s mode:\n| attack from a sandbox | expected | observed | without the node guard | from the backend (control) |\n|---|---|---|---|---|\n", mode)
@@ -304,11 +303,12 @@ func exposure(t *testing.T, mode, podIP, svcAddr, nodePortAddr, bystanderIP stri
 // ipv6Exposure checks what IPv6 a sandbox has on this IPv4-only node: no
 // address and no route beyond its link (so the node's global IPv6 address,
 // and anything beyond, is unreachable by configuration), but a link-local
-// address, through which it could reach the node. It starts a listener on
-// the node on [::] and returns it (close it) with the attack row aimed at
-// the node's link-local address on the Pods' bridge, or nil when the
-// sandbox has no link-local address (then there is no IPv6 path at all).
-func ipv6Exposure(t *testing.T, rn *realnode.Node, podIP string) (net.Listener, *attack) {
+// address. It starts a listener on the node on [::] (close it) and returns
+// the attacks over link-local addresses: the node's on the Pods' bridge (a
+// service on [::]), and, as the Pods share the bridge, the victim's (its
+// port 8080 listens on [::]). None when the sandbox has no link-local
+// address (then there is no IPv6 path at all).
+func ipv6Exposure(t *testing.T, rn *realnode.Node, podIP, victimIP string) (net.Listener, []attack) {
 	t.Helper()
 	lis, err := net.Listen("tcp", "[::]:0")
 	if err != nil {
@@ -325,24 +325,7 @@ func ipv6Exposure(t *testing.T, rn *realnode.Node, podIP string) (net.Listener, 
 	}()
 	_, port, _ := net.SplitHostPort(lis.Addr().String())
 
-	ok, addrs := execIn(t, podIP, map[string]any{"op": "read", "path": "/proc/net/if_inet6"})
-	if !ok {
-		t.Fatalf("reading the sandbox's IPv6 addresses: %s", addrs)
-	}
-	linkLocal := false
-	for _, l := range strings.Split(addrs, "\n") {
-		f := strings.Fields(l) // address, ifindex, prefix length, scope, flags, name
-		if len(f) < 6 {
-			continue
-		}
-		switch f[3] {
-		case "20": // link
-			linkLocal = linkLocal || f[5] == "eth0"
-		case "10": // host (::1)
-		default:
-			t.Errorf("the sandbox has an IPv6 address beyond its link: %s", l)
-		}
-	}
+	own := linkLocalOf(t, podIP)
 	ok, routes := execIn(t, podIP, map[string]any{"op": "read", "path": "/proc/net/ipv6_route"})
 	if !ok {
 		t.Fatalf("reading the sandbox's IPv6 routes: %s", routes)
@@ -363,7 +346,7 @@ func ipv6Exposure(t *testing.T, rn *realnode.Node, podIP string) (net.Listener, 
 			t.Logf("IPv6: the node's global address [%s]:%s from the sandbox: %s (no route: refused by configuration)", global, port, detail)
 		}
 	}
-	if !linkLocal {
+	if own == "" {
 		t.Logf("IPv6: the sandbox has no link-local address either: no IPv6 path at all")
 		return lis, nil
 	}
@@ -371,5 +354,44 @@ func ipv6Exposure(t *testing.T, rn *realnode.Node, podIP string) (net.Listener, 
 	if err != nil || gw == "" {
 		t.Fatalf("the sandbox has a link-local IPv6 address but the node's bridge has none (%v)", err)
 	}
-	return lis, &attack{"the node over IPv6 link-local ([" + gw + "%eth0], a service on [::])", connect(net.JoinHostPort(gw+"%eth0", port)), true, true}
+	rows := []attack{{"the node over IPv6 link-local ([" + gw + "%eth0], a service on [::])", connect(net.JoinHostPort(gw+"%eth0", port)), true, true}}
+	if victim := linkLocalOf(t, victimIP); victim != "" {
+		rows = append(rows, attack{"another sandbox's port 8080 over IPv6 link-local", connect(net.JoinHostPort(victim+"%eth0", "8080")), true, true})
+	}
+	return lis, rows
+}
+
+// linkLocalOf is the link-local IPv6 address of eth0 in the Pod at podIP
+// (running the stand-in), or "" when it has none. It fails the test if the
+// Pod has an IPv6 address of wider scope: the node is IPv4-only.
+func linkLocalOf(t *testing.T, podIP string) string {
+	t.Helper()
+	ok, addrs := execIn(t, podIP, map[string]any{"op": "read", "path": "/proc/net/if_inet6"})
+	if !ok {
+		t.Fatalf("reading the IPv6 addresses of %s: %s", podIP, addrs)
+	}
+	var ll string
+	for _, l := range strings.Split(addrs, "\n") {
+		f := strings.Fields(l) // address, ifindex, prefix length, scope, flags, name
+		if len(f) < 6 || len(f[0]) != 32 {
+			continue
+		}
+		switch f[3] {
+		case "20": // link
+			if f[5] == "eth0" {
+				var b strings.Builder
+				for i := 0; i < 32; i += 4 {
+					if i > 0 {
+						b.WriteByte(':')
+					}
+					b.WriteString(f[0][i : i+4])
+				}
+				ll = net.ParseIP(b.String()).String()
+			}
+		case "10": // host (::1)
+		default:
+			t.Errorf("%s has an IPv6 address beyond its link: %s", podIP, l)
+		}
+	}
+	return ll
 }
