@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/auth"
@@ -21,6 +22,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/eventlimit"
 	"github.com/deerflow-sandbox/provisioner/pkg/kube"
 	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
+	"github.com/deerflow-sandbox/provisioner/pkg/pool"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
@@ -33,8 +35,13 @@ type backend struct {
 	metrics *metrics.Metrics
 	log     *slog.Logger
 
-	mgr         atomic.Pointer[sandbox.Manager]
-	client      atomic.Value // kubernetes.Interface
+	mgr    atomic.Pointer[sandbox.Manager]
+	client atomic.Value // kubernetes.Interface
+	// reviews is the client TokenReviews go through: its own rate limit
+	// (AUTH_TOKEN_REVIEW_QPS/BURST), so forged tokens cannot use up the
+	// one sandbox operations need (K8S_CLIENT_QPS/BURST).
+	reviews     atomic.Value // kubernetes.Interface
+	audit       *slog.Logger
 	lastErr     atomic.Value // string
 	broadcaster record.EventBroadcaster
 
@@ -44,8 +51,8 @@ type backend struct {
 	readyKnown bool
 }
 
-func newBackend(cfg *config.Config, m *metrics.Metrics, log *slog.Logger) *backend {
-	b := &backend{cfg: cfg, metrics: m, log: log}
+func newBackend(cfg *config.Config, m *metrics.Metrics, log, audit *slog.Logger) *backend {
+	b := &backend{cfg: cfg, metrics: m, log: log, audit: audit}
 	b.lastErr.Store("connecting to the Kubernetes API server")
 	return b
 }
@@ -79,13 +86,20 @@ func (b *backend) tryConnect(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	rrc := rest.CopyConfig(rc)
+	rrc.QPS, rrc.Burst = b.cfg.TokenReviewQPS, b.cfg.TokenReviewBurst
+	reviews, err := kube.NewClient(rrc, b.metrics.WrapTransport)
+	if err != nil {
+		return err
+	}
 	if b.cfg.CreateNamespace {
 		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: b.cfg.Namespace}}
 		if _, err := client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			return err
 		}
 	}
-	opts := []sandbox.Option{sandbox.WithObserver(b.metrics)}
+	opts := []sandbox.Option{sandbox.WithObserver(b.metrics), sandbox.WithAuditLog(b.audit),
+		sandbox.WithPool(pool.New(b.cfg, client, b.metrics.PoolClaim, b.log))}
 	if b.cfg.EmitKubernetesEvents {
 		b.broadcaster = record.NewBroadcaster(record.WithContext(ctx))
 		b.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events(b.cfg.Namespace)})
@@ -93,6 +107,9 @@ func (b *backend) tryConnect(ctx context.Context) error {
 		opts = append(opts, sandbox.WithRecorder(eventlimit.New(recorder, b.cfg.EventsQPS, b.cfg.EventsBurst, b.metrics.EventDropped)))
 	}
 	mgr := sandbox.NewManager(b.cfg, client, opts...)
+	// The quota's Service cache fills while the first requests arrive; a
+	// create that finds it not yet filled lists instead.
+	mgr.Run(ctx)
 	// Fail closed: until the shared NetworkPolicy exists, creates are
 	// refused (each retries this check), other operations go on. It is
 	// checked before the client is published, so a ready replica has
@@ -101,6 +118,7 @@ func (b *backend) tryConnect(ctx context.Context) error {
 		b.log.Error("sandboxes will not be created until they can be isolated", "error", err)
 	}
 	b.client.Store(client)
+	b.reviews.Store(reviews)
 	b.mgr.Store(mgr)
 	b.log.Info("connected to the Kubernetes API server", "host", rc.Host)
 	return nil
@@ -199,7 +217,7 @@ func withManager[T any](b *backend, op func(*sandbox.Manager) (T, error)) (T, er
 
 // Review verifies a bearer token with the API server once connected.
 func (b *backend) Review(ctx context.Context, token, audience string) (auth.Review, error) {
-	c, _ := b.client.Load().(kubernetes.Interface)
+	c, _ := b.reviews.Load().(kubernetes.Interface)
 	if c == nil {
 		return auth.Review{}, errors.New(b.lastErr.Load().(string))
 	}

@@ -66,16 +66,20 @@ func (f *Function) Start(ctx context.Context, cfg map[string]string) error {
 	m := metrics.New()
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	f.stop = cancel
-	f.backend = newBackend(c, m, f.log)
+	// The audit trail is written whatever LOG_LEVEL says.
+	audit := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("component", "sandbox-provisioner")
+	f.backend = newBackend(c, m, f.log, audit)
 	authn := auth.FromConfig(c, f.backend)
 	f.api = httpapi.New(c, authn, f.backend, m)
 	f.events = events.New(c, authn, f.backend, m)
 	go f.backend.connect(runCtx)
 	switch {
 	case c.AuthDisabled:
-		f.log.Warn("PROVISIONER_AUTH_DISABLED=true: every request is accepted without credentials (development only, loopback only)")
+		f.log.Warn("PROVISIONER_AUTH_DISABLED=true: every request is accepted without credentials as the administrator \"anonymous\" (development only: loopback, not under Knative, not in a cluster)")
 	case !authn.KeyUsable():
 		f.log.Error("API keys are refused: "+authn.KeyProblem()+"; only bearer tokens can authenticate", "token_audience", c.TokenAudience)
+	case authn.KeyProblem() != "":
+		f.log.Info("PROVISIONER_API_KEY is not used (" + authn.KeyProblem() + "); the keys of PROVISIONER_API_KEYS authenticate")
 	}
 	if authn.TokensEnabled() && len(c.AllowedSubjects) == 0 {
 		f.log.Warn("AUTH_TOKEN_AUDIENCE is set but AUTH_ALLOWED_SUBJECTS is empty: every verified token gets 403")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 
@@ -60,5 +61,36 @@ func TestStartNeverBlocks(t *testing.T) {
 	f.Handle(w, r)
 	if w.Code != http.StatusServiceUnavailable {
 		t.Errorf("list without a cluster: %d %s, want 503", w.Code, w.Body)
+	}
+}
+
+// TestStartRefusesAuthDisabledWhenDeployed: the development switch stops
+// start-up under Knative (K_SERVICE, which the func runtime's cfg map may
+// also carry) and in a cluster, even on a loopback address.
+func TestStartRefusesAuthDisabledWhenDeployed(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		cfg  map[string]string
+	}{
+		{"K_SERVICE", map[string]string{"K_SERVICE": "sandbox-provisioner"}, nil},
+		{"K_SERVICE from the runtime's cfg", nil, map[string]string{"K_SERVICE": "sandbox-provisioner"}},
+		{"KUBERNETES_SERVICE_HOST", map[string]string{"KUBERNETES_SERVICE_HOST": "10.96.0.1"}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("PROVISIONER_AUTH_DISABLED", "true")
+			t.Setenv("LISTEN_ADDRESS", "127.0.0.1:8080")
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			if tc.cfg != nil {
+				t.Setenv("K_SERVICE", "") // set, so t.Setenv restores it; then unset for cfg to fill
+				os.Unsetenv("K_SERVICE")
+			}
+			err := New().Start(context.Background(), tc.cfg)
+			if err == nil || !strings.Contains(err.Error(), "PROVISIONER_AUTH_DISABLED") {
+				t.Fatalf("Start error = %v, want one naming PROVISIONER_AUTH_DISABLED", err)
+			}
+		})
 	}
 }

@@ -4,6 +4,8 @@
 #
 #   hack/deploy.sh IMAGE            e.g. registry.example.com/team/sandbox-provisioner:v1
 #   DRY_RUN=1 hack/deploy.sh IMAGE  build and push, print the manifests, apply nothing
+#   KUSTOMIZE_DIR=DIR hack/deploy.sh IMAGE   apply DIR instead of config/, e.g. the
+#                                   one hack/deerflow-chart-overlay.sh writes
 #
 # config/kustomization.yaml is the deployable unit (`kubectl apply -k config/`);
 # this overlays it in a temporary directory, so the repository is not edited
@@ -11,6 +13,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 IMAGE=${1:-${IMAGE:-}}
+[[ -z "${KUSTOMIZE_DIR:-}" || -f "$KUSTOMIZE_DIR/kustomization.yaml" ]] || die "KUSTOMIZE_DIR=$KUSTOMIZE_DIR has no kustomization.yaml"
 [[ -n "$IMAGE" ]] || die "IMAGE is required: make deploy IMAGE=registry.example.com/team/sandbox-provisioner:tag"
 [[ "$IMAGE" != *@* ]] || die "IMAGE=$IMAGE: give a name and tag; the digest comes from the push"
 "$REPO_ROOT/hack/install-kube.sh"
@@ -28,7 +31,7 @@ cat > "$overlay/kustomization.yaml" <<YAML
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
-  - $(realpath --relative-to="$overlay" "$REPO_ROOT/config")
+  - $(realpath --relative-to="$overlay" "${KUSTOMIZE_DIR:-$REPO_ROOT/config}")
 images:
   - name: ghcr.io/deerflow-sandbox/sandbox-provisioner
     newName: $name

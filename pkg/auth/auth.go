@@ -1,9 +1,13 @@
-// Package auth decides whether a request may act: every door (the HTTP API,
-// CloudEvents, POST /) asks it the same question with the credentials it
-// found. Two credentials are accepted: the API key, compared in constant
-// time, and a Kubernetes-issued service-account token (as Knative Eventing
-// sends with authentication-oidc), verified by the API server through a
-// TokenReview for our audience and then authorised by its subject.
+// Package auth decides whether a request may act, and as whom: every door
+// (the HTTP API, CloudEvents, POST /) asks it the same question with the
+// credentials it found and the operation it would run. Two credentials are
+// accepted: an API key, compared in constant time, whose name is the
+// principal ("default" for PROVISIONER_API_KEY), and a Kubernetes-issued
+// service-account token (as Knative Eventing sends with
+// authentication-oidc), verified by the API server through a TokenReview
+// for our audience, whose subject is the principal once allowed. Each
+// principal then runs only the operations PROVISIONER_PRINCIPAL_OPERATIONS
+// gives it; PROVISIONER_ADMINS marks those that see every sandbox.
 //
 // The network is never trusted: Knative's broker ingress and the
 // cluster-local gateway relay requests from any Pod, sandboxes included.
@@ -16,11 +20,15 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"time"
+
+	"golang.org/x/sync/singleflight"
+	"golang.org/x/time/rate"
+	"k8s.io/apimachinery/pkg/util/cache"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 )
@@ -50,11 +58,20 @@ func FromRequest(r *http.Request) Credentials {
 	return c
 }
 
+// Principal is who a request acts as: an API key's name ("default" for
+// PROVISIONER_API_KEY) or a verified token's service-account username.
+// Sandboxes record the principal that created them; only that principal,
+// and the administrators, see them.
+type Principal struct {
+	Name  string
+	Admin bool
+}
+
 // Decision is the answer for one request: Code 0 means allowed.
 type Decision struct {
-	Code    int    // 0, 401, 403 or 503
-	Detail  string // what to fix, for refusals
-	Subject string // who was allowed: "api-key" or the token's username
+	Code      int       // 0, 401, 403, 429 or 503
+	Detail    string    // what to fix, for refusals
+	Principal Principal // who was allowed
 }
 
 // Allowed reports whether the request may go on.
@@ -78,44 +95,89 @@ type Reviewer interface {
 
 // Settings configure an Authenticator.
 type Settings struct {
-	Key             string
-	Disabled        bool     // development switch, loopback only (checked by config)
-	Audience        string   // tokens must be issued for it; empty turns tokens off
-	AllowedSubjects []string // system:serviceaccount:<ns>:<name> or <ns>:*
+	Key             string            // PROVISIONER_API_KEY, principal "default"
+	Keys            map[string]string // PROVISIONER_API_KEYS: name -> key
+	Disabled        bool              // development switch (checked by config)
+	Audience        string            // tokens must be issued for it; empty turns tokens off
+	AllowedSubjects []string          // system:serviceaccount:<ns>:<name> or <ns>:*
+	Admins          []string          // principals that see every sandbox
+	// Operations narrows what a principal may run; "*" is every principal
+	// not listed. Without an entry (and without "*"), everything.
+	Operations map[string][]string
+	// ReviewQPS and ReviewBurst bound the TokenReviews this replica sends
+	// (0: 5 per second, bursts of 10).
+	ReviewQPS   float64
+	ReviewBurst int
 }
 
 // Authenticator decides. It is safe for concurrent use.
 type Authenticator struct {
 	s          Settings
 	keyProblem string
+	keys       []namedKey
 	reviewer   Reviewer
 	now        func() time.Time
 
-	mu    sync.Mutex
-	cache map[[32]byte]cached
+	// accepted and refused remember TokenReview verdicts by the token's
+	// SHA-256, each bounded (least recently used goes first), so that
+	// neither a flood of distinct tokens grows memory nor a forged token
+	// repeated costs more than one review per refusedTTL.
+	accepted, refused *cache.LRUExpireCache
+	limiter           *rate.Limiter
+	inflight          singleflight.Group
 }
 
-type cached struct {
-	username string
-	until    time.Time
+type namedKey struct {
+	name string
+	sum  [32]byte
 }
 
-// Cache bounds: a verified token is trusted again for at most cacheTTL (and
-// never past its expiry), and at most cacheMax tokens are remembered, so a
-// flood of distinct tokens cannot grow memory.
+// Cache bounds: a verified token is trusted again for at most acceptedTTL
+// (and never past its expiry), a refused one is refused again without a
+// review for refusedTTL; at most cacheMax of each are remembered.
 const (
-	cacheTTL = time.Minute
-	cacheMax = 4096
+	acceptedTTL = time.Minute
+	refusedTTL  = 30 * time.Second
+	cacheMax    = 4096
+	// maxReviewWait is how long a request may queue for the TokenReview
+	// limiter before it is refused with 503: a flood of forged tokens gets
+	// quick refusals instead of piling up waiting requests.
+	maxReviewWait = 500 * time.Millisecond
 )
 
 // New returns an Authenticator; reviewer may be nil until a client exists.
 func New(s Settings, reviewer Reviewer) *Authenticator {
-	return &Authenticator{s: s, keyProblem: KeyProblem(s.Key), reviewer: reviewer, now: time.Now, cache: map[[32]byte]cached{}}
+	a := &Authenticator{s: s, keyProblem: KeyProblem(s.Key), reviewer: reviewer, now: time.Now}
+	a.accepted = cache.NewLRUExpireCacheWithClock(cacheMax, clock{a})
+	a.refused = cache.NewLRUExpireCacheWithClock(cacheMax, clock{a})
+	qps, burst := s.ReviewQPS, s.ReviewBurst
+	if qps <= 0 || burst < 1 {
+		qps, burst = 5, 10
+	}
+	a.limiter = rate.NewLimiter(rate.Limit(qps), burst)
+	if a.keyProblem == "" {
+		a.keys = append(a.keys, namedKey{config.DefaultPrincipal, sha256.Sum256([]byte(s.Key))})
+	}
+	for _, name := range slices.Sorted(maps.Keys(s.Keys)) {
+		if name != config.DefaultPrincipal || s.Key == "" {
+			a.keys = append(a.keys, namedKey{name, sha256.Sum256([]byte(s.Keys[name]))})
+		}
+	}
+	return a
 }
 
-// FromConfig returns the Authenticator the configuration describes.
+type clock struct{ a *Authenticator }
+
+func (c clock) Now() time.Time { return c.a.now() }
+
+// FromConfig returns the Authenticator the configuration describes (which
+// config.Validate has checked).
 func FromConfig(c *config.Config, reviewer Reviewer) *Authenticator {
-	return New(Settings{Key: c.APIKey, Disabled: c.AuthDisabled, Audience: c.TokenAudience, AllowedSubjects: c.AllowedSubjects}, reviewer)
+	keys, _ := config.ParseAPIKeys(c.APIKeys, "")
+	ops, _ := config.ParsePrincipalOperations(c.PrincipalOperations)
+	return New(Settings{Key: c.APIKey, Keys: keys, Disabled: c.AuthDisabled, Audience: c.TokenAudience,
+		AllowedSubjects: c.AllowedSubjects, Admins: c.Admins, Operations: ops,
+		ReviewQPS: float64(c.TokenReviewQPS), ReviewBurst: c.TokenReviewBurst}, reviewer)
 }
 
 // KeyProblem says why key cannot be used, or "" when it can. A key that is
@@ -133,47 +195,72 @@ func KeyProblem(key string) string {
 	return ""
 }
 
-// KeyUsable reports whether the API key can authenticate anything.
-func (a *Authenticator) KeyUsable() bool { return a.keyProblem == "" }
+// KeyUsable reports whether any API key can authenticate.
+func (a *Authenticator) KeyUsable() bool { return len(a.keys) > 0 }
 
-// KeyProblem says why the configured key is refused ("" when usable).
+// KeyProblem says why PROVISIONER_API_KEY is refused ("" when usable).
 func (a *Authenticator) KeyProblem() string { return a.keyProblem }
 
 // TokensEnabled reports whether bearer tokens can authenticate.
 func (a *Authenticator) TokensEnabled() bool { return a.s.Audience != "" }
 
-// Check decides on c. A key, when present, is judged alone: a wrong key is
-// refused even if a token is present too, so a caller learns which one failed.
-func (a *Authenticator) Check(ctx context.Context, c Credentials) Decision {
-	if a.s.Disabled {
-		return Decision{Subject: "anonymous (PROVISIONER_AUTH_DISABLED)"}
-	}
+// Check decides whether c may run operation (one of config.Operations). A
+// key, when present, is judged alone: a wrong key is refused even if a
+// token is present too, so a caller learns which one failed.
+func (a *Authenticator) Check(ctx context.Context, c Credentials, operation string) Decision {
+	var d Decision
 	switch {
+	case a.s.Disabled:
+		return Decision{Principal: Principal{Name: "anonymous", Admin: true}}
 	case c.Key != "":
-		return a.checkKey(c.Key)
+		d = a.checkKey(c.Key)
 	case c.Token != "":
-		return a.checkToken(ctx, c.Token)
-	case a.keyProblem != "" && !a.TokensEnabled():
+		d = a.checkToken(ctx, c.Token)
+	case !a.KeyUsable() && !a.TokensEnabled():
 		return refuse(http.StatusUnauthorized, "this provisioner accepts no credentials: %s, and bearer tokens are off (AUTH_TOKEN_AUDIENCE is empty)", a.keyProblem)
-	case a.keyProblem != "":
+	case !a.KeyUsable():
 		return refuse(http.StatusUnauthorized, "no credentials; send a service-account token for audience %q in Authorization: Bearer (API keys are refused: %s)", a.s.Audience, a.keyProblem)
 	case a.TokensEnabled():
 		return refuse(http.StatusUnauthorized, "no credentials; send the API key in X-API-Key or a service-account token for audience %q in Authorization: Bearer", a.s.Audience)
 	default:
 		return refuse(http.StatusUnauthorized, "no credentials; send the API key in the X-API-Key header")
 	}
+	if !d.Allowed() {
+		return d
+	}
+	return a.authorize(d.Principal.Name, operation)
+}
+
+// authorize decides whether an authenticated principal may run operation.
+func (a *Authenticator) authorize(name, operation string) Decision {
+	ops, listed := a.s.Operations[name]
+	if !listed {
+		ops, listed = a.s.Operations["*"]
+	}
+	if listed && !slices.Contains(ops, operation) {
+		return refuse(http.StatusForbidden, "%s may not run %q; PROVISIONER_PRINCIPAL_OPERATIONS allows it only %s",
+			name, operation, strings.Join(ops, ", "))
+	}
+	return Decision{Principal: Principal{Name: name, Admin: slices.Contains(a.s.Admins, name)}}
 }
 
 func (a *Authenticator) checkKey(key string) Decision {
-	if a.keyProblem != "" {
+	if len(a.keys) == 0 {
 		return refuse(http.StatusUnauthorized, "this provisioner refuses API keys: %s", a.keyProblem)
 	}
-	// Hashing first makes the comparison's time independent of the length too.
-	g, w := sha256.Sum256([]byte(key)), sha256.Sum256([]byte(a.s.Key))
-	if subtle.ConstantTimeCompare(g[:], w[:]) != 1 {
+	// Hashing first makes each comparison's time independent of the length
+	// too; every key is compared, so the time does not tell which matched.
+	g := sha256.Sum256([]byte(key))
+	match := -1
+	for i, k := range a.keys {
+		if subtle.ConstantTimeCompare(g[:], k.sum[:]) == 1 {
+			match = i
+		}
+	}
+	if match < 0 {
 		return refuse(http.StatusUnauthorized, "invalid API key")
 	}
-	return Decision{Subject: "api-key"}
+	return Decision{Principal: Principal{Name: a.keys[match].name}}
 }
 
 // claims are the parts of a JWT we read before asking the API server: they
@@ -226,48 +313,68 @@ func (a *Authenticator) checkToken(ctx context.Context, token string) Decision {
 	}
 
 	sum := sha256.Sum256([]byte(token))
-	username, ok := a.lookup(sum, now)
+	if v, ok := a.refused.Get(sum); ok {
+		return refuse(http.StatusUnauthorized, "%s", v.(string))
+	}
+	username, ok := "", false
+	if v, hit := a.accepted.Get(sum); hit {
+		username, ok = v.(string), true
+	}
 	if !ok {
 		if a.reviewer == nil {
 			return refuse(http.StatusServiceUnavailable, "cannot verify tokens until the Kubernetes API server is reachable; retry shortly")
 		}
-		rv, err := a.reviewer.Review(ctx, token, a.s.Audience)
+		// Concurrent requests with one token share one review.
+		v, err, _ := a.inflight.Do(string(sum[:]), func() (any, error) { return a.review(ctx, token, sum, cl.Expiry) })
 		if err != nil {
-			return refuse(http.StatusServiceUnavailable, "could not verify the bearer token with the Kubernetes API server; retry: %v", err)
+			return refuse(http.StatusServiceUnavailable, "%v", err)
 		}
-		if !rv.Authenticated || !slices.Contains(rv.Audiences, a.s.Audience) {
-			return refuse(http.StatusUnauthorized, "the Kubernetes API server did not accept the bearer token for audience %q (invalid signature, issuer, expiry or audience)", a.s.Audience)
+		d := v.(Decision)
+		if !d.Allowed() {
+			return d
 		}
-		username = rv.Username
-		until := now.Add(cacheTTL)
-		if exp := time.Unix(cl.Expiry, 0); exp.Before(until) {
-			until = exp
-		}
-		a.remember(sum, cached{username: username, until: until})
+		username = d.Principal.Name
 	}
 	if !SubjectAllowed(username, a.s.AllowedSubjects) {
 		return refuse(http.StatusForbidden, "%q is not allowed to call this function; add it to AUTH_ALLOWED_SUBJECTS", username)
 	}
-	return Decision{Subject: username}
+	return Decision{Principal: Principal{Name: username}}
 }
 
-func (a *Authenticator) lookup(sum [32]byte, now time.Time) (string, bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	e, ok := a.cache[sum]
-	if !ok || !now.Before(e.until) {
-		return "", false
+// review asks the API server about a token, on the TokenReview limiter,
+// and remembers the verdict. An error is transient (503); a Decision that
+// is not allowed is the API server's refusal, cached for refusedTTL.
+func (a *Authenticator) review(ctx context.Context, token string, sum [32]byte, expiry int64) (Decision, error) {
+	r := a.limiter.Reserve()
+	if d := r.Delay(); d > maxReviewWait {
+		r.Cancel()
+		return Decision{}, fmt.Errorf("too many new bearer tokens to verify at once (AUTH_TOKEN_REVIEW_QPS); retry in a moment")
+	} else if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			r.Cancel()
+			return Decision{}, fmt.Errorf("could not verify the bearer token in time: %w", ctx.Err())
+		case <-t.C:
+		}
 	}
-	return e.username, true
-}
-
-func (a *Authenticator) remember(sum [32]byte, e cached) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if len(a.cache) >= cacheMax {
-		clear(a.cache)
+	rv, err := a.reviewer.Review(ctx, token, a.s.Audience)
+	if err != nil {
+		return Decision{}, fmt.Errorf("could not verify the bearer token with the Kubernetes API server; retry: %w", err)
 	}
-	a.cache[sum] = e
+	now := a.now()
+	if !rv.Authenticated || !slices.Contains(rv.Audiences, a.s.Audience) {
+		detail := fmt.Sprintf("the Kubernetes API server did not accept the bearer token for audience %q (invalid signature, issuer, expiry or audience)", a.s.Audience)
+		a.refused.Add(sum, detail, refusedTTL)
+		return Decision{Code: http.StatusUnauthorized, Detail: detail}, nil
+	}
+	ttl := acceptedTTL
+	if left := time.Unix(expiry, 0).Sub(now); left < ttl {
+		ttl = left
+	}
+	a.accepted.Add(sum, rv.Username, ttl)
+	return Decision{Principal: Principal{Name: rv.Username}}, nil
 }
 
 // SubjectAllowed matches a username against the allow-list. An entry is a

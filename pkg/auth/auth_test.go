@@ -89,7 +89,7 @@ func TestCheck(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			a := New(tc.settings, reviewer)
 			a.now = func() time.Time { return now }
-			d := a.Check(context.Background(), tc.creds)
+			d := a.Check(context.Background(), tc.creds, "get")
 			if d.Code != tc.code || !strings.Contains(d.Detail, tc.detail) {
 				t.Errorf("Check = %d %q, want %d with %q", d.Code, d.Detail, tc.code, tc.detail)
 			}
@@ -107,7 +107,7 @@ func TestTokenVerdictIsCachedWithinItsExpiry(t *testing.T) {
 	a := New(Settings{Audience: "aud", AllowedSubjects: []string{"system:serviceaccount:a:b"}}, r)
 	a.now = func() time.Time { return now }
 	for range 5 {
-		if d := a.Check(context.Background(), Credentials{Token: tok}); !d.Allowed() {
+		if d := a.Check(context.Background(), Credentials{Token: tok}, "get"); !d.Allowed() {
 			t.Fatal(d.Detail)
 		}
 	}
@@ -115,14 +115,14 @@ func TestTokenVerdictIsCachedWithinItsExpiry(t *testing.T) {
 		t.Errorf("%d TokenReviews for one token, want 1", got)
 	}
 	a.now = func() time.Time { return now.Add(31 * time.Second) } // past exp
-	if d := a.Check(context.Background(), Credentials{Token: tok}); d.Code != 401 {
+	if d := a.Check(context.Background(), Credentials{Token: tok}, "get"); d.Code != 401 {
 		t.Errorf("expired cached token: %d, want 401", d.Code)
 	}
 }
 
 func TestReviewerOutageIs503(t *testing.T) {
 	a := New(Settings{Audience: "aud", AllowedSubjects: []string{"system:serviceaccount:a:b"}}, &fakeReviewer{err: errors.New("connection refused")})
-	d := a.Check(context.Background(), Credentials{Token: jwt("aud", time.Now().Add(time.Hour))})
+	d := a.Check(context.Background(), Credentials{Token: jwt("aud", time.Now().Add(time.Hour))}, "get")
 	if d.Code != http.StatusServiceUnavailable {
 		t.Errorf("Check = %d %q, want 503", d.Code, d.Detail)
 	}

@@ -46,10 +46,33 @@ type Config struct {
 	// LarkBrokerDenySubcommands is passed to the broker sidecar as is.
 	LarkBrokerDenySubcommands string `envconfig:"DEERFLOW_LARK_BROKER_DENY_SUBCOMMANDS"`
 
+	// APIKeys are named API keys, "name=key,name2=key2": each name is a
+	// principal (see principals.go). PROVISIONER_API_KEY is principal "default".
+	APIKeys string `envconfig:"PROVISIONER_API_KEYS"`
+	// Admins lists the principals that see every sandbox (key names or
+	// service-account usernames).
+	Admins []string `envconfig:"PROVISIONER_ADMINS"`
+	// PrincipalOperations narrows what listed principals may run:
+	// "principal=op,op;principal2=op". Unlisted principals may run every
+	// operation, unless a "*" entry says otherwise.
+	PrincipalOperations string `envconfig:"PROVISIONER_PRINCIPAL_OPERATIONS"`
+	// TokenReviewQPS and TokenReviewBurst bound the TokenReviews a replica
+	// sends, on a client of their own: a flood of forged tokens cannot
+	// take the rate that sandbox operations use. The honest tokens are few
+	// (one per Trigger and PingSource, reused for an hour, each verified
+	// once a minute at most), so a few per second is plenty.
+	TokenReviewQPS   float32 `envconfig:"AUTH_TOKEN_REVIEW_QPS" default:"5"`
+	TokenReviewBurst int     `envconfig:"AUTH_TOKEN_REVIEW_BURST" default:"10"`
+
 	// AuthDisabled accepts every request without credentials. It is a
 	// development switch: start-up refuses it unless LISTEN_ADDRESS is a
-	// loopback address, so a deployed function can never run with it.
+	// loopback address, and whenever the process runs under Knative
+	// (K_SERVICE; queue-proxy reaches the container over loopback) or in a
+	// cluster (KUBERNETES_SERVICE_HOST), so a deployed function can never
+	// run with it.
 	AuthDisabled bool `envconfig:"PROVISIONER_AUTH_DISABLED" default:"false"`
+	// KubernetesServiceHost is set by the kubelet in every container.
+	KubernetesServiceHost string `envconfig:"KUBERNETES_SERVICE_HOST"`
 	// TokenAudience is the audience a bearer token must be issued for (the
 	// Triggers' subscriber.audience, the PingSource's sink.audience). Empty
 	// turns bearer tokens off.
@@ -105,10 +128,32 @@ type Config struct {
 	// server is reused before it is read again (and re-validated only when
 	// its resourceVersion changed): an edit applies to creates this much later.
 	TemplateCacheTTL time.Duration `envconfig:"SANDBOX_TEMPLATE_CACHE_TTL" default:"1s"`
+	// MaxPoolSize caps the warm pool a template may ask for
+	// (sandbox.deerflow.dev/pool-size): pooled Pods stand Ready with nobody
+	// using them, outside MAX_SANDBOXES, so they have a limit of their own.
+	MaxPoolSize int `envconfig:"SANDBOX_MAX_POOL_SIZE" default:"10"`
+
+	// What a template may add beyond the provisioner's own settings, each by
+	// allow-list (config/800-admission-policy.yaml's parameters must admit
+	// the same): tolerations (key[=value]:Effect, as SANDBOX_TOLERATIONS),
+	// Pod annotations (exact keys, or prefixes ending in *), and priority
+	// classes (none by default).
+	TemplateTolerations     []string `envconfig:"SANDBOX_TEMPLATE_TOLERATIONS"`
+	TemplateAnnotations     []string `envconfig:"SANDBOX_TEMPLATE_ANNOTATIONS" default:"kubectl.kubernetes.io/default-container,cluster-autoscaler.kubernetes.io/safe-to-evict,prometheus.io/scrape,prometheus.io/port,prometheus.io/path"`
+	TemplatePriorityClasses []string `envconfig:"SANDBOX_TEMPLATE_PRIORITY_CLASSES"`
+
+	// NetworkPolicyCheckTTL is how long a create trusts the last check of the
+	// shared NetworkPolicy (present, and what the function would build)
+	// before it reads the policy again: a deleted or altered policy stops
+	// creates this much later at most.
+	NetworkPolicyCheckTTL time.Duration `envconfig:"SANDBOX_NETWORK_POLICY_CHECK_TTL" default:"2s"`
 
 	// Quotas; 0 means no limit.
 	MaxSandboxes        int `envconfig:"MAX_SANDBOXES" default:"500"`
 	MaxSandboxesPerUser int `envconfig:"MAX_SANDBOXES_PER_USER" default:"0"`
+	// MaxSandboxesPerPrincipal limits the sandboxes each principal (API key
+	// name or token subject) has created, counted as the per-user limit is.
+	MaxSandboxesPerPrincipal int `envconfig:"MAX_SANDBOXES_PER_PRINCIPAL" default:"0"`
 
 	// Isolation.
 	// One shared NetworkPolicy isolates every sandbox (see
@@ -139,9 +184,12 @@ type Config struct {
 	MaxRequestBodyBytes int64   `envconfig:"MAX_REQUEST_BODY_BYTES" default:"65536"`
 	// Client-side rate limit towards the API server, per replica. The API
 	// server's priority and fairness is the real guard; this keeps one busy
-	// replica from crowding out the rest of the cluster (kubelet-sized).
-	ClientQPS   float32 `envconfig:"K8S_CLIENT_QPS" default:"50"`
-	ClientBurst int     `envconfig:"K8S_CLIENT_BURST" default:"100"`
+	// replica from crowding out the rest of the cluster. Sized for the work:
+	// a create or a destroy is two calls (the quota reads a watch-backed
+	// cache), so 200/s lets a replica create about 100 sandboxes a second,
+	// more than one API server here accepts; 50/s capped it near 12.
+	ClientQPS   float32 `envconfig:"K8S_CLIENT_QPS" default:"200"`
+	ClientBurst int     `envconfig:"K8S_CLIENT_BURST" default:"400"`
 	// MaxConcurrentWaits caps the requests of one replica that wait for
 	// readiness at once (each holds an API watch); beyond it, 429.
 	MaxConcurrentWaits int    `envconfig:"MAX_CONCURRENT_WAITS" default:"32"`
@@ -310,6 +358,13 @@ func (c *Config) Validate() error {
 	if c.TemplateCacheTTL < 0 || c.TemplateCacheTTL > time.Minute {
 		bad("SANDBOX_TEMPLATE_CACHE_TTL", "%s must be between 0 (read on every create) and 1m", c.TemplateCacheTTL)
 	}
+	if c.MaxPoolSize < 0 {
+		bad("SANDBOX_MAX_POOL_SIZE", "%d must be 0 (no pools) or positive", c.MaxPoolSize)
+	}
+	errs = append(errs, c.validateTemplateAllowLists()...)
+	if c.NetworkPolicyCheckTTL < 0 || c.NetworkPolicyCheckTTL > time.Minute {
+		bad("SANDBOX_NETWORK_POLICY_CHECK_TTL", "%s must be between 0 (read on every create) and 1m", c.NetworkPolicyCheckTTL)
+	}
 	if c.MaxConcurrentWaits < 1 {
 		bad("MAX_CONCURRENT_WAITS", "%d must be at least 1", c.MaxConcurrentWaits)
 	}
@@ -327,14 +382,36 @@ func (c *Config) Validate() error {
 	if c.TokenAudience != "" && strings.ContainsAny(c.TokenAudience, " \t\n,") {
 		bad("AUTH_TOKEN_AUDIENCE", "%q must be one audience without spaces or commas", c.TokenAudience)
 	}
-	if c.AuthDisabled && !IsLoopback(c.ListenAddress) {
+	switch {
+	case c.AuthDisabled && c.KService != "":
+		bad("PROVISIONER_AUTH_DISABLED", "is a development switch and is refused under Knative (K_SERVICE=%q): queue-proxy reaches the container over loopback, so every caller would pass", c.KService)
+	case c.AuthDisabled && c.KubernetesServiceHost != "":
+		bad("PROVISIONER_AUTH_DISABLED", "is a development switch and is refused in a cluster (KUBERNETES_SERVICE_HOST is set): every Pod that reaches this one would pass")
+	case c.AuthDisabled && !IsLoopback(c.ListenAddress):
 		bad("PROVISIONER_AUTH_DISABLED", "is a development switch and needs a loopback LISTEN_ADDRESS (127.0.0.1:8080), not %q", c.ListenAddress)
+	}
+	if _, err := ParseAPIKeys(c.APIKeys, c.APIKey); err != nil {
+		bad("PROVISIONER_API_KEYS", "%v", err)
+	}
+	for _, a := range c.Admins {
+		if err := validPrincipal(a); err != nil {
+			bad("PROVISIONER_ADMINS", "%v", err)
+		}
+	}
+	if _, err := ParsePrincipalOperations(c.PrincipalOperations); err != nil {
+		bad("PROVISIONER_PRINCIPAL_OPERATIONS", "%v", err)
+	}
+	if c.TokenReviewQPS <= 0 || c.TokenReviewBurst < 1 {
+		bad("AUTH_TOKEN_REVIEW_QPS", "AUTH_TOKEN_REVIEW_QPS and AUTH_TOKEN_REVIEW_BURST must be positive")
 	}
 	if c.MaxLifetime < time.Second {
 		bad("SANDBOX_MAX_LIFETIME", "%s is under one second", c.MaxLifetime)
 	}
 	if c.MaxSandboxes < 0 || c.MaxSandboxesPerUser < 0 {
 		bad("MAX_SANDBOXES", "quotas must be 0 (no limit) or positive")
+	}
+	if c.MaxSandboxesPerPrincipal < 0 {
+		bad("MAX_SANDBOXES_PER_PRINCIPAL", "must be 0 (no limit) or positive")
 	}
 	if c.MaxRequestBodyBytes < 1024 {
 		bad("MAX_REQUEST_BODY_BYTES", "%d is below 1024", c.MaxRequestBodyBytes)

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -78,6 +79,20 @@ func TestLoadRejectsBadValuesNamingTheVariable(t *testing.T) {
 		{"AUTH_ALLOWED_SUBJECTS", "alice"},
 		{"AUTH_ALLOWED_SUBJECTS", "system:serviceaccount:deer-flow:a*"},
 		{"PROVISIONER_AUTH_DISABLED", "true"}, // LISTEN_ADDRESS defaults to [::]:8080
+		{"PROVISIONER_API_KEYS", "alice"},
+		{"PROVISIONER_API_KEYS", "alice=short"},
+		{"PROVISIONER_API_KEYS", "Alice=0123456789abcdef"},
+		{"PROVISIONER_API_KEYS", "alice={{ secret:x:y }}-0123456789"},
+		{"PROVISIONER_API_KEYS", "alice=0123456789abcdef,alice=0123456789abcdefg"},
+		{"PROVISIONER_API_KEYS", "alice=0123456789abcdef,bob=0123456789abcdef"},
+		{"PROVISIONER_ADMINS", "system:serviceaccount:ns:*"},
+		{"PROVISIONER_ADMINS", "Bob"},
+		{"PROVISIONER_PRINCIPAL_OPERATIONS", "alice=create,fly"},
+		{"PROVISIONER_PRINCIPAL_OPERATIONS", "alice"},
+		{"PROVISIONER_PRINCIPAL_OPERATIONS", "alice=get;alice=list"},
+		{"PROVISIONER_PRINCIPAL_OPERATIONS", "system:serviceaccount:ns:*=get"},
+		{"MAX_SANDBOXES_PER_PRINCIPAL", "-1"},
+		{"AUTH_TOKEN_REVIEW_QPS", "0"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name+"="+tc.value, func(t *testing.T) {
@@ -128,6 +143,89 @@ func TestAuthDisabledOnlyOnLoopback(t *testing.T) {
 				t.Errorf("Load() with LISTEN_ADDRESS=%s: %v, want ok=%v", tc.addr, err, tc.ok)
 			}
 		})
+	}
+}
+
+// TestAuthDisabledRefusedWhenDeployed: under Knative queue-proxy reaches
+// the container over loopback, and in a cluster every Pod that reaches this
+// one would pass, so the switch is refused there whatever LISTEN_ADDRESS is,
+// with a message naming it.
+func TestAuthDisabledRefusedWhenDeployed(t *testing.T) {
+	for _, tc := range []struct {
+		env  map[string]string
+		want string // part of the error, "" for none
+	}{
+		{env: map[string]string{}, want: ""},
+		{env: map[string]string{"K_SERVICE": "sandbox-provisioner"}, want: "PROVISIONER_AUTH_DISABLED: is a development switch and is refused under Knative"},
+		{env: map[string]string{"KUBERNETES_SERVICE_HOST": "10.96.0.1"}, want: "PROVISIONER_AUTH_DISABLED: is a development switch and is refused in a cluster"},
+	} {
+		t.Run(fmt.Sprint(tc.env), func(t *testing.T) {
+			t.Setenv("PROVISIONER_AUTH_DISABLED", "true")
+			t.Setenv("LISTEN_ADDRESS", "127.0.0.1:8080")
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			_, err := Load()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("Load() = %v, want no error", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("Load() = %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseAPIKeys(t *testing.T) {
+	tests := []struct {
+		raw, single string
+		want        map[string]string
+		err         string
+	}{
+		{raw: "", single: "", want: map[string]string{}},
+		{raw: "", single: "the-single-key-0123", want: map[string]string{"default": "the-single-key-0123"}},
+		{raw: " alice = alice-key-0123456789=, bob=bob-key-0123456789ab ", single: "the-single-key-0123",
+			want: map[string]string{"alice": " alice-key-0123456789=", "bob": "bob-key-0123456789ab", "default": "the-single-key-0123"}},
+		{raw: "default=another-key-0123456789", want: map[string]string{"default": "another-key-0123456789"}},
+		{raw: "default=another-key-0123456789", single: "the-single-key-0123", err: "PROVISIONER_API_KEY's principal"},
+		{raw: "alice=the-single-key-0123", single: "the-single-key-0123", err: "same key as PROVISIONER_API_KEY"},
+		{raw: "a.b=0123456789abcdef", err: "lowercase"},
+		{raw: "alice=", err: "name=key"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.raw, func(t *testing.T) {
+			got, err := ParseAPIKeys(tc.raw, tc.single)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Errorf("error %v, want one containing %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("ParseAPIKeys (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestParsePrincipalOperations(t *testing.T) {
+	got, err := ParsePrincipalOperations(`
+		system:serviceaccount:deer-flow:create-oidc=create;
+		system:serviceaccount:deer-flow:ping=reap ;alice = get, list, get; *=get`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]string{
+		"system:serviceaccount:deer-flow:create-oidc": {"create"},
+		"system:serviceaccount:deer-flow:ping":        {"reap"},
+		"alice":                                       {"get", "list"},
+		"*":                                           {"get"},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("ParsePrincipalOperations (-want +got):\n%s", diff)
 	}
 }
 

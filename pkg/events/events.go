@@ -131,7 +131,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	opName = op.name
-	if c, detail := h.admit(ctx, r, ev.Source(), ev.Data()); c != 0 {
+	ctx, c, detail := h.admit(ctx, r, op.name, ev.Source(), ev.Data())
+	if c != 0 {
 		code = writeDetail(w, c, detail)
 		log.Warn("event refused", "status", code, "reason", detail)
 		return
@@ -170,17 +171,21 @@ const eventsDisabled = "events are disabled on this provisioner (EVENTS_DISABLED
 // admit applies the event settings and authentication, identically for a
 // CloudEvent and a POST / invocation: the source allow-list, then a
 // credential (X-API-Key, a bearer token, or the api_key field of the JSON
-// data for senders that cannot set headers, such as kn func invoke).
-func (h *Handler) admit(ctx context.Context, r *http.Request, source string, data []byte) (int, string) {
+// data for senders that cannot set headers, such as kn func invoke) of a
+// principal that may run operation. It returns ctx carrying that principal.
+func (h *Handler) admit(ctx context.Context, r *http.Request, operation, source string, data []byte) (context.Context, int, string) {
 	if len(h.cfg.EventSourceAllowlist) > 0 && !slices.Contains(h.cfg.EventSourceAllowlist, source) {
-		return http.StatusForbidden, fmt.Sprintf("event source %q is not in EVENT_SOURCE_ALLOWLIST", sandbox.Truncate(source))
+		return ctx, http.StatusForbidden, fmt.Sprintf("event source %q is not in EVENT_SOURCE_ALLOWLIST", sandbox.Truncate(source))
 	}
 	creds := auth.FromRequest(r)
 	if creds.Key == "" && creds.Token == "" {
 		creds.Key = dataKey(data)
 	}
-	d := h.auth.Check(ctx, creds)
-	return d.Code, d.Detail
+	d := h.auth.Check(ctx, creds, operation)
+	if !d.Allowed() {
+		return ctx, d.Code, d.Detail
+	}
+	return sandbox.WithCaller(ctx, sandbox.Caller{Principal: d.Principal.Name, Admin: d.Principal.Admin}), 0, ""
 }
 
 // dataKey reads the api_key field of JSON data. It is never logged or

@@ -22,14 +22,19 @@ import (
 )
 
 // fakeOps records calls; the domain itself is tested against a real API server.
-type fakeOps struct{ calls []string }
+type fakeOps struct {
+	calls  []string
+	caller sandbox.Caller // of the last create or get
+}
 
-func (f *fakeOps) Create(_ context.Context, s sandbox.Spec, _ time.Duration) (sandbox.Sandbox, error) {
+func (f *fakeOps) Create(ctx context.Context, s sandbox.Spec, _ time.Duration) (sandbox.Sandbox, error) {
 	f.calls = append(f.calls, "create "+s.ID)
+	f.caller, _ = sandbox.CallerFrom(ctx)
 	return sandbox.Sandbox{ID: s.ID, URL: "http://n:1", Status: "Pending"}, nil
 }
-func (f *fakeOps) Get(_ context.Context, id string, _ time.Duration) (sandbox.Sandbox, error) {
+func (f *fakeOps) Get(ctx context.Context, id string, _ time.Duration) (sandbox.Sandbox, error) {
 	f.calls = append(f.calls, "get "+id)
+	f.caller, _ = sandbox.CallerFrom(ctx)
 	if id == "missing" {
 		return sandbox.Sandbox{}, &sandbox.Error{Kind: sandbox.KindNotFound, Detail: "sandbox missing not found"}
 	}
@@ -313,5 +318,63 @@ func TestEventIDIsTheRequestID(t *testing.T) {
 	line, _, _ := strings.Cut(logs.String(), "\n")
 	if n := strings.Count(line, `"request_id"`); n != 1 || !strings.Contains(line, `"request_id":"id-1"`) {
 		t.Errorf("log record has %d request_id fields, want one with the event id: %s", n, line)
+	}
+}
+
+// TestPrincipalsOnTheEventDoors: a CloudEvent or a POST / invocation runs
+// as the principal its credential names, and only the operations that
+// principal may run; the domain receives that principal.
+func TestPrincipalsOnTheEventDoors(t *testing.T) {
+	const readerKey = "reader-key-0123456789"
+	h, ops := newHandler(t, map[string]string{
+		"PROVISIONER_API_KEYS":             "reader=" + readerKey,
+		"PROVISIONER_PRINCIPAL_OPERATIONS": "reader=get",
+		"PROVISIONER_ADMINS":               "default",
+	})
+	reader := map[string]string{"X-API-Key": readerKey}
+	invoke := func(body string, headers map[string]string) *http.Request {
+		r := httptest.NewRequest("POST", "/", strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		for k, v := range headers {
+			r.Header.Set(k, v)
+		}
+		return r
+	}
+	type result struct {
+		Code   int
+		Caller sandbox.Caller
+	}
+	tests := []struct {
+		name   string
+		req    *http.Request
+		invoke bool
+		want   result
+		detail string
+	}{
+		{name: "reader creates by event", req: binaryEvent(TypeCreate, "", `{"sandbox_id":"abc"}`, reader), want: result{Code: 403}, detail: "reader may not run"},
+		{name: "reader creates by POST /", req: invoke(`{"operation":"create","sandbox_id":"abc"}`, reader), invoke: true, want: result{Code: 403}, detail: "reader may not run"},
+		{name: "reader creates with the key in the data", req: invoke(`{"operation":"create","sandbox_id":"abc","api_key":"`+readerKey+`"}`, nil), invoke: true, want: result{Code: 403}, detail: "PROVISIONER_PRINCIPAL_OPERATIONS"},
+		{name: "reader gets", req: binaryEvent(TypeGet, "abc", ``, reader), want: result{Code: 200, Caller: sandbox.Caller{Principal: "reader"}}},
+		{name: "the administrator creates", req: binaryEvent(TypeCreate, "", `{"sandbox_id":"abc"}`, withKey), want: result{Code: 200, Caller: sandbox.Caller{Principal: "default", Admin: true}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ops.caller, ops.calls = sandbox.Caller{}, nil
+			w := httptest.NewRecorder()
+			if tc.invoke {
+				h.Invoke(w, tc.req)
+			} else {
+				h.ServeHTTP(w, tc.req)
+			}
+			if diff := cmp.Diff(tc.want, result{w.Code, ops.caller}); diff != "" {
+				t.Errorf("(-want +got):\n%s\nbody: %s", diff, w.Body)
+			}
+			if !strings.Contains(w.Body.String(), tc.detail) {
+				t.Errorf("body %s, want a detail containing %q", w.Body, tc.detail)
+			}
+			if tc.want.Code != 200 && len(ops.calls) != 0 {
+				t.Errorf("a refused request reached the domain: %v", ops.calls)
+			}
+		})
 	}
 }

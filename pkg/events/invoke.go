@@ -72,8 +72,8 @@ func (h *Handler) Invoke(w http.ResponseWriter, r *http.Request) {
 	}
 	op := operations[evType]
 	opName = op.name
-	ctx := r.Context()
-	if c, detail := h.admit(ctx, r, envelope.Source, body); c != 0 {
+	ctx, c, detail := h.admit(r.Context(), r, opName, envelope.Source, body)
+	if c != 0 {
 		code = writeDetail(w, c, detail)
 		reqid.Logger(ctx).Warn("invoke refused", "operation", opName, "status", code, "reason", detail)
 		return

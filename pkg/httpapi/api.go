@@ -74,25 +74,28 @@ type handlerFunc func(w http.ResponseWriter, r *http.Request) int
 func (a *API) route(pattern, operation string, h handlerFunc) {
 	a.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		start := a.now()
-		code := a.authenticate(w, r)
+		r, principal, code := a.authenticate(w, r, operation)
 		if code == 0 {
 			code = h(w, r)
 		}
 		a.metrics.ObserveRequest(operation, "http", code, time.Since(start))
 		reqid.Logger(r.Context()).Info("request", "operation", operation, "method", r.Method, "path", r.URL.Path,
-			"status", code, "duration_ms", time.Since(start).Milliseconds())
+			"principal", principal, "status", code, "duration_ms", time.Since(start).Milliseconds())
 	})
 }
 
-// authenticate admits a request with the API key or an allowed
-// service-account token (see package auth); the detail says what to fix.
-func (a *API) authenticate(w http.ResponseWriter, r *http.Request) int {
-	d := a.auth.Check(r.Context(), auth.FromRequest(r))
-	if d.Allowed() {
-		return 0
+// authenticate admits a request with an API key or an allowed
+// service-account token, for a principal that may run operation (see
+// package auth), and returns it carrying that principal; a refusal's detail
+// says what to fix.
+func (a *API) authenticate(w http.ResponseWriter, r *http.Request, operation string) (*http.Request, string, int) {
+	d := a.auth.Check(r.Context(), auth.FromRequest(r), operation)
+	if !d.Allowed() {
+		problem.WriteDetail(w, d.Code, d.Detail)
+		return r, "", d.Code
 	}
-	problem.WriteDetail(w, d.Code, d.Detail)
-	return d.Code
+	ctx := sandbox.WithCaller(r.Context(), sandbox.Caller{Principal: d.Principal.Name, Admin: d.Principal.Admin})
+	return r.WithContext(ctx), d.Principal.Name, 0
 }
 
 func (a *API) health(w http.ResponseWriter, _ *http.Request) {

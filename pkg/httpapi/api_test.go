@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/deerflow-sandbox/provisioner/pkg/auth"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
@@ -97,5 +99,37 @@ func TestTransientErrorsAreNever404(t *testing.T) {
 	a.ServeHTTP(w, r)
 	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" {
 		t.Errorf("create while unavailable: %d %v", w.Code, w.Header())
+	}
+}
+
+// TestOperationsPerPrincipal: a key limited to get is refused (403 with a
+// detail) on every other route, before the domain is called.
+func TestOperationsPerPrincipal(t *testing.T) {
+	const readerKey = "reader-key-0123456789"
+	a := newAPI(t, map[string]string{"PROVISIONER_API_KEY": key, "PROVISIONER_API_KEYS": "reader=" + readerKey,
+		"PROVISIONER_PRINCIPAL_OPERATIONS": "reader=get"})
+	got := map[string]int{}
+	for _, route := range []struct{ method, path string }{
+		{"GET", "/api/sandboxes/abc"}, {"POST", "/api/sandboxes"}, {"GET", "/api/sandboxes"}, {"DELETE", "/api/sandboxes/abc"},
+		{"POST", "/api/sandboxes/abc/pause"}, {"POST", "/api/sandboxes/abc/resume"}, {"POST", "/api/reap"},
+		{"GET", "/api/templates"}, {"GET", "/api/capabilities"},
+	} {
+		r := httptest.NewRequest(route.method, route.path, strings.NewReader(`{"sandbox_id":"abc"}`))
+		r.Header.Set("X-API-Key", readerKey)
+		w := httptest.NewRecorder()
+		a.ServeHTTP(w, r)
+		got[route.method+" "+route.path] = w.Code
+		if w.Code == 403 && !strings.Contains(w.Body.String(), "PROVISIONER_PRINCIPAL_OPERATIONS") {
+			t.Errorf("%s %s: 403 without a detail naming the setting: %s", route.method, route.path, w.Body)
+		}
+	}
+	want := map[string]int{
+		"GET /api/sandboxes/abc": http.StatusGatewayTimeout, // reached the (unavailable) domain
+		"POST /api/sandboxes":    403, "GET /api/sandboxes": 403, "DELETE /api/sandboxes/abc": 403,
+		"POST /api/sandboxes/abc/pause": 403, "POST /api/sandboxes/abc/resume": 403, "POST /api/reap": 403,
+		"GET /api/templates": 403, "GET /api/capabilities": 403,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("statuses (-want +got):\n%s", diff)
 	}
 }

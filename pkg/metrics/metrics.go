@@ -26,6 +26,7 @@ type Metrics struct {
 	reaped          *prometheus.CounterVec
 	quotaRefusals   *prometheus.CounterVec
 	eventsDropped   prometheus.Counter
+	poolClaims      *prometheus.CounterVec
 }
 
 // New registers the series on a fresh registry.
@@ -67,9 +68,13 @@ func New() *Metrics {
 			Namespace: namespace, Name: "kubernetes_events_dropped_total",
 			Help: "Kubernetes Events not written because they exceeded K8S_EVENTS_QPS/K8S_EVENTS_BURST.",
 		}),
+		poolClaims: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "pool_claims_total",
+			Help: "Creates of templates with a warm pool, by template and result: hit (claimed a pooled sandbox), miss (the request needs what a pooled one lacks), empty (none Ready), error (the pool could not be read or written); all but hit start cold.",
+		}, []string{"template", "result"}),
 	}
 	m.Registry.MustRegister(m.requests, m.requestDuration, m.createToReady, m.kubeRequests, m.kubeDuration,
-		m.reaped, m.quotaRefusals, m.eventsDropped, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		m.reaped, m.quotaRefusals, m.eventsDropped, m.poolClaims, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -92,6 +97,11 @@ func (m *Metrics) Reaped(reason string) { m.reaped.WithLabelValues(reason).Inc()
 
 // QuotaRefused implements sandbox.Observer.
 func (m *Metrics) QuotaRefused(scope string) { m.quotaRefusals.WithLabelValues(scope).Inc() }
+
+// PoolClaim counts one create of a pooled template (pool.Observer).
+func (m *Metrics) PoolClaim(template, result string) {
+	m.poolClaims.WithLabelValues(template, result).Inc()
+}
 
 // EventDropped counts one Event over the budget.
 func (m *Metrics) EventDropped() { m.eventsDropped.Inc() }

@@ -16,6 +16,7 @@ type ctxKey struct{}
 // id rather than log a second one beside it.
 type value struct {
 	base, logger *slog.Logger
+	id           string
 }
 
 // Header is where clients may send their own request id.
@@ -40,7 +41,7 @@ func New() string {
 
 // With returns ctx carrying a logger that adds id to every record.
 func With(ctx context.Context, base *slog.Logger, id string) context.Context {
-	return context.WithValue(ctx, ctxKey{}, value{base: base, logger: base.With("request_id", id)})
+	return context.WithValue(ctx, ctxKey{}, value{base: base, logger: base.With("request_id", id), id: id})
 }
 
 // Rebind gives the request in ctx a new id: a CloudEvent's own id replaces
@@ -59,4 +60,10 @@ func Logger(ctx context.Context) *slog.Logger {
 		return v.logger
 	}
 	return slog.Default()
+}
+
+// ID returns the request's id, or "" outside a request.
+func ID(ctx context.Context) string {
+	v, _ := ctx.Value(ctxKey{}).(value)
+	return v.id
 }

@@ -56,7 +56,8 @@ func admissionRefusal(cfg *config.Config, err error, s Spec, kind string) error 
 		return operator("Pod Security %q in namespace %s: %s; %s", m[1], cfg.Namespace, m[2], fix)
 	case policyRefusal.MatchString(msg):
 		m := policyRefusal.FindStringSubmatch(msg)
-		return operator("the admission policy %s: %s; the function's settings (DEER_FLOW_HOST_BASE_DIR, SANDBOX_CAPABILITIES_ADD, SANDBOX_RUN_AS_USER) and that policy must agree", m[1], m[2])
+		return operator("the admission policy %s: %s; the function's settings (DEER_FLOW_HOST_BASE_DIR, THREADS_HOST_PATH, SANDBOX_CAPABILITIES_ADD, SANDBOX_RUN_AS_USER) "+
+			"and the policy's parameters (ConfigMap sandbox-admission in namespace %s) must agree", m[1], m[2], cfg.Namespace)
 	case webhookRefusal.MatchString(msg):
 		m := webhookRefusal.FindStringSubmatch(msg)
 		return operator("the admission webhook %s: %s", m[1], m[2])

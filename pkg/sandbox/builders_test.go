@@ -11,6 +11,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
@@ -89,10 +90,12 @@ func hostMounts() []corev1.VolumeMount {
 
 // wantPod is DeerFlow's Pod with our hardening, for the given volumes.
 func wantPod(volumes []corev1.Volume, mounts []corev1.VolumeMount, env []corev1.EnvVar) *corev1.Pod {
-	probe := func(delay, period int32) *corev1.Probe {
+	// No initial delays: the startup probe every second, with five
+	// minutes of failures allowed, gates the other two.
+	probe := func(period, failures int32) *corev1.Probe {
 		return &corev1.Probe{
-			ProbeHandler:        corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/v1/sandbox", Port: intstr.FromInt32(8080), Scheme: corev1.URISchemeHTTP}},
-			InitialDelaySeconds: delay, PeriodSeconds: period, TimeoutSeconds: 3, FailureThreshold: 3, SuccessThreshold: 1,
+			ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/v1/sandbox", Port: intstr.FromInt32(8080), Scheme: corev1.URISchemeHTTP}},
+			PeriodSeconds: period, TimeoutSeconds: 3, FailureThreshold: failures, SuccessThreshold: 1,
 		}
 	}
 	return &corev1.Pod{
@@ -101,9 +104,9 @@ func wantPod(volumes []corev1.Volume, mounts []corev1.VolumeMount, env []corev1.
 		Spec: corev1.PodSpec{
 			Containers: []corev1.Container{{
 				Name: "sandbox", Image: "sandbox:1", ImagePullPolicy: corev1.PullIfNotPresent,
-				Ports:          []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}},
-				Env:            env,
-				ReadinessProbe: probe(5, 5), LivenessProbe: probe(10, 10),
+				Ports:        []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}},
+				Env:          env,
+				StartupProbe: probe(1, 300), ReadinessProbe: probe(5, 3), LivenessProbe: probe(10, 3),
 				Resources: corev1.ResourceRequirements{
 					Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("1Gi"), corev1.ResourceEphemeralStorage: resource.MustParse("500Mi")},
 					Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("1Gi"), corev1.ResourceEphemeralStorage: resource.MustParse("500Mi")},
@@ -169,6 +172,22 @@ func TestBuildPod(t *testing.T) {
 			corev1.VolumeMount{Name: skillsViewRoot.Name, MountPath: "/mnt/skills/integrations", SubPath: "public/evil", ReadOnly: true},
 			corev1.VolumeMount{Name: "host-user", MountPath: "/mnt/acp-workspace", SubPath: "threads/t1/acp-workspace"},
 		), nil),
+	}, {
+		name: "request env after MAX_SHELL_SESSIONS, in name order, every $ literal",
+		spec: func(s *Spec) {
+			s.MaxShellSessions = 2
+			s.Env = map[string]string{"ZED": "last", "API_KEY": "sk-$(HOME)$$x", "EMPTY": ""}
+		},
+		want: func() *corev1.Pod {
+			p := wantPod(hostVolumes(), hostMounts(), []corev1.EnvVar{
+				{Name: "MAX_SHELL_SESSIONS", Value: "2"},
+				{Name: "API_KEY", Value: "sk-$$(HOME)$$$$x"},
+				{Name: "EMPTY", Value: ""},
+				{Name: "ZED", Value: "last"},
+			})
+			p.Annotations["sandbox.deerflow.dev/max-shell-sessions"] = "2"
+			return p
+		}(),
 	}, {
 		name: "PVC mode",
 		env:  map[string]string{"SKILLS_PVC_NAME": "skills", "USERDATA_PVC_NAME": "home", "SKILLS_PVC_SUBPATH_TEMPLATE": "skills/{user_id}/{thread_id}"},
@@ -284,23 +303,38 @@ func TestBuildService(t *testing.T) {
 	}
 }
 
-func TestCount(t *testing.T) {
+func TestTally(t *testing.T) {
+	old := metav1.NewTime(time.Now().Add(-time.Minute))
+	young := metav1.NewTime(time.Now())
+	svc := func(id, user string, created metav1.Time, ownerUID types.UID) *corev1.Service {
+		return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: ServiceName(id), UID: types.UID("svc-" + id), CreationTimestamp: created,
+			Labels:          map[string]string{LabelApp: LabelAppValue, LabelID: id, LabelUser: user},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", UID: ownerUID}}}}
+	}
+	deleting := svc("d", "alice", old, "pod-d")
+	deleting.DeletionTimestamp = &old
+	notSandbox := svc("n", "alice", old, "pod-n")
+	notSandbox.Name = "something-else"
+	own := svc("own", "alice", young, "pod-own")
+	all := []metav1.Object{svc("a1", "alice", old, "pod-a1"), svc("a2", "alice", young, "pod-a2"), svc("b1", "bob", old, "pod-b1"),
+		svc("ended", "alice", old, "pod-ended"), deleting, notSandbox, own}
 	tests := []struct {
-		name      string
-		meta      metav1.ListMeta
-		items     int
-		want      int64
-		wantExact bool
+		name        string
+		own         *corev1.Service
+		prospective int
+		gone        map[types.UID]bool
+		want        counted
 	}{
-		{"whole list", metav1.ListMeta{}, 3, 3, true},
-		{"first of many", metav1.ListMeta{Continue: "c", RemainingItemCount: ptr.To[int64](41)}, 1, 42, true},
-		{"more, count unknown", metav1.ListMeta{Continue: "c"}, 1, 0, false},
+		{name: "after the create: own counts, but not as settled", own: own, want: counted{total: 5, mine: 4, settledTotal: 3, settledMine: 2}},
+		{name: "the Service of an ended Pod does not count", own: own, gone: map[types.UID]bool{"pod-ended": true},
+			want: counted{total: 4, mine: 3, settledTotal: 2, settledMine: 1}},
+		{name: "a look for room counts the create to come", prospective: 1, want: counted{total: 6, mine: 5, ours: 1, settledTotal: 3, settledMine: 2}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, exact := count(tc.meta, tc.items)
-			if diff := cmp.Diff([]any{tc.want, tc.wantExact}, []any{got, exact}); diff != "" {
-				t.Errorf("count (-want +got):\n%s", diff)
+			got := tally(all, tc.own, "alice", "nobody", tc.prospective, tc.gone)
+			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(counted{})); diff != "" {
+				t.Errorf("tally (-want +got):\n%s", diff)
 			}
 		})
 	}

@@ -24,7 +24,20 @@ const maxConvergeAttempts = 5
 // and safe under concurrency: every caller creating the same id, from any
 // replica, converges on one Pod and one Service. A half-present sandbox is
 // repaired. With wait > 0 it also waits (by watch) until the Pod is Ready.
+// The sandbox records the caller's principal; an existing one is handed
+// only to that principal (or an administrator).
 func (m *Manager) Create(ctx context.Context, s Spec, wait time.Duration) (Sandbox, error) {
+	c, err := callerOf(ctx)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	s.Caller = c
+	sb, err := m.create(ctx, s, wait)
+	m.audit(ctx, "create", s.ID, outcome(err), err)
+	return sb, err
+}
+
+func (m *Manager) create(ctx context.Context, s Spec, wait time.Duration) (Sandbox, error) {
 	release, err := m.admitWait(wait)
 	if err != nil {
 		return Sandbox{}, err
@@ -32,6 +45,9 @@ func (m *Manager) Create(ctx context.Context, s Spec, wait time.Duration) (Sandb
 	defer release()
 	if s, err = m.resolveTemplate(ctx, s); err != nil {
 		return Sandbox{}, err
+	}
+	if sb, handled, err := m.createFromPool(ctx, s, wait); handled {
+		return sb, err
 	}
 	for attempt := 0; ; attempt++ {
 		var (
@@ -47,7 +63,7 @@ func (m *Manager) Create(ctx context.Context, s Spec, wait time.Duration) (Sandb
 			if err := sleepCtx(ctx, time.Duration(attempt)*time.Duration(50+rand.IntN(150))*time.Millisecond); err != nil {
 				return Sandbox{}, classify(err, "create the sandbox")
 			}
-			err = m.checkQuota(ctx, s, nil, nil)
+			err = m.checkQuota(ctx, s, nil)
 		}
 		if err == nil {
 			f, existed, repaired, err = m.createOnce(ctx, s)
@@ -103,8 +119,9 @@ func (m *Manager) createOnce(ctx context.Context, s Spec) (found, bool, bool, er
 	return m.reuseOtherKind(ctx, s)
 }
 
-// errOtherKind says that the sandbox's Service belongs to a workload of the
-// other kind: the id is taken by a sandbox the create did not expect.
+// errOtherKind says that the sandbox's Service belongs to a live workload of
+// the other kind, or of another name (a Pod claimed from a warm pool keeps
+// its pool's name): the id is taken by a sandbox the create did not expect.
 var errOtherKind = errors.New("the sandbox exists as the other workload kind")
 
 // reuseOtherKind answers a create with the sandbox that holds the id, as
@@ -171,30 +188,16 @@ func (m *Manager) createReplicaSetOnce(ctx context.Context, s Spec) (found, bool
 }
 
 // serviceAndQuota ensures the Service owned by the workload and, for a new
-// workload, counts the quota beside it: the Service needs the workload's
-// UID, the count needs the workload to exist (and, in part, the Service: see
-// checkQuota), so a create costs little more than the bare floor's two
-// writes. A new workload that is refused, whose count fails, or whose id
-// turns out to be the other kind's (errOtherKind) is removed again.
+// workload, counts the quota once the Service is written: the Service is
+// the sandbox's slot (see checkQuota), so a create costs the bare floor's
+// two writes and a look into the Service cache. A new workload that is
+// refused, whose count fails, or whose id turns out to be the other kind's
+// (errOtherKind) is removed again.
 func (m *Manager) serviceAndQuota(ctx context.Context, s Spec, workload workloadObject, owner metav1.OwnerReference, existed bool) (*corev1.Service, bool, error) {
-	var (
-		svc              *corev1.Service
-		repaired         bool
-		svcErr, quotaErr error
-	)
-	if existed || (m.cfg.MaxSandboxes == 0 && m.cfg.MaxSandboxesPerUser == 0) {
-		svc, repaired, svcErr = m.ensureService(ctx, s, owner, existed)
-	} else {
-		written := make(chan struct{})
-		go func() {
-			defer close(written)
-			svc, repaired, svcErr = m.ensureService(ctx, s, owner, false)
-		}()
-		quotaErr = m.checkQuota(ctx, s, workload, func() (*corev1.Service, error) {
-			<-written
-			return svc, svcErr
-		})
-		<-written
+	svc, repaired, svcErr := m.ensureService(ctx, s, owner, existed)
+	var quotaErr error
+	if svcErr == nil && !existed && (m.cfg.MaxSandboxes > 0 || m.cfg.MaxSandboxesPerUser > 0 || m.cfg.MaxSandboxesPerPrincipal > 0) {
+		quotaErr = m.checkQuota(ctx, s, svc)
 	}
 	undo := !existed && (quotaErr != nil || errors.Is(svcErr, errOtherKind))
 	if undo {
@@ -206,8 +209,8 @@ func (m *Manager) serviceAndQuota(ctx context.Context, s Spec, workload workload
 		}
 	}
 	switch {
-	case svcErr != nil && (errors.Is(svcErr, errOtherKind) || KindOf(quotaErr) != KindQuota):
-		return nil, false, svcErr // a failed count waited on the Service, which failed
+	case svcErr != nil:
+		return nil, false, svcErr
 	case quotaErr != nil:
 		return nil, false, quotaErr
 	}
@@ -217,7 +220,7 @@ func (m *Manager) serviceAndQuota(ctx context.Context, s Spec, workload workload
 // ensurePod creates the Pod or adopts the existing one. A Pod that is being
 // deleted is not "already there": we wait for it to go, then create anew.
 func (m *Manager) ensurePod(ctx context.Context, s Spec) (*corev1.Pod, bool, error) {
-	want := BuildPod(m.cfg, s)
+	want := buildPod(m.cfg, s)
 	pods := m.client.CoreV1().Pods(m.cfg.Namespace)
 	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
 		created, err := pods.Create(ctx, want, metav1.CreateOptions{})
@@ -274,7 +277,7 @@ func checkOwner(obj metav1.Object, kind string, s Spec) error {
 	if !IsSandbox(obj, s.ID) {
 		return &Error{Kind: KindConflict, Detail: "a " + kind + " named " + obj.GetName() + " exists and is not a sandbox; choose another sandbox_id"}
 	}
-	if a := obj.GetAnnotations(); a[AnnotationUserID] != s.UserID || a[AnnotationThreadID] != s.ThreadID {
+	if a := obj.GetAnnotations(); a[AnnotationUserID] != s.UserID || a[AnnotationThreadID] != s.ThreadID || !s.Caller.sees(obj) {
 		return &Error{Kind: KindConflict, Detail: "sandbox " + s.ID + " exists for another user or thread; choose another sandbox_id"}
 	}
 	return nil
@@ -331,7 +334,7 @@ func (m *Manager) ensureService(ctx context.Context, s Spec, owner metav1.OwnerR
 		switch {
 		case current != nil && current.UID == owner.UID && existing.DeletionTimestamp == nil:
 			return existing, false, nil
-		case current != nil && current.Kind != owner.Kind && existing.DeletionTimestamp == nil:
+		case current != nil && (current.Kind != owner.Kind || current.Name != owner.Name) && existing.DeletionTimestamp == nil:
 			live, err := m.ownerLives(ctx, *current)
 			if err != nil {
 				return nil, false, err
@@ -353,7 +356,7 @@ func (m *Manager) ensureService(ctx context.Context, s Spec, owner metav1.OwnerR
 		case existing.DeletionTimestamp == nil:
 			// Made by DeerFlow's provisioner, which sets no owner: adopt it and
 			// keep its node port, so a URL the backend holds stays valid.
-			adopted, err := m.adopt(ctx, existing, owner)
+			adopted, err := m.adopt(ctx, existing, owner, s)
 			if err != nil {
 				return nil, false, err
 			}
@@ -368,9 +371,10 @@ func (m *Manager) ensureService(ctx context.Context, s Spec, owner metav1.OwnerR
 	return nil, false, &Error{Kind: KindConflict, Detail: "the Service of sandbox " + s.ID + " is changing concurrently; retry"}
 }
 
-func (m *Manager) adopt(ctx context.Context, svc *corev1.Service, owner metav1.OwnerReference) (*corev1.Service, error) {
+func (m *Manager) adopt(ctx context.Context, svc *corev1.Service, owner metav1.OwnerReference, s Spec) (*corev1.Service, error) {
 	c := svc.DeepCopy()
 	c.OwnerReferences = append(c.OwnerReferences, owner)
+	recordPrincipal(c, s)
 	if owner.Kind == "ReplicaSet" {
 		if c.Labels == nil {
 			c.Labels = map[string]string{}

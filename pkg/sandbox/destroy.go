@@ -22,13 +22,32 @@ import (
 // (slow: it releases the cluster IP and node port) deletion. Were this call
 // to die between the two steps, the Pod is left, and a create repairs it or
 // a second delete finishes.
-func (m *Manager) Destroy(ctx context.Context, id string) error {
+//
+// Another principal's sandbox is answered as one that never existed (nil)
+// and left alone: the caller's postcondition, "no sandbox of mine has this
+// id", holds, and the answer tells it nothing about the other's. The audit
+// line says which it was.
+func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
+	result := outcomeOK
+	defer func() {
+		if err != nil {
+			result = outcome(err)
+		}
+		m.audit(ctx, "destroy", id, result, err)
+	}()
 	if err := ValidateID(id); err != nil {
 		return err
 	}
-	f, err := m.fetch(ctx, id)
-	if err != nil {
+	f, hidden, err := m.fetchVisible(ctx, id)
+	switch {
+	case err != nil:
 		return err
+	case hidden:
+		result = outcomeHidden
+		return nil
+	case f.svc == nil && f.workload() == nil && f.stray == nil:
+		result = outcomeAbsent
+		return nil
 	}
 	if f.svc != nil {
 		err := m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, f.svc.Name, metav1.DeleteOptions{

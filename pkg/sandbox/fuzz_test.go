@@ -23,6 +23,9 @@ func FuzzCreateRequest(f *testing.F) {
 		`{"sandbox_id":"a","max_shell_sessions":8,"cpu":"500m","memory":"512Mi","idle_timeout_seconds":30}`,
 		`{"sandbox_id":"x","extra_mounts":[{"host_path":"/.deer-flow/../etc","container_path":"/mnt/acp-workspace"}]}`,
 		`{"sandbox_id":"UPPER"}`, `[]`, `{`, ``,
+		`{"sandbox_id":"e1","max_shell_sessions":2,"env":{"OPENAI_API_KEY":"sk-1","A_B":"$(PATH) $$ ü","EMPTY":""}}`,
+		`{"sandbox_id":"e2","env":{"T":{"valueFrom":{"secretKeyRef":{"name":"s","key":"k"}}}}}`,
+		`{"sandbox_id":"e3","env":{"KUBERNETES_PORT":"1","x":"y"}}`,
 	} {
 		f.Add([]byte(seed))
 	}
@@ -102,6 +105,18 @@ func checkInvariants(t *testing.T, base string, s Spec, pod *corev1.Pod) {
 		}
 		if sc := c.SecurityContext; sc == nil || *sc.AllowPrivilegeEscalation || *sc.Privileged {
 			t.Fatalf("container %s is not hardened", c.Name)
+		}
+		names := map[string]bool{}
+		for _, e := range c.Env {
+			if e.ValueFrom != nil || names[e.Name] || len(validation.IsEnvVarName(e.Name)) > 0 {
+				t.Fatalf("container %s: env %s is a reference, repeated or an invalid name", c.Name, e.Name)
+			}
+			names[e.Name] = true
+		}
+	}
+	for name := range s.Env {
+		if reservedEnv(name) != "" {
+			t.Fatalf("reserved env name %s accepted", name)
 		}
 	}
 	if *pod.Spec.ActiveDeadlineSeconds < 1 {

@@ -33,7 +33,8 @@ func (m *Manager) Get(ctx context.Context, id string, wait time.Duration) (Sandb
 
 // lookup is what every operation on one existing sandbox starts with: a
 // valid id, a wait token when it will wait, and what exists of the
-// sandbox; nothing at all is "not found". The caller calls release.
+// sandbox; nothing at all is "not found", and so is another principal's
+// sandbox (fetchVisible). The caller calls release.
 func (m *Manager) lookup(ctx context.Context, id string, wait time.Duration) (found, func(), error) {
 	if err := ValidateID(id); err != nil {
 		return found{}, nil, err
@@ -42,7 +43,7 @@ func (m *Manager) lookup(ctx context.Context, id string, wait time.Duration) (fo
 	if err != nil {
 		return found{}, nil, err
 	}
-	f, err := m.fetch(ctx, id)
+	f, _, err := m.fetchVisible(ctx, id)
 	if err == nil && f.pod == nil && f.rs == nil && f.svc == nil {
 		err = &Error{Kind: KindNotFound, Detail: "sandbox " + id + " not found"}
 	}
@@ -81,6 +82,18 @@ func (m *Manager) fetch(ctx context.Context, id string) (found, error) {
 	})
 	if err := g.Wait(); err != nil {
 		return found{}, err
+	}
+	if f.pod == nil && f.svc != nil && claimedOwner(f.svc, id) {
+		// Claimed from a warm pool: its Pod keeps the name the pool gave it.
+		pod, err := m.client.CoreV1().Pods(m.cfg.Namespace).Get(ctx, sandboxOwner(f.svc.OwnerReferences).Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) || (err == nil && (pod.DeletionTimestamp != nil || podID(pod) != id)) {
+			return f, nil
+		}
+		if err != nil {
+			return found{}, classify(err, "read the sandbox Pod")
+		}
+		f.pod = pod
+		return f, nil
 	}
 	if f.pod != nil && ownerKind(f.svc) != "ReplicaSet" {
 		return f, nil

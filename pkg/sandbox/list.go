@@ -10,19 +10,26 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// List returns every sandbox in the namespace, whole or half-present, in
+// List returns every sandbox of the caller (of everyone for an
+// administrator) in the namespace, whole or half-present, in
 // three API calls whatever the count: one list per kind (Pods, ReplicaSets,
 // Services), by label, issued concurrently. DeerFlow's provisioner made one
 // call per sandbox.
 func (m *Manager) List(ctx context.Context) ([]Sandbox, error) {
-	all, err := m.listAll(ctx)
+	c, err := callerOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	all, err := m.listAll(ctx, listSelector(c))
 	if err != nil {
 		return nil, err
 	}
 	byID := all.byID()
 	ids := make([]string, 0, len(byID))
-	for id := range byID {
-		ids = append(ids, id)
+	for id, f := range byID {
+		if c.seesSandbox(*f) {
+			ids = append(ids, id)
+		}
 	}
 	sort.Strings(ids)
 	out := make([]Sandbox, 0, len(ids))
@@ -76,9 +83,9 @@ func (e everything) byID() map[string]*found {
 	return out
 }
 
-func (m *Manager) listAll(ctx context.Context) (everything, error) {
+func (m *Manager) listAll(ctx context.Context, selector string) (everything, error) {
 	var e everything
-	opts := metav1.ListOptions{LabelSelector: selectorAll}
+	opts := metav1.ListOptions{LabelSelector: selector}
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		l, err := m.client.CoreV1().Pods(m.cfg.Namespace).List(gctx, opts)

@@ -3,8 +3,10 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -29,6 +31,8 @@ type Sandbox struct {
 	// readiness and the wait ended first; Reason says what the Pod is stuck on.
 	WaitTimedOut bool   `json:"wait_timed_out,omitempty"`
 	Reason       string `json:"reason,omitempty"`
+	// Pooled says that the sandbox's Pod was claimed from a warm pool.
+	Pooled bool `json:"pooled,omitempty"`
 }
 
 // StatusNotFound is DeerFlow's status for a sandbox whose Pod is gone.
@@ -59,6 +63,12 @@ type Manager struct {
 	waits     chan struct{}
 	isolation isolation
 	templates *template.Store
+	pool      Pool
+	auditLog  *slog.Logger
+	// slots caches the sandbox Services for the quota (nil without a
+	// quota); slotsRunning says Run started it.
+	slots        *slots
+	slotsRunning atomic.Bool
 }
 
 // Option customises a Manager.
@@ -73,11 +83,23 @@ func WithObserver(o Observer) Option { return func(m *Manager) { m.observer = o 
 // NewManager returns a Manager over client.
 func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option) *Manager {
 	m := &Manager{cfg: cfg, client: client, recorder: nopRecorder{}, observer: nopObserver{},
-		waits: make(chan struct{}, max(cfg.MaxConcurrentWaits, 1)), templates: template.NewStore(client, cfg)}
+		waits: make(chan struct{}, max(cfg.MaxConcurrentWaits, 1)), templates: template.NewStore(client, cfg), auditLog: slog.Default()}
 	for _, o := range opts {
 		o(m)
 	}
+	if cfg.MaxSandboxes > 0 || cfg.MaxSandboxesPerUser > 0 {
+		m.slots = newSlots(client, cfg.Namespace)
+	}
 	return m
+}
+
+// Run starts the Manager's background work, the quota's Service cache (a
+// watch, not a loop: see slots), until ctx ends. Without it, every quota
+// count lists the Services.
+func (m *Manager) Run(ctx context.Context) {
+	if m.slots != nil && m.slotsRunning.CompareAndSwap(false, true) {
+		go m.slots.run(ctx)
+	}
 }
 
 // admitWait takes a wait token, or refuses at once when this replica already
@@ -133,6 +155,7 @@ func (m *Manager) view(id string, f found) Sandbox {
 		return sb
 	}
 	pod := f.pod
+	sb.Pooled = pod.Labels[LabelPooled] == "true"
 	sb.Status = string(pod.Status.Phase)
 	if sb.Status == "" {
 		sb.Status = string(corev1.PodPending)
@@ -178,6 +201,9 @@ func podReady(pod *corev1.Pod) bool {
 
 // Templates lists the sandbox templates (GET /api/templates).
 func (m *Manager) Templates(ctx context.Context) ([]template.Summary, error) {
-	list, err := m.templates.List(ctx)
+	list, valid, err := m.templates.ListValid(ctx)
+	if err == nil && m.pool != nil {
+		m.pool.Describe(ctx, list, valid)
+	}
 	return list, classify(err, "list sandbox templates")
 }

@@ -59,9 +59,11 @@ func IsSandbox(obj metav1.Object, id string) bool {
 }
 
 // podID is the id of the sandbox whose Pod p is (labelled as a sandbox and
-// named for its id), or "" when p is no sandbox's Pod.
+// named for its id, or claimed from a warm pool, whose name it keeps), or ""
+// when p is no sandbox's Pod: a ReplicaSet sandbox's, or an unclaimed pooled
+// one (no id).
 func podID(p *corev1.Pod) string {
-	if id := p.Labels[LabelID]; id != "" && p.Name == PodName(id) && IsSandbox(p, id) {
+	if id := p.Labels[LabelID]; id != "" && (p.Name == PodName(id) || p.Labels[LabelPooled] == "true") && IsSandbox(p, id) {
 		return id
 	}
 	return ""

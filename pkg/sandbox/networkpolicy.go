@@ -1,13 +1,10 @@
 package sandbox
 
 import (
-	"context"
 	"net"
-	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
@@ -110,43 +107,4 @@ func cidrWithin(inner, outer string) bool {
 	inOnes, _ := in.Mask.Size()
 	outOnes, _ := out.Mask.Size()
 	return out.Contains(in.IP) && inOnes > outOnes
-}
-
-// isolation remembers whether the shared policy was seen, so that creates
-// check it once, not on every call, and fail closed until it exists.
-type isolation struct{ present atomic.Bool }
-
-// EnsureIsolation checks that the shared NetworkPolicy exists and, when
-// SANDBOX_NETWORK_POLICY_ENSURE is on (local clusters), creates it. It runs
-// at start-up; until it succeeds, creates are refused.
-func (m *Manager) EnsureIsolation(ctx context.Context) error {
-	if !m.cfg.NetworkPolicy {
-		m.isolation.present.Store(true)
-		return nil
-	}
-	nps := m.client.NetworkingV1().NetworkPolicies(m.cfg.Namespace)
-	_, err := nps.Get(ctx, m.cfg.NetworkPolicyName, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) && m.cfg.EnsureNetworkPolicy {
-		_, err = nps.Create(ctx, BuildNetworkPolicy(m.cfg), metav1.CreateOptions{})
-		if apierrors.IsAlreadyExists(err) {
-			err = nil
-		}
-	}
-	if apierrors.IsNotFound(err) {
-		return &Error{Kind: KindUnavailable, Err: err, Detail: "the shared NetworkPolicy " + m.cfg.Namespace + "/" + m.cfg.NetworkPolicyName +
-			" that isolates sandboxes does not exist, so no sandbox is created; apply config/701-networkpolicy-sandboxes.yaml (or set SANDBOX_NETWORK_POLICY_ENSURE=true)"}
-	}
-	if err != nil {
-		return classify(err, "check the shared sandbox NetworkPolicy")
-	}
-	m.isolation.present.Store(true)
-	return nil
-}
-
-// requireIsolation fails closed: no sandbox runs unconfined.
-func (m *Manager) requireIsolation(ctx context.Context) error {
-	if m.isolation.present.Load() {
-		return nil
-	}
-	return m.EnsureIsolation(ctx)
 }

@@ -1,7 +1,10 @@
 package sandbox
 
 import (
+	"maps"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -20,6 +23,7 @@ func BuildPod(cfg *config.Config, s Spec) *corev1.Pod {
 	if s.MaxShellSessions > 0 {
 		env = append(env, corev1.EnvVar{Name: "MAX_SHELL_SESSIONS", Value: strconv.Itoa(s.MaxShellSessions)})
 	}
+	env = append(env, requestEnv(s.Env)...)
 
 	tolerations, _ := config.ParseTolerations(cfg.Tolerations) // validated at start-up
 	port := cfg.ContainerPort
@@ -38,8 +42,9 @@ func BuildPod(cfg *config.Config, s Spec) *corev1.Pod {
 				ImagePullPolicy: corev1.PullIfNotPresent,
 				Ports:           []corev1.ContainerPort{{Name: portName, ContainerPort: port, Protocol: corev1.ProtocolTCP}},
 				Env:             env,
-				ReadinessProbe:  probe(port, 5, 5),
-				LivenessProbe:   probe(port, 10, 10),
+				StartupProbe:    probe(port, startupProbePeriod, startupProbeFailures),
+				ReadinessProbe:  probe(port, 5, 3),
+				LivenessProbe:   probe(port, 10, 3),
 				Resources: corev1.ResourceRequirements{
 					Requests: corev1.ResourceList{
 						corev1.ResourceCPU:              minQuantity(resource.MustParse(cfg.CPURequest), s.CPULimit),
@@ -86,6 +91,18 @@ func BuildPod(cfg *config.Config, s Spec) *corev1.Pod {
 	return pod
 }
 
+// requestEnv is the request's env in name order, each value literal: the
+// kubelet expands $(NAME) in an env value to another variable's value and
+// reads $$ as $, so every $ is doubled and a request can name no other
+// variable, only plain values.
+func requestEnv(in map[string]string) []corev1.EnvVar {
+	var env []corev1.EnvVar
+	for _, name := range slices.Sorted(maps.Keys(in)) {
+		env = append(env, corev1.EnvVar{Name: name, Value: strings.ReplaceAll(in[name], "$", "$$")})
+	}
+	return env
+}
+
 func annotations(s Spec) map[string]string {
 	a := map[string]string{
 		AnnotationUserID:       s.UserID,
@@ -111,12 +128,25 @@ func expiresAt(created, lastActivity time.Time, idle, lifetime time.Duration) ti
 	return hardEnd
 }
 
-func probe(port int32, delay, period int32) *corev1.Probe {
+// The sandbox's probes, all HTTP GET /v1/sandbox and none with a fixed
+// initial delay. The startup probe asks every second, so the Pod is Ready
+// within a second of the sandbox answering (DeerFlow's readiness probe
+// waited 5 s first, whatever the image), and gives a slow image five minutes
+// (300 failures) before the kubelet restarts it. Readiness and liveness run
+// only once it has passed; the kubelet runs the readiness probe at once
+// then rather than waiting for its period. A template may replace any of
+// the three (templatepod.go).
+const (
+	startupProbePeriod   = 1
+	startupProbeFailures = 300
+)
+
+func probe(port int32, period, failures int32) *corev1.Probe {
 	return &corev1.Probe{
 		ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
 			Path: "/v1/sandbox", Port: intstr.FromInt32(port), Scheme: corev1.URISchemeHTTP,
 		}},
-		InitialDelaySeconds: delay, PeriodSeconds: period, TimeoutSeconds: 3, FailureThreshold: 3, SuccessThreshold: 1,
+		PeriodSeconds: period, TimeoutSeconds: 3, FailureThreshold: failures, SuccessThreshold: 1,
 	}
 }
 

@@ -5,182 +5,190 @@ import (
 	"fmt"
 	"time"
 
-	"golang.org/x/sync/errgroup"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
 )
 
 // quotaError is a quota refusal; contended says whether racing creates (not
 // long-lived sandboxes) fill the limit, so that another round may succeed.
 type quotaError struct {
 	err       *Error
-	scope     string // total or user
+	scope     string // total, user or principal
 	contended bool
 }
 
 func (e *quotaError) Error() string { return e.err.Error() }
 func (e *quotaError) Unwrap() error { return e.err }
 
-// settled is how old a Pod must be to count as a long-lived sandbox rather
+// settled is how old a sandbox must be to count as a long-lived one rather
 // than a racing create that may yet withdraw.
 const settled = 3 * time.Second
 
+// slotWait bounds how long a count waits for the Service cache to hold the
+// create's own Service (normally a few milliseconds: one watch event)
+// before it lists instead; a cold replica's first list counts against it.
+const slotWait = 2 * time.Second
+
+// endedPhases selects the Pods that will never run again.
+const endedPhases = "status.phase!=Pending,status.phase!=Running,status.phase!=Unknown"
+
 // checkQuota counts sandboxes after this call's workload and Service exist.
-// Counting after creating (not before) is what bounds the overshoot at zero
-// across replicas: of any set of racing creates, the one that wrote last
-// sees all the others in its lists (see listFresh), so the total admitted
-// never exceeds the limit. The price is that racing creates at the limit can
-// refuse each other; Create then retries a few rounds with random backoff.
-// The caller deletes what it made on refusal.
 //
-// How fresh each list must be, with two kinds of sandbox. A list "after X"
-// holds every object written before X. A bare Pod create lists Pods after
-// its Pod; a ReplicaSet create lists ReplicaSets after its ReplicaSet and
-// Pods after its Service (written after its ReplicaSet). Of a Pod create P
-// and a ReplicaSet create R racing: if P's Pod was written before R's
-// Service, R's Pod list holds it; otherwise R's Service (and before it R's
-// ReplicaSet) was written before P's Pod, so P sees R if it counts
-// ReplicaSet sandboxes after its Pod, through their ReplicaSets or through
-// their Services. P's quick count takes the Services (labelled
-// LabelWorkload): the API server's cache answers a list "after" an object
-// only once it has seen a write of its own resource at least as new, or
-// etcd's progress report, which it asks for every 100 ms. Services are
-// written by every create, P's own among them a moment later; ReplicaSets
-// mostly are not, and a list of them after P's Pod waited ~30 ms (p50) on
-// this machine's test cluster. DeerFlow's creates (bare Pods) so pay no
-// such wait; the full count (near the limit, or with a per-user limit)
-// reads the ReplicaSets themselves.
+// What is counted: sandbox Services. Every sandbox, a bare Pod or a
+// ReplicaSet, running or paused, has exactly one, written by its create
+// right after its workload; a Service whose Pod has ended (Succeeded or
+// Failed, as activeDeadlineSeconds leaves it) or that is being deleted does
+// not count. A workload whose Service is not yet written is not counted: its
+// create counts when it has written the Service, and removes both when
+// refused.
 //
-// ownSvc yields this call's Service once it is written (the count runs
-// beside its create; a ReplicaSet create's Pod lists wait for it). With own
-// nil it is the look for room a retry makes
-// before it creates again: the Pod that the retry would create counts as one
-// more, and a sandbox of this id that someone else created meanwhile means
-// room (it is never refused).
-func (m *Manager) checkQuota(ctx context.Context, s Spec, own workloadObject, ownSvc func() (*corev1.Service, error)) error {
+// Why there is no overshoot, from any number of replicas: own is this
+// call's Service, and the count holds every sandbox Service committed
+// before it (see below). Of any set of racing creates, the one whose
+// Service was committed last therefore sees all the others, so the total
+// admitted never exceeds the limit. Racing creates at the limit can refuse
+// each other; Create then retries a few rounds with random backoff. The
+// caller deletes what it made on refusal.
+//
+// Where the count comes from: the Service cache (slots), a watch of the
+// sandbox Services in this replica. Watch events come in resourceVersion
+// order and the cache applies each before its handler runs, so once the
+// cache has seen own's resourceVersion it holds every Service committed
+// before own: what a list "not older than own" would return, without the
+// list. Its cost does not grow with the number of sandboxes: the quick
+// bound is the size of the cache, the exact count a walk over it in memory,
+// and only a count over the limit asks the API server for the ended Pods
+// (from its watch cache; one that is missed only counts a sandbox too
+// many). When the cache cannot show own within slotWait (not started, a
+// cold replica's first list, a broken watch), the count lists the Services
+// instead, as fresh as own.
+//
+// With own nil it is the look for room a retry makes before it creates
+// again: the sandbox the retry would create counts as one more, and a
+// sandbox of this id that someone else created meanwhile means room (it is
+// never refused).
+func (m *Manager) checkQuota(ctx context.Context, s Spec, own *corev1.Service) error {
 	prospective := 0
 	if own == nil {
 		prospective = 1
 	}
-	_, bareKind := own.(*corev1.Pod)
-	// podsAfter is what the Pod lists must be fresher than.
-	podsAfter := func() (metav1.Object, error) {
-		if own == nil || bareKind {
-			return own, nil
+	var (
+		svcs   []metav1.Object
+		cached bool
+	)
+	if m.slots != nil && m.slotsRunning.Load() {
+		if own == nil {
+			cached = m.slots.synced(ctx, slotWait)
+		} else {
+			cached = m.slots.seen(ctx, own, slotWait)
 		}
-		return ownSvc()
 	}
-	listPods := func(ctx context.Context, opts metav1.ListOptions) (*corev1.PodList, error) {
-		after, err := podsAfter()
+	user, principal := LabelValue(s.UserID), PrincipalLabelValue(s.Caller.Principal)
+	switch {
+	case cached && m.cfg.MaxSandboxesPerUser == 0 && m.cfg.MaxSandboxesPerPrincipal == 0 && m.slots.size()+prospective <= m.cfg.MaxSandboxes:
+		return nil // the cache holds no more Services than the limit: neither can the sandboxes be over it
+	case cached && m.cfg.MaxSandboxes == 0 && m.cfg.MaxSandboxesPerPrincipal == 0:
+		svcs = m.slots.services(user)
+	case cached:
+		svcs = m.slots.services("")
+	default:
+		var after metav1.Object
+		if own != nil {
+			after = own
+		}
+		l, err := listFresh(ctx, after, metav1.ListOptions{LabelSelector: selectorAll}, m.client.CoreV1().Services(m.cfg.Namespace).List)
 		if err != nil {
-			return nil, err
-		}
-		return listFresh(ctx, after, opts, m.client.CoreV1().Pods(m.cfg.Namespace).List)
-	}
-	if m.cfg.MaxSandboxesPerUser == 0 {
-		// Fast path: every sandbox is a Pod or a ReplicaSet in the namespace
-		// (a running ReplicaSet sandbox shows in both: an over-count, which
-		// only sends the check to the full count sooner), so if the namespace
-		// holds no more than the limit, neither can the sandboxes be over it.
-		// A list of one item tells the total through remainingItemCount, at a
-		// fraction of the cost of listing every sandbox.
-		var pods *corev1.PodList
-		var others int64
-		othersExact := true
-		g, gctx := errgroup.WithContext(ctx)
-		one := metav1.ListOptions{Limit: 1}
-		g.Go(func() (err error) {
-			pods, err = listPods(gctx, one)
-			return err
-		})
-		g.Go(func() error {
-			if bareKind {
-				// Served once the cache holds a Service written after our Pod:
-				// our own, whose create is under way.
-				l, err := listFresh(gctx, own, metav1.ListOptions{LabelSelector: selectorReplicaSetServices},
-					m.client.CoreV1().Services(m.cfg.Namespace).List)
-				if err != nil {
-					return err
-				}
-				others = int64(len(l.Items))
-				return nil
-			}
-			l, err := listFresh(gctx, own, one, m.client.AppsV1().ReplicaSets(m.cfg.Namespace).List)
-			if err != nil {
-				return err
-			}
-			others, othersExact = count(l.ListMeta, len(l.Items))
-			return nil
-		})
-		if err := g.Wait(); err != nil {
 			return classify(err, "count sandboxes for the quota")
 		}
-		podCount, podsExact := count(pods.ListMeta, len(pods.Items))
-		if podsExact && othersExact && podCount+others+int64(prospective) <= int64(m.cfg.MaxSandboxes) {
-			return nil
+		for i := range l.Items {
+			svcs = append(svcs, &l.Items[i])
 		}
 	}
-	var pods *corev1.PodList
-	var rss *appsv1.ReplicaSetList
-	g, gctx := errgroup.WithContext(ctx)
-	all := metav1.ListOptions{LabelSelector: selectorAll}
-	g.Go(func() (err error) {
-		pods, err = listPods(gctx, all)
-		return err
-	})
-	g.Go(func() (err error) {
-		rss, err = listFresh(gctx, own, all, m.client.AppsV1().ReplicaSets(m.cfg.Namespace).List)
-		return err
-	})
-	if err := g.Wait(); err != nil {
-		return classify(err, "count sandboxes for the quota")
-	}
-	// One entry per sandbox: a bare Pod, or a ReplicaSet (paused or not;
-	// its Pods are not counted again).
-	var sandboxes []metav1.Object
-	for i := range pods.Items {
-		p := &pods.Items[i]
-		if podID(p) == "" || p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-			continue // on its way out; the reaper removes ended Pods
-		}
-		sandboxes = append(sandboxes, p)
-	}
-	for i := range rss.Items {
-		if rs := &rss.Items[i]; replicaSetID(rs) != "" && rs.DeletionTimestamp == nil {
-			sandboxes = append(sandboxes, rs)
-		}
-	}
-	total, mine, settledTotal, settledMine := prospective, prospective, 0, 0
-	user := LabelValue(s.UserID)
-	cutoff := time.Now().Add(-settled)
-	for _, o := range sandboxes {
-		if own == nil && o.GetLabels()[LabelID] == s.ID {
-			return nil
-		}
-		created := o.GetCreationTimestamp()
-		old := (own == nil || o.GetUID() != own.GetUID()) && created.Time.Before(cutoff)
-		total++
-		if old {
-			settledTotal++
-		}
-		if o.GetLabels()[LabelUser] == user {
-			mine++
-			if old {
-				settledMine++
+	if own == nil {
+		for _, o := range svcs {
+			if o.GetLabels()[LabelID] == s.ID && o.GetDeletionTimestamp() == nil {
+				return nil
 			}
 		}
 	}
-	if m.cfg.MaxSandboxes > 0 && total > m.cfg.MaxSandboxes {
-		return &quotaError{scope: "total", contended: settledTotal < m.cfg.MaxSandboxes, err: &Error{Kind: KindQuota, Detail: fmt.Sprintf(
+	t := tally(svcs, own, user, principal, prospective, nil)
+	if !t.over(m.cfg) {
+		return nil
+	}
+	// Over the limit: the Services of ended Pods do not count. Ending is for
+	// good, so a stale list only misses some (counting too many, never too
+	// few): any version the API server's cache holds will do.
+	ended, err := m.client.CoreV1().Pods(m.cfg.Namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: selectorAll, FieldSelector: endedPhases, ResourceVersion: "0"})
+	if err != nil {
+		return classify(err, "count sandboxes for the quota")
+	}
+	gone := map[types.UID]bool{}
+	for _, p := range ended.Items {
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			gone[p.UID] = true
+		}
+	}
+	if len(gone) > 0 {
+		t = tally(svcs, own, user, principal, prospective, gone)
+	}
+	if m.cfg.MaxSandboxes > 0 && t.total > m.cfg.MaxSandboxes {
+		return &quotaError{scope: "total", contended: t.settledTotal < m.cfg.MaxSandboxes, err: &Error{Kind: KindQuota, Detail: fmt.Sprintf(
 			"the provisioner's limit of %d sandboxes in total is reached; destroy a sandbox or raise MAX_SANDBOXES", m.cfg.MaxSandboxes)}}
 	}
-	if m.cfg.MaxSandboxesPerUser > 0 && mine > m.cfg.MaxSandboxesPerUser {
-		return &quotaError{scope: "user", contended: settledMine < m.cfg.MaxSandboxesPerUser, err: &Error{Kind: KindQuota, Detail: fmt.Sprintf(
+	if m.cfg.MaxSandboxesPerUser > 0 && t.mine > m.cfg.MaxSandboxesPerUser {
+		return &quotaError{scope: "user", contended: t.settledMine < m.cfg.MaxSandboxesPerUser, err: &Error{Kind: KindQuota, Detail: fmt.Sprintf(
 			"user %s has reached the limit of %d sandboxes per user; destroy one or raise MAX_SANDBOXES_PER_USER", s.UserID, m.cfg.MaxSandboxesPerUser)}}
 	}
+	if m.cfg.MaxSandboxesPerPrincipal > 0 && t.ours > m.cfg.MaxSandboxesPerPrincipal {
+		return &quotaError{scope: "principal", contended: t.settledOurs < m.cfg.MaxSandboxesPerPrincipal, err: &Error{Kind: KindQuota, Detail: fmt.Sprintf(
+			"%s has reached the limit of %d sandboxes per principal; destroy one or raise MAX_SANDBOXES_PER_PRINCIPAL", s.Caller.Principal, m.cfg.MaxSandboxesPerPrincipal)}}
+	}
 	return nil
+}
+
+// counted is one count of sandboxes: in total, of one user and of one
+// principal, and of those the ones older than settled (not this call's own).
+type counted struct{ total, mine, ours, settledTotal, settledMine, settledOurs int }
+
+func (c counted) over(cfg *config.Config) bool {
+	return cfg.MaxSandboxes > 0 && c.total > cfg.MaxSandboxes || cfg.MaxSandboxesPerUser > 0 && c.mine > cfg.MaxSandboxesPerUser ||
+		cfg.MaxSandboxesPerPrincipal > 0 && c.ours > cfg.MaxSandboxesPerPrincipal
+}
+
+// tally counts the sandbox Services svcs (a user's only, or everyone's):
+// not being deleted, not of a Pod in gone.
+func tally(svcs []metav1.Object, own *corev1.Service, user, principal string, prospective int, gone map[types.UID]bool) counted {
+	c := counted{total: prospective, mine: prospective, ours: prospective}
+	cutoff := time.Now().Add(-settled)
+	for _, o := range svcs {
+		svc, ok := o.(*corev1.Service)
+		if !ok || serviceID(svc) == "" || svc.DeletionTimestamp != nil || gone[ownerUID(svc.OwnerReferences)] {
+			continue
+		}
+		old := (own == nil || svc.UID != own.UID) && svc.CreationTimestamp.Time.Before(cutoff)
+		c.total++
+		if old {
+			c.settledTotal++
+		}
+		if svc.Labels[LabelUser] == user {
+			c.mine++
+			if old {
+				c.settledMine++
+			}
+		}
+		if svc.Labels[LabelPrincipal] == principal {
+			c.ours++
+			if old {
+				c.settledOurs++
+			}
+		}
+	}
+	return c
 }
 
 // listFresh lists as of no earlier than own's creation. That is all the
@@ -189,9 +197,7 @@ func (m *Manager) checkQuota(ctx context.Context, s Spec, own workloadObject, ow
 // to etcd for its current revision nor waits for writes made after ours: the
 // watch cache answers as soon as it holds our object. Should the cache lag
 // too far behind, the consistent read that etcd can serve is the fallback.
-// Without own, it is that consistent read. Resource versions are etcd's
-// revisions, shared by every kind, so a ReplicaSet list can be as fresh as a
-// Pod.
+// Without own, it is that consistent read.
 func listFresh[T any](ctx context.Context, own metav1.Object, opts metav1.ListOptions, list func(context.Context, metav1.ListOptions) (T, error)) (T, error) {
 	if own != nil && own.GetResourceVersion() != "" {
 		fresh := opts
@@ -202,17 +208,4 @@ func listFresh[T any](ctx context.Context, own metav1.Object, opts metav1.ListOp
 		}
 	}
 	return list(ctx, opts)
-}
-
-// count is the number of items a list of limited length stands for, and
-// whether that number is known.
-func count(meta metav1.ListMeta, items int) (int64, bool) {
-	switch {
-	case meta.RemainingItemCount != nil:
-		return int64(items) + *meta.RemainingItemCount, true
-	case meta.Continue != "":
-		return 0, false
-	default:
-		return int64(items), true
-	}
 }

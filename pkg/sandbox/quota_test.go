@@ -2,12 +2,16 @@ package sandbox
 
 import (
 	"context"
+	"slices"
+	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
@@ -19,18 +23,26 @@ import (
 // real one is in test/e2e): a create whose count was refused or failed
 // removes its Pod and Service, so nothing lingers that no count admitted.
 func TestCreateLeavesNothingWhenTheCountFails(t *testing.T) {
-	existing := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: PodName("older"), Namespace: "deer-flow", Labels: labels(Spec{ID: "older"})}}
+	olderPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: PodName("older"), Namespace: "deer-flow", UID: "pod-older", Labels: labels(Spec{ID: "older"})}}
+	olderSvc := BuildService(testConfig(t, nil), Spec{ID: "older"}, PodOwnerRef(olderPod))
+	olderSvc.CreationTimestamp = metav1.NewTime(time.Now().Add(-time.Hour))
+	existing := []runtime.Object{olderPod, olderSvc}
 	tests := []struct {
 		name     string
 		env      map[string]string
 		objects  []runtime.Object
+		cache    bool   // the Service cache runs (Manager.Run)
 		failList string // the resource whose list fails
 		wantKind Kind
 	}{
-		{name: "the quick count's Services list fails", failList: "services", wantKind: KindUnavailable},
-		{name: "the quick count's Pod list fails", failList: "pods", wantKind: KindUnavailable},
-		{name: "the full count's ReplicaSet list fails", env: map[string]string{"MAX_SANDBOXES_PER_USER": "5"}, failList: "replicasets", wantKind: KindUnavailable},
-		{name: "refused", env: map[string]string{"MAX_SANDBOXES": "1"}, objects: []runtime.Object{existing}, wantKind: KindQuota},
+		{name: "without the cache, the Services list fails", failList: "services", wantKind: KindUnavailable},
+		{name: "without the cache, refused", env: map[string]string{"MAX_SANDBOXES": "1"}, objects: existing, wantKind: KindQuota},
+		{name: "refused from the cache, which lists nothing more", env: map[string]string{"MAX_SANDBOXES": "1"}, objects: existing, cache: true,
+			wantKind: KindQuota},
+		{name: "at the limit, the ended Pods list fails", env: map[string]string{"MAX_SANDBOXES": "1"}, objects: existing, cache: true,
+			failList: "pods", wantKind: KindUnavailable},
+		{name: "per user, refused from the cache", env: map[string]string{"MAX_SANDBOXES_PER_USER": "1"}, objects: []runtime.Object{
+			olderPod, func() *corev1.Service { s := olderSvc.DeepCopy(); s.Labels[LabelUser] = "u"; return s }()}, cache: true, wantKind: KindQuota},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -39,14 +51,33 @@ func TestCreateLeavesNothingWhenTheCountFails(t *testing.T) {
 				env[k] = v
 			}
 			client := fake.NewClientset(tc.objects...)
-			if tc.failList != "" {
-				client.PrependReactor("list", tc.failList, func(k8stesting.Action) (bool, runtime.Object, error) {
-					return true, nil, apierrors.NewServiceUnavailable("injected")
-				})
-			}
+			// The fake keeps no resourceVersions; the cache's freshness needs
+			// them, increasing like etcd's revision.
+			var rv atomic.Int64
+			rv.Store(100)
+			client.PrependReactor("create", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+				if o, err := meta.Accessor(a.(k8stesting.CreateAction).GetObject()); err == nil {
+					o.SetResourceVersion(strconv.FormatInt(rv.Add(1), 10))
+				}
+				return false, nil, nil
+			})
 			m := NewManager(testConfig(t, env), client)
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			ctx, cancel := context.WithTimeout(WithCaller(context.Background(), Caller{Principal: "default"}), 10*time.Second)
 			defer cancel()
+			if tc.cache {
+				m.Run(ctx)
+				if !m.slots.synced(ctx, 5*time.Second) {
+					t.Fatal("the Service cache did not sync")
+				}
+			}
+			var lists []string
+			client.PrependReactor("list", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+				lists = append(lists, a.GetResource().Resource)
+				if a.GetResource().Resource == tc.failList {
+					return true, nil, apierrors.NewServiceUnavailable("injected")
+				}
+				return false, nil, nil
+			})
 			_, err := m.Create(ctx, Spec{ID: "new1", UserID: "u", ThreadID: "t", IdleTimeout: time.Hour, MaxLifetime: time.Hour}, 0)
 			if KindOf(err) != tc.wantKind {
 				t.Fatalf("create: %v (kind %v), want kind %v", err, KindOf(err), tc.wantKind)
@@ -65,10 +96,19 @@ func TestCreateLeavesNothingWhenTheCountFails(t *testing.T) {
 			}
 			var want []string
 			for _, o := range tc.objects {
-				want = append(want, "Pod "+o.(*corev1.Pod).Name)
+				switch o := o.(type) {
+				case *corev1.Pod:
+					want = append(want, "Pod "+o.Name)
+				case *corev1.Service:
+					want = append(want, "Service "+o.Name)
+				}
 			}
 			if diff := cmp.Diff(want, left); diff != "" {
 				t.Errorf("objects after the create (-want +got):\n%s", diff)
+			}
+
+			if tc.cache && slices.Contains(lists, "services") {
+				t.Errorf("a count with the cache running listed Services: %v", lists)
 			}
 		})
 	}

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strconv"
 	"sync"
 	"time"
@@ -39,7 +40,24 @@ type ReapedSandbox struct {
 // judged, so a sandbox touched since, or reaped by a concurrent reaper, is
 // left alone and counted once.
 func (m *Manager) Reap(ctx context.Context) (Reaped, error) {
-	all, err := m.listAll(ctx)
+	r, err := m.reap(ctx)
+	ids := make([]string, 0, len(r.Removed))
+	for _, s := range r.Removed {
+		ids = append(ids, s.ID)
+	}
+	paused := make([]string, 0, len(r.Paused))
+	for _, s := range r.Paused {
+		paused = append(paused, s.ID)
+	}
+	m.audit(ctx, "reap", "", outcome(err), err, slog.Any("removed", ids), slog.Any("paused", paused))
+	return r, err
+}
+
+// reap is Reap without the audit line. Expiry is the operator's policy,
+// not the caller's: it judges every sandbox, whoever created it (the
+// operation itself is gated per principal, PROVISIONER_PRINCIPAL_OPERATIONS).
+func (m *Manager) reap(ctx context.Context) (Reaped, error) {
+	all, err := m.listAll(ctx, selectorAll)
 	if err != nil {
 		return Reaped{}, err
 	}

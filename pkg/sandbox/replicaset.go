@@ -62,7 +62,7 @@ func paused(rs *appsv1.ReplicaSet) bool { return rs.Spec.Replicas != nil && *rs.
 // so expiry is the reap deleting the ReplicaSet. Lifecycle annotations live
 // on the ReplicaSet, which outlives its Pods.
 func BuildReplicaSet(cfg *config.Config, s Spec) *appsv1.ReplicaSet {
-	pod := BuildPod(cfg, s)
+	pod := buildPod(cfg, s)
 	pod.Spec.ActiveDeadlineSeconds = nil
 	rsAnnotations := maps.Clone(pod.Annotations)
 	idleAction, pausedTimeout := template.IdleDelete, time.Duration(0)
@@ -77,7 +77,7 @@ func BuildReplicaSet(cfg *config.Config, s Spec) *appsv1.ReplicaSet {
 	delete(podAnnotations, AnnotationLastActivity)
 	delete(podAnnotations, AnnotationExpiresAt)
 	pod.Labels[LabelWorkload] = workloadReplicaSetValue
-	return &appsv1.ReplicaSet{
+	rs := &appsv1.ReplicaSet{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "ReplicaSet"},
 		ObjectMeta: metav1.ObjectMeta{Name: PodName(s.ID), Namespace: cfg.Namespace, Labels: labels(s), Annotations: rsAnnotations},
 		Spec: appsv1.ReplicaSetSpec{
@@ -89,6 +89,8 @@ func BuildReplicaSet(cfg *config.Config, s Spec) *appsv1.ReplicaSet {
 			},
 		},
 	}
+	recordPrincipal(rs, s)
+	return rs
 }
 
 func replicaSetSelector(id string) map[string]string {
@@ -206,13 +208,17 @@ func (m *Manager) podsOf(ctx context.Context, rs *appsv1.ReplicaSet) (*corev1.Po
 // Pause scales a ReplicaSet sandbox to zero: its Pod goes, its Service, URL
 // and data stay, and it reports Paused. Pausing a paused sandbox is a no-op.
 func (m *Manager) Pause(ctx context.Context, id string) (Sandbox, error) {
-	return m.setPaused(ctx, id, true, 0)
+	sb, err := m.setPaused(ctx, id, true, 0)
+	m.audit(ctx, "pause", id, outcome(err), err)
+	return sb, err
 }
 
 // Resume scales a paused ReplicaSet sandbox back to one Pod, at the same
 // URL. With wait > 0 it waits for the Pod to be Ready.
 func (m *Manager) Resume(ctx context.Context, id string, wait time.Duration) (Sandbox, error) {
-	return m.setPaused(ctx, id, false, wait)
+	sb, err := m.setPaused(ctx, id, false, wait)
+	m.audit(ctx, "resume", id, outcome(err), err)
+	return sb, err
 }
 
 func (m *Manager) setPaused(ctx context.Context, id string, pause bool, wait time.Duration) (Sandbox, error) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"path"
 	"regexp"
 	"slices"
@@ -38,6 +39,36 @@ type CreateRequest struct {
 	Memory             string `json:"memory"`
 	// Template names the sandbox template (a PodTemplate); empty is the default.
 	Template string `json:"template"`
+	// Env is passed to the sandbox container as environment variables
+	// (Agent-Sandbox's envVars): plain values only, bounded (see validateEnv).
+	Env Env `json:"env"`
+}
+
+// Env is a request's environment variables, names to plain string values.
+type Env map[string]string
+
+// UnmarshalJSON takes only a JSON object of strings, and names the entry
+// that is not one: a reference such as Kubernetes' valueFrom is an object,
+// and refused like any other non-string.
+func (e *Env) UnmarshalJSON(b []byte) error {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return Invalidf("field \"env\" must be a JSON object of names to string values")
+	}
+	if raw == nil {
+		*e = nil
+		return nil
+	}
+	out := make(Env, len(raw))
+	for _, name := range slices.Sorted(maps.Keys(raw)) {
+		var v string
+		if err := json.Unmarshal(raw[name], &v); err != nil {
+			return Invalidf("env.%s must be a JSON string: values only, never references to Secrets or fields", Truncate(name))
+		}
+		out[name] = v
+	}
+	*e = out
+	return nil
 }
 
 // ExtraMount is one host directory DeerFlow asks to mount into the sandbox.
@@ -70,6 +101,12 @@ type Spec struct {
 	// Requested says which of the bounded fields the request set itself, so
 	// that a template's defaults fill only the others.
 	Requested Requested
+	// Caller is who creates the sandbox (set by Create from the request's
+	// context); its principal is recorded on every object (owner.go).
+	Caller Caller
+	// Env is the request's environment variables for the sandbox container,
+	// validated (nil: none).
+	Env map[string]string
 }
 
 // Requested marks the request fields that win over a template.
@@ -117,6 +154,10 @@ func DecodeCreateRequest(body []byte) (CreateRequest, error) {
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&req); err != nil {
+		var invalid *Error
+		if errors.As(err, &invalid) {
+			return req, invalid // from a field's own decoder (Env)
+		}
 		var typeErr *json.UnmarshalTypeError
 		if errors.As(err, &typeErr) && typeErr.Field == "" {
 			return req, Invalidf("request body must be a JSON object, not %s", typeErr.Value)
@@ -207,7 +248,72 @@ func (r CreateRequest) Validate(cfg *config.Config, now time.Time) (Spec, error)
 	if s.Mounts, err = validateMounts(cfg, r.ExtraMounts, s.UserID, s.ThreadID); err != nil {
 		return Spec{}, err
 	}
+	if s.Env, err = validateEnv(r.Env); err != nil {
+		return Spec{}, err
+	}
 	return s, nil
+}
+
+// Bounds of a request's env: enough for an agent's API keys and settings,
+// small enough that a Pod stays far below etcd's object size limit.
+const (
+	maxEnvEntries    = 32
+	maxEnvNameBytes  = 128
+	maxEnvValueBytes = 4 << 10
+	maxEnvTotalBytes = 32 << 10
+)
+
+var envNamePattern = regexp.MustCompile(`^[A-Z_][A-Z0-9_]*$`)
+
+// reservedEnv says why a request may not set name, or "" if it may. Refused
+// are the names the provisioner sets (MAX_SHELL_SESSIONS, DeerFlow's and the
+// Lark CLI's), the names Kubernetes injects (KUBERNETES_*, and the service
+// link variables *_SERVICE_HOST/_PORT, off in sandboxes but not to be faked),
+// and the few that change how the sandbox's own server starts (PATH,
+// HOSTNAME, the dynamic loader's LD_*). A template's own env is checked
+// against the request later (resolveTemplate).
+func reservedEnv(name string) string {
+	switch {
+	case name == "MAX_SHELL_SESSIONS" || strings.HasPrefix(name, "DEERFLOW_") || strings.HasPrefix(name, "DEER_FLOW_") || strings.HasPrefix(name, "LARK_CLI_"):
+		return "the provisioner sets it"
+	case strings.HasPrefix(name, "KUBERNETES_") || strings.HasSuffix(name, "_SERVICE_HOST") || strings.HasSuffix(name, "_SERVICE_PORT") || strings.Contains(name, "_SERVICE_PORT_"):
+		return "Kubernetes sets names of this form"
+	case name == "PATH" || name == "HOSTNAME" || strings.HasPrefix(name, "LD_"):
+		return "it changes how the sandbox itself starts"
+	}
+	return ""
+}
+
+// validateEnv checks the request's env entry by entry, in name order so
+// that the first offending entry is always the one named.
+func validateEnv(env map[string]string) (map[string]string, error) {
+	if len(env) == 0 {
+		return nil, nil
+	}
+	if len(env) > maxEnvEntries {
+		return nil, Invalidf("env has %d entries; at most %d are allowed", len(env), maxEnvEntries)
+	}
+	total := 0
+	for _, name := range slices.Sorted(maps.Keys(env)) {
+		value := env[name]
+		switch {
+		case len(name) > maxEnvNameBytes:
+			return nil, Invalidf("env name %q is %d bytes; at most %d are allowed", Truncate(name), len(name), maxEnvNameBytes)
+		case !envNamePattern.MatchString(name):
+			return nil, Invalidf("env name %q must be upper-case letters, digits and '_', not starting with a digit", Truncate(name))
+		case reservedEnv(name) != "":
+			return nil, Invalidf("env.%s is reserved (%s); choose another name", name, reservedEnv(name))
+		case len(value) > maxEnvValueBytes:
+			return nil, Invalidf("env.%s is %d bytes; at most %d are allowed", name, len(value), maxEnvValueBytes)
+		case strings.ContainsRune(value, 0):
+			return nil, Invalidf("env.%s contains a NUL byte, which no process environment can hold", name)
+		}
+		total += len(name) + len(value)
+	}
+	if total > maxEnvTotalBytes {
+		return nil, Invalidf("env totals %d bytes of names and values; at most %d are allowed", total, maxEnvTotalBytes)
+	}
+	return maps.Clone(env), nil
 }
 
 func boundedSeconds(field string, v *int64, def, max time.Duration) (time.Duration, error) {

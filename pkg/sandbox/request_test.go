@@ -1,12 +1,17 @@
 package sandbox
 
 import (
+	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
 func TestValidateCreateRequest(t *testing.T) {
@@ -111,6 +116,67 @@ func TestValidateCreateRequest(t *testing.T) {
 			}
 		}),
 	}, {
+		name: "env: plain values, kept as sent",
+		body: `{"sandbox_id":"abcd1234","env":{"OPENAI_API_KEY":"sk-1","_X":"","A1":"$(HOME) and $$"}}`,
+		want: base(func(s *Spec) { s.Env = map[string]string{"OPENAI_API_KEY": "sk-1", "_X": "", "A1": "$(HOME) and $$"} }),
+	}, {
+		name: "env: empty map is none", body: `{"sandbox_id":"abcd1234","env":{}}`,
+		want: base(nil),
+	}, {
+		name: "env: a reference instead of a value", body: `{"sandbox_id":"abcd1234","env":{"TOKEN":{"valueFrom":{"secretKeyRef":{"name":"s","key":"k"}}}}}`,
+		wantErr: "env.TOKEN must be a JSON string: values only, never references", kind: KindInvalid,
+	}, {
+		name: "env: a number", body: `{"sandbox_id":"abcd1234","env":{"N":1}}`,
+		wantErr: "env.N must be a JSON string", kind: KindInvalid,
+	}, {
+		name: "env: not a map", body: `{"sandbox_id":"abcd1234","env":["A=1"]}`,
+		wantErr: `field "env" must be a JSON object of names to string values`, kind: KindInvalid,
+	}, {
+		name: "env: lower-case name", body: `{"sandbox_id":"abcd1234","env":{"path":"x"}}`,
+		wantErr: `env name "path" must be upper-case letters`, kind: KindInvalid,
+	}, {
+		name: "env: name starting with a digit", body: `{"sandbox_id":"abcd1234","env":{"1A":"x"}}`,
+		wantErr: `env name "1A"`, kind: KindInvalid,
+	}, {
+		name: "env: the provisioner's MAX_SHELL_SESSIONS", body: `{"sandbox_id":"abcd1234","env":{"MAX_SHELL_SESSIONS":"99"}}`,
+		wantErr: "env.MAX_SHELL_SESSIONS is reserved (the provisioner sets it)", kind: KindInvalid,
+	}, {
+		name: "env: DeerFlow's names", body: `{"sandbox_id":"abcd1234","env":{"DEER_FLOW_HOME":"x"}}`,
+		wantErr: "env.DEER_FLOW_HOME is reserved", kind: KindInvalid,
+	}, {
+		name: "env: Kubernetes' names", body: `{"sandbox_id":"abcd1234","env":{"KUBERNETES_SERVICE_HOST":"10.0.0.1"}}`,
+		wantErr: "env.KUBERNETES_SERVICE_HOST is reserved (Kubernetes sets names of this form)", kind: KindInvalid,
+	}, {
+		name: "env: a service link name", body: `{"sandbox_id":"abcd1234","env":{"REDIS_SERVICE_PORT_HTTP":"1"}}`,
+		wantErr: "env.REDIS_SERVICE_PORT_HTTP is reserved", kind: KindInvalid,
+	}, {
+		name: "env: PATH", body: `{"sandbox_id":"abcd1234","env":{"PATH":"/tmp"}}`,
+		wantErr: "env.PATH is reserved (it changes how the sandbox itself starts)", kind: KindInvalid,
+	}, {
+		name: "env: the dynamic loader", body: `{"sandbox_id":"abcd1234","env":{"LD_PRELOAD":"/tmp/x.so"}}`,
+		wantErr: "env.LD_PRELOAD is reserved", kind: KindInvalid,
+	}, {
+		name: "env: NUL in a value", body: `{"sandbox_id":"abcd1234","env":{"A":"x\u0000y"}}`,
+		wantErr: "env.A contains a NUL byte", kind: KindInvalid,
+	}, {
+		name: "env: the first bad entry by name is named", body: `{"sandbox_id":"abcd1234","env":{"ZZ":"ok","PATH":"x","B b":"x"}}`,
+		wantErr: `env name "B b"`, kind: KindInvalid,
+	}, {
+		name: "env: 33 entries", body: envBody(33, 4, 1),
+		wantErr: "env has 33 entries; at most 32", kind: KindInvalid,
+	}, {
+		name: "env: a 129-byte name", body: `{"sandbox_id":"abcd1234","env":{"` + strings.Repeat("N", 129) + `":"x"}}`,
+		wantErr: "is 129 bytes; at most 128", kind: KindInvalid,
+	}, {
+		name: "env: a value over 4 KiB", body: `{"sandbox_id":"abcd1234","env":{"BIG":"` + strings.Repeat("v", 4097) + `"}}`,
+		wantErr: "env.BIG is 4097 bytes; at most 4096", kind: KindInvalid,
+	}, {
+		name: "env: 32 entries of exactly 32 KiB in total", body: envBody(32, 28, 996),
+		want: base(func(s *Spec) { s.Env = envMap(32, 28, 996) }),
+	}, {
+		name: "env: over 32 KiB in total", body: envBody(32, 28, 1010),
+		wantErr: "env totals 33216 bytes of names and values; at most 32768", kind: KindInvalid,
+	}, {
 		name: "id of 52 characters does not fit the Service name", body: `{"sandbox_id":"` + strings.Repeat("a", 52) + `"}`,
 		wantErr: "at most 51", kind: KindInvalid,
 	}, {
@@ -151,5 +217,51 @@ func TestValidateIDBoundary(t *testing.T) {
 	}
 	if err := ValidateID(ok + "a"); err == nil {
 		t.Errorf("ValidateID accepted %d characters", len(ok)+1)
+	}
+}
+
+// envMap is n entries whose names are nameLen bytes and values valueLen.
+func envMap(n, nameLen, valueLen int) map[string]string {
+	env := map[string]string{}
+	for i := range n {
+		name := fmt.Sprintf("E%03d", i)
+		env[name+strings.Repeat("_", nameLen-len(name))] = strings.Repeat("v", valueLen)
+	}
+	return env
+}
+
+func envBody(n, nameLen, valueLen int) string {
+	raw, _ := json.Marshal(map[string]any{"sandbox_id": "abcd1234", "env": envMap(n, nameLen, valueLen)})
+	return string(raw)
+}
+
+func TestEnvAgainstTemplate(t *testing.T) {
+	tpl := &template.Template{Name: "python", Pod: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{
+		{Name: template.ContainerName, Env: []corev1.EnvVar{{Name: "HTTP_PROXY", Value: "http://proxy:3128"}}},
+		{Name: "sidecar", Env: []corev1.EnvVar{{Name: "SIDECAR_ONLY", Value: "1"}}},
+	}}}}
+	tests := []struct {
+		name    string
+		env     map[string]string
+		wantErr string
+	}{
+		{name: "no env"},
+		{name: "names the template leaves alone, a sidecar's included", env: map[string]string{"API_KEY": "k", "SIDECAR_ONLY": "2"}},
+		{name: "a name the template's sandbox container sets", env: map[string]string{"API_KEY": "k", "HTTP_PROXY": "http://evil"},
+			wantErr: `env.HTTP_PROXY is set by sandbox template "python"`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := checkEnvAgainstTemplate(tpl, tc.env)
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatalf("unexpected error: %v", err)
+				}
+				return
+			}
+			if err == nil || KindOf(err) != KindInvalid || !strings.Contains(DetailOf(err), tc.wantErr) {
+				t.Fatalf("error = %v, want an invalid-request error containing %q", err, tc.wantErr)
+			}
+		})
 	}
 }

@@ -23,7 +23,7 @@ func BuildService(cfg *config.Config, s Spec, owner metav1.OwnerReference) *core
 	if owner.Kind == "ReplicaSet" {
 		l[LabelWorkload] = workloadReplicaSetValue
 	}
-	return &corev1.Service{
+	svc := &corev1.Service{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
 		ObjectMeta: metav1.ObjectMeta{
 			Name:            ServiceName(s.ID),
@@ -39,6 +39,8 @@ func BuildService(cfg *config.Config, s Spec, owner metav1.OwnerReference) *core
 			}},
 		},
 	}
+	recordPrincipal(svc, s)
+	return svc
 }
 
 // PodOwnerRef makes pod the controller-less owner of a dependent object. Not

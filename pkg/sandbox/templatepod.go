@@ -27,23 +27,31 @@ func (m *Manager) resolveTemplate(ctx context.Context, s Spec) (Spec, error) {
 	case err != nil:
 		return s, classify(err, "read the sandbox template")
 	}
-	s.Resolved = t
-	if t == nil {
-		return s, nil
+	if t != nil {
+		if err := checkEnvAgainstTemplate(t, s.Env); err != nil {
+			return s, err
+		}
 	}
-	if !s.Requested.IdleTimeout && t.IdleTimeout > 0 {
-		s.IdleTimeout = t.IdleTimeout
+	return withTemplate(s, t), nil
+}
+
+// checkEnvAgainstTemplate refuses a request env entry that the template's
+// sandbox container sets in its env: the operator's value (a proxy, a
+// licence server) is not the request's to replace. Names a template loads
+// through envFrom cannot be known here; Kubernetes lets env win over them,
+// so a template that must pin a variable lists it under env.
+func checkEnvAgainstTemplate(t *template.Template, env map[string]string) error {
+	for _, c := range t.Pod.Spec.Containers {
+		if c.Name != template.ContainerName {
+			continue
+		}
+		for _, e := range c.Env {
+			if _, ok := env[e.Name]; ok {
+				return Invalidf("env.%s is set by sandbox template %q and cannot be replaced by a request; choose another name", e.Name, t.Name)
+			}
+		}
 	}
-	if !s.Requested.MaxLifetime && t.MaxLifetime > 0 {
-		s.MaxLifetime = t.MaxLifetime
-	}
-	if !s.Requested.CPU && t.CPULimit != nil {
-		s.CPULimit = *t.CPULimit
-	}
-	if !s.Requested.Memory && t.MemoryLimit != nil {
-		s.MemoryLimit = *t.MemoryLimit
-	}
-	return s, nil
+	return nil
 }
 
 // applyTemplate lays the template's Pod shape under the Pod the provisioner

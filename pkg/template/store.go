@@ -99,16 +99,34 @@ type Summary struct {
 	BuiltIn            bool   `json:"built_in,omitempty"`
 	// Error is why the template is refused; creates with it get 422.
 	Error string `json:"error,omitempty"`
+	// Pool is the template's warm pool, when it asks for one.
+	Pool *Pool `json:"pool,omitempty"`
+}
+
+// Pool describes a template's warm pool: the size asked for, how many
+// pooled sandboxes stand Ready now, and why the pool is refused (the
+// template itself still serves creates, cold).
+type Pool struct {
+	Size  int    `json:"size"`
+	Ready int    `json:"ready"`
+	Error string `json:"error,omitempty"`
 }
 
 // List returns every template, valid or not, in one API call, with the
 // built-in default when no PodTemplate "default" exists.
 func (s *Store) List(ctx context.Context) ([]Summary, error) {
+	out, _, err := s.ListValid(ctx)
+	return out, err
+}
+
+// ListValid is List that also returns the valid templates.
+func (s *Store) ListValid(ctx context.Context) ([]Summary, []*Template, error) {
 	list, err := s.client.CoreV1().PodTemplates(s.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: Label})
 	if err != nil {
-		return nil, fmt.Errorf("list sandbox templates: %w", err)
+		return nil, nil, fmt.Errorf("list sandbox templates: %w", err)
 	}
 	out := []Summary{}
+	var valid []*Template
 	haveDefault := false
 	for i := range list.Items {
 		pt := &list.Items[i]
@@ -118,6 +136,7 @@ func (s *Store) List(ctx context.Context) ([]Summary, error) {
 			out = append(out, Summary{Name: pt.Name, Error: err.Error()})
 			continue
 		}
+		valid = append(valid, t)
 		out = append(out, Summarize(t))
 	}
 	if !haveDefault {
@@ -125,7 +144,7 @@ func (s *Store) List(ctx context.Context) ([]Summary, error) {
 			IdleTimeoutSeconds: int64(s.cfg.IdleTimeout / time.Second), MaxLifetimeSeconds: int64(s.cfg.MaxLifetime / time.Second)})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out, nil
+	return out, valid, nil
 }
 
 // Summarize describes a valid template.
@@ -134,6 +153,9 @@ func Summarize(t *Template) Summary {
 		IdleTimeoutSeconds: int64(t.IdleTimeout / time.Second), MaxLifetimeSeconds: int64(t.MaxLifetime / time.Second)}
 	if c := t.Sandbox(); c != nil {
 		sum.Image = c.Image
+	}
+	if t.PoolSize > 0 || t.PoolError != "" {
+		sum.Pool = &Pool{Size: t.PoolSize, Error: t.PoolError}
 	}
 	return sum
 }

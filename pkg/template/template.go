@@ -25,6 +25,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 )
@@ -58,6 +59,10 @@ const (
 	// AnnotationDeerFlowMounts says whether DeerFlow's skills and user-data
 	// mounts apply ("true", the default, or "false").
 	AnnotationDeerFlowMounts = annotationPrefix + "deerflow-mounts"
+	// AnnotationPoolSize is how many Ready sandboxes of this template stand
+	// warm, unowned, for creates to claim (0, the default: none). A bad
+	// value refuses the pool, not the template: creates go the cold way.
+	AnnotationPoolSize = annotationPrefix + "pool-size"
 )
 
 // Workload kinds and idle actions.
@@ -74,6 +79,7 @@ const (
 // Template is a validated sandbox template.
 type Template struct {
 	Name            string
+	UID             types.UID
 	ResourceVersion string
 	Kind            string
 	// IdleTimeout and MaxLifetime are zero when the template leaves them to
@@ -86,7 +92,11 @@ type Template struct {
 	// CPULimit and MemoryLimit are the sandbox container's limits when the
 	// template sets them: defaults a request may override within bounds.
 	CPULimit, MemoryLimit *resource.Quantity
-	Pod                   corev1.PodTemplateSpec
+	// PoolSize is the warm pool asked for, 0 when none or when the setting
+	// is refused; PoolError then says why (a template listing shows it).
+	PoolSize  int
+	PoolError string
+	Pod       corev1.PodTemplateSpec
 }
 
 // Error is a refused template: which one, which field, and why.
@@ -119,7 +129,7 @@ var reservedMountRoots = []string{"/mnt/skills", "/mnt/user-data", "/mnt/integra
 // weaken a sandbox or that is malformed.
 func FromPodTemplate(pt *corev1.PodTemplate, cfg *config.Config) (*Template, error) {
 	v := validator{tmpl: pt.Name, cfg: cfg}
-	t := &Template{Name: pt.Name, ResourceVersion: pt.ResourceVersion, Kind: KindPod, IdleAction: IdleDelete,
+	t := &Template{Name: pt.Name, UID: pt.UID, ResourceVersion: pt.ResourceVersion, Kind: KindPod, IdleAction: IdleDelete,
 		PausedTimeout: defaultPausedTimeout, Port: cfg.ContainerPort, DeerFlowMounts: true, Pod: *pt.Template.DeepCopy()}
 	if err := v.settings(pt.Annotations, t); err != nil {
 		return nil, err
@@ -180,9 +190,19 @@ func (v validator) settings(a map[string]string, t *Template) error {
 			t.MaxLifetime, err = v.duration(field(key), val, v.cfg.MaxMaxLifetime)
 		case AnnotationPausedTimeout:
 			t.PausedTimeout, err = v.duration(field(key), val, v.cfg.MaxMaxLifetime)
+		case AnnotationPoolSize:
+			n, perr := strconv.Atoi(val)
+			switch {
+			case perr != nil || n < 0:
+				t.PoolError = fmt.Sprintf("%q: want a whole number from 0 to %d (SANDBOX_MAX_POOL_SIZE)", val, v.cfg.MaxPoolSize)
+			case n > v.cfg.MaxPoolSize:
+				t.PoolError = fmt.Sprintf("%d is above the operator's cap SANDBOX_MAX_POOL_SIZE=%d", n, v.cfg.MaxPoolSize)
+			default:
+				t.PoolSize = n
+			}
 		default:
 			return v.bad(field(key), "unknown setting; the settings are %s", strings.Join([]string{AnnotationKind, AnnotationIdleTimeout,
-				AnnotationMaxLifetime, AnnotationIdleAction, AnnotationPausedTimeout, AnnotationPort, AnnotationDeerFlowMounts}, ", "))
+				AnnotationMaxLifetime, AnnotationIdleAction, AnnotationPausedTimeout, AnnotationPort, AnnotationDeerFlowMounts, AnnotationPoolSize}, ", "))
 		}
 		if err != nil {
 			return err
@@ -191,7 +211,30 @@ func (v validator) settings(a map[string]string, t *Template) error {
 	if t.IdleAction == IdlePause && t.Kind != KindReplicaSet {
 		return v.bad(field(AnnotationIdleAction), "pause needs %s: %s (a bare Pod cannot be paused and resumed)", AnnotationKind, KindReplicaSet)
 	}
+	v.pool(t)
 	return nil
+}
+
+// pool refuses a pool the template's Pods cannot be warmed for. A pooled
+// Pod is made before anyone asks for it, so it can hold nothing that a
+// request decides: DeerFlow's mounts are each thread's and user's own
+// directories. A claimed Pod becomes a bare Pod sandbox; a ReplicaSet
+// sandbox's Pods are its ReplicaSet's, made from its own Pod template.
+// A refused pool leaves the template usable: its creates go the cold way.
+func (v validator) pool(t *Template) {
+	switch {
+	case t.PoolError != "":
+	case t.PoolSize == 0:
+		return
+	case t.DeerFlowMounts:
+		t.PoolError = fmt.Sprintf("a pool on a template whose Pods need per-request data: DeerFlow's mounts give each Pod its user's and thread's directories; set %s: \"false\" to pool this template", AnnotationDeerFlowMounts)
+	case t.Kind != KindPod:
+		t.PoolError = fmt.Sprintf("a pool serves templates of %s: %s only; a claimed Pod becomes a bare Pod sandbox, not a ReplicaSet's", AnnotationKind, KindPod)
+	default:
+		return
+	}
+	t.PoolSize = 0
+	t.PoolError = fmt.Sprintf("sandbox template %q: metadata.annotations[%s]: %s; no pool is kept and creates with this template start cold", v.tmpl, AnnotationPoolSize, t.PoolError)
 }
 
 // duration reads a lifetime setting: a Go duration from 1s to max.
@@ -219,9 +262,17 @@ func (v validator) metadata(labels, annotations map[string]string) error {
 			return v.bad("template.metadata.labels["+k+"]", "the provisioner's label, or one a NetworkPolicy selects peers by; a sandbox's labels must not widen what it can reach")
 		}
 	}
+	// Annotations reach the container runtime (io.katacontainers.*,
+	// io.kubernetes.cri-o.*, AppArmor, seccomp): allowed by list, not
+	// refused by list, so a runtime's new key is refused until an operator
+	// decides it is safe (SANDBOX_TEMPLATE_ANNOTATIONS, which the admission
+	// policy's parameters must admit too).
 	for _, k := range slices.Sorted(maps.Keys(annotations)) {
-		if strings.HasPrefix(k, annotationPrefix) || strings.Contains(k, "apparmor.security") || strings.Contains(k, "seccomp.security") {
-			return v.bad("template.metadata.annotations["+k+"]", "the provisioner's bookkeeping or confinement is not a template's to set")
+		if strings.HasPrefix(k, annotationPrefix) {
+			return v.bad("template.metadata.annotations["+k+"]", "the provisioner's bookkeeping is not a template's to set")
+		}
+		if !config.AnnotationAllowed(v.cfg.TemplateAnnotations, k) {
+			return v.bad("template.metadata.annotations["+k+"]", "not on the allow-list SANDBOX_TEMPLATE_ANNOTATIONS (%s)", strings.Join(v.cfg.TemplateAnnotations, ","))
 		}
 	}
 	return nil
@@ -267,6 +318,15 @@ func (v validator) spec(spec *corev1.PodSpec, t *Template) error {
 	if f := setExcept(*spec, podFields); f != "" {
 		return v.bad(p+f, "not a field a template may set; the provisioner controls it")
 	}
+	if spec.PriorityClassName != "" && !slices.Contains(v.cfg.TemplatePriorityClasses, spec.PriorityClassName) {
+		return v.bad(p+"priorityClassName", "%q is not on the allow-list SANDBOX_TEMPLATE_PRIORITY_CLASSES (%s); a sandbox must not preempt the cluster's workloads",
+			spec.PriorityClassName, strings.Join(v.cfg.TemplatePriorityClasses, ","))
+	}
+	for i, tl := range spec.Tolerations {
+		if !v.tolerationAllowed(tl) {
+			return v.bad(fmt.Sprintf("%stolerations[%d]", p, i), "not on the allow-lists SANDBOX_TOLERATIONS and SANDBOX_TEMPLATE_TOLERATIONS (key[=value]:Effect); a sandbox must not land on nodes kept for others")
+		}
+	}
 	if sc := spec.SecurityContext; sc != nil {
 		if sc.RunAsUser != nil && *sc.RunAsUser == 0 {
 			return v.bad(p+"securityContext.runAsUser", "a sandbox never runs as root")
@@ -284,6 +344,7 @@ func (v validator) spec(spec *corev1.PodSpec, t *Template) error {
 		}
 	}
 	sandboxes := 0
+	sidecars := corev1.ResourceList{} // the sum of the sidecars' limits
 	for _, group := range []struct {
 		kind string
 		cs   []corev1.Container
@@ -311,14 +372,28 @@ func (v validator) spec(spec *corev1.PodSpec, t *Template) error {
 	if sandboxes != 1 {
 		return v.bad(p+"containers", "want exactly one container named %q (the sandbox); found %d", ContainerName, sandboxes)
 	}
+	for _, group := range []struct {
+		kind string
+		cs   []corev1.Container
+	}{{"initContainers", spec.InitContainers}, {"containers", spec.Containers}} {
+		for i := range group.cs {
+			if c := &group.cs[i]; c.Name != ContainerName {
+				if err := v.sidecarResources(fmt.Sprintf("%s%s[%d]", p, group.kind, i), c, group.kind == "containers", sidecars); err != nil {
+					return err
+				}
+			}
+		}
+	}
 	return nil
 }
 
 // volumeSources are the volume types a template may use: data volumes the
-// kubelet mounts for the Pod. hostPath is DeerFlow's mounts, which the
+// kubelet mounts for the Pod, but no Secret. hostPath is DeerFlow's mounts, which the
 // provisioner adds; in-tree drivers and gitRepo run node-side code; a
 // projected ServiceAccount token would hand the sandbox an API credential.
-var volumeSources = []string{"emptyDir", "configMap", "secret", "projected", "downwardAPI", "persistentVolumeClaim", "nfs", "csi", "ephemeral", "image"}
+// Secrets are not mounted: the provisioner's own API keys live in the same
+// namespace, and a sandbox runs the agent's code.
+var volumeSources = []string{"emptyDir", "configMap", "projected", "downwardAPI", "persistentVolumeClaim", "nfs", "csi", "ephemeral", "image"}
 
 func (v validator) volume(f string, vol corev1.Volume) error {
 	if reservedVolume(vol.Name) {
@@ -326,6 +401,9 @@ func (v validator) volume(f string, vol corev1.Volume) error {
 	}
 	if vol.HostPath != nil {
 		return v.bad(f+".hostPath", "host paths are DeerFlow's mounts, which the provisioner adds (set %s instead)", AnnotationDeerFlowMounts)
+	}
+	if vol.Secret != nil {
+		return v.bad(f+".secret", "a sandbox mounts no Secret (the provisioner's API keys live in the same namespace)")
 	}
 	if src := setExcept(vol.VolumeSource, volumeSources); src != "" {
 		return v.bad(f+"."+src, "not a volume type a sandbox may use; use one of %s", strings.Join(volumeSources, ", "))
@@ -335,6 +413,9 @@ func (v validator) volume(f string, vol corev1.Volume) error {
 			if s.ServiceAccountToken != nil || s.PodCertificate != nil {
 				return v.bad(fmt.Sprintf("%s.projected.sources[%d]", f, j), "a sandbox never gets a ServiceAccount token or Pod certificate")
 			}
+			if s.Secret != nil {
+				return v.bad(fmt.Sprintf("%s.projected.sources[%d].secret", f, j), "a sandbox mounts no Secret")
+			}
 		}
 	}
 	return nil
@@ -343,6 +424,14 @@ func (v validator) volume(f string, vol corev1.Volume) error {
 func (v validator) container(f string, c *corev1.Container) error {
 	if field := setExcept(*c, containerFields); field != "" {
 		return v.bad(f+"."+field, "not a field a template may set on a container")
+	}
+	if len(c.EnvFrom) > 0 {
+		return v.bad(f+".envFrom", "a sandbox takes no environment from Secrets or ConfigMaps wholesale; name each variable in env")
+	}
+	for j, e := range c.Env {
+		if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+			return v.bad(fmt.Sprintf("%s.env[%d].valueFrom.secretKeyRef", f, j), "a sandbox reads no Secret")
+		}
 	}
 	for j, port := range c.Ports {
 		if port.HostPort != 0 || port.HostIP != "" {
@@ -443,4 +532,60 @@ func setExcept(s any, allowed []string) string {
 		return name
 	}
 	return ""
+}
+
+// sidecarResources requires a sidecar or init container to set cpu and
+// memory limits within the provisioner's maxima (SANDBOX_MAX_CPU_LIMIT,
+// SANDBOX_MAX_MEMORY_LIMIT), and the sidecars, which run beside the
+// sandbox, to stay within them together: a template cannot make a sandbox
+// unbounded through its helpers.
+func (v validator) sidecarResources(f string, c *corev1.Container, sidecar bool, sum corev1.ResourceList) error {
+	for _, r := range []struct {
+		name corev1.ResourceName
+		max  string
+		env  string
+	}{{corev1.ResourceCPU, v.cfg.MaxCPULimit, "SANDBOX_MAX_CPU_LIMIT"}, {corev1.ResourceMemory, v.cfg.MaxMemoryLimit, "SANDBOX_MAX_MEMORY_LIMIT"}} {
+		field := f + ".resources.limits." + string(r.name)
+		q, ok := c.Resources.Limits[r.name]
+		if !ok {
+			return v.bad(field, "required: a template's other containers set cpu and memory limits, at most %s (%s)", r.max, r.env)
+		}
+		max := resource.MustParse(r.max)
+		if q.Cmp(max) > 0 {
+			return v.bad(field, "%s: want at most %s (%s)", q.String(), r.max, r.env)
+		}
+		if !sidecar {
+			continue // init containers run one at a time, before the sandbox
+		}
+		total := sum[r.name]
+		total.Add(q)
+		sum[r.name] = total
+		if total.Cmp(max) > 0 {
+			return v.bad(field, "the sidecars' limits add up to %s: want at most %s (%s) together", total.String(), r.max, r.env)
+		}
+	}
+	return nil
+}
+
+// tolerationAllowed reports whether t is one of the operator's tolerations
+// (SANDBOX_TOLERATIONS, SANDBOX_TEMPLATE_TOLERATIONS) or narrower: the same
+// key and effect, and the same value unless the entry takes any value.
+// The admission policy's parameters must admit the same entries.
+func (v validator) tolerationAllowed(t corev1.Toleration) bool {
+	allowed, _ := config.ParseTolerations(append(slices.Clone(v.cfg.Tolerations), v.cfg.TemplateTolerations...)) // validated at start-up
+	if t.Key == "" || t.Effect == "" {
+		return false // every key, or every effect
+	}
+	for _, a := range allowed {
+		if a.Key != t.Key || a.Effect != t.Effect {
+			continue
+		}
+		switch {
+		case a.Operator == corev1.TolerationOpExists:
+			return true
+		case t.Operator != corev1.TolerationOpExists && t.Value == a.Value:
+			return true
+		}
+	}
+	return false
 }

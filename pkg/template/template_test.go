@@ -2,6 +2,7 @@ package template
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,7 +36,8 @@ func python() *corev1.PodTemplate {
 				Containers: []corev1.Container{
 					{Name: "sandbox", Image: "registry.example/python-sandbox:3.12", Resources: corev1.ResourceRequirements{
 						Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("2Gi"), "nvidia.com/gpu": resource.MustParse("1")}}},
-					{Name: "proxy", Image: "registry.example/egress-proxy:1"},
+					{Name: "proxy", Image: "registry.example/egress-proxy:1", Resources: corev1.ResourceRequirements{
+						Limits: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("64Mi")}}},
 				},
 				Volumes:          []corev1.Volume{{Name: "datasets", VolumeSource: corev1.VolumeSource{NFS: &corev1.NFSVolumeSource{Server: "nfs.example", Path: "/datasets", ReadOnly: true}}}},
 				ImagePullSecrets: []corev1.LocalObjectReference{{Name: "registry-creds"}},
@@ -128,6 +130,52 @@ func TestFromPodTemplateRefuses(t *testing.T) {
 		{"memory over the bound", func(p *corev1.PodTemplate) {
 			p.Template.Spec.Containers[0].Resources.Limits[corev1.ResourceMemory] = resource.MustParse("64Gi")
 		}, "template.spec.containers[0].resources.limits.memory"},
+		{"secret volume", func(p *corev1.PodTemplate) {
+			p.Template.Spec.Volumes = append(p.Template.Spec.Volumes, corev1.Volume{Name: "keys", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "sandbox-provisioner"}}})
+		}, "template.spec.volumes[1].secret"},
+		{"projected secret", func(p *corev1.PodTemplate) {
+			p.Template.Spec.Volumes = append(p.Template.Spec.Volumes, corev1.Volume{Name: "keys", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+				Sources: []corev1.VolumeProjection{{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "c"}}},
+					{Secret: &corev1.SecretProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "sandbox-provisioner"}}}}}}})
+		}, "template.spec.volumes[1].projected.sources[1].secret"},
+		{"envFrom a Secret", func(p *corev1.PodTemplate) {
+			p.Template.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "sandbox-provisioner"}}}}
+		}, "template.spec.containers[0].envFrom"},
+		{"envFrom a ConfigMap", func(p *corev1.PodTemplate) {
+			p.Template.Spec.Containers[1].EnvFrom = []corev1.EnvFromSource{{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "c"}}}}
+		}, "template.spec.containers[1].envFrom"},
+		{"env from a Secret key", func(p *corev1.PodTemplate) {
+			p.Template.Spec.Containers[1].Env = []corev1.EnvVar{{Name: "A", Value: "1"}, {Name: "KEY", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+				LocalObjectReference: corev1.LocalObjectReference{Name: "sandbox-provisioner"}, Key: "api-key"}}}}
+		}, "template.spec.containers[1].env[1].valueFrom.secretKeyRef"},
+		{"sidecar without a memory limit", func(p *corev1.PodTemplate) {
+			delete(p.Template.Spec.Containers[1].Resources.Limits, corev1.ResourceMemory)
+		}, "template.spec.containers[1].resources.limits.memory"},
+		{"sidecar over the cpu maximum", func(p *corev1.PodTemplate) {
+			p.Template.Spec.Containers[1].Resources.Limits[corev1.ResourceCPU] = resource.MustParse("5")
+		}, "template.spec.containers[1].resources.limits.cpu"},
+		{"sidecars over the memory maximum together", func(p *corev1.PodTemplate) {
+			p.Template.Spec.Containers[1].Resources.Limits[corev1.ResourceMemory] = resource.MustParse("5Gi")
+			c := *p.Template.Spec.Containers[1].DeepCopy()
+			c.Name = "proxy2"
+			p.Template.Spec.Containers = append(p.Template.Spec.Containers, c)
+		}, "template.spec.containers[2].resources.limits.memory"},
+		{"init container without limits", func(p *corev1.PodTemplate) {
+			p.Template.Spec.InitContainers = []corev1.Container{{Name: "setup", Image: "x"}}
+		}, "template.spec.initContainers[0].resources.limits.cpu"},
+		{"priority class off the list", func(p *corev1.PodTemplate) { p.Template.Spec.PriorityClassName = "system-node-critical" }, "template.spec.priorityClassName"},
+		{"toleration off the list", func(p *corev1.PodTemplate) {
+			p.Template.Spec.Tolerations = []corev1.Toleration{{Key: "node-role.kubernetes.io/control-plane", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
+		}, "template.spec.tolerations[0]"},
+		{"toleration of every taint", func(p *corev1.PodTemplate) {
+			p.Template.Spec.Tolerations = []corev1.Toleration{{Operator: corev1.TolerationOpExists}}
+		}, "template.spec.tolerations[0]"},
+		{"kata runtime annotation", func(p *corev1.PodTemplate) {
+			p.Template.Annotations = map[string]string{"io.katacontainers.config.hypervisor.kernel_params": "init=/bin/sh"}
+		}, "template.metadata.annotations[io.katacontainers.config.hypervisor.kernel_params]"},
+		{"bookkeeping annotation", func(p *corev1.PodTemplate) {
+			p.Template.Annotations = map[string]string{"sandbox.deerflow.dev/expires-at": "2999-01-01T00:00:00Z"}
+		}, "template.metadata.annotations[sandbox.deerflow.dev/expires-at]"},
 		{"cpu request", func(p *corev1.PodTemplate) {
 			p.Template.Spec.Containers[0].Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1")}
 		}, "template.spec.containers[0].resources.requests.cpu"},
@@ -143,6 +191,105 @@ func TestFromPodTemplateRefuses(t *testing.T) {
 			}
 			if diff := cmp.Diff(Error{Template: "python", Field: tt.field}, Error{Template: te.Template, Field: te.Field}); diff != "" {
 				t.Errorf("(-want +got):\n%s\n(%v)", diff, err)
+			}
+		})
+	}
+}
+
+// TestFromPodTemplateAllowLists: what the operator allow-lists (and nothing
+// wider) a template may use: tolerations, priority classes, annotations.
+func TestFromPodTemplateAllowLists(t *testing.T) {
+	t.Setenv("SANDBOX_TOLERATIONS", "sandboxes:NoSchedule")
+	t.Setenv("SANDBOX_TEMPLATE_TOLERATIONS", "nvidia.com/gpu:NoSchedule,pool=python:NoExecute")
+	t.Setenv("SANDBOX_TEMPLATE_PRIORITY_CLASSES", "sandbox-low")
+	t.Setenv("SANDBOX_TEMPLATE_ANNOTATIONS", "example.com/*,kubectl.kubernetes.io/default-container")
+	cfg := testConfig(t)
+	tol := func(key string, op corev1.TolerationOperator, value string, effect corev1.TaintEffect) corev1.Toleration {
+		return corev1.Toleration{Key: key, Operator: op, Value: value, Effect: effect}
+	}
+	tests := []struct {
+		name   string
+		mutate func(*corev1.PodTemplate)
+		ok     bool
+	}{
+		{"operator's toleration", func(p *corev1.PodTemplate) {
+			p.Template.Spec.Tolerations = []corev1.Toleration{tol("sandboxes", corev1.TolerationOpExists, "", corev1.TaintEffectNoSchedule)}
+		}, true},
+		{"template toleration, narrowed to a value", func(p *corev1.PodTemplate) {
+			p.Template.Spec.Tolerations = []corev1.Toleration{tol("nvidia.com/gpu", corev1.TolerationOpEqual, "a100", corev1.TaintEffectNoSchedule)}
+		}, true},
+		{"the value listed", func(p *corev1.PodTemplate) {
+			p.Template.Spec.Tolerations = []corev1.Toleration{tol("pool", "", "python", corev1.TaintEffectNoExecute)}
+		}, true},
+		{"another value", func(p *corev1.PodTemplate) {
+			p.Template.Spec.Tolerations = []corev1.Toleration{tol("pool", corev1.TolerationOpEqual, "gpu", corev1.TaintEffectNoExecute)}
+		}, false},
+		{"any value where one is listed", func(p *corev1.PodTemplate) {
+			p.Template.Spec.Tolerations = []corev1.Toleration{tol("pool", corev1.TolerationOpExists, "", corev1.TaintEffectNoExecute)}
+		}, false},
+		{"another effect", func(p *corev1.PodTemplate) {
+			p.Template.Spec.Tolerations = []corev1.Toleration{tol("nvidia.com/gpu", corev1.TolerationOpExists, "", corev1.TaintEffectNoExecute)}
+		}, false},
+		{"every effect", func(p *corev1.PodTemplate) {
+			p.Template.Spec.Tolerations = []corev1.Toleration{tol("nvidia.com/gpu", corev1.TolerationOpExists, "", "")}
+		}, false},
+		{"listed priority class", func(p *corev1.PodTemplate) { p.Template.Spec.PriorityClassName = "sandbox-low" }, true},
+		{"other priority class", func(p *corev1.PodTemplate) { p.Template.Spec.PriorityClassName = "sandbox-high" }, false},
+		{"annotation under a listed prefix", func(p *corev1.PodTemplate) { p.Template.Annotations = map[string]string{"example.com/team": "data"} }, true},
+		{"listed annotation", func(p *corev1.PodTemplate) {
+			p.Template.Annotations = map[string]string{"kubectl.kubernetes.io/default-container": "sandbox"}
+		}, true},
+		{"annotation beside the list", func(p *corev1.PodTemplate) {
+			p.Template.Annotations = map[string]string{"kubectl.kubernetes.io/restartedAt": "now"}
+		}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pt := python()
+			tt.mutate(pt)
+			_, err := FromPodTemplate(pt, cfg)
+			if (err == nil) != tt.ok {
+				t.Errorf("FromPodTemplate: %v, want accepted %v", err, tt.ok)
+			}
+		})
+	}
+}
+
+func TestPoolSetting(t *testing.T) {
+	tests := []struct {
+		name        string
+		annotations map[string]string
+		size        int
+		err         string // in PoolError; "" for none
+	}{
+		{"none", nil, 0, ""},
+		{"pooled", map[string]string{AnnotationPoolSize: "3", AnnotationDeerFlowMounts: "false"}, 3, ""},
+		{"zero", map[string]string{AnnotationPoolSize: "0"}, 0, ""},
+		{"at the cap", map[string]string{AnnotationPoolSize: "10", AnnotationDeerFlowMounts: "false"}, 10, ""},
+		{"above the cap", map[string]string{AnnotationPoolSize: "11", AnnotationDeerFlowMounts: "false"}, 0, "11 is above the operator's cap SANDBOX_MAX_POOL_SIZE=10"},
+		{"negative", map[string]string{AnnotationPoolSize: "-1", AnnotationDeerFlowMounts: "false"}, 0, `"-1": want a whole number from 0 to 10`},
+		{"not a number", map[string]string{AnnotationPoolSize: "many", AnnotationDeerFlowMounts: "false"}, 0, `"many": want a whole number from 0 to 10`},
+		{"per-request data", map[string]string{AnnotationPoolSize: "2"}, 0, "a pool on a template whose Pods need per-request data"},
+		{"ReplicaSet kind", map[string]string{AnnotationPoolSize: "2", AnnotationDeerFlowMounts: "false", AnnotationKind: KindReplicaSet}, 0, "a pool serves templates of"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pt := python()
+			for k, v := range tt.annotations {
+				pt.Annotations[k] = v
+			}
+			got, err := FromPodTemplate(pt, testConfig(t))
+			if err != nil {
+				t.Fatalf("a pool setting refused the template itself: %v", err)
+			}
+			if got.PoolSize != tt.size {
+				t.Errorf("PoolSize %d, want %d", got.PoolSize, tt.size)
+			}
+			if tt.err == "" && got.PoolError != "" || !strings.Contains(got.PoolError, tt.err) {
+				t.Errorf("PoolError %q, want one containing %q", got.PoolError, tt.err)
+			}
+			if tt.err != "" && !strings.Contains(got.PoolError, "creates with this template start cold") {
+				t.Errorf("PoolError %q does not say the template still serves creates", got.PoolError)
 			}
 		})
 	}

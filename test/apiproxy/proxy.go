@@ -109,6 +109,9 @@ func (p *Proxy) Reset() {
 	p.maxWatches.Store(p.watches.Load())
 }
 
+// OpenWatches is how many watches are open now.
+func (p *Proxy) OpenWatches() int { return int(p.watches.Load()) }
+
 // MaxWatches is the most watches that were open at once since Reset.
 func (p *Proxy) MaxWatches() int { return int(p.maxWatches.Load()) }
 

@@ -4,6 +4,8 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,148 +13,613 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+	"github.com/deerflow-sandbox/provisioner/pkg/template"
+)
+
+const (
+	podPolicy     = "sandbox-provisioner-pods"
+	rsPolicy      = "sandbox-provisioner-replicasets"
+	servicePolicy = "sandbox-provisioner-services"
 )
 
 // serviceAccountNamespace makes a namespace in which the provisioner's
 // ServiceAccount holds config/'s Role (copied there), applies config/'s
-// ValidatingAdmissionPolicy, and returns a client that acts as that
-// ServiceAccount. The namespace enforces no Pod Security level, as in
-// DeerFlow's host-path mode, so that the admission policy alone is tested.
+// admission policies and their parameters (in config/'s namespace), and
+// returns a client that acts as that ServiceAccount. The namespace enforces
+// no Pod Security level, as in DeerFlow's host-path mode, so that the
+// admission policy alone is tested.
 func serviceAccountNamespace(t *testing.T) (string, kubernetes.Interface) {
 	t.Helper()
 	ns := namespace(t)
-	var objs = readObjects(t, filepath.Join("..", "..", "config", "201-role.yaml"), filepath.Join("..", "..", "config", "202-rolebinding.yaml"))
+	objs := readObjects(t, filepath.Join("..", "..", "config", "201-role.yaml"), filepath.Join("..", "..", "config", "202-rolebinding.yaml"))
 	for _, o := range objs {
 		o.SetNamespace(ns)
 	}
 	applyServerSide(t, objs)
-	applyServerSide(t, readObjects(t, filepath.Join("..", "..", "config", "800-admission-policy.yaml")))
+	applyServerSide(t, readObjects(t, filepath.Join("..", "..", "config", "100-namespace.yaml"), filepath.Join("..", "..", "config", "800-admission-policy.yaml")))
 	rc := rest.CopyConfig(kc.Config)
 	rc.Impersonate = rest.ImpersonationConfig{UserName: serviceAccount}
 	sa := kubernetes.NewForConfigOrDie(rc)
-	// The policy takes a moment to be in force: wait until it refuses a Pod
-	// without the sandbox label.
-	eventually(t, 30*time.Second, "admission policy in force", func() (bool, error) {
-		p := admissionPod(ns)
-		delete(p.Labels, "app")
-		_, err := sa.CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		return err != nil && strings.Contains(err.Error(), "sandbox-provisioner-pods"), err
+	ctx := context.Background()
+	// Every rule compiles against the API server's types: a misspelt field
+	// would deny every request at run time (failurePolicy Fail).
+	for _, name := range []string{podPolicy, rsPolicy, servicePolicy} {
+		eventually(t, 30*time.Second, name+" type-checked", func() (bool, error) {
+			p, err := client().AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{})
+			if err != nil || p.Status.ObservedGeneration != p.Generation {
+				return false, err
+			}
+			if tc := p.Status.TypeChecking; tc != nil && len(tc.ExpressionWarnings) > 0 {
+				t.Fatalf("%s does not type-check: %+v", name, tc.ExpressionWarnings)
+			}
+			return true, nil
+		})
+	}
+	// The policies and their parameters take a moment to be in force:
+	// wait until the function's own objects pass and an unlabelled one is
+	// refused, for each kind (server-side dry run: nothing is stored).
+	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	eventually(t, 30*time.Second, "admission policies in force", func() (bool, error) {
+		a := newAdmission(t, ns, nil)
+		pod := a.pod("probe", nil)
+		if _, err := sa.CoreV1().Pods(ns).Create(ctx, pod, dry); err != nil {
+			return false, err
+		}
+		delete(pod.Labels, "app")
+		if _, err := sa.CoreV1().Pods(ns).Create(ctx, pod, dry); !refusedBy(err, podPolicy, "") {
+			return false, err
+		}
+		rs := a.replicaSet("probe", nil)
+		if _, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, rs, dry); err != nil {
+			return false, err
+		}
+		rs.Spec.Replicas = ptr.To[int32](2)
+		if _, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, rs, dry); !refusedBy(err, rsPolicy, "") {
+			return false, err
+		}
+		svc := a.service("probe", corev1.ServiceTypeNodePort, sandbox.PodOwnerRef(pod))
+		svc.OwnerReferences = nil
+		svc.Spec.Type = corev1.ServiceTypeLoadBalancer
+		_, err := sa.CoreV1().Services(ns).Create(ctx, svc, dry)
+		return refusedBy(err, servicePolicy, ""), err
 	})
 	return ns, sa
 }
 
-// admissionPod is a Pod the function would build, with default settings.
-func admissionPod(ns string) *corev1.Pod {
-	cfg, _ := config.Load()
-	cfg.Namespace = ns
-	spec, err := sandbox.CreateRequest{SandboxID: "adm1"}.Validate(cfg, time.Now())
-	if err != nil {
-		panic(err)
-	}
-	return sandbox.BuildPod(cfg, spec)
+// refusedBy reports whether err is a refusal by the admission policy
+// policy, with message in it.
+func refusedBy(err error, policy, message string) bool {
+	return err != nil && strings.Contains(err.Error(), "ValidatingAdmissionPolicy '"+policy+"'") && strings.Contains(err.Error(), message)
 }
 
-// admissionReplicaSet is the ReplicaSet the function would build for a
-// ReplicaSet template, with default settings.
-func admissionReplicaSet(ns string) *appsv1.ReplicaSet {
-	cfg, _ := config.Load()
-	cfg.Namespace = ns
-	spec, err := sandbox.CreateRequest{SandboxID: "adm2"}.Validate(cfg, time.Now())
-	if err != nil {
-		panic(err)
-	}
-	return sandbox.BuildReplicaSet(cfg, spec)
+// admission builds what the function builds, with cfg's settings.
+type admission struct {
+	t   *testing.T
+	cfg *config.Config
 }
 
-// TestAdmissionPolicyRefusesEscapes acts as the provisioner's ServiceAccount:
-// the API server itself refuses every Pod shape that would let a compromised
-// function create an escaping sandbox, and admits the Pod the function builds.
-func TestAdmissionPolicyRefusesEscapes(t *testing.T) {
+func newAdmission(t *testing.T, ns string, env map[string]string) admission {
+	t.Helper()
+	cfg, err := config.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Namespace = ns
+	cfg.LarkCLIInitImage, cfg.LarkCLIBrokerImage = "lark-init:1", "lark-broker:1"
+	for k, v := range env {
+		switch k {
+		case "pvc":
+			cfg.SkillsPVCName, cfg.UserdataPVCName = "deer-flow-skills", "deer-flow-user-data"
+		case "service":
+			cfg.ServiceType = v
+		}
+	}
+	return admission{t: t, cfg: cfg}
+}
+
+func (a admission) spec(id string, req *sandbox.CreateRequest, tmpl string) sandbox.Spec {
+	a.t.Helper()
+	r := sandbox.CreateRequest{SandboxID: id}
+	if req != nil {
+		r = *req
+		r.SandboxID = id
+	}
+	s, err := r.Validate(a.cfg, time.Now())
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	if tmpl != "" {
+		objs := readObjects(a.t, filepath.Join("..", "..", "config", "templates", tmpl+".yaml"))
+		var pt corev1.PodTemplate
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(objs[0].Object, &pt); err != nil {
+			a.t.Fatal(err)
+		}
+		if s.Resolved, err = template.FromPodTemplate(&pt, a.cfg); err != nil {
+			a.t.Fatal(err)
+		}
+	}
+	return s
+}
+
+// pod is the Pod the function builds for id (with req's options).
+func (a admission) pod(id string, req *sandbox.CreateRequest) *corev1.Pod {
+	return sandbox.BuildPod(a.cfg, a.spec(id, req, ""))
+}
+
+func (a admission) replicaSet(id string, req *sandbox.CreateRequest) *appsv1.ReplicaSet {
+	return sandbox.BuildReplicaSet(a.cfg, a.spec(id, req, ""))
+}
+
+func (a admission) service(id string, typ corev1.ServiceType, owner metav1.OwnerReference) *corev1.Service {
+	cfg := *a.cfg
+	cfg.ServiceType = string(typ)
+	return sandbox.BuildService(&cfg, a.spec(id, nil, ""), owner)
+}
+
+// TestAdmissionAdmitsTheFunctionsObjects is the positive control: what the
+// function builds (bare Pods and ReplicaSets, with and without templates,
+// Lark containers, host-path and PVC mode, both Service types) is created
+// for real as the provisioner's ServiceAccount, and the changes the
+// function makes later (activity, pause and resume, adopting a Service)
+// pass too, also when another controller annotated the Pod meanwhile.
+func TestAdmissionAdmitsTheFunctionsObjects(t *testing.T) {
 	ns, sa := serviceAccountNamespace(t)
 	ctx := context.Background()
-	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
-	if _, err := sa.CoreV1().Pods(ns).Create(ctx, admissionPod(ns), dry); err != nil {
-		t.Fatalf("the Pod the function builds is refused: %v", err)
+	user, thread := "u1", "t1"
+	mount := func(host, at string, ro bool) sandbox.ExtraMount {
+		return sandbox.ExtraMount{HostPath: host, ContainerPath: at, ReadOnly: ptr.To(ro)}
 	}
-	if _, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, admissionReplicaSet(ns), dry); err != nil {
-		t.Fatalf("the ReplicaSet the function builds is refused: %v", err)
-	}
-	for name, mutate := range map[string]func(*appsv1.ReplicaSet){
-		"more than one Pod":            func(rs *appsv1.ReplicaSet) { rs.Spec.Replicas = ptr.To[int32](50) },
-		"a selector wider than its id": func(rs *appsv1.ReplicaSet) { delete(rs.Spec.Selector.MatchLabels, "sandbox-id") },
-	} {
-		rs := admissionReplicaSet(ns)
-		mutate(rs)
-		if name == "a selector wider than its id" {
-			delete(rs.Spec.Template.Labels, "sandbox-id") // still matching its template, as the API server demands
-			rs.Spec.Template.Labels["app"] = "deer-flow-sandbox"
-		}
-		if _, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, rs, dry); err == nil || !strings.Contains(err.Error(), "sandbox-provisioner-replicasets") {
-			t.Errorf("ReplicaSet with %s created as the provisioner's ServiceAccount: %v, want a refusal", name, err)
-		}
-	}
+	// DeerFlow's Lark request: both containers, the credential mounts in the
+	// user's tree, the shared runtime, a workspace of the user's own.
+	lark := &sandbox.CreateRequest{ThreadID: &thread, UserID: &user, ProvisionLarkCLIRuntime: true, ProvisionLarkCLIBroker: true,
+		IncludeLegacySkills: true, MaxShellSessions: ptr.To(3), ExtraMounts: []sandbox.ExtraMount{
+			mount("/.deer-flow/users/u1/integrations/lark-cli/config", "/mnt/integrations/lark-cli/config", true),
+			mount("/.deer-flow/users/u1/integrations/lark-cli/config/locks", "/mnt/integrations/lark-cli/config/locks", false),
+			mount("/.deer-flow/users/u1/integrations/lark-cli/data", "/mnt/integrations/lark-cli/data", false),
+			mount("/.deer-flow/integrations/lark-cli/sandbox-cli", "/mnt/integrations/lark-cli/runtime", true),
+			mount("/.deer-flow/users/u1/threads/t1/acp", "/mnt/acp-workspace", false),
+		}}
+	// A shared directory asked for read-write: the function mounts it
+	// read-only, which the policy demands.
+	initOnly := &sandbox.CreateRequest{ThreadID: &thread, UserID: &user, ProvisionLarkCLIRuntime: true, ExtraMounts: []sandbox.ExtraMount{
+		mount("/.deer-flow/integrations/skills", "/mnt/skills/integrations", false)}}
+	host, pvc := newAdmission(t, ns, nil), newAdmission(t, ns, map[string]string{"pvc": "true"})
 	cases := []struct {
-		name   string
-		mutate func(*corev1.Pod)
+		name string
+		a    admission
+		req  *sandbox.CreateRequest
+		tmpl string
+		rs   bool
 	}{
-		// Each mutation also drops what the API server's own validation
+		{"default Pod", host, nil, "", false},
+		{"Pod with Lark containers and extra mounts", host, lark, "", false},
+		{"Pod with the Lark init container", host, initOnly, "", false},
+		{"Pod in PVC mode", pvc, lark, "", false},
+		{"Pod of the python template", host, nil, "python", false},
+		{"ReplicaSet", host, nil, "", true},
+		{"ReplicaSet with Lark containers", host, lark, "", true},
+		{"ReplicaSet of the self-healing template", host, nil, "self-healing", true},
+		{"ReplicaSet of the python template, PVC mode", pvc, lark, "python", true},
+	}
+	activity := func(at time.Time) []byte {
+		p, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
+			sandbox.AnnotationLastActivity: at.UTC().Format(time.RFC3339), sandbox.AnnotationExpiresAt: at.Add(time.Hour).UTC().Format(time.RFC3339)}}})
+		return p
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			id := fmt.Sprintf("ok%d", i)
+			s := tc.a.spec(id, tc.req, tc.tmpl)
+			var owner metav1.OwnerReference
+			if tc.rs {
+				rs, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, sandbox.BuildReplicaSet(tc.a.cfg, s), metav1.CreateOptions{})
+				if err != nil {
+					t.Fatalf("the ReplicaSet the function builds is refused: %v", err)
+				}
+				owner = metav1.OwnerReference{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: rs.Name, UID: rs.UID, BlockOwnerDeletion: ptr.To(false)}
+				for _, patch := range []string{`{"spec":{"replicas":0}}`, `{"spec":{"replicas":1}}`, string(activity(time.Now()))} {
+					if _, err := sa.AppsV1().ReplicaSets(ns).Patch(ctx, rs.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+						t.Errorf("the function's patch %s of its ReplicaSet is refused: %v", patch, err)
+					}
+				}
+			} else {
+				pod, err := sa.CoreV1().Pods(ns).Create(ctx, sandbox.BuildPod(tc.a.cfg, s), metav1.CreateOptions{})
+				if err != nil {
+					t.Fatalf("the Pod the function builds is refused: %v", err)
+				}
+				owner = sandbox.PodOwnerRef(pod)
+				// Another controller (a CNI, say) annotates the Pod; the
+				// function's activity patch still passes.
+				if _, err := client().CoreV1().Pods(ns).Patch(ctx, pod.Name, types.MergePatchType,
+					[]byte(`{"metadata":{"annotations":{"cni.example.com/pod-ip":"10.0.0.7"}}}`), metav1.PatchOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := sa.CoreV1().Pods(ns).Patch(ctx, pod.Name, types.MergePatchType, activity(time.Now()), metav1.PatchOptions{}); err != nil {
+					t.Errorf("the function's activity patch of its Pod is refused: %v", err)
+				}
+			}
+			for _, typ := range []corev1.ServiceType{corev1.ServiceTypeNodePort, corev1.ServiceTypeClusterIP} {
+				svc := sandbox.BuildService(withServiceType(tc.a.cfg, typ), s, owner)
+				created, err := sa.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
+				if err != nil {
+					t.Fatalf("the %s Service the function builds is refused: %v", typ, err)
+				}
+				// Adopting a Service (the repair path) is an update.
+				created.OwnerReferences = []metav1.OwnerReference{owner}
+				if _, err := sa.CoreV1().Services(ns).Update(ctx, created, metav1.UpdateOptions{}); err != nil {
+					t.Errorf("the function's update of its %s Service is refused: %v", typ, err)
+				}
+				if err := sa.CoreV1().Services(ns).Delete(ctx, svc.Name, metav1.DeleteOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func withServiceType(cfg *config.Config, typ corev1.ServiceType) *config.Config {
+	c := *cfg
+	c.ServiceType = string(typ)
+	return &c
+}
+
+// podCase is one escape: how it changes the Pod the function builds, and
+// the rule's message the refusal must carry.
+type podCase struct {
+	name    string
+	message string
+	mutate  func(*corev1.Pod)
+	// podUpdate is the JSON patch that makes the same escape on a live Pod,
+	// when the API server lets a Pod change so at all ("" when it does not:
+	// most of a Pod's spec is immutable, and its validation refuses first).
+	podUpdate string
+	// selector: the change moves the labels a ReplicaSet selects on, which
+	// its first rules refuse (and an update cannot change at all).
+	selector bool
+}
+
+func podCases(t *testing.T) []podCase {
+	sc := func(p *corev1.Pod) *corev1.SecurityContext { return p.Spec.Containers[0].SecurityContext }
+	hostPath := func(path string, typ *corev1.HostPathType) func(*corev1.Pod) {
+		return func(p *corev1.Pod) { p.Spec.Volumes[0].HostPath.Path, p.Spec.Volumes[0].HostPath.Type = path, typ }
+	}
+	volume := func(v corev1.VolumeSource) func(*corev1.Pod) {
+		return func(p *corev1.Pod) {
+			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "extra", VolumeSource: v})
+		}
+	}
+	const (
+		labels     = "labelled app=deer-flow-sandbox with a sandbox-id"
+		backend    = "must not carry a label that a NetworkPolicy admits traffic from"
+		annotation = "may carry only the annotations"
+		hostPaths  = "may mount from the node only the"
+		toleration = "may tolerate only"
+	)
+	secret := corev1.LocalObjectReference{Name: "sandbox-provisioner"}
+	return []podCase{
+		// Each change also drops what the API server's own validation
 		// would refuse first, as a compromised function would, so that the
 		// refusal shown is the admission policy's.
-		{"privileged", func(p *corev1.Pod) {
-			p.Spec.Containers[0].SecurityContext.Privileged = ptr.To(true)
-			p.Spec.Containers[0].SecurityContext.AllowPrivilegeEscalation = nil
+		{name: "no sandbox label", message: labels, mutate: func(p *corev1.Pod) { delete(p.Labels, "app") }, selector: true},
+		{name: "no sandbox id", message: labels, mutate: func(p *corev1.Pod) { delete(p.Labels, "sandbox-id") }, selector: true},
+		{name: "the backend's label", message: backend, mutate: func(p *corev1.Pod) { p.Labels["app.kubernetes.io/name"] = "deer-flow-backend" },
+			podUpdate: `[{"op":"add","path":"/metadata/labels/app.kubernetes.io~1name","value":"deer-flow-backend"}]`},
+		{name: "a runtime annotation", message: annotation, mutate: func(p *corev1.Pod) {
+			p.Annotations["io.katacontainers.config.hypervisor.kernel_params"] = "init=/bin/sh"
+		}, podUpdate: `[{"op":"add","path":"/metadata/annotations/io.katacontainers.config.hypervisor.kernel_params","value":"init=/bin/sh"}]`},
+		{name: "privileged", message: "must not be privileged", mutate: func(p *corev1.Pod) {
+			sc(p).Privileged, sc(p).AllowPrivilegeEscalation = ptr.To(true), nil
 		}},
-		{"hostNetwork", func(p *corev1.Pod) { p.Spec.HostNetwork, p.Spec.HostUsers = true, nil }},
-		{"hostPID", func(p *corev1.Pod) { p.Spec.HostPID, p.Spec.HostUsers = true, nil }},
-		{"hostPath outside the base", func(p *corev1.Pod) { p.Spec.Volumes[0].HostPath.Path = "/etc" }},
-		{"hostPath beside the base", func(p *corev1.Pod) { p.Spec.Volumes[0].HostPath.Path = "/.deer-flow-evil" }},
-		{"capability off the list", func(p *corev1.Pod) {
-			p.Spec.Containers[0].SecurityContext.Capabilities.Add = append(p.Spec.Containers[0].SecurityContext.Capabilities.Add, "NET_ADMIN")
+		{name: "privilege escalation", message: "allowPrivilegeEscalation to false", mutate: func(p *corev1.Pod) { sc(p).AllowPrivilegeEscalation = ptr.To(true) }},
+		{name: "privilege escalation unset", message: "allowPrivilegeEscalation to false", mutate: func(p *corev1.Pod) { sc(p).AllowPrivilegeEscalation = nil }},
+		{name: "capabilities not dropped", message: "must drop ALL capabilities", mutate: func(p *corev1.Pod) { sc(p).Capabilities.Drop = nil }},
+		{name: "capability off the list", message: "may add only the capabilities", mutate: func(p *corev1.Pod) {
+			sc(p).Capabilities.Add = append(sc(p).Capabilities.Add, "NET_ADMIN")
 		}},
-		{"capability off the list in an init container", func(p *corev1.Pod) {
+		{name: "capability off the list in an init container", message: "may add only the capabilities", mutate: func(p *corev1.Pod) {
 			c := p.Spec.Containers[0].DeepCopy()
 			c.Name = "init"
 			c.Ports, c.ReadinessProbe, c.LivenessProbe = nil, nil, nil
 			c.SecurityContext.Capabilities.Add = []corev1.Capability{"SYS_ADMIN"}
 			p.Spec.InitContainers = []corev1.Container{*c}
 		}},
-		{"no sandbox label", func(p *corev1.Pod) { delete(p.Labels, "app") }},
-		{"no sandbox id", func(p *corev1.Pod) { delete(p.Labels, "sandbox-id") }},
-		{"a mounted token", func(p *corev1.Pod) { p.Spec.AutomountServiceAccountToken = ptr.To(true) }},
-		{"privilege escalation", func(p *corev1.Pod) { p.Spec.Containers[0].SecurityContext.AllowPrivilegeEscalation = ptr.To(true) }},
-		{"a host port", func(p *corev1.Pod) { p.Spec.Containers[0].Ports[0].HostPort = 8080 }},
+		{name: "seccomp unconfined", message: "seccomp profile RuntimeDefault or Localhost", mutate: func(p *corev1.Pod) {
+			sc(p).SeccompProfile = &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeUnconfined}
+		}},
+		{name: "no seccomp profile", message: "seccomp profile RuntimeDefault or Localhost", mutate: func(p *corev1.Pod) {
+			for i := range p.Spec.Containers {
+				p.Spec.Containers[i].SecurityContext.SeccompProfile = nil
+			}
+			p.Spec.SecurityContext.SeccompProfile = nil
+		}},
+		{name: "may run as root", message: "runAsNonRoot", mutate: func(p *corev1.Pod) { sc(p).RunAsNonRoot = ptr.To(false) }},
+		{name: "root user", message: "non-zero runAsUser", mutate: func(p *corev1.Pod) { sc(p).RunAsUser = ptr.To[int64](0) }},
+		{name: "the image's user", message: "non-zero runAsUser", mutate: func(p *corev1.Pod) { p.Spec.SecurityContext.RunAsUser = nil }},
+		{name: "SELinux super-privileged type", message: "SELinux", mutate: func(p *corev1.Pod) {
+			sc(p).SELinuxOptions = &corev1.SELinuxOptions{Type: "spc_t"}
+		}},
+		{name: "AppArmor unconfined", message: "AppArmor", mutate: func(p *corev1.Pod) {
+			p.Spec.SecurityContext.AppArmorProfile = &corev1.AppArmorProfile{Type: corev1.AppArmorProfileTypeUnconfined}
+		}},
+		{name: "a sysctl", message: "set no sysctls", mutate: func(p *corev1.Pod) {
+			p.Spec.SecurityContext.Sysctls = []corev1.Sysctl{{Name: "net.ipv4.ip_unprivileged_port_start", Value: "0"}}
+		}},
+		{name: "a shared process namespace", message: "share no process namespace", mutate: func(p *corev1.Pod) { p.Spec.ShareProcessNamespace = ptr.To(true) }},
+		{name: "hostNetwork", message: "node's network, PID or IPC", mutate: func(p *corev1.Pod) { p.Spec.HostNetwork, p.Spec.HostUsers = true, nil }},
+		{name: "hostPID", message: "node's network, PID or IPC", mutate: func(p *corev1.Pod) { p.Spec.HostPID, p.Spec.HostUsers = true, nil }},
+		{name: "hostIPC", message: "node's network, PID or IPC", mutate: func(p *corev1.Pod) { p.Spec.HostIPC, p.Spec.HostUsers = true, nil }},
+		{name: "the node's user namespace", message: "hostUsers: false", mutate: func(p *corev1.Pod) { p.Spec.HostUsers = ptr.To(true) }},
+		{name: "a host port", message: "host ports", mutate: func(p *corev1.Pod) { p.Spec.Containers[0].Ports[0].HostPort = 8080 }},
+		{name: "hostPath outside the base", message: hostPaths, mutate: hostPath("/etc", ptr.To(corev1.HostPathDirectory))},
+		{name: "hostPath beside the base", message: hostPaths, mutate: hostPath("/.deer-flow-evil", ptr.To(corev1.HostPathDirectory))},
+		{name: "hostPath at the base", message: hostPaths, mutate: hostPath("/.deer-flow", ptr.To(corev1.HostPathDirectory))},
+		// The attack: a plain hostPath at a link planted in user data.
+		{name: "hostPath inside a thread's data", message: hostPaths, mutate: hostPath("/.deer-flow/threads/t/user-data/root", ptr.To(corev1.HostPathDirectory))},
+		{name: "hostPath inside a user's tree", message: hostPaths, mutate: hostPath("/.deer-flow/users/u/x", ptr.To(corev1.HostPathDirectoryOrCreate))},
+		{name: "hostPath at a dot segment", message: hostPaths, mutate: hostPath("/.deer-flow/users/.", ptr.To(corev1.HostPathDirectory))},
+		{name: "hostPath of no type", message: hostPaths, mutate: hostPath("/.deer-flow/skills_view", nil)},
+		{name: "hostPath of a file", message: hostPaths, mutate: hostPath("/.deer-flow/skills_view", ptr.To(corev1.HostPathFileOrCreate))},
+		// A shared root read-write would let a sandbox replace the tenants'
+		// roots it holds with links.
+		{name: "a shared root read-write", message: "read-only", mutate: func(p *corev1.Pod) {
+			for i := range p.Spec.Containers[0].VolumeMounts {
+				if m := &p.Spec.Containers[0].VolumeMounts[i]; m.Name == p.Spec.Volumes[0].Name {
+					m.ReadOnly = false
+				}
+			}
+		}},
+		{name: "a Secret volume", message: "must not mount Secrets", mutate: volume(corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: secret.Name}})},
+		{name: "a projected Secret", message: "must not mount Secrets", mutate: volume(corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+			Sources: []corev1.VolumeProjection{{Secret: &corev1.SecretProjection{LocalObjectReference: secret}}}}})},
+		{name: "a gitRepo volume", message: "sandbox volumes may be only", mutate: volume(corev1.VolumeSource{GitRepo: &corev1.GitRepoVolumeSource{Repository: "https://example.com/x.git"}})},
+		{name: "envFrom a Secret", message: "environment from Secrets", mutate: func(p *corev1.Pod) {
+			p.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: secret}}}
+		}},
+		{name: "envFrom a ConfigMap", message: "environment from Secrets", mutate: func(p *corev1.Pod) {
+			p.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: secret}}}
+		}},
+		{name: "env from a Secret key", message: "environment from Secrets", mutate: func(p *corev1.Pod) {
+			p.Spec.Containers[0].Env = append(p.Spec.Containers[0].Env, corev1.EnvVar{Name: "KEY", ValueFrom: &corev1.EnvVarSource{
+				SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: secret, Key: "api-key"}}})
+		}},
+		{name: "a mounted token", message: "automountServiceAccountToken to false", mutate: func(p *corev1.Pod) { p.Spec.AutomountServiceAccountToken = ptr.To(true) }},
+		{name: "token mounting left to the ServiceAccount", message: "automountServiceAccountToken to false", mutate: func(p *corev1.Pod) { p.Spec.AutomountServiceAccountToken = nil }},
+		{name: "a projected token", message: "ServiceAccount token", mutate: volume(corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+			Sources: []corev1.VolumeProjection{{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token"}}}}})},
+		{name: "a node named", message: "nodeName", mutate: func(p *corev1.Pod) { p.Spec.NodeName = "kwok-node-0" }},
+		{name: "a control-plane toleration", message: toleration, mutate: func(p *corev1.Pod) {
+			p.Spec.Tolerations = append(p.Spec.Tolerations, corev1.Toleration{Key: "node-role.kubernetes.io/control-plane", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule})
+		}, podUpdate: `[{"op":"add","path":"/spec/tolerations/-","value":{"key":"node-role.kubernetes.io/control-plane","operator":"Exists","effect":"NoSchedule"}}]`},
+		{name: "a toleration of every taint", message: toleration, mutate: func(p *corev1.Pod) {
+			p.Spec.Tolerations = append(p.Spec.Tolerations, corev1.Toleration{Operator: corev1.TolerationOpExists})
+		}, podUpdate: `[{"op":"add","path":"/spec/tolerations/-","value":{"operator":"Exists"}}]`},
+		{name: "a priority class", message: "priority classes", mutate: func(p *corev1.Pod) { p.Spec.PriorityClassName = admissionPriorityClass }},
 	}
-	for _, tc := range cases {
+}
+
+// admissionPriorityClass is a PriorityClass the test makes: a sandbox must
+// not use it (none is on the list by default).
+const admissionPriorityClass = "e2e-admission-high"
+
+func ensurePriorityClass(t *testing.T) {
+	t.Helper()
+	_, err := client().SchedulingV1().PriorityClasses().Create(context.Background(), &schedulingv1.PriorityClass{
+		ObjectMeta: metav1.ObjectMeta{Name: admissionPriorityClass}, Value: 1000000}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+}
+
+// TestAdmissionPolicyRefusesEscapes acts as the provisioner's ServiceAccount
+// and sends each escape for real (no dry run): as a Pod, as a ReplicaSet's
+// Pod template, as an update of a valid ReplicaSet and, where the API
+// server lets a Pod change so, as an update of a valid Pod. Each is refused
+// by the policy, with the rule's message.
+func TestAdmissionPolicyRefusesEscapes(t *testing.T) {
+	ns, sa := serviceAccountNamespace(t)
+	ensurePriorityClass(t)
+	ctx := context.Background()
+	a := newAdmission(t, ns, nil)
+
+	// One valid Pod and one valid ReplicaSet, created for real, to update.
+	livePod, err := sa.CoreV1().Pods(ns).Create(ctx, a.pod("live", nil), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("the function's Pod is refused: %v", err)
+	}
+	liveRS := a.replicaSet("live-rs", nil)
+	liveRS.Spec.Replicas = ptr.To[int32](0)
+	if liveRS, err = sa.AppsV1().ReplicaSets(ns).Create(ctx, liveRS, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("the function's ReplicaSet is refused: %v", err)
+	}
+
+	for i, tc := range podCases(t) {
 		t.Run(tc.name, func(t *testing.T) {
+			id := fmt.Sprintf("x%d", i)
+			p := a.pod(id, nil)
+			tc.mutate(p)
+			_, err := sa.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
+			if !refusedBy(err, podPolicy, tc.message) {
+				t.Errorf("Pod created as the provisioner's ServiceAccount: %v; want a refusal by %s saying %q", err, podPolicy, tc.message)
+			}
+
 			// The same escape through a ReplicaSet's Pod template, whose Pods
 			// the ReplicaSet controller (not the provisioner) creates.
-			rs := admissionReplicaSet(ns)
-			p := &corev1.Pod{ObjectMeta: rs.Spec.Template.ObjectMeta, Spec: rs.Spec.Template.Spec}
-			tc.mutate(p)
-			rs.Spec.Template.ObjectMeta, rs.Spec.Template.Spec = p.ObjectMeta, p.Spec
+			rs := a.replicaSet(id, nil)
+			tp := &corev1.Pod{ObjectMeta: rs.Spec.Template.ObjectMeta, Spec: rs.Spec.Template.Spec}
+			tc.mutate(tp)
+			rs.Spec.Template.ObjectMeta, rs.Spec.Template.Spec = tp.ObjectMeta, tp.Spec
 			// Keep the selector matching the template, as the API server
-			// demands, so that the refusal shown is the policy's.
+			// demands; the ReplicaSet's own selector rule then refuses it.
 			for k := range rs.Spec.Selector.MatchLabels {
-				if _, ok := p.Labels[k]; !ok {
+				if _, ok := tp.Labels[k]; !ok {
 					delete(rs.Spec.Selector.MatchLabels, k)
 				}
 			}
-			if _, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, rs, dry); err == nil || !strings.Contains(err.Error(), "sandbox-provisioner-replicasets") {
-				t.Errorf("ReplicaSet created as the provisioner's ServiceAccount: %v, want a refusal by the admission policy", err)
+			want := tc.message
+			if tc.selector {
+				want = "selects only its own sandbox's Pods"
 			}
-			p = admissionPod(ns)
-			tc.mutate(p)
-			_, err := sa.CoreV1().Pods(ns).Create(ctx, p, dry)
-			if err == nil || !strings.Contains(err.Error(), "sandbox-provisioner-pods") {
-				t.Errorf("created as the provisioner's ServiceAccount: %v, want a refusal by the admission policy", err)
+			_, err = sa.AppsV1().ReplicaSets(ns).Create(ctx, rs, metav1.CreateOptions{})
+			if !refusedBy(err, rsPolicy, want) {
+				t.Errorf("ReplicaSet created as the provisioner's ServiceAccount: %v; want a refusal by %s saying %q", err, rsPolicy, want)
+			}
+
+			if !tc.selector {
+				// An update that brings the escape into a valid ReplicaSet.
+				tmpl := liveRS.Spec.Template.DeepCopy()
+				tp := &corev1.Pod{ObjectMeta: tmpl.ObjectMeta, Spec: tmpl.Spec}
+				tc.mutate(tp)
+				tmpl.ObjectMeta, tmpl.Spec = tp.ObjectMeta, tp.Spec
+				patch, _ := json.Marshal([]map[string]any{{"op": "replace", "path": "/spec/template", "value": tmpl}})
+				_, err = sa.AppsV1().ReplicaSets(ns).Patch(ctx, liveRS.Name, types.JSONPatchType, patch, metav1.PatchOptions{})
+				if !refusedBy(err, rsPolicy, tc.message) {
+					t.Errorf("ReplicaSet update as the provisioner's ServiceAccount: %v; want a refusal by %s saying %q", err, rsPolicy, tc.message)
+				}
+			}
+			if tc.podUpdate != "" {
+				_, err = sa.CoreV1().Pods(ns).Patch(ctx, livePod.Name, types.JSONPatchType, []byte(tc.podUpdate), metav1.PatchOptions{})
+				if !refusedBy(err, podPolicy, tc.message) {
+					t.Errorf("Pod update %s as the provisioner's ServiceAccount: %v; want a refusal by %s saying %q", tc.podUpdate, err, podPolicy, tc.message)
+				}
 			}
 		})
 	}
+
+	// The ReplicaSet's own rules.
+	for name, mutate := range map[string]func(*appsv1.ReplicaSet){
+		"more than one Pod": func(rs *appsv1.ReplicaSet) { rs.Spec.Replicas = ptr.To[int32](50) },
+		"a selector wider than its id": func(rs *appsv1.ReplicaSet) {
+			delete(rs.Spec.Selector.MatchLabels, "sandbox-id")
+			delete(rs.Spec.Template.Labels, "sandbox-id") // still matching its template, as the API server demands
+		},
+	} {
+		rs := a.replicaSet("rs-"+strings.ReplaceAll(name, " ", "-")[:12], nil)
+		mutate(rs)
+		if _, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, rs, metav1.CreateOptions{}); !refusedBy(err, rsPolicy, "") {
+			t.Errorf("ReplicaSet with %s created as the provisioner's ServiceAccount: %v, want a refusal", name, err)
+		}
+	}
+	if _, err := sa.AppsV1().ReplicaSets(ns).Patch(ctx, liveRS.Name, types.MergePatchType, []byte(`{"spec":{"replicas":50}}`), metav1.PatchOptions{}); !refusedBy(err, rsPolicy, "at most one Pod") {
+		t.Errorf("scaling a sandbox ReplicaSet to 50 as the provisioner's ServiceAccount: %v, want a refusal", err)
+	}
+}
+
+// TestAdmissionPolicyRefusesServiceEscapes: a Service the provisioner's
+// ServiceAccount creates or updates reaches its own sandbox only, and
+// opens nothing beyond its NodePort.
+func TestAdmissionPolicyRefusesServiceEscapes(t *testing.T) {
+	ns, sa := serviceAccountNamespace(t)
+	ctx := context.Background()
+	a := newAdmission(t, ns, nil)
+	pod, err := sa.CoreV1().Pods(ns).Create(ctx, a.pod("svc", nil), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("the function's Pod is refused: %v", err)
+	}
+	owner := sandbox.PodOwnerRef(pod)
+	live, err := sa.CoreV1().Services(ns).Create(ctx, a.service("svc", corev1.ServiceTypeNodePort, owner), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("the function's Service is refused: %v", err)
+	}
+	cases := []struct {
+		name, message string
+		mutate        func(*corev1.Service)
+	}{
+		{"LoadBalancer", "ClusterIP or NodePort", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeLoadBalancer }},
+		{"external IPs", "no external IPs", func(s *corev1.Service) { s.Spec.ExternalIPs = []string{"203.0.113.7"} }},
+		{"selects every sandbox", "selects exactly its own sandbox", func(s *corev1.Service) {
+			s.Spec.Selector = map[string]string{"app": "deer-flow-sandbox"}
+		}},
+		{"selects another sandbox", "selects exactly its own sandbox", func(s *corev1.Service) { s.Spec.Selector = map[string]string{"sandbox-id": "other"} }},
+		{"selects more than the id", "selects exactly its own sandbox", func(s *corev1.Service) { s.Spec.Selector["app.kubernetes.io/name"] = "deer-flow-backend" }},
+		{"externalTrafficPolicy Local", "externalTrafficPolicy Cluster", func(s *corev1.Service) {
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+		}},
+		{"not a sandbox's", "sandbox-<id>-svc", func(s *corev1.Service) { delete(s.Labels, "app") }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			svc := a.service("svc2", corev1.ServiceTypeNodePort, owner)
+			tc.mutate(svc)
+			if _, err := sa.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); !refusedBy(err, servicePolicy, tc.message) {
+				t.Errorf("Service created as the provisioner's ServiceAccount: %v; want a refusal by %s saying %q", err, servicePolicy, tc.message)
+			}
+			upd := live.DeepCopy()
+			tc.mutate(upd)
+			if _, err := sa.CoreV1().Services(ns).Update(ctx, upd, metav1.UpdateOptions{}); !refusedBy(err, servicePolicy, tc.message) {
+				t.Errorf("Service update as the provisioner's ServiceAccount: %v; want a refusal by %s saying %q", err, servicePolicy, tc.message)
+			}
+		})
+	}
+}
+
+// TestAdmissionParamsAreTheOnePlace: the policies read the deployment's
+// settings from their parameters: a runtime class set there is required
+// at once, and without the parameters nothing is admitted (fail closed).
+func TestAdmissionParamsAreTheOnePlace(t *testing.T) {
+	ns, sa := serviceAccountNamespace(t)
+	ctx := context.Background()
+	a := newAdmission(t, ns, nil)
+	cms := client().CoreV1().ConfigMaps("deer-flow")
+	restore := func() {
+		applyServerSide(t, readObjects(t, filepath.Join("..", "..", "config", "800-admission-policy.yaml")))
+	}
+	t.Cleanup(restore)
+	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+
+	rcs := client().NodeV1().RuntimeClasses()
+	if _, err := rcs.Create(ctx, &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "gvisor"}, Handler: "runsc"}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rcs.Delete(context.Background(), "gvisor", metav1.DeleteOptions{}) })
+	if _, err := cms.Patch(ctx, "sandbox-admission", types.MergePatchType, []byte(`{"data":{"runtimeClassName":"gvisor"}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "a Pod without the runtime class refused", func() (bool, error) {
+		_, err := sa.CoreV1().Pods(ns).Create(ctx, a.pod("rtc", nil), dry)
+		return refusedBy(err, podPolicy, "runtime class gvisor"), err
+	})
+	rs := a.replicaSet("rtc", nil)
+	if _, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, rs, metav1.CreateOptions{}); !refusedBy(err, rsPolicy, "runtime class gvisor") {
+		t.Errorf("ReplicaSet without the runtime class: %v, want a refusal", err)
+	}
+	p := a.pod("rtc", nil)
+	p.Spec.RuntimeClassName = ptr.To("gvisor")
+	if _, err := sa.CoreV1().Pods(ns).Create(ctx, p, dry); err != nil {
+		t.Errorf("a Pod with the runtime class is refused: %v", err)
+	}
+
+	// A setting missing from the parameters refuses everything, naming the
+	// ConfigMap, rather than reading as "no restriction".
+	if _, err := cms.Patch(ctx, "sandbox-admission", types.MergePatchType, []byte(`{"data":{"runtimeClassName":"","nonRoot":null}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the function's own Pod refused with a setting missing", func() (bool, error) {
+		_, err := sa.CoreV1().Pods(ns).Create(ctx, a.pod("partial", nil), dry)
+		return refusedBy(err, podPolicy, "deer-flow/sandbox-admission lacks a setting"), err
+	})
+
+	if err := cms.Delete(ctx, "sandbox-admission", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the function's own Pod refused without parameters", func() (bool, error) {
+		_, err := sa.CoreV1().Pods(ns).Create(ctx, a.pod("noparams", nil), dry)
+		return err != nil && strings.Contains(err.Error(), podPolicy), err
+	})
+	restore()
+	eventually(t, 30*time.Second, "the function's own Pod admitted again", func() (bool, error) {
+		_, err := sa.CoreV1().Pods(ns).Create(ctx, a.pod("params", nil), dry)
+		return err == nil, err
+	})
 }

@@ -287,7 +287,9 @@ func TestListCostsOneCallPerKind(t *testing.T) {
 
 func TestHalfPresentSandboxRepaired(t *testing.T) {
 	ns := namespace(t)
-	f := start(t, ns, nil)
+	// DeerFlow's provisioner records no principal: its leftovers are the
+	// administrators' to see and adopt.
+	f := start(t, ns, map[string]string{"PROVISIONER_ADMINS": "default"})
 	ctx := context.Background()
 
 	// Pod without Service.
@@ -477,8 +479,10 @@ func TestRecreateOfExistingSandboxIsCheap(t *testing.T) {
 	ns := namespace(t)
 	// The template read that hot reload costs (once per
 	// SANDBOX_TEMPLATE_CACHE_TTL per replica) is kept out of the measured
-	// request: the first create makes it, and it holds for a minute.
-	f := start(t, ns, map[string]string{"EMIT_KUBERNETES_EVENTS": "false", "SANDBOX_TEMPLATE_CACHE_TTL": "1m"})
+	// request: the first create makes it, and it holds for a minute. So
+	// does the re-check of the shared NetworkPolicy (one read per
+	// SANDBOX_NETWORK_POLICY_CHECK_TTL).
+	f := start(t, ns, map[string]string{"EMIT_KUBERNETES_EVENTS": "false", "SANDBOX_TEMPLATE_CACHE_TTL": "1m", "SANDBOX_NETWORK_POLICY_CHECK_TTL": "1m"})
 	body := map[string]any{"sandbox_id": "reuse1", "thread_id": "t"}
 	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", body), 200, "create")
 	proxy.Reset()

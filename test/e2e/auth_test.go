@@ -173,7 +173,10 @@ func TestEveryDoorAuthenticated(t *testing.T) {
 
 	// The allowed token works on every door, in an order that creates,
 	// reads, destroys, pauses, resumes and reaps.
-	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "tok1", "template": "heal"}), 200, "create tok1")
+	// tok1 is the token principal's own: another principal's sandbox
+	// would be absent to it.
+	createTok1 := door{name: "create tok1", method: "POST", path: "/api/sandboxes", body: `{"sandbox_id":"tok1","template":"heal"}`}
+	expectCode(t, createTok1.send(t, f, bearer(good)), 200, "create tok1")
 	for _, d := range doors("tok1") {
 		r := d.send(t, f, bearer(good))
 		if r.Code != 200 {
@@ -181,7 +184,7 @@ func TestEveryDoorAuthenticated(t *testing.T) {
 		}
 		if strings.Contains(d.name, "DELETE") || d.event == events.TypeDestroy || d.name == "POST / destroy" {
 			// Recreate for the next door that reads it.
-			expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "tok1", "template": "heal"}), 200, "recreate tok1")
+			expectCode(t, createTok1.send(t, f, bearer(good)), 200, "recreate tok1")
 		}
 	}
 	t.Logf("%d refusal cases over %d doors", cases, len(doors("x")))
@@ -207,45 +210,75 @@ func TestMissingOrTemplateKeyFailsClosed(t *testing.T) {
 	}
 }
 
-// TestSandboxBoundToItsOwner: another user's (or thread's) create of an
-// existing id is refused and learns nothing of it; get and destroy touch
-// only objects that carry the sandbox labels.
+// TestSandboxBoundToItsOwner: a sandbox belongs to the principal that
+// created it and to its user and thread. Another user's (or thread's)
+// create of an existing id is refused (409) and learns nothing of it;
+// another principal's create is refused the same way, and its get, pause
+// and resume answer 404 and its destroy 200 (as for an id that never
+// existed) without touching the sandbox, on the HTTP API, CloudEvents and
+// POST /. Get and destroy touch only objects that carry the sandbox labels.
 func TestSandboxBoundToItsOwner(t *testing.T) {
 	ns := namespace(t)
-	f := start(t, ns, nil)
+	putTemplate(t, ns, rsTemplate("heal", "sandbox:test", nil))
+	f := start(t, ns, map[string]string{"PROVISIONER_API_KEYS": "bob=" + bobKey})
 	ctx := context.Background()
-	a := mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "shared1", "user_id": "alice", "thread_id": "t1"})
+	a := mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "shared1", "user_id": "alice", "thread_id": "t1", "template": "heal"})
 	expectCode(t, a, 200, "alice's create")
 	url := a.Body["sandbox_url"].(string)
-	before, err := client().CoreV1().Pods(ns).Get(ctx, "sandbox-shared1", metav1.GetOptions{})
+	before, err := client().AppsV1().ReplicaSets(ns).Get(ctx, "sandbox-shared1", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, other := range []map[string]any{
-		{"sandbox_id": "shared1", "user_id": "bob", "thread_id": "t1"},
-		{"sandbox_id": "shared1", "user_id": "alice", "thread_id": "t2"},
-		{"sandbox_id": "shared1", "user_id": "bob", "thread_id": "t1", "operation": "create"},
+	bob := map[string]string{"X-API-Key": bobKey}
+	for _, other := range []struct {
+		body    map[string]any
+		headers map[string]string
+	}{
+		{map[string]any{"sandbox_id": "shared1", "user_id": "bob", "thread_id": "t1"}, nil},
+		{map[string]any{"sandbox_id": "shared1", "user_id": "alice", "thread_id": "t2"}, nil},
+		{map[string]any{"sandbox_id": "shared1", "user_id": "bob", "thread_id": "t1", "operation": "create"}, nil},
+		// Another principal, with alice's own user and thread.
+		{map[string]any{"sandbox_id": "shared1", "user_id": "alice", "thread_id": "t1", "template": "heal"}, bob},
+		{map[string]any{"sandbox_id": "shared1", "user_id": "alice", "thread_id": "t1", "operation": "create"}, bob},
 	} {
-		var r harness.Response
-		if _, invoke := other["operation"]; invoke {
-			r, err = f.DoWithHeaders("POST", "/", other, map[string]string{"X-API-Key": harness.Key, "Content-Type": "application/json"})
-			if err != nil {
-				t.Fatal(err)
-			}
-		} else {
-			r = mustDo(t, f, "POST", "/api/sandboxes", other)
+		headers := map[string]string{"X-API-Key": harness.Key}
+		if other.headers != nil {
+			headers = other.headers
+		}
+		path := "/api/sandboxes"
+		if _, invoke := other.body["operation"]; invoke {
+			path = "/"
+		}
+		r, err := f.DoWithHeaders("POST", path, other.body, headers)
+		if err != nil {
+			t.Fatal(err)
 		}
 		if r.Code != 409 || r.Detail() == "" {
-			t.Errorf("create by %v: %d %s, want 409 with a detail", other, r.Code, r.Raw)
+			t.Errorf("create by %v (%s): %d %s, want 409 with a detail", other.body, path, r.Code, r.Raw)
 		}
 		if strings.Contains(string(r.Raw), url) {
 			t.Errorf("the refusal reveals alice's sandbox: %s", r.Raw)
 		}
 	}
-	after, err := client().CoreV1().Pods(ns).Get(ctx, "sandbox-shared1", metav1.GetOptions{})
-	if err != nil || after.UID != before.UID || after.Annotations["sandbox.deerflow.dev/user-id"] != "alice" {
+	for name, d := range byIDDoors("shared1") {
+		r := d.send(t, f, bob)
+		want := 404
+		if strings.HasSuffix(name, "destroy") {
+			want = 200
+		}
+		if r.Code != want || strings.Contains(string(r.Raw), url) {
+			t.Errorf("bob's %s of alice's sandbox: %d %s, want %d revealing nothing", name, r.Code, r.Raw, want)
+		}
+	}
+	after, err := client().AppsV1().ReplicaSets(ns).Get(ctx, "sandbox-shared1", metav1.GetOptions{})
+	if err != nil || after.UID != before.UID || after.DeletionTimestamp != nil || after.Annotations["sandbox.deerflow.dev/user-id"] != "alice" ||
+		after.Spec.Replicas == nil || *after.Spec.Replicas != 1 {
 		t.Errorf("alice's sandbox changed: %v", err)
 	}
+	if _, err := client().CoreV1().Services(ns).Get(ctx, "sandbox-shared1-svc", metav1.GetOptions{}); err != nil {
+		t.Errorf("alice's Service is gone: %v", err)
+	}
+	expectCode(t, mustDo(t, f, "GET", "/api/sandboxes/shared1", nil), 200, "alice still gets hers")
 
 	// A Pod that merely has a sandbox's name: the function's own, say.
 	foreign := &corev1.Pod{
@@ -287,6 +320,8 @@ func TestConcurrentWaitsAreCapped(t *testing.T) {
 	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "wait1"}), 200, "create")
 
 	proxy.Reset()
+	// Watches open before the waits: every running function's quota cache.
+	open := proxy.OpenWatches()
 	var (
 		mu    sync.Mutex
 		codes = map[int]int{}
@@ -310,12 +345,12 @@ func TestConcurrentWaitsAreCapped(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	t.Logf("answers %v; most watches open at once: %d", codes, proxy.MaxWatches())
+	t.Logf("answers %v; most watches open at once: %d, %d of them before the waits", codes, proxy.MaxWatches(), open)
 	if codes[200]+codes[429] != n || codes[429] == 0 || codes[200] == 0 {
 		t.Errorf("answers %v, want only 200 and 429 (some of each)", codes)
 	}
-	if w := proxy.MaxWatches(); w > cap || w == 0 {
-		t.Errorf("%d watches open at once, want between 1 and %d", w, cap)
+	if w := proxy.MaxWatches() - open; w > cap || w == 0 {
+		t.Errorf("%d watches for waits open at once, want between 1 and %d", w, cap)
 	}
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", f.PID()))
 	if err != nil {

@@ -4,46 +4,68 @@ package e2e
 
 import (
 	"context"
+	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/deerflow-sandbox/provisioner/pkg/config"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+	"github.com/deerflow-sandbox/provisioner/test/harness"
 )
 
+// shippedNetworkPolicy is config/701-networkpolicy-sandboxes.yaml as it is
+// on disk, moved to ns: what an operator applies, written independently of
+// the builder the function uses.
+func shippedNetworkPolicy(t *testing.T, ns string) *networkingv1.NetworkPolicy {
+	t.Helper()
+	objs := readObjects(t, filepath.Join("..", "..", "config", "701-networkpolicy-sandboxes.yaml"))
+	if len(objs) != 1 {
+		t.Fatalf("config/701-networkpolicy-sandboxes.yaml holds %d objects, want 1", len(objs))
+	}
+	var np networkingv1.NetworkPolicy
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(objs[0].Object, &np); err != nil {
+		t.Fatal(err)
+	}
+	np.Namespace = ns
+	return &np
+}
+
 // TestSharedNetworkPolicy: one policy selects every sandbox and exists before
-// the first one; its shape follows the settings; a create writes a Pod and a
+// the first one; its shape follows the settings, compared with the shipped
+// manifest (and, for other settings, with the changes written out here, not
+// with the builder the function itself used); a create writes a Pod and a
 // Service and nothing else (no per-sandbox policy).
 func TestSharedNetworkPolicy(t *testing.T) {
 	cases := []struct {
 		name string
 		env  map[string]string
+		want func(*networkingv1.NetworkPolicySpec)
 	}{
-		{"default", nil},
-		{"NodePort with node addresses", map[string]string{"SANDBOX_INGRESS_NODE_CIDRS": "192.168.1.10/32,192.168.1.11/32"}},
-		{"deny-all egress", map[string]string{"SANDBOX_EGRESS_MODE": "deny-all"}},
+		{"default", nil, func(*networkingv1.NetworkPolicySpec) {}},
+		{"NodePort with node addresses", map[string]string{"SANDBOX_INGRESS_NODE_CIDRS": "192.168.1.10/32,192.168.1.11/32"}, func(s *networkingv1.NetworkPolicySpec) {
+			s.Ingress[0].From = append(s.Ingress[0].From,
+				networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: "192.168.1.10/32"}},
+				networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: "192.168.1.11/32"}})
+		}},
+		{"deny-all egress", map[string]string{"SANDBOX_EGRESS_MODE": "deny-all"}, func(s *networkingv1.NetworkPolicySpec) { s.Egress = nil }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			ns := namespace(t)
 			f := start(t, ns, tc.env)
-			for k, v := range tc.env {
-				t.Setenv(k, v)
-			}
-			t.Setenv("K8S_NAMESPACE", ns)
-			cfg, err := config.Load()
-			if err != nil {
-				t.Fatal(err)
-			}
 			ctx := context.Background()
-			got, err := client().NetworkingV1().NetworkPolicies(ns).Get(ctx, cfg.NetworkPolicyName, metav1.GetOptions{})
+			want := shippedNetworkPolicy(t, ns)
+			tc.want(&want.Spec)
+			got, err := client().NetworkingV1().NetworkPolicies(ns).Get(ctx, want.Name, metav1.GetOptions{})
 			if err != nil {
 				t.Fatalf("the shared policy does not exist before the first sandbox: %v", err)
 			}
-			if diff := cmp.Diff(sandbox.BuildNetworkPolicy(cfg).Spec, got.Spec); diff != "" {
+			if diff := cmp.Diff(want.Spec, got.Spec); diff != "" {
 				t.Errorf("shared policy (-want +got):\n%s", diff)
 			}
 
@@ -84,13 +106,82 @@ func TestNoSandboxWithoutIsolation(t *testing.T) {
 	if p, s := pods(t, ns, ""), services(t, ns, ""); len(p) != 0 || len(s) != 0 {
 		t.Errorf("a refused create left %d Pods and %d Services", len(p), len(s))
 	}
-	t.Setenv("K8S_NAMESPACE", ns)
-	cfg, err := config.Load()
+	if _, err := client().NetworkingV1().NetworkPolicies(ns).Create(context.Background(), shippedNetworkPolicy(t, ns), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Within SANDBOX_NETWORK_POLICY_CHECK_TTL of the refusal.
+	eventually(t, 5*time.Second, "a create once the policy exists", func() (bool, error) {
+		r := mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "open1"})
+		return r.Code == 200, fmt.Errorf("%d %s", r.Code, r.Raw)
+	})
+}
+
+// TestIsolationPolicyRechecked: the shared policy is not checked once and
+// trusted for ever. Deleted, creates get 503 naming it within seconds (the
+// default SANDBOX_NETWORK_POLICY_CHECK_TTL, 2 s); restored, they work again;
+// altered (its internet egress rule dropped), 503 again. No restart between.
+func TestIsolationPolicyRechecked(t *testing.T) {
+	ns := namespace(t)
+	ctx := context.Background()
+	nps := client().NetworkingV1().NetworkPolicies(ns)
+	shipped := shippedNetworkPolicy(t, ns)
+	if _, err := nps.Create(ctx, shipped, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f := start(t, ns, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "false"})
+	n, admitted := 0, 0
+	createOnce := func() harness.Response {
+		n++
+		r := mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": fmt.Sprintf("recheck%d", n)})
+		if r.Code == 200 {
+			admitted++
+		}
+		return r
+	}
+	expectCode(t, createOnce(), 200, "create with the policy in force")
+
+	// until creates until one answers as want says, and reports how long
+	// that took after the change.
+	until := func(what string, changed time.Time, want func(harness.Response) bool) {
+		t.Helper()
+		var last harness.Response
+		eventually(t, 6*time.Second, what, func() (bool, error) {
+			last = createOnce()
+			return want(last), fmt.Errorf("%d %s", last.Code, last.Raw)
+		})
+		t.Logf("%s after %s: %d %s", what, time.Since(changed).Round(10*time.Millisecond), last.Code, last.Detail())
+		if d := time.Since(changed); d > 4*time.Second {
+			t.Errorf("%s took %s, want within a few seconds (TTL 2 s)", what, d)
+		}
+	}
+	refused := func(detail string) func(harness.Response) bool {
+		return func(r harness.Response) bool {
+			return r.Code == 503 && strings.Contains(r.Detail(), "NetworkPolicy "+ns+"/deer-flow-sandbox-isolation") && strings.Contains(r.Detail(), detail)
+		}
+	}
+	ok := func(r harness.Response) bool { return r.Code == 200 }
+
+	if err := nps.Delete(ctx, shipped.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	until("creates refused once the policy is deleted", time.Now(), refused("does not exist"))
+	if _, err := nps.Create(ctx, shippedNetworkPolicy(t, ns), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	until("creates admitted once it is restored", time.Now(), ok)
+
+	got, err := nps.Get(ctx, shipped.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := client().NetworkingV1().NetworkPolicies(ns).Create(context.Background(), sandbox.BuildNetworkPolicy(cfg), metav1.CreateOptions{}); err != nil {
+	got.Spec.Egress = got.Spec.Egress[:1] // DNS only: the internet rule dropped
+	if _, err := nps.Update(ctx, got, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "open1"}), 200, "create once the policy exists")
+	until("creates refused once the policy is altered", time.Now(), refused("egress rules"))
+	// Creates admitted within the TTL of a change made their sandboxes;
+	// the refused ones left nothing.
+	if p := pods(t, ns, "app=deer-flow-sandbox"); len(p) != admitted {
+		t.Errorf("%d sandbox Pods after %d creates of which %d were admitted: refused creates made Pods", len(p), n, admitted)
+	}
 }

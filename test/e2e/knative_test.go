@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -130,9 +131,11 @@ func configFiles(t *testing.T) []string {
 	return files
 }
 
-// TestManifestsApplyServerSide installs Knative's CRDs from the Knative
-// modules and applies all of config/ server-side to the real API server.
-func TestManifestsApplyServerSide(t *testing.T) {
+// installKnativeCRDs applies the CRDs of the Knative objects config/ ships
+// (Serving's, and Eventing's Broker, Trigger and PingSource), taken from the
+// Knative modules, server-side.
+func installKnativeCRDs(t *testing.T) {
+	t.Helper()
 	serving := moduleDir(t, "knative.dev/serving@v0.42.2")
 	eventing := moduleDir(t, "knative.dev/eventing@v0.42.1")
 	crdFiles, err := filepath.Glob(filepath.Join(serving, "config", "core", "300-resources", "*.yaml"))
@@ -143,6 +146,12 @@ func TestManifestsApplyServerSide(t *testing.T) {
 		crdFiles = append(crdFiles, filepath.Join(eventing, "config", "core", "resources", name))
 	}
 	applyServerSide(t, readObjects(t, crdFiles...))
+}
+
+// TestManifestsApplyServerSide installs Knative's CRDs from the Knative
+// modules and applies all of config/ server-side to the real API server.
+func TestManifestsApplyServerSide(t *testing.T) {
+	installKnativeCRDs(t)
 
 	objs := readObjects(t, configFiles(t)...)
 	kinds := map[string]int{}
@@ -218,9 +227,18 @@ func TestRBACWithConfigRole(t *testing.T) {
 	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes/rbac2/resume", nil), 200, "resume")
 	expectCode(t, mustDo(t, f, "GET", "/api/sandboxes", nil), 200, "list with a ReplicaSet sandbox")
 	expectCode(t, mustDo(t, f, "DELETE", "/api/sandboxes/rbac2", nil), 200, "delete a ReplicaSet sandbox")
-	eventually(t, 30*time.Second, "sandbox removed", func() (bool, error) {
-		return len(pods(t, "deer-flow", "sandbox-id=rbac1")) == 0, nil
-	})
+	// Both destroys took, as the ServiceAccount: the ReplicaSet sandbox's
+	// ReplicaSet, Pod and Service are gone, as are the bare one's.
+	for _, id := range []string{"rbac2", "rbac1"} {
+		eventually(t, 30*time.Second, "sandbox "+id+" removed", func() (bool, error) {
+			rs, err := client().AppsV1().ReplicaSets("deer-flow").List(ctx, metav1.ListOptions{LabelSelector: "sandbox-id=" + id})
+			if err != nil {
+				return false, err
+			}
+			left := len(rs.Items) + len(pods(t, "deer-flow", "sandbox-id="+id)) + len(services(t, "deer-flow", "sandbox-id="+id))
+			return left == 0, fmt.Errorf("%d objects of sandbox %s left", left, id)
+		})
+	}
 
 	// Outside the Role: denied.
 	rc := rest.CopyConfig(kc.Config)

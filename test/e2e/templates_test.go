@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/events"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 	"github.com/deerflow-sandbox/provisioner/test/harness"
 )
@@ -74,8 +75,8 @@ type shape struct {
 	NodeSelector     map[string]string
 	Limits           map[string]string // sandbox container
 	Deadline         bool              // activeDeadlineSeconds set
-	StartupProbe     bool
-	Hardened         bool // every container drops ALL, no escalation, RuntimeDefault
+	StartupProbe     string            // period × failures of the sandbox container's startup probe
+	Hardened         bool              // every container drops ALL, no escalation, RuntimeDefault
 	NoToken          bool
 	ServiceOwner     string // kind of the Service's owner
 }
@@ -147,7 +148,9 @@ func shapeOf(t *testing.T, ns, id string) shape {
 		s.Limits[string(k)] = q.String()
 	}
 	s.Deadline = spec.ActiveDeadlineSeconds != nil
-	s.StartupProbe = sandbox.StartupProbe != nil
+	if p := sandbox.StartupProbe; p != nil {
+		s.StartupProbe = fmt.Sprintf("%ds×%d", p.PeriodSeconds, p.FailureThreshold)
+	}
 	svc, err := client().CoreV1().Services(ns).Get(ctx, "sandbox-"+id+"-svc", metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("sandbox %s has no Service: %v", id, err)
@@ -163,7 +166,8 @@ const deerflowImage = "enterprise-public-cn-beijing.cr.volces.com/vefaas-public/
 
 func sandboxLabels(id string, extra map[string]string) map[string]string {
 	l := map[string]string{"app": "deer-flow-sandbox", "sandbox-id": id, "app.kubernetes.io/name": "deer-flow",
-		"app.kubernetes.io/component": "sandbox", "app.kubernetes.io/managed-by": "deerflow-sandbox-provisioner"}
+		"app.kubernetes.io/component": "sandbox", "app.kubernetes.io/managed-by": "deerflow-sandbox-provisioner",
+		sandbox.LabelPrincipal: sandbox.PrincipalLabelValue("default")}
 	for k, v := range extra {
 		l[k] = v
 	}
@@ -189,7 +193,7 @@ func TestTemplatesShapeTheSandbox(t *testing.T) {
 	}{{
 		template: "",
 		want: shape{Workload: "Pod", Labels: sandboxLabels("tpl-default", nil), Containers: []string{"sandbox=sandbox:test"},
-			Volumes: hostRoots, Mounts: defaultMounts, Limits: limits, Deadline: true, Hardened: true, NoToken: true, ServiceOwner: "Pod"},
+			Volumes: hostRoots, Mounts: defaultMounts, Limits: limits, Deadline: true, StartupProbe: "1s×300", Hardened: true, NoToken: true, ServiceOwner: "Pod"},
 	}, {
 		template: "python",
 		want: shape{Workload: "Pod", Labels: sandboxLabels("tpl-python", map[string]string{"team": "data"}), Template: "python",
@@ -197,13 +201,13 @@ func TestTemplatesShapeTheSandbox(t *testing.T) {
 			Volumes:          append(hostRoots[:len(hostRoots):len(hostRoots)], "datasets:nfs", "pip-cache:emptyDir"),
 			Mounts:           []string{"/data", "/mnt/skills/custom", "/mnt/skills/legacy", "/mnt/skills/public", "/mnt/user-data", "/var/cache/pip"},
 			ImagePullSecrets: []string{"registry-credentials"}, NodeSelector: map[string]string{"sandbox.deerflow.dev/pool": "python"},
-			Limits: map[string]string{"cpu": "2", "memory": "2Gi", "ephemeral-storage": "500Mi"}, Deadline: true, StartupProbe: true,
+			Limits: map[string]string{"cpu": "2", "memory": "2Gi", "ephemeral-storage": "500Mi"}, Deadline: true, StartupProbe: "2s×60",
 			Hardened: true, NoToken: true, ServiceOwner: "Pod"},
 	}, {
 		template: "self-healing",
 		want: shape{Workload: "ReplicaSet", Replicas: 1, Labels: sandboxLabels("tpl-self-healing", map[string]string{"sandbox.deerflow.dev/workload": "replicaset"}),
 			Template: "self-healing", Containers: []string{"sandbox=" + deerflowImage}, Volumes: hostRoots, Mounts: defaultMounts,
-			Limits: limits, Hardened: true, NoToken: true, ServiceOwner: "ReplicaSet"},
+			Limits: limits, StartupProbe: "1s×300", Hardened: true, NoToken: true, ServiceOwner: "ReplicaSet"},
 	}}
 	for _, tc := range tests {
 		id := "tpl-" + tc.template
@@ -290,6 +294,14 @@ func TestTemplateEditsAndRefusals(t *testing.T) {
 	hostPath.Volumes = []corev1.Volume{{Name: "root", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}}}
 	putTemplate(t, ns, podTemplate("hostpath", nil, hostPath))
 	putTemplate(t, ns, podTemplate("badkind", map[string]string{template.AnnotationKind: "Deployment"}, spec("x:1")))
+	// The function's API keys live in the namespace's Secrets: a template
+	// reaches none of them.
+	secretVol := spec("x:1")
+	secretVol.Volumes = []corev1.Volume{{Name: "keys", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "sandbox-provisioner"}}}}
+	putTemplate(t, ns, podTemplate("secretvol", nil, secretVol))
+	envFrom := spec("x:1")
+	envFrom.Containers[0].EnvFrom = []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "sandbox-provisioner"}}}}
+	putTemplate(t, ns, podTemplate("envfrom", nil, envFrom))
 	unlabelled := podTemplate("unlabelled", nil, spec("x:1"))
 	unlabelled.Labels = nil
 	putTemplate(t, ns, unlabelled)
@@ -300,6 +312,8 @@ func TestTemplateEditsAndRefusals(t *testing.T) {
 		{"unsafe", `sandbox template "unsafe": template.spec.containers[1].securityContext.capabilities.add: SYS_ADMIN is not on the allow-list`},
 		{"hostpath", `sandbox template "hostpath": template.spec.volumes[0].hostPath`},
 		{"badkind", `sandbox template "badkind": metadata.annotations[sandbox.deerflow.dev/kind]`},
+		{"secretvol", `sandbox template "secretvol": template.spec.volumes[0].secret`},
+		{"envfrom", `sandbox template "envfrom": template.spec.containers[0].envFrom`},
 		{"edit", `sandbox template "edit": template.spec.volumes[0].hostPath`},
 		{"missing", `no such sandbox template: "missing"`},
 		{"unlabelled", `no such sandbox template: "unlabelled"`},
@@ -332,7 +346,7 @@ func TestTemplateEditsAndRefusals(t *testing.T) {
 		m := x.(map[string]any)
 		refused[m["name"].(string)] = m["error"] != nil
 	}
-	if diff := cmp.Diff(map[string]bool{"default": false, "edit": true, "unsafe": true, "hostpath": true, "badkind": true}, refused); diff != "" {
+	if diff := cmp.Diff(map[string]bool{"default": false, "edit": true, "unsafe": true, "hostpath": true, "badkind": true, "secretvol": true, "envfrom": true}, refused); diff != "" {
 		t.Errorf("GET /api/templates: refused (-want +got):\n%s", diff)
 	}
 }

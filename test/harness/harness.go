@@ -31,6 +31,8 @@ type Function struct {
 	cmd    *exec.Cmd
 	// Started is when the process was started (binary functions only).
 	Started time.Time
+	// LogPath is the file its stdout and stderr (the JSON logs) go to.
+	LogPath string
 }
 
 // BaseEnv is the configuration every test starts from.
@@ -232,7 +234,7 @@ func StartProcess(bin string, env map[string]string, addr, logPath string) (*Fun
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	return &Function{URL: "http://" + addr, Client: &http.Client{Timeout: 60 * time.Second}, cmd: cmd, Started: started}, nil
+	return &Function{URL: "http://" + addr, Client: &http.Client{Timeout: 60 * time.Second}, cmd: cmd, Started: started, LogPath: logPath}, nil
 }
 
 // Kill ends a binary function with SIGKILL: no drain, no cleanup.

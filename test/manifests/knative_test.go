@@ -70,6 +70,13 @@ func TestEventSendersCarryTheAudience(t *testing.T) {
 		t.Fatal("400-service.yaml sets no AUTH_TOKEN_AUDIENCE")
 	}
 	allowed := strings.Split(env["AUTH_ALLOWED_SUBJECTS"], ",")
+	operations, err := config.ParsePrincipalOperations(env["PROVISIONER_PRINCIPAL_OPERATIONS"])
+	if err != nil {
+		t.Fatalf("400-service.yaml: PROVISIONER_PRINCIPAL_OPERATIONS: %v", err)
+	}
+	if _, ok := operations["*"]; ok {
+		t.Error("400-service.yaml narrows every principal (\"*\"): the agent backend's key would lose operations")
+	}
 	triggers, _ := filepath.Glob(filepath.Join("..", "..", "config", "500-trigger-*.yaml"))
 	if len(triggers) != 7 {
 		t.Fatalf("%d Triggers in config/, want 7 (create, get, list, destroy, pause, resume, reap)", len(triggers))
@@ -87,6 +94,12 @@ func TestEventSendersCarryTheAudience(t *testing.T) {
 		if !slices.Contains(allowed, subject) {
 			t.Errorf("%s: its OIDC subject %s is not in AUTH_ALLOWED_SUBJECTS", name, subject)
 		}
+		// Least privilege: the Trigger's identity may run its own operation
+		// and nothing else.
+		own := strings.TrimPrefix(tr.Spec.Filter.Attributes["type"], "dev.deerflow.sandbox.")
+		if diff := cmp.Diff([]string{own}, operations[subject]); diff != "" {
+			t.Errorf("%s: PROVISIONER_PRINCIPAL_OPERATIONS for %s (-want +got):\n%s", name, subject, diff)
+		}
 	}
 	var ping sourcesv1.PingSource
 	decode(t, "600-pingsource.yaml", &ping)
@@ -98,12 +111,21 @@ func TestEventSendersCarryTheAudience(t *testing.T) {
 	if !slices.Contains(allowed, subject) {
 		t.Errorf("the PingSource's OIDC subject %s is not in AUTH_ALLOWED_SUBJECTS", subject)
 	}
+	if diff := cmp.Diff([]string{"reap"}, operations[subject]); diff != "" {
+		t.Errorf("the PingSource's subject may run (-want +got):\n%s", diff)
+	}
+	if len(operations) != len(allowed) {
+		t.Errorf("PROVISIONER_PRINCIPAL_OPERATIONS lists %d principals, AUTH_ALLOWED_SUBJECTS %d: every allowed subject needs its operations", len(operations), len(allowed))
+	}
 	for _, e := range svc.Spec.Template.Spec.Containers[0].Env {
 		if e.Name == "EVENTS_TRUST_NETWORK" || (e.Name == "PROVISIONER_API_KEY" && e.ValueFrom == nil) {
 			t.Errorf("400-service.yaml sets %s, a trust switch or a literal credential", e.Name)
 		}
 		if e.Name == "PROVISIONER_API_KEY" && e.ValueFrom.SecretKeyRef != nil && e.ValueFrom.SecretKeyRef.Optional != nil && *e.ValueFrom.SecretKeyRef.Optional {
 			t.Error("400-service.yaml marks the API key's Secret optional")
+		}
+		if e.Name == "PROVISIONER_API_KEYS" && (e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil || e.ValueFrom.SecretKeyRef.Name != "sandbox-provisioner") {
+			t.Error("400-service.yaml must take PROVISIONER_API_KEYS from the sandbox-provisioner Secret")
 		}
 	}
 }

@@ -1,0 +1,115 @@
+package config
+
+import (
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+)
+
+// DefaultPrincipal is the principal of PROVISIONER_API_KEY.
+const DefaultPrincipal = "default"
+
+// Operations are what a principal may be allowed to run, as the doors name
+// them (an HTTP route, a CloudEvent type, a POST / operation).
+var Operations = []string{"create", "get", "list", "destroy", "pause", "resume", "reap", "templates", "capabilities"}
+
+// minKeyBytes mirrors auth.MinKeyBytes: a named key shorter than this is
+// guessable or a placeholder.
+const minKeyBytes = 16
+
+var keyName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+
+// validPrincipal accepts what can be a principal: an API key's name (a DNS
+// label) or a service account's username, system:serviceaccount:<ns>:<name>.
+func validPrincipal(p string) error {
+	if (keyName.MatchString(p) && len(p) <= 63) || (subjectPattern.MatchString(p) && !strings.HasSuffix(p, ":*")) {
+		return nil
+	}
+	return fmt.Errorf("%q is not a principal: use an API key's name (lowercase letters, digits, '-') or system:serviceaccount:<namespace>:<name>", p)
+}
+
+// ParseAPIKeys reads PROVISIONER_API_KEYS ("name=key,name2=key2"; the key is
+// everything after the first '=') and adds PROVISIONER_API_KEY as "default"
+// when set. Names are principals, so they must be unique, and so must keys
+// (one key naming two principals would make the answer depend on order).
+// The single key's own problems (unset, short, a template) are auth's to
+// report, as before; a named key with such a problem stops start-up.
+func ParseAPIKeys(raw, single string) (map[string]string, error) {
+	keys := map[string]string{}
+	for _, entry := range strings.Split(raw, ",") {
+		entry = strings.TrimSpace(entry)
+		if entry == "" {
+			continue
+		}
+		name, key, ok := strings.Cut(entry, "=")
+		name = strings.TrimSpace(name)
+		switch {
+		case !ok || key == "":
+			return nil, fmt.Errorf("entry %q must be name=key", name)
+		case !keyName.MatchString(name) || len(name) > 63:
+			return nil, fmt.Errorf("key name %q must be lowercase letters, digits and '-' (a principal's name)", name)
+		case name == DefaultPrincipal && single != "":
+			return nil, fmt.Errorf("key name %q is PROVISIONER_API_KEY's principal; choose another name", name)
+		case keys[name] != "":
+			return nil, fmt.Errorf("key name %q is listed twice", name)
+		case strings.Contains(key, "{{"):
+			return nil, fmt.Errorf("the key of %q holds an unexpanded template (it contains \"{{\"); set it from a Secret at deploy time", name)
+		case len(key) < minKeyBytes:
+			return nil, fmt.Errorf("the key of %q is shorter than %d bytes", name, minKeyBytes)
+		}
+		for other, k := range keys {
+			if k == key {
+				return nil, fmt.Errorf("%q and %q have the same key; each principal needs its own", other, name)
+			}
+		}
+		if key == single {
+			return nil, fmt.Errorf("%q has the same key as PROVISIONER_API_KEY; each principal needs its own", name)
+		}
+		keys[name] = key
+	}
+	if single != "" {
+		keys[DefaultPrincipal] = single
+	}
+	return keys, nil
+}
+
+// ParsePrincipalOperations reads PROVISIONER_PRINCIPAL_OPERATIONS:
+// "principal=op,op;principal2=op", where a principal is an API key's name, a
+// service account's username, or "*" for every principal not listed.
+// Entries are separated by ';' because a username contains ':' and ','
+// separates the operations.
+func ParsePrincipalOperations(raw string) (map[string][]string, error) {
+	out := map[string][]string{}
+	for _, entry := range strings.Split(raw, ";") {
+		entry = strings.TrimSpace(entry)
+		if entry == "" {
+			continue
+		}
+		p, list, ok := strings.Cut(entry, "=")
+		p = strings.TrimSpace(p)
+		if !ok {
+			return nil, fmt.Errorf("entry %q must be principal=operation[,operation...]", entry)
+		}
+		if p != "*" {
+			if err := validPrincipal(p); err != nil {
+				return nil, err
+			}
+		}
+		if _, dup := out[p]; dup {
+			return nil, fmt.Errorf("principal %q is listed twice", p)
+		}
+		var ops []string
+		for _, op := range strings.Split(list, ",") {
+			op = strings.TrimSpace(op)
+			if !slices.Contains(Operations, op) {
+				return nil, fmt.Errorf("principal %q: %q is not an operation; use %s", p, op, strings.Join(Operations, ", "))
+			}
+			if !slices.Contains(ops, op) {
+				ops = append(ops, op)
+			}
+		}
+		out[p] = ops
+	}
+	return out, nil
+}

@@ -1,0 +1,452 @@
+// Package pool keeps warm pools of sandboxes: per template that asks for
+// one (sandbox.deerflow.dev/pool-size), a ReplicaSet sandbox-pool-<template>
+// of Ready Pods that belong to no one. A create claims one with a single
+// conditional write that relabels it out of the ReplicaSet's selector and
+// makes it the requested sandbox; the ReplicaSet controller then makes
+// another. So nothing runs in the function between requests (it scales to
+// zero): Kubernetes refills the pool, and the function makes or corrects
+// the ReplicaSet when it reads the template (a create, GET /api/templates).
+//
+// Rules this package keeps: a pooled Pod is handed out once (the claim
+// carries the resourceVersion it judged, so of racing claims one wins, and
+// the winner's Pod leaves the selector and loses its owner reference); an
+// unready Pod, or one of an older shape, is never handed out; a pool that
+// cannot serve a claim answers nil, and the create goes the cold way.
+// Unclaimed Pods carry app=deer-flow-sandbox, so the shared NetworkPolicy
+// isolates them, but no sandbox-id, so list, get, the reap and the quota do
+// not see them.
+package pool
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+	"github.com/deerflow-sandbox/provisioner/pkg/template"
+)
+
+// Claim results, as the metrics count them.
+const (
+	ResultHit   = "hit"   // a pooled Pod was claimed
+	ResultMiss  = "miss"  // the request needs what a pooled Pod lacks
+	ResultEmpty = "empty" // no Ready pooled Pod was left to claim
+	ResultError = "error" // the pool could not be read or written
+)
+
+// componentValue is app.kubernetes.io/component of a pool's ReplicaSet.
+const componentValue = "sandbox-pool"
+
+// ensureEvery is how often a replica that serves creates of a pooled
+// template checks its pool's ReplicaSet (a deleted or scaled one is put
+// back); an edit of the template is seen at once, as its resourceVersion
+// or shape changes.
+const ensureEvery = 30 * time.Second
+
+// Observer counts claims by template and result.
+type Observer func(template, result string)
+
+// Pool implements sandbox.Pool.
+type Pool struct {
+	cfg     *config.Config
+	client  kubernetes.Interface
+	observe Observer
+	log     *slog.Logger
+	now     func() time.Time
+
+	mu      sync.Mutex
+	ensured map[string]ensured // by template name: what this replica last made sure of
+}
+
+type ensured struct {
+	key string
+	at  time.Time
+}
+
+var _ sandbox.Pool = (*Pool)(nil)
+
+// New returns the pools of cfg.Namespace.
+func New(cfg *config.Config, client kubernetes.Interface, observe Observer, log *slog.Logger) *Pool {
+	if observe == nil {
+		observe = func(string, string) {}
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Pool{cfg: cfg, client: client, observe: observe, log: log, now: time.Now, ensured: map[string]ensured{}}
+}
+
+// Name is the name of template's pool ReplicaSet. Pods get it plus a
+// random suffix; a name too long for that is shortened to a stable hash.
+func Name(tmpl string) string {
+	if len(tmpl) > 40 {
+		return "sandbox-pool-" + sandbox.LabelValue("pool/"+tmpl)
+	}
+	return "sandbox-pool-" + tmpl
+}
+
+// Build returns the pool ReplicaSet of t under cfg: t.PoolSize Pods shaped
+// as a create of t with nothing else would shape them, labelled as
+// sandboxes (for the NetworkPolicy) without an id, and owned by the
+// PodTemplate, so deleting the template deletes its pool.
+func Build(cfg *config.Config, t *template.Template) *appsv1.ReplicaSet {
+	tpl := sandbox.PoolPodTemplate(cfg, sandbox.PoolSpec(cfg, t))
+	lv := sandbox.LabelValue(t.Name)
+	tpl.Labels[sandbox.LabelPool] = lv
+	rs := &appsv1.ReplicaSet{
+		TypeMeta: metav1.TypeMeta{APIVersion: "apps/v1", Kind: "ReplicaSet"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name: Name(t.Name), Namespace: cfg.Namespace,
+			Labels: map[string]string{sandbox.LabelName: "deer-flow", sandbox.LabelComponent: componentValue,
+				sandbox.LabelManagedBy: sandbox.ManagedByValue, sandbox.LabelPool: lv},
+			Annotations: map[string]string{sandbox.AnnotationTemplate: t.Name},
+		},
+		Spec: appsv1.ReplicaSetSpec{
+			Replicas: ptr.To(int32(t.PoolSize)),
+			Selector: &metav1.LabelSelector{MatchLabels: selector(lv)},
+			Template: tpl,
+		},
+	}
+	if t.UID != "" {
+		rs.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "PodTemplate", Name: t.Name, UID: t.UID, BlockOwnerDeletion: ptr.To(false)}}
+	}
+	return rs
+}
+
+func selector(lv string) map[string]string {
+	return map[string]string{sandbox.LabelApp: sandbox.LabelAppValue, sandbox.LabelPool: lv}
+}
+
+// Claim lists the pool's Ready Pods of the wanted shape and claims one
+// (Ready, then ClaimFrom).
+func (p *Pool) Claim(ctx context.Context, t *template.Template, hash string, c sandbox.Claim) *corev1.Pod {
+	ready, err := p.Ready(ctx, t, hash)
+	if err != nil {
+		return nil
+	}
+	return p.ClaimFrom(ctx, t, hash, ready, c)
+}
+
+// Ready implements sandbox.Pool: one list of the pool's Pods of the wanted
+// shape, the claimable ones in random order (so racing claims mostly pick
+// different Pods). A failure is counted and logged here; the caller goes
+// the cold way.
+func (p *Pool) Ready(ctx context.Context, t *template.Template, hash string) ([]*corev1.Pod, error) {
+	p.ensureSoon(t)
+	sel := labels.Set(selector(sandbox.LabelValue(t.Name)))
+	sel[sandbox.LabelPoolHash] = hash
+	list, err := p.client.CoreV1().Pods(p.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+	if err != nil {
+		p.log.Warn("cannot read the warm pool; creating cold", "template", t.Name, "error", err)
+		p.observe(t.Name, ResultError)
+		return nil, err
+	}
+	var ready []*corev1.Pod
+	for i := range list.Items {
+		if pod := &list.Items[i]; claimable(pod, hash) {
+			ready = append(ready, pod)
+		}
+	}
+	rand.Shuffle(len(ready), func(i, j int) { ready[i], ready[j] = ready[j], ready[i] })
+	return ready, nil
+}
+
+// ClaimFrom implements sandbox.Pool: it tries the Pods Ready listed, each
+// with one patch that carries the resourceVersion it saw: a Pod someone
+// claimed since fails with a conflict, and the next is tried.
+func (p *Pool) ClaimFrom(ctx context.Context, t *template.Template, hash string, ready []*corev1.Pod, c sandbox.Claim) *corev1.Pod {
+	for _, pod := range ready {
+		claimed, err := p.claim(ctx, pod, hash, c)
+		switch {
+		case err != nil:
+			p.log.Warn("cannot claim a pooled sandbox; creating cold", "template", t.Name, "pod", pod.Name, "error", err)
+			p.observe(t.Name, ResultError)
+			return nil
+		case claimed != nil:
+			p.observe(t.Name, ResultHit)
+			return claimed
+		}
+	}
+	p.observe(t.Name, ResultEmpty)
+	return nil
+}
+
+// maxClaimTries bounds the writes a claim spends on one Pod that other
+// writers (the kubelet's status, say) change under it.
+const maxClaimTries = 3
+
+// claim tries to claim pod: nil, nil when someone else claimed it first (or
+// it is gone, or no longer claimable). A conflict that left the Pod
+// unclaimed (its status changed) is retried on the fresh Pod, so that only
+// a claim by someone else sends a create on to another Pod or the cold way.
+func (p *Pool) claim(ctx context.Context, pod *corev1.Pod, hash string, c sandbox.Claim) (*corev1.Pod, error) {
+	pods := p.client.CoreV1().Pods(p.cfg.Namespace)
+	for try := 0; try < maxClaimTries; try++ {
+		patch, err := claimPatch(pod, c, p.now())
+		if err != nil {
+			return nil, err
+		}
+		claimed, err := pods.Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+		switch {
+		case err == nil:
+			return claimed, nil
+		case apierrors.IsNotFound(err):
+			return nil, nil
+		case !apierrors.IsConflict(err):
+			return nil, err
+		}
+		if pod, err = pods.Get(ctx, pod.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			return nil, nil
+		} else if err != nil {
+			return nil, err
+		}
+		if !claimable(pod, hash) {
+			return nil, nil // claimed by someone else first
+		}
+	}
+	return nil, nil
+}
+
+// Missed implements sandbox.Pool.
+func (p *Pool) Missed(t *template.Template) {
+	p.ensureSoon(t)
+	p.observe(t.Name, ResultMiss)
+}
+
+// claimable: unclaimed, of the wanted shape, Ready, not on its way out.
+func claimable(pod *corev1.Pod, hash string) bool {
+	if pod.DeletionTimestamp != nil || pod.Labels[sandbox.LabelID] != "" || pod.Labels[sandbox.LabelPoolHash] != hash ||
+		pod.Labels[sandbox.LabelPool] == "" || pod.Status.Phase != corev1.PodRunning {
+		return false
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// claimPatch makes pod the sandbox c describes: its labels and annotations,
+// out of the pool's selector (the pool labels removed) and owned by no
+// ReplicaSet, and a hard lifetime cap. activeDeadlineSeconds counts from
+// the Pod's start, not the claim, and may be set once on a running Pod, so
+// it is the time the Pod has stood in the pool plus the sandbox's lifetime.
+// The resourceVersion makes the write conditional: of racing claims of one
+// Pod, one wins.
+func claimPatch(pod *corev1.Pod, c sandbox.Claim, now time.Time) ([]byte, error) {
+	lbls := map[string]any{sandbox.LabelPool: nil, sandbox.LabelPoolHash: nil}
+	for k, v := range c.Labels {
+		lbls[k] = v
+	}
+	started := pod.CreationTimestamp.Time
+	if pod.Status.StartTime != nil {
+		started = pod.Status.StartTime.Time
+	}
+	standing := max(int64(now.Sub(started)/time.Second), 0) + 1
+	return json.Marshal(map[string]any{
+		"metadata": map[string]any{
+			"resourceVersion": pod.ResourceVersion,
+			"labels":          lbls,
+			"annotations":     c.Annotations,
+			"ownerReferences": nil,
+		},
+		"spec": map[string]any{"activeDeadlineSeconds": standing + int64(c.MaxLifetime/time.Second)},
+	})
+}
+
+// ensureSoon makes sure of t's pool in the background when this replica has
+// not lately (or not for this version of t): the claim at hand does not
+// wait for it. It is bounded and idempotent; a replica that stops midway
+// leaves it to the next.
+func (p *Pool) ensureSoon(t *template.Template) {
+	key := t.ResourceVersion
+	if t.PoolSize > 0 {
+		key += "/" + sandbox.PoolPodTemplate(p.cfg, sandbox.PoolSpec(p.cfg, t)).Labels[sandbox.LabelPoolHash]
+	}
+	p.mu.Lock()
+	e, ok := p.ensured[t.Name]
+	fresh := ok && e.key == key && p.now().Sub(e.at) < ensureEvery
+	if !fresh {
+		p.ensured[t.Name] = ensured{key: key, at: p.now()}
+	}
+	p.mu.Unlock()
+	if fresh {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := p.ensure(ctx, t, nil, false); err != nil {
+			p.forget(t.Name)
+			p.log.Warn("cannot keep the warm pool", "template", t.Name, "error", err)
+		}
+	}()
+}
+
+func (p *Pool) forget(name string) {
+	p.mu.Lock()
+	delete(p.ensured, name)
+	p.mu.Unlock()
+}
+
+// ensure makes t's pool ReplicaSet what t asks for: created, resized,
+// reshaped (its Pods of the old shape deleted, so the controller makes new
+// ones), or deleted when t wants no pool. have is the ReplicaSet when the
+// caller listed it (known says it did; nil then means absent).
+func (p *Pool) ensure(ctx context.Context, t *template.Template, have *appsv1.ReplicaSet, known bool) error {
+	rss := p.client.AppsV1().ReplicaSets(p.cfg.Namespace)
+	name := Name(t.Name)
+	if !known {
+		rs, err := rss.Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+		case err != nil:
+			return err
+		default:
+			have = rs
+		}
+	}
+	if t.PoolSize == 0 {
+		return p.remove(ctx, have)
+	}
+	want := Build(p.cfg, t)
+	if have == nil {
+		_, err := rss.Create(ctx, want, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			return nil // another replica made it
+		}
+		return err
+	}
+	oldHash := have.Spec.Template.Labels[sandbox.LabelPoolHash]
+	newHash := want.Spec.Template.Labels[sandbox.LabelPoolHash]
+	if ptr.Deref(have.Spec.Replicas, 0) == *want.Spec.Replicas && oldHash == newHash && equalOwners(have.OwnerReferences, want.OwnerReferences) {
+		return nil
+	}
+	upd := have.DeepCopy()
+	upd.Spec.Replicas, upd.Spec.Template = want.Spec.Replicas, want.Spec.Template
+	upd.OwnerReferences, upd.Labels, upd.Annotations = want.OwnerReferences, want.Labels, want.Annotations
+	if _, err := rss.Update(ctx, upd, metav1.UpdateOptions{}); err != nil {
+		if apierrors.IsConflict(err) {
+			return nil // changed by another replica since we read it
+		}
+		return err
+	}
+	if oldHash != newHash {
+		return p.dropShape(ctx, t, newHash)
+	}
+	return nil
+}
+
+// dropShape deletes t's unclaimed pooled Pods of any shape but hash, each
+// with the resourceVersion it judged, so a Pod claimed meanwhile stays.
+func (p *Pool) dropShape(ctx context.Context, t *template.Template, hash string) error {
+	pods := p.client.CoreV1().Pods(p.cfg.Namespace)
+	list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: labels.Set(selector(sandbox.LabelValue(t.Name))).String()})
+	if err != nil {
+		return err
+	}
+	for i := range list.Items {
+		pod := &list.Items[i]
+		if pod.Labels[sandbox.LabelPoolHash] == hash || pod.Labels[sandbox.LabelID] != "" {
+			continue
+		}
+		err := pods.Delete(ctx, pod.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID, ResourceVersion: &pod.ResourceVersion}})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+// remove deletes a pool nobody asks for any more; its unclaimed Pods go
+// with it (claimed ones have no owner reference).
+func (p *Pool) remove(ctx context.Context, rs *appsv1.ReplicaSet) error {
+	if rs == nil || rs.Labels[sandbox.LabelManagedBy] != sandbox.ManagedByValue || rs.DeletionTimestamp != nil {
+		return nil
+	}
+	background := metav1.DeletePropagationBackground
+	err := p.client.AppsV1().ReplicaSets(p.cfg.Namespace).Delete(ctx, rs.Name, metav1.DeleteOptions{
+		Preconditions: metav1.NewUIDPreconditions(string(rs.UID)), PropagationPolicy: &background})
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return nil
+	}
+	return err
+}
+
+func equalOwners(a, b []metav1.OwnerReference) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].UID != b[i].UID || a[i].Kind != b[i].Kind {
+			return false
+		}
+	}
+	return true
+}
+
+// Describe implements sandbox.Pool: one list of the pool ReplicaSets; each
+// template's pool is made what it asks for (pools of templates that ask for
+// none, are refused or are gone are deleted), and its ready count filled
+// in. What fails is said in the template's pool error, not as a failed
+// listing: the templates themselves are still usable.
+func (p *Pool) Describe(ctx context.Context, sums []template.Summary, valid []*template.Template) {
+	list, err := p.client.AppsV1().ReplicaSets(p.cfg.Namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: sandbox.LabelComponent + "=" + componentValue + "," + sandbox.LabelPool})
+	if err != nil {
+		for i := range sums {
+			if sums[i].Pool != nil && sums[i].Pool.Error == "" {
+				sums[i].Pool.Error = "cannot read the pool: " + err.Error()
+			}
+		}
+		return
+	}
+	byName := map[string]*appsv1.ReplicaSet{}
+	for i := range list.Items {
+		byName[list.Items[i].Name] = &list.Items[i]
+	}
+	sumOf := map[string]*template.Summary{}
+	for i := range sums {
+		sumOf[sums[i].Name] = &sums[i]
+	}
+	for _, t := range valid {
+		name := Name(t.Name)
+		have := byName[name]
+		delete(byName, name)
+		if t.PoolSize == 0 && have == nil {
+			continue
+		}
+		err := p.ensure(ctx, t, have, true)
+		sum := sumOf[t.Name]
+		if sum == nil || sum.Pool == nil {
+			continue
+		}
+		if err != nil {
+			sum.Pool.Error = "cannot keep the pool: " + err.Error()
+			p.forget(t.Name)
+			continue
+		}
+		if have != nil && have.Spec.Template.Labels[sandbox.LabelPoolHash] == Build(p.cfg, t).Spec.Template.Labels[sandbox.LabelPoolHash] {
+			sum.Pool.Ready = min(int(have.Status.ReadyReplicas), t.PoolSize)
+		}
+	}
+	for _, rs := range byName { // pools of templates refused, gone or unlabelled
+		if err := p.remove(ctx, rs); err != nil {
+			p.log.Warn("cannot remove a warm pool nobody asks for", "replicaset", rs.Name, "error", err)
+		}
+	}
+}

@@ -1,0 +1,410 @@
+package pool
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
+	"k8s.io/utils/ptr"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+	"github.com/deerflow-sandbox/provisioner/pkg/template"
+)
+
+const ns = "deer-flow"
+
+var podsGVR = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
+
+func testConfig(t *testing.T) *config.Config {
+	t.Helper()
+	cfg, err := config.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Namespace = ns
+	return cfg
+}
+
+// pooled is a template with a pool of size and no DeerFlow mounts.
+func pooled(t *testing.T, cfg *config.Config, size int) *template.Template {
+	t.Helper()
+	pt := &corev1.PodTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: "warm", UID: "tmpl-uid", ResourceVersion: "3", Labels: map[string]string{template.Label: "true"},
+			Annotations: map[string]string{template.AnnotationPoolSize: strconv.Itoa(size), template.AnnotationDeerFlowMounts: "false"}},
+		Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "sandbox", Image: "sandbox:1"}}}},
+	}
+	tmpl, err := template.FromPodTemplate(pt, cfg)
+	if err != nil || tmpl.PoolError != "" {
+		t.Fatalf("template: %v %s", err, tmpl.PoolError)
+	}
+	return tmpl
+}
+
+// poolPod is a pooled Pod of tmpl as its ReplicaSet would make it.
+func poolPod(cfg *config.Config, tmpl *template.Template, name string, ready bool) *corev1.Pod {
+	rs := Build(cfg, tmpl)
+	cond := corev1.ConditionFalse
+	if ready {
+		cond = corev1.ConditionTrue
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, UID: types.UID("uid-" + name), ResourceVersion: "10",
+			Labels: rs.Spec.Template.Labels, Annotations: rs.Spec.Template.Annotations,
+			CreationTimestamp: metav1.NewTime(time.Now().Add(-2 * time.Minute)),
+			OwnerReferences:   []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: rs.Name, UID: "rs-uid", Controller: ptr.To(true)}}},
+		Spec: rs.Spec.Template.Spec,
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, StartTime: ptr.To(metav1.NewTime(time.Now().Add(-100 * time.Second))),
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: cond}}},
+	}
+}
+
+// clientset is a fake clientset whose Pod patches honour the
+// resourceVersion they carry, as the API server does (the fake's own
+// tracker ignores it), and bump it: what makes a claim conditional.
+func clientset(objs ...runtime.Object) *fake.Clientset {
+	cs := fake.NewClientset(objs...)
+	var mu sync.Mutex
+	cs.PrependReactor("patch", "pods", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		pa := a.(clienttesting.PatchAction)
+		obj, err := cs.Tracker().Get(podsGVR, pa.GetNamespace(), pa.GetName())
+		if err != nil {
+			return true, nil, err
+		}
+		cur := obj.(*corev1.Pod)
+		var patch map[string]any
+		if err := json.Unmarshal(pa.GetPatch(), &patch); err != nil {
+			return true, nil, err
+		}
+		meta, _ := patch["metadata"].(map[string]any)
+		if meta == nil {
+			meta = map[string]any{}
+			patch["metadata"] = meta
+		}
+		if rv, ok := meta["resourceVersion"]; ok && rv != cur.ResourceVersion {
+			return true, nil, apierrors.NewConflict(podsGVR.GroupResource(), pa.GetName(), fmt.Errorf("resourceVersion %v, have %s", rv, cur.ResourceVersion))
+		}
+		n, _ := strconv.Atoi(cur.ResourceVersion)
+		meta["resourceVersion"] = strconv.Itoa(n + 1)
+		data, _ := json.Marshal(patch)
+		return clienttesting.ObjectReaction(cs.Tracker())(clienttesting.NewPatchAction(podsGVR, pa.GetNamespace(), pa.GetName(), pa.GetPatchType(), data))
+	})
+	return cs
+}
+
+type counts struct {
+	mu sync.Mutex
+	m  map[string]int
+}
+
+func (c *counts) observe(tmpl, result string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[string]int{}
+	}
+	c.m[tmpl+"/"+result]++
+}
+
+func claimFor(id string) sandbox.Claim {
+	return sandbox.Claim{
+		Labels:      map[string]string{sandbox.LabelApp: sandbox.LabelAppValue, sandbox.LabelID: id, sandbox.LabelPooled: "true"},
+		Annotations: map[string]string{sandbox.AnnotationUserID: "u", sandbox.AnnotationCreatedAt: "2026-01-01T00:00:00Z"},
+		MaxLifetime: time.Hour,
+	}
+}
+
+func newPool(cfg *config.Config, cs *fake.Clientset, c *counts, tmpl *template.Template) *Pool {
+	p := New(cfg, cs, c.observe, nil)
+	// The claims under test do not also make the ReplicaSet in the background.
+	p.ensured[tmpl.Name] = ensured{key: tmpl.ResourceVersion + "/" + hashOf(cfg, tmpl), at: time.Now().Add(time.Hour)}
+	return p
+}
+
+func hashOf(cfg *config.Config, tmpl *template.Template) string {
+	return Build(cfg, tmpl).Spec.Template.Labels[sandbox.LabelPoolHash]
+}
+
+func TestClaimHandsOutOnlyReadyUnclaimedPodsOfTheShape(t *testing.T) {
+	cfg := testConfig(t)
+	tmpl := pooled(t, cfg, 5)
+	hash := hashOf(cfg, tmpl)
+	unready := poolPod(cfg, tmpl, "unready", false)
+	pending := poolPod(cfg, tmpl, "pending", true)
+	pending.Status.Phase = corev1.PodPending
+	old := poolPod(cfg, tmpl, "old-shape", true)
+	old.Labels[sandbox.LabelPoolHash] = "0000000000000000"
+	deleting := poolPod(cfg, tmpl, "deleting", true)
+	deleting.DeletionTimestamp = ptr.To(metav1.Now())
+	deleting.Finalizers = []string{"test/keep"}
+	ready := poolPod(cfg, tmpl, "ready", true)
+	cs := clientset(unready, pending, old, deleting, ready)
+	var c counts
+	p := newPool(cfg, cs, &c, tmpl)
+
+	got := p.Claim(context.Background(), tmpl, hash, claimFor("abc"))
+	if got == nil {
+		t.Fatal("claim of a pool with one Ready Pod: got none")
+	}
+	if got.Name != "ready" {
+		t.Fatalf("claimed %s, want the one Ready Pod of the current shape", got.Name)
+	}
+	// The claim made it the sandbox, out of the pool's selector and owner.
+	stored, err := cs.CoreV1().Pods(ns).Get(context.Background(), "ready", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantLabels := map[string]string{}
+	for k, v := range ready.Labels {
+		wantLabels[k] = v
+	}
+	delete(wantLabels, sandbox.LabelPool)
+	delete(wantLabels, sandbox.LabelPoolHash)
+	wantLabels[sandbox.LabelID], wantLabels[sandbox.LabelPooled] = "abc", "true"
+	if diff := cmp.Diff(wantLabels, stored.Labels); diff != "" {
+		t.Errorf("labels (-want +got):\n%s", diff)
+	}
+	if stored.Annotations[sandbox.AnnotationUserID] != "u" || stored.Annotations[sandbox.AnnotationCreatedAt] == "" {
+		t.Errorf("annotations %v: want the claim's", stored.Annotations)
+	}
+	if len(stored.OwnerReferences) != 0 {
+		t.Errorf("owner references %v: want none (out of the pool ReplicaSet)", stored.OwnerReferences)
+	}
+	// Started 100 s ago: the deadline is that plus the lifetime (and a second).
+	if d := ptr.Deref(stored.Spec.ActiveDeadlineSeconds, 0); d < 3700 || d > 3702 {
+		t.Errorf("activeDeadlineSeconds %d, want about 3701 (time in the pool + max lifetime)", d)
+	}
+	// Nothing else may be handed out: the rest are unready, old or going.
+	if again := p.Claim(context.Background(), tmpl, hash, claimFor("def")); again != nil {
+		t.Errorf("second claim got %s; want none", again.Name)
+	}
+	if diff := cmp.Diff(map[string]int{"warm/hit": 1, "warm/empty": 1}, c.m); diff != "" {
+		t.Errorf("observed (-want +got):\n%s", diff)
+	}
+}
+
+func TestConcurrentClaimsNeverShareAPod(t *testing.T) {
+	cfg := testConfig(t)
+	tmpl := pooled(t, cfg, 5)
+	var objs []runtime.Object
+	for i := range 5 {
+		objs = append(objs, poolPod(cfg, tmpl, fmt.Sprintf("p%d", i), true))
+	}
+	cs := clientset(objs...)
+	var c counts
+	p := newPool(cfg, cs, &c, tmpl)
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		claimed []string
+	)
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if pod := p.Claim(context.Background(), tmpl, hashOf(cfg, tmpl), claimFor(fmt.Sprintf("id%d", i))); pod != nil {
+				mu.Lock()
+				claimed = append(claimed, pod.Name+"="+pod.Labels[sandbox.LabelID])
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	sort.Strings(claimed)
+	if len(claimed) != 5 {
+		t.Fatalf("claims %v: want 5 (one per pooled Pod)", claimed)
+	}
+	// Each Pod is the sandbox of the one claim that won it.
+	for _, cl := range claimed {
+		name, id, _ := strings.Cut(cl, "=")
+		pod, err := cs.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pod.Labels[sandbox.LabelID] != id {
+			t.Errorf("pod %s is sandbox %s, but the claim %s was answered with it", name, pod.Labels[sandbox.LabelID], id)
+		}
+	}
+	if diff := cmp.Diff(map[string]int{"warm/hit": 5, "warm/empty": 15}, c.m); diff != "" {
+		t.Errorf("observed (-want +got):\n%s", diff)
+	}
+}
+
+func TestBuild(t *testing.T) {
+	cfg := testConfig(t)
+	tmpl := pooled(t, cfg, 3)
+	rs := Build(cfg, tmpl)
+	if rs.Name != "sandbox-pool-warm" || ptr.Deref(rs.Spec.Replicas, 0) != 3 {
+		t.Errorf("name %s replicas %d, want sandbox-pool-warm of 3", rs.Name, ptr.Deref(rs.Spec.Replicas, 0))
+	}
+	if diff := cmp.Diff(map[string]string{"app": "deer-flow-sandbox", sandbox.LabelPool: "warm"}, rs.Spec.Selector.MatchLabels); diff != "" {
+		t.Errorf("selector (-want +got):\n%s", diff)
+	}
+	l := rs.Spec.Template.Labels
+	if l["app"] != "deer-flow-sandbox" || l[sandbox.LabelID] != "" || l[sandbox.LabelUser] != "" || l[sandbox.LabelPoolHash] == "" {
+		t.Errorf("Pod labels %v: want app=deer-flow-sandbox (isolation), no id or user, a shape hash", l)
+	}
+	for _, k := range []string{sandbox.AnnotationCreatedAt, sandbox.AnnotationExpiresAt, sandbox.AnnotationUserID} {
+		if _, ok := rs.Spec.Template.Annotations[k]; ok {
+			t.Errorf("Pod annotation %s set on a pooled Pod; a claim sets it", k)
+		}
+	}
+	if rs.Spec.Template.Spec.ActiveDeadlineSeconds != nil {
+		t.Error("a pooled Pod has an activeDeadlineSeconds; it would count time in the pool")
+	}
+	if diff := cmp.Diff([]metav1.OwnerReference{{APIVersion: "v1", Kind: "PodTemplate", Name: "warm", UID: "tmpl-uid", BlockOwnerDeletion: ptr.To(false)}}, rs.OwnerReferences); diff != "" {
+		t.Errorf("owner (-want +got):\n%s", diff)
+	}
+	// A long template name still makes a valid, stable name.
+	long := *tmpl
+	long.Name = "a-template-name-that-is-longer-than-forty-characters-by-far"
+	if n := Name(long.Name); len(n) > 63 || n != Name(long.Name) {
+		t.Errorf("Name(%q) = %q", long.Name, n)
+	}
+}
+
+func TestEnsure(t *testing.T) {
+	cfg := testConfig(t)
+	ctx := context.Background()
+	tests := []struct {
+		name   string
+		have   *appsv1.ReplicaSet
+		size   int
+		want   *int32 // nil: no ReplicaSet
+		verbs  []string
+		reason string
+	}{{
+		name: "absent, made", size: 2, want: ptr.To(int32(2)), verbs: []string{"get", "create"},
+	}, {
+		name: "resized", size: 4, have: func() *appsv1.ReplicaSet {
+			rs := Build(cfg, pooled(t, cfg, 2))
+			rs.ResourceVersion = "5"
+			return rs
+		}(), want: ptr.To(int32(4)), verbs: []string{"get", "update"},
+	}, {
+		name: "unchanged, left alone", size: 2, have: Build(cfg, pooled(t, cfg, 2)), want: ptr.To(int32(2)), verbs: []string{"get"},
+	}, {
+		name: "no pool any more, deleted", size: 0, have: Build(cfg, pooled(t, cfg, 2)), want: nil, verbs: []string{"get", "delete"},
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var objs []runtime.Object
+			if tc.have != nil {
+				objs = append(objs, tc.have)
+			}
+			cs := clientset(objs...)
+			p := New(cfg, cs, nil, nil)
+			tmpl := pooled(t, cfg, max(tc.size, 1))
+			tmpl.PoolSize = tc.size
+			if err := p.ensure(ctx, tmpl, nil, false); err != nil {
+				t.Fatal(err)
+			}
+			var verbs []string
+			for _, a := range cs.Actions() {
+				verbs = append(verbs, a.GetVerb())
+			}
+			if diff := cmp.Diff(tc.verbs, verbs); diff != "" {
+				t.Errorf("API calls (-want +got):\n%s", diff)
+			}
+			rs, err := cs.AppsV1().ReplicaSets(ns).Get(ctx, "sandbox-pool-warm", metav1.GetOptions{})
+			switch {
+			case tc.want == nil && !apierrors.IsNotFound(err):
+				t.Errorf("ReplicaSet still there (%v)", err)
+			case tc.want != nil && err != nil:
+				t.Fatal(err)
+			case tc.want != nil && *rs.Spec.Replicas != *tc.want:
+				t.Errorf("replicas %d, want %d", *rs.Spec.Replicas, *tc.want)
+			}
+		})
+	}
+}
+
+func TestEnsureReshapeDropsOldPodsButNotClaimedOnes(t *testing.T) {
+	cfg := testConfig(t)
+	ctx := context.Background()
+	tmpl := pooled(t, cfg, 2)
+	old := Build(cfg, tmpl)
+	old.Spec.Template.Labels[sandbox.LabelPoolHash] = "0ld"
+	stale := poolPod(cfg, tmpl, "stale", true)
+	stale.Labels[sandbox.LabelPoolHash] = "0ld"
+	current := poolPod(cfg, tmpl, "current", true)
+	cs := clientset(old, stale, current)
+	p := New(cfg, cs, nil, nil)
+	if err := p.ensure(ctx, tmpl, nil, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().Pods(ns).Get(ctx, "stale", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("pooled Pod of the old shape still there (%v)", err)
+	}
+	if _, err := cs.CoreV1().Pods(ns).Get(ctx, "current", metav1.GetOptions{}); err != nil {
+		t.Errorf("pooled Pod of the current shape: %v", err)
+	}
+	rs, _ := cs.AppsV1().ReplicaSets(ns).Get(ctx, old.Name, metav1.GetOptions{})
+	if rs.Spec.Template.Labels[sandbox.LabelPoolHash] != hashOf(cfg, tmpl) {
+		t.Errorf("ReplicaSet's Pod template not reshaped")
+	}
+}
+
+func TestDescribe(t *testing.T) {
+	cfg := testConfig(t)
+	ctx := context.Background()
+	tmpl := pooled(t, cfg, 3)
+	have := Build(cfg, tmpl)
+	have.Status.ReadyReplicas = 2
+	orphan := Build(cfg, pooled(t, cfg, 1))
+	orphan.Name = Name("gone")
+	cs := clientset(have, orphan)
+	p := New(cfg, cs, nil, nil)
+	sums := []template.Summary{template.Summarize(tmpl)}
+	p.Describe(ctx, sums, []*template.Template{tmpl})
+	if diff := cmp.Diff(&template.Pool{Size: 3, Ready: 2}, sums[0].Pool); diff != "" {
+		t.Errorf("pool (-want +got):\n%s", diff)
+	}
+	if _, err := cs.AppsV1().ReplicaSets(ns).Get(ctx, orphan.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("pool of a template that is gone still there (%v)", err)
+	}
+}
+
+// TestClaimSurvivesAStatusWrite: a conflict caused by another writer (the
+// kubelet updating status) rather than a claim does not send the create
+// the cold way while the Pod is still free.
+func TestClaimSurvivesAStatusWrite(t *testing.T) {
+	cfg := testConfig(t)
+	tmpl := pooled(t, cfg, 1)
+	cs := clientset(poolPod(cfg, tmpl, "only", true))
+	var once sync.Once
+	cs.PrependReactor("patch", "pods", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		once.Do(func() {
+			obj, _ := cs.Tracker().Get(podsGVR, ns, "only")
+			pod := obj.(*corev1.Pod).DeepCopy()
+			pod.ResourceVersion = "11"
+			if err := cs.Tracker().Update(podsGVR, pod, ns); err != nil {
+				t.Error(err)
+			}
+		})
+		return false, nil, nil
+	})
+	var c counts
+	p := newPool(cfg, cs, &c, tmpl)
+	if got := p.Claim(context.Background(), tmpl, hashOf(cfg, tmpl), claimFor("abc")); got == nil || got.Labels[sandbox.LabelID] != "abc" {
+		t.Fatalf("claim after a status write: %v; want the Pod claimed", got)
+	}
+}

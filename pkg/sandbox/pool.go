@@ -1,0 +1,231 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/template"
+)
+
+// Labels of warm pools (package pool keeps the pools).
+const (
+	// LabelPool marks an unclaimed pooled Pod with its template (as a label
+	// value); the pool's ReplicaSet selects on it, so a claim that removes it
+	// takes the Pod out of the ReplicaSet, whose controller makes another.
+	LabelPool = "sandbox.deerflow.dev/pool"
+	// LabelPoolHash is the hash of a pooled Pod's shape (PoolPodTemplate):
+	// only a create whose own Pod would have that shape may claim it.
+	LabelPoolHash = "sandbox.deerflow.dev/pool-hash"
+	// LabelPooled marks a sandbox whose Pod was claimed from a pool.
+	LabelPooled = "sandbox.deerflow.dev/pooled"
+)
+
+// Pool hands out warm Pods; package pool implements it over ReplicaSets.
+type Pool interface {
+	// Ready lists the claimable pooled Pods of t whose shape hash is hash
+	// (one call); an error means the pool cannot serve (counted there).
+	Ready(ctx context.Context, t *template.Template, hash string) ([]*corev1.Pod, error)
+	// ClaimFrom turns one of ready into the sandbox c describes, with one
+	// conditional write each try, and returns it; nil when none could be
+	// had (all taken by racing claims): the create then goes the cold way.
+	ClaimFrom(ctx context.Context, t *template.Template, hash string, ready []*corev1.Pod, c Claim) *corev1.Pod
+	// Missed records a create of a pooled template that needs what a
+	// pooled Pod lacks (mounts, env, resources) and so goes the cold way.
+	Missed(t *template.Template)
+	// Describe makes each template's pool exist at its size and fills in
+	// how many pooled Pods stand Ready (GET /api/templates).
+	Describe(ctx context.Context, sums []template.Summary, valid []*template.Template)
+}
+
+// Claim is what a claim writes onto a pooled Pod: the sandbox's labels and
+// annotations (identity, owner, lifetimes from now) and its lifetime cap.
+type Claim struct {
+	Labels, Annotations map[string]string
+	MaxLifetime         time.Duration
+}
+
+// WithPool serves creates of pooled templates from warm pools.
+func WithPool(p Pool) Option { return func(m *Manager) { m.pool = p } }
+
+// PoolSpec is what a pooled Pod of t is built from: a create that asks for
+// t and nothing else.
+func PoolSpec(cfg *config.Config, t *template.Template) Spec {
+	s, _ := CreateRequest{SandboxID: "pool", Template: t.Name}.Validate(cfg, time.Time{}) // valid by construction
+	return withTemplate(s, t)
+}
+
+// poolIdentity are the annotations that make a Pod one sandbox; a claim
+// writes them, a pooled Pod has none.
+var poolIdentity = []string{AnnotationUserID, AnnotationThreadID, AnnotationCreatedAt, AnnotationLastActivity,
+	AnnotationIdleTimeout, AnnotationMaxLifetime, AnnotationExpiresAt}
+
+// PoolPodTemplate is the Pod a create of s would make, without what makes
+// it one sandbox (name, id, user and thread labels, lifecycle annotations,
+// deadline), labelled with the hash of all that is left. Two specs with one
+// hash make interchangeable Pods: that is the test of whether a request may
+// take a pooled Pod, so any field a request can set (mounts, env, shell
+// sessions, resources, Lark containers) sends it the cold way by itself.
+func PoolPodTemplate(cfg *config.Config, s Spec) corev1.PodTemplateSpec {
+	pod := BuildPod(cfg, s)
+	for _, k := range []string{LabelID, LabelUser, LabelThread} {
+		delete(pod.Labels, k)
+	}
+	for _, k := range poolIdentity {
+		delete(pod.Annotations, k)
+	}
+	pod.Spec.ActiveDeadlineSeconds = nil
+	tpl := corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: pod.Labels, Annotations: pod.Annotations}, Spec: pod.Spec}
+	data, _ := json.Marshal(tpl)
+	sum := sha256.Sum256(data)
+	tpl.Labels[LabelPoolHash] = hex.EncodeToString(sum[:])[:16]
+	return tpl
+}
+
+// createFromPool serves a create from its template's warm pool when it can;
+// handled false sends it the cold way, within the same request.
+func (m *Manager) createFromPool(ctx context.Context, s Spec, wait time.Duration) (sb Sandbox, handled bool, err error) {
+	t := s.Resolved
+	if m.pool == nil || t == nil || t.PoolSize == 0 {
+		return Sandbox{}, false, nil
+	}
+	hash := PoolPodTemplate(m.cfg, s).Labels[LabelPoolHash]
+	if hash != PoolPodTemplate(m.cfg, PoolSpec(m.cfg, t)).Labels[LabelPoolHash] {
+		m.pool.Missed(t)
+		return Sandbox{}, false, nil
+	}
+	if err := m.requireIsolation(ctx); err != nil {
+		return Sandbox{}, true, err
+	}
+	// An id in use goes the cold way, which adopts or refuses it; but a
+	// sandbox claimed before (DeerFlow creates again on every reuse) is
+	// answered here, as the cold way would find it only after making a Pod
+	// and removing it again. Claiming first would spend a pooled Pod.
+	// A Pod sandbox-<id> without its Service (half made) is the cold way's
+	// to repair, so both are read, beside the pool's list.
+	var (
+		svc                      *corev1.Service
+		ready                    []*corev1.Pod
+		svcErr, podErr, readyErr error
+	)
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		ready, readyErr = m.pool.Ready(gctx, t, hash)
+		return nil
+	})
+	g.Go(func() error {
+		svc, svcErr = m.client.CoreV1().Services(m.cfg.Namespace).Get(gctx, ServiceName(s.ID), metav1.GetOptions{})
+		return nil
+	})
+	g.Go(func() error {
+		_, podErr = m.client.CoreV1().Pods(m.cfg.Namespace).Get(gctx, PodName(s.ID), metav1.GetOptions{})
+		return nil
+	})
+	_ = g.Wait()
+	switch {
+	case podErr == nil:
+		return Sandbox{}, false, nil
+	case !apierrors.IsNotFound(podErr):
+		return Sandbox{}, true, classify(podErr, "read the sandbox Pod")
+	case apierrors.IsNotFound(svcErr):
+	case svcErr != nil:
+		return Sandbox{}, true, classify(svcErr, "read the sandbox Service")
+	default:
+		if !claimedOwner(svc, s.ID) {
+			return Sandbox{}, false, nil
+		}
+		f, err := m.fetch(ctx, s.ID)
+		if err != nil || f.pod == nil {
+			return Sandbox{}, err != nil, err // its Pod is gone: the cold way replaces the Service
+		}
+		if err := checkOwner(f.pod, "Pod", s); err != nil {
+			return Sandbox{}, true, err
+		}
+		if err := checkCapacity(f.pod, s); err != nil {
+			return Sandbox{}, true, err
+		}
+		f.pod = touch(ctx, m, f.pod, m.client.CoreV1().Pods(m.cfg.Namespace).Patch)
+		return m.answer(ctx, s.ID, f, wait)
+	}
+	meta := &metav1.ObjectMeta{Labels: labels(s), Annotations: annotations(s)}
+	recordPrincipal(meta, s)
+	meta.Labels[LabelPooled] = "true"
+	c := Claim{Labels: meta.Labels, Annotations: meta.Annotations, MaxLifetime: s.MaxLifetime}
+	if readyErr != nil {
+		return Sandbox{}, false, nil
+	}
+	pod := m.pool.ClaimFrom(ctx, t, hash, ready, c)
+	if pod == nil {
+		return Sandbox{}, false, nil
+	}
+	f := found{pod: pod}
+	f.svc, _, err = m.serviceAndQuota(ctx, s, pod, PodOwnerRef(pod), false)
+	var qe *quotaError
+	switch {
+	case errors.Is(err, errOtherKind):
+		// A racing create of this id won; ours was removed. Answer with its.
+		if f, _, _, err = m.reuseOtherKind(ctx, s); err != nil {
+			return Sandbox{}, true, err
+		}
+		return m.answer(ctx, s.ID, f, wait)
+	case errors.As(err, &qe) && qe.contended:
+		return Sandbox{}, false, nil // the cold way retries a contended quota
+	case qe != nil:
+		m.observer.QuotaRefused(qe.scope)
+		return Sandbox{}, true, err
+	case err != nil:
+		// The claimed Pod served no one and, named by its pool, a retry would
+		// not find it: it goes now rather than linger without its Service.
+		if uerr := m.undoCreate(context.WithoutCancel(ctx), pod, f.svc); uerr != nil {
+			return Sandbox{}, true, errors.Join(err, uerr)
+		}
+		return Sandbox{}, true, err
+	}
+	m.recorder.Eventf(pod, corev1.EventTypeNormal, "SandboxCreated", "Created sandbox %s for user %s from the warm pool of template %s", s.ID, s.UserID, t.Name)
+	return m.answer(ctx, s.ID, f, wait)
+}
+
+func (m *Manager) answer(ctx context.Context, id string, f found, wait time.Duration) (Sandbox, bool, error) {
+	if wait > 0 {
+		sb, err := m.waitReady(ctx, id, f, wait)
+		return sb, true, err
+	}
+	return m.view(id, f), true, nil
+}
+
+// claimedOwner reports whether svc belongs to a Pod claimed from a pool:
+// a Pod that keeps the name its pool gave it, not sandbox-<id>.
+func claimedOwner(svc *corev1.Service, id string) bool {
+	ref := sandboxOwner(svc.OwnerReferences)
+	return ref != nil && ref.Kind == "Pod" && ref.Name != PodName(id)
+}
+
+// withTemplate fills the bounded fields the request left unset from t.
+func withTemplate(s Spec, t *template.Template) Spec {
+	s.Resolved = t
+	if t == nil {
+		return s
+	}
+	if !s.Requested.IdleTimeout && t.IdleTimeout > 0 {
+		s.IdleTimeout = t.IdleTimeout
+	}
+	if !s.Requested.MaxLifetime && t.MaxLifetime > 0 {
+		s.MaxLifetime = t.MaxLifetime
+	}
+	if !s.Requested.CPU && t.CPULimit != nil {
+		s.CPULimit = *t.CPULimit
+	}
+	if !s.Requested.Memory && t.MemoryLimit != nil {
+		s.MemoryLimit = *t.MemoryLimit
+	}
+	return s
+}

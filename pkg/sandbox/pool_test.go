@@ -1,0 +1,82 @@
+package sandbox
+
+import (
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/template"
+)
+
+// TestPoolShape pins which creates may take a pooled Pod: those whose own
+// Pod would differ from it only in what a claim writes (id, owner,
+// lifetimes). Anything a request adds to the Pod sends it the cold way.
+func TestPoolShape(t *testing.T) {
+	cfg := testConfig(t, map[string]string{"LARK_CLI_INIT_IMAGE": "lark-init:1", "LARK_CLI_BROKER_IMAGE": "lark-broker:1"})
+	pt := &corev1.PodTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: "warm", Labels: map[string]string{template.Label: "true"},
+			Annotations: map[string]string{template.AnnotationPoolSize: "2", template.AnnotationDeerFlowMounts: "false"}},
+		Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "sandbox", Image: "sandbox:1"}}}},
+	}
+	tmpl, err := template.FromPodTemplate(pt, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := PoolPodTemplate(cfg, PoolSpec(cfg, tmpl)).Labels[LabelPoolHash]
+	tests := []struct {
+		name     string
+		req      CreateRequest
+		poolable bool
+	}{
+		{"the template alone", CreateRequest{}, true},
+		{"another user and thread", CreateRequest{UserID: ptr.To("alice"), ThreadID: ptr.To("t-9")}, true},
+		{"own lifetimes (written by the claim)", CreateRequest{IdleTimeoutSeconds: ptr.To[int64](60), MaxLifetimeSeconds: ptr.To[int64](600)}, true},
+		{"legacy skills, which a template without DeerFlow's mounts has none of", CreateRequest{IncludeLegacySkills: true}, true},
+		{"max_shell_sessions", CreateRequest{MaxShellSessions: ptr.To(4)}, false},
+		{"extra mounts", CreateRequest{ExtraMounts: []ExtraMount{{HostPath: "/.deer-flow/users/default/x", ContainerPath: "/mnt/acp-workspace"}}}, false},
+		{"other cpu", CreateRequest{CPU: "2"}, false},
+		{"other memory", CreateRequest{Memory: "2Gi"}, false},
+		{"the template's cpu, asked for", CreateRequest{CPU: cfg.CPULimit}, true},
+		{"lark runtime", CreateRequest{ProvisionLarkCLIRuntime: true}, false},
+		{"lark broker", CreateRequest{ProvisionLarkCLIBroker: true}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.req.SandboxID, tt.req.Template = "abc123", "warm"
+			s, err := tt.req.Validate(cfg, time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			s = withTemplate(s, tmpl)
+			got := PoolPodTemplate(cfg, s).Labels[LabelPoolHash] == pool
+			if got != tt.poolable {
+				t.Errorf("poolable = %v, want %v", got, tt.poolable)
+			}
+		})
+	}
+}
+
+// TestClaimedPodIsASandbox: a claimed Pod keeps its pool name and is still
+// found as its sandbox's Pod; an unclaimed one is no sandbox at all.
+func TestClaimedPodIsASandbox(t *testing.T) {
+	pooled := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-pool-warm-x7k2p",
+		Labels: map[string]string{LabelApp: LabelAppValue, LabelPool: "warm"}}}
+	if id := podID(pooled); id != "" {
+		t.Errorf("unclaimed pooled Pod is sandbox %q; want none", id)
+	}
+	claimed := pooled.DeepCopy()
+	delete(claimed.Labels, LabelPool)
+	claimed.Labels[LabelID], claimed.Labels[LabelPooled] = "abc123", "true"
+	if id := podID(claimed); id != "abc123" {
+		t.Errorf("claimed Pod is sandbox %q; want abc123", id)
+	}
+	// A Pod of another name that only says it has an id is not one.
+	other := claimed.DeepCopy()
+	delete(other.Labels, LabelPooled)
+	if id := podID(other); id != "" {
+		t.Errorf("a Pod named %s labelled with an id is sandbox %q; want none", other.Name, id)
+	}
+}

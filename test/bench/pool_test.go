@@ -1,0 +1,221 @@
+//go:build e2e
+
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+	"github.com/deerflow-sandbox/provisioner/pkg/template"
+	"github.com/deerflow-sandbox/provisioner/test/cluster"
+	"github.com/deerflow-sandbox/provisioner/test/realnode"
+)
+
+// poolRowName is the row item 7 of issue 20 names.
+const poolRowName = "create from pool → Ready (real node)"
+
+// BenchmarkRealNodePool measures a create served from a warm pool on the
+// real node: POST /api/sandboxes?wait=20s of a pooled template, answered
+// when the sandbox is Ready (its Pod already is: the kubelet's probe passed
+// while it stood in the pool), against the floor: the bare client-go calls
+// a claim needs (list the pool's Pods, one conditional patch, create the
+// Service). Rounds of c claims alternate floor and ours; between rounds the
+// pool refills (the ReplicaSet controller, Pods started by the real
+// kubelet), which is not timed, and the sandboxes are deleted.
+func BenchmarkRealNodePool(b *testing.B) {
+	ctx := context.Background()
+	kc := benchCluster(b, "benchpool", 0)
+	defer kc.Down()
+	rn, err := realnode.Up(ctx, realnode.DefaultPaths(cluster.CacheDir()), realnode.Cluster{Host: kc.Config.Host, PKIDir: kc.PKIDir(), Client: kc.Client})
+	if err != nil {
+		b.Skipf("no real node, so no %s figures: %v", poolRowName, err)
+	}
+	defer rn.Down()
+	useNamespace(b, kc)
+	base, err := realnode.HostBase(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	env := benchEnv(kc)
+	for k, v := range realnode.FunctionEnv(base) {
+		env[k] = v
+	}
+	benchPool(b, kc, env, realnode.SandboxImage, poolRowName)
+}
+
+// BenchmarkKwokPool is BenchmarkRealNodePool on kwok's simulated nodes:
+// the API cost of a claim without a kubelet (kwok reports pooled Pods
+// Ready at once, so the refill between rounds is quick).
+func BenchmarkKwokPool(b *testing.B) {
+	kc := benchCluster(b, "benchpoolkwok", 2)
+	defer kc.Down()
+	useNamespace(b, kc)
+	benchPool(b, kc, benchEnv(kc), "sandbox:test", "create from pool → Ready (kwok)")
+}
+
+// benchPool runs the rounds against a function started with env and
+// prints the rows named rowName.
+func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, rowName string) {
+	ctx := context.Background()
+	fn, fl := startWithFloor(b, kc, binary(b), env, b.TempDir())
+	defer fn.Stop()
+
+	const size, rounds = 8, 20
+	pt := &corev1.PodTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: "warm", Namespace: ns, Labels: map[string]string{template.Label: "true"},
+			Annotations: map[string]string{template.AnnotationPoolSize: fmt.Sprint(size), template.AnnotationDeerFlowMounts: "false"}},
+		Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "sandbox", Image: image}}}},
+	}
+	if _, err := kc.Client.CoreV1().PodTemplates(ns).Create(ctx, pt, metav1.CreateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	// GET /api/templates makes the pool.
+	if err := ours(fn, "GET", "/api/templates", nil); err != nil {
+		b.Fatal(err)
+	}
+	pods := kc.Client.CoreV1().Pods(ns)
+	poolSel := sandbox.LabelPool + "=warm"
+	readyPooled := func(ctx context.Context) ([]corev1.Pod, error) {
+		l, err := pods.List(ctx, metav1.ListOptions{LabelSelector: poolSel})
+		if err != nil {
+			return nil, err
+		}
+		var out []corev1.Pod
+		for _, p := range l.Items {
+			if p.DeletionTimestamp == nil && p.Labels[sandbox.LabelID] == "" && realnode.Ready(&p) {
+				out = append(out, p)
+			}
+		}
+		return out, nil
+	}
+	waitPool := func(n int) {
+		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
+			r, err := readyPooled(ctx)
+			return err == nil && len(r) >= n, nil
+		})
+		if err != nil {
+			var state strings.Builder
+			if rs, err := kc.Client.AppsV1().ReplicaSets(ns).Get(ctx, "sandbox-pool-warm", metav1.GetOptions{}); err != nil {
+				fmt.Fprintf(&state, "ReplicaSet: %v", err)
+			} else {
+				fmt.Fprintf(&state, "ReplicaSet: %d replicas, %d ready, %v", *rs.Spec.Replicas, rs.Status.ReadyReplicas, rs.Status.Conditions)
+			}
+			if l, err := pods.List(ctx, metav1.ListOptions{LabelSelector: poolSel}); err == nil {
+				for _, p := range l.Items {
+					fmt.Fprintf(&state, "; %s %s on %q", p.Name, p.Status.Phase, p.Spec.NodeName)
+				}
+			}
+			b.Fatalf("the pool did not stand %d Ready: %v (%s)", n, err, state.String())
+		}
+	}
+	// floorClaim is what a claim needs, with bare client-go.
+	floorClaim := func(id string) error {
+		spec, err := sandbox.CreateRequest{SandboxID: id, Template: "warm"}.Validate(fl.cfg, time.Now())
+		if err != nil {
+			return err
+		}
+		cands, err := readyPooled(ctx)
+		if err != nil {
+			return err
+		}
+		rand.Shuffle(len(cands), func(i, j int) { cands[i], cands[j] = cands[j], cands[i] })
+		for _, p := range cands {
+			patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": p.ResourceVersion, "ownerReferences": nil,
+				"labels": map[string]any{sandbox.LabelPool: nil, sandbox.LabelPoolHash: nil, sandbox.LabelID: id, sandbox.LabelPooled: "true"}}})
+			claimed, err := pods.Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+			if apierrors.IsConflict(err) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			_, err = kc.Client.CoreV1().Services(ns).Create(ctx, sandbox.BuildService(fl.cfg, spec, sandbox.PodOwnerRef(claimed)), metav1.CreateOptions{})
+			return err
+		}
+		return fmt.Errorf("floor: no pooled Pod left for %s", id)
+	}
+	oursClaim := func(id string) error {
+		r, err := fn.Do("POST", "/api/sandboxes?wait=20s", map[string]any{"sandbox_id": id, "template": "warm"})
+		if err != nil {
+			return err
+		}
+		if r.Code != 200 || r.Body["pooled"] != true || r.Body["ready"] != true {
+			return fmt.Errorf("create %s from the pool: %d %s", id, r.Code, r.Raw)
+		}
+		return nil
+	}
+	// remove deletes claimed sandboxes at once (no grace: they served no
+	// one), so the node has room for the refill.
+	remove := func(ids []string) {
+		for _, id := range ids {
+			_ = kc.Client.CoreV1().Services(ns).Delete(ctx, sandbox.ServiceName(id), metav1.DeleteOptions{})
+			_ = pods.DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))}, metav1.ListOptions{LabelSelector: sandbox.LabelID + "=" + id})
+		}
+	}
+	type result struct{ ours, floor []time.Duration }
+	results := map[int]*result{}
+	errs := 0
+	for _, c := range []int{1, 8} {
+		res := &result{}
+		results[c] = res
+		progress("%s: %d rounds of %d claims from a warm pool of %d, the floor and ours alternating", rowName, rounds, c, size)
+		for r := 0; r < rounds; r++ {
+			for _, side := range []struct {
+				name string
+				op   func(string) error
+				out  *[]time.Duration
+			}{{"f", floorClaim, &res.floor}, {"o", oursClaim, &res.ours}} {
+				waitPool(c)
+				ids := make([]string, c)
+				var wg sync.WaitGroup
+				var mu sync.Mutex
+				for i := range ids {
+					ids[i] = fmt.Sprintf("p%s%d-%d-%d", side.name, c, r, i)
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						start := time.Now()
+						err := side.op(ids[i])
+						d := time.Since(start)
+						mu.Lock()
+						defer mu.Unlock()
+						if err != nil {
+							errs++
+							b.Log(err)
+							return
+						}
+						*side.out = append(*side.out, d)
+					}()
+				}
+				wg.Wait()
+				remove(ids)
+			}
+		}
+	}
+	var md strings.Builder
+	fmt.Fprintf(&md, "\n| measure | c | n | p50 ms | p95 ms | p99 ms | floor p50 ms | ratio |\n|---|---|---|---|---|---|---|---|\n")
+	for _, c := range []int{1, 8} {
+		r := results[c]
+		fmt.Fprintf(&md, "| %s | %d | %d | %.1f | %.1f | %.1f | %.1f | %.2f× |\n", rowName, c, len(r.ours),
+			pct(r.ours, .5), pct(r.ours, .95), pct(r.ours, .99), pct(r.floor, .5), pct(r.ours, .5)/pct(r.floor, .5))
+	}
+	fmt.Fprintf(&md, "\nfloor: client-go lists the pool's Pods, claims one with a conditional patch and creates its Service. Targets: p50 ≤ 50 ms, p99 ≤ 250 ms at c=1 and c=8. Errors: %d.\n", errs)
+	fmt.Println(md.String())
+	if errs > 0 {
+		b.Errorf("%d claims failed", errs)
+	}
+}

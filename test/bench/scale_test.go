@@ -1,0 +1,99 @@
+//go:build e2e
+
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// BenchmarkScale measures whether a create costs the same with 5,000
+// sandboxes present as with 50 (issue 20: create p50 at 5,000 ≤ 1.10× at
+// 50), and a destroy likewise: the quota once listed every sandbox on
+// every create. Our function runs with the shipped defaults but a quota
+// large enough for the run (MAX_SANDBOXES=10000); the sandboxes that fill
+// the namespace are made by the floor's bare calls (whole sandboxes, Pod
+// and Service, labelled as ours), which is faster than through the
+// function and counts the same. At each size the floor and ours alternate
+// single creates, then single deletes of what they made, at concurrency 1.
+func BenchmarkScale(b *testing.B) {
+	ctx := context.Background()
+	kc := benchCluster(b, "scale", 2)
+	defer kc.Down()
+	useNamespace(b, kc)
+	dir := b.TempDir()
+	env := benchEnv(kc)
+	env["MAX_SANDBOXES"] = "10000"
+	fn, fl := startWithFloor(b, kc, binary(b), env, dir)
+	defer fn.Stop()
+
+	// fill creates sandboxes fill<from>..fill<to-1>, in as many rounds as
+	// run's 3-minute bound needs (a loaded machine fills slowly).
+	fill := func(from, to int) {
+		progress("filling the namespace to %d sandboxes", to)
+		for next, deadline := from, time.Now().Add(20*time.Minute); next < to; {
+			if time.Now().After(deadline) {
+				b.Fatalf("filled only to %d of %d sandboxes in 20 minutes", next, to)
+			}
+			start := next
+			s := run(to-start, 32, func(i int) error { return fl.create(ctx, fmt.Sprintf("fill%05d", start+i)) })
+			if s.err > 0 {
+				b.Fatalf("%d fill creates failed", s.err)
+			}
+			next += len(s.d)
+		}
+	}
+	for i := 0; i < 20; i++ { // warm both paths
+		_ = fl.create(ctx, fmt.Sprintf("warm-f%d", i))
+		_ = ours(fn, "POST", "/api/sandboxes", map[string]any{"sandbox_id": fmt.Sprintf("warm-o%d", i)})
+	}
+	const n = 100
+	var rows []Row
+	measure := func(present int) {
+		progress("%d creates and deletes each at concurrency 1 with %d sandboxes present", n, present)
+		fc, oc := alternate(n, 1, n,
+			func(i int) error { return fl.create(ctx, fmt.Sprintf("s%d-f%d", present, i)) },
+			func(i int) error {
+				return ours(fn, "POST", "/api/sandboxes", map[string]any{"sandbox_id": fmt.Sprintf("s%d-o%d", present, i)})
+			})
+		rows = append(rows, row(fmt.Sprintf("create (%d present)", present), 1, oc, fc))
+		fd, od := alternate(n, 1, n,
+			func(i int) error { return fl.delete(ctx, fmt.Sprintf("s%d-f%d", present, i)) },
+			func(i int) error { return ours(fn, "DELETE", fmt.Sprintf("/api/sandboxes/s%d-o%d", present, i), nil) })
+		rows = append(rows, row(fmt.Sprintf("delete (%d present)", present), 1, od, fd))
+	}
+	fill(40, 50) // the 40 warm-up sandboxes and 10 more
+	measure(countSandboxes(ctx, kc.Client))
+	fill(50, 5000)
+	measure(countSandboxes(ctx, kc.Client))
+
+	var md strings.Builder
+	fmt.Fprintf(&md, "# Scale benchmark %s\n\n", time.Now().UTC().Format(time.RFC3339))
+	fmt.Fprintf(&md, "| operation | n | ours p50 | p95 | floor p50 | p95 | p50 ratio | errors |\n|---|---|---|---|---|---|---|---|\n")
+	for _, r := range rows {
+		fmt.Fprintf(&md, "| %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f× | %d |\n", r.Operation, r.N, r.OursP50, r.OursP95, r.FloorP50, r.FloorP95, r.OursP50/r.FloorP50, r.Errors)
+	}
+	qps, burst := shippedClientLimits()
+	growth := func(i, j int) float64 { return rows[j].OursP50 / rows[i].OursP50 }
+	fmt.Fprintf(&md, "\nLatencies in ms, concurrency 1, our function with the shipped client limits (%s/%s) and MAX_SANDBOXES=10000.\n\n", qps, burst)
+	fmt.Fprintf(&md, "| target | value | limit | met |\n|---|---|---|---|\n")
+	fmt.Fprintf(&md, "| create p50 with %s vs %s, ours | %.2f | ≤ 1.10 | %v |\n", strings.TrimPrefix(rows[2].Operation, "create "), strings.TrimPrefix(rows[0].Operation, "create "), growth(0, 2), growth(0, 2) <= 1.10)
+	fmt.Fprintf(&md, "| delete p50 with %s vs %s, ours | %.2f | ≤ 1.10 | %v |\n", strings.TrimPrefix(rows[3].Operation, "delete "), strings.TrimPrefix(rows[1].Operation, "delete "), growth(1, 3), growth(1, 3) <= 1.10)
+	fmt.Fprintf(&md, "| the floor's create p50, the same two sizes (the API server's own growth) | %.2f | | |\n", rows[2].FloorP50/rows[0].FloorP50)
+	fmt.Fprintf(&md, "| the floor's delete p50, the same two sizes (the API server's own growth) | %.2f | | |\n", rows[3].FloorP50/rows[1].FloorP50)
+	fmt.Println(md.String())
+	out := filepath.Join("..", "..", "results")
+	if err := os.MkdirAll(out, 0o755); err == nil {
+		_ = os.WriteFile(filepath.Join(out, "scale-"+time.Now().UTC().Format("20060102-150405")+".md"), []byte(md.String()), 0o644)
+	}
+	for _, r := range rows {
+		if r.Errors > 0 {
+			b.Errorf("%s: %d errors", r.Operation, r.Errors)
+		}
+	}
+}
