@@ -221,8 +221,10 @@ func TestRealSandbox(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			ns := namespace(t)
 			f := start(t, ns, realEnv(t, ns, map[string]string{"SANDBOX_SERVICE_TYPE": mode,
-				// NodePort traffic reaches the Pod masqueraded to the node's
-				// bridge address, which the operator admits so.
+				// How an operator admits NodePort clients under agents that
+				// judge after kube-proxy's SNAT (the node's bridge address).
+				// kube-network-policies judges before it, and this test's
+				// client (root on the node) is one its rules always accept.
 				"SANDBOX_INGRESS_NODE_CIDRS": "10.88.0.1/32"}))
 			began := time.Now()
 			r := mustDo(t, f, "POST", "/api/sandboxes?wait=20s", map[string]any{"sandbox_id": "real1", "thread_id": "t1"})
