@@ -137,10 +137,17 @@ func answers(t *testing.T, url, want string) string {
 // the policy agent always admits) straight to the Pod's IP.
 func execIn(t *testing.T, podIP string, action map[string]any) (ok bool, detail string) {
 	t.Helper()
+	return execAt(t, net.JoinHostPort(podIP, "8080"), action)
+}
+
+// execAt asks the stand-in listening at addr to act: a Pod's, or one of the
+// real node's surroundings (the public host's, on port 80).
+func execAt(t *testing.T, addr string, action map[string]any) (ok bool, detail string) {
+	t.Helper()
 	body, _ := json.Marshal(action)
-	resp, err := freshClient(10*time.Second).Post("http://"+net.JoinHostPort(podIP, "8080")+"/v1/exec", "application/json", bytes.NewReader(body))
+	resp, err := freshClient(10*time.Second).Post("http://"+addr+"/v1/exec", "application/json", bytes.NewReader(body))
 	if err != nil {
-		t.Fatalf("exec in %s: %v", podIP, err)
+		t.Fatalf("exec at %s: %v", addr, err)
 	}
 	defer resp.Body.Close()
 	var r struct {
@@ -150,7 +157,7 @@ func execIn(t *testing.T, podIP string, action map[string]any) (ok bool, detail 
 		Items  []string `json:"items"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
-		t.Fatalf("exec in %s: %v", podIP, err)
+		t.Fatalf("exec at %s: %v", addr, err)
 	}
 	if r.OK {
 		return true, strings.TrimSpace(r.Output + " " + strings.Join(r.Items, ","))
@@ -214,8 +221,10 @@ func TestRealSandbox(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			ns := namespace(t)
 			f := start(t, ns, realEnv(t, ns, map[string]string{"SANDBOX_SERVICE_TYPE": mode,
-				// NodePort traffic reaches the Pod masqueraded to the node's
-				// bridge address, which the operator admits so.
+				// How an operator admits NodePort clients under agents that
+				// judge after kube-proxy's SNAT (the node's bridge address).
+				// kube-network-policies judges before it, and this test's
+				// client (root on the node) is one its rules always accept.
 				"SANDBOX_INGRESS_NODE_CIDRS": "10.88.0.1/32"}))
 			began := time.Now()
 			r := mustDo(t, f, "POST", "/api/sandboxes?wait=20s", map[string]any{"sandbox_id": "real1", "thread_id": "t1"})
@@ -282,144 +291,6 @@ func TestRealLifecycle(t *testing.T) {
 	if d := time.Since(began); d > grace+5*time.Second {
 		t.Errorf("destroy took %s, more than the %s grace period", d, grace)
 	}
-}
-
-// TestAttacksFromInsideASandbox runs, from inside a sandbox, what hostile
-// code would try, with the isolation defaults. Each attack is also made from
-// a backend Pod (labelled as the policy's allowed peer, not a sandbox), which
-// shows the target is up and reachable from the Pod network, so a block is
-// the policy's doing.
-func TestAttacksFromInsideASandbox(t *testing.T) {
-	rn := needRealNode(t)
-	ns := namespace(t)
-	env := realEnv(t, ns, map[string]string{"SANDBOX_SERVICE_TYPE": "ClusterIP"})
-	f := start(t, ns, env)
-
-	// The provisioner itself, listening where the Pod network can reach it.
-	bin, err := harness.Binary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	port, err := harness.FreeAddr()
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, p, _ := net.SplitHostPort(port)
-	prov, err := harness.StartProcess(bin, env, net.JoinHostPort(rn.HostIP, p), filepath.Join(t.TempDir(), "exposed.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prov.Stop()
-	if err := prov.WaitReady(20 * time.Second); err != nil {
-		t.Fatal(err)
-	}
-
-	for _, id := range []string{"attacker", "victim"} {
-		expectCode(t, mustDo(t, f, "POST", "/api/sandboxes?wait=20s", map[string]any{"sandbox_id": id}), 200, "create "+id)
-	}
-	attacker, victim := runningPod(t, ns, "attacker"), runningPod(t, ns, "victim")
-	victimSvc := services(t, ns, "sandbox-id=victim")[0]
-	// Attack the Service only once kube-proxy has programmed it (the host,
-	// as root, is always admitted by the policy agent).
-	answers(t, fmt.Sprintf("http://%s:%d/v1/sandbox", victimSvc.Spec.ClusterIP, victimSvc.Spec.Ports[0].Port), victim.Name)
-
-	// The backend: what the sandbox policy admits, on the same node.
-	backend := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "backend", Namespace: ns, Labels: map[string]string{"app.kubernetes.io/name": "deer-flow-backend"}},
-		Spec: corev1.PodSpec{
-			NodeSelector: map[string]string{realnode.NodeLabel: "true"}, Tolerations: []corev1.Toleration{realnode.Toleration},
-			AutomountServiceAccountToken: ptr.To(false), TerminationGracePeriodSeconds: ptr.To[int64](1),
-			Containers: []corev1.Container{{Name: "backend", Image: realnode.SandboxImage, ImagePullPolicy: corev1.PullNever,
-				ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/v1/sandbox", Port: intstr.FromInt32(8080)}}, PeriodSeconds: 1}}},
-		},
-	}
-	if _, err := client().CoreV1().Pods(ns).Create(context.Background(), backend, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	backendIP := waitReady(t, "the backend Pod", podNamed(ns, "backend")).Status.PodIP
-
-	_, apiPort, _ := net.SplitHostPort(strings.TrimPrefix(kc.Config.Host, "https://"))
-	type attack struct {
-		name   string
-		action map[string]any
-		// node is true for targets on the sandbox's own node: traffic to
-		// them ends in the node's INPUT path, which NetworkPolicy does not
-		// cover; config/node/sandbox-node-guard.nft does.
-		node    bool
-		blocked bool // expected from the sandbox (with the guard for node targets)
-	}
-	connect := func(addr string) map[string]any {
-		return map[string]any{"op": "connect", "addr": addr, "timeout_ms": 2000}
-	}
-	attacks := []attack{
-		{"another sandbox's port 8080 (Pod IP)", connect(net.JoinHostPort(victim.Status.PodIP, "8080")), false, true},
-		{"another sandbox's Service (ClusterIP)", connect(net.JoinHostPort(victimSvc.Spec.ClusterIP, "8080")), false, true},
-		{"DNS to a server other than the cluster's", map[string]any{"op": "dns", "server": realnode.PublicIP + ":53", "name": "exfil.example.com", "timeout_ms": 2000}, false, true},
-		{"a public host (HTTP)", map[string]any{"op": "http", "url": "http://" + realnode.PublicIP + "/v1/sandbox", "timeout_ms": 3000}, false, false},
-		{"the API server (node address)", connect(net.JoinHostPort(rn.HostIP, apiPort)), true, true},
-		{"the API server (kubernetes Service 10.96.0.1)", connect("10.96.0.1:443"), true, true},
-		{"the kubelet's port 10250", connect(net.JoinHostPort(rn.HostIP, "10250")), true, true},
-		{"etcd (no authentication)", connect(net.JoinHostPort(rn.HostIP, etcdPort(t))), true, true},
-		{"the provisioner", connect(net.JoinHostPort(rn.HostIP, p)), true, true},
-		{"the metadata address (served by the node)", connect(realnode.MetadataIP + ":80"), true, true},
-	}
-	word := func(ok bool) string {
-		if ok {
-			return "reached"
-		}
-		return "blocked"
-	}
-	var table strings.Builder
-	fmt.Fprintf(&table, "\n| attack from a sandbox | expected | observed | without the node guard | from the backend (control) |\n|---|---|---|---|---|\n")
-	// First without the node guard: the policy alone. Node targets are
-	// reached (the finding the guard exists for); everything else is as
-	// expected already.
-	without := map[string]bool{}
-	for _, a := range attacks {
-		ok, detail := execIn(t, attacker.Status.PodIP, a.action)
-		without[a.name] = ok
-		if !a.node && ok == a.blocked {
-			t.Errorf("%s: from the sandbox %s (%s), want %s", a.name, word(ok), detail, word(!a.blocked))
-		}
-		if a.node && !ok {
-			t.Errorf("%s: blocked without the node guard (%s); the test no longer shows what the guard is for", a.name, detail)
-		}
-	}
-	// The backend, not a sandbox, reaches every target: each is up and
-	// reachable from the Pod network, so a block below is the policy's or
-	// the guard's doing.
-	control := map[string]bool{}
-	for _, a := range attacks {
-		ok, detail := execIn(t, backendIP, a.action)
-		control[a.name] = ok
-		if !ok {
-			t.Errorf("%s: the backend cannot reach it either (%s): the target is down", a.name, detail)
-		}
-	}
-	guard := filepath.Join("..", "..", "config", "node", "sandbox-node-guard.nft")
-	if err := rn.ApplyNodeGuard(context.Background(), guard); err != nil {
-		t.Fatal(err)
-	}
-	defer rn.RemoveNodeGuard()
-	for _, a := range attacks {
-		ok, detail := execIn(t, attacker.Status.PodIP, a.action)
-		fmt.Fprintf(&table, "| %s | %s | %s | %s | %s |\n", a.name, word(!a.blocked), word(ok), word(without[a.name]), word(control[a.name]))
-		if ok == a.blocked {
-			t.Errorf("%s: from the sandbox with the node guard %s (%s), want %s", a.name, word(ok), detail, word(!a.blocked))
-		}
-	}
-	// The backend's selector still reaches the sandbox it serves, and the
-	// real probe still passes, with the guard in place.
-	ok, detail := execIn(t, backendIP, connect(net.JoinHostPort(attacker.Status.PodIP, "8080")))
-	fmt.Fprintf(&table, "| (backend → sandbox port 8080) | reached | %s | | |\n", word(ok))
-	if !ok {
-		t.Errorf("the backend cannot reach a sandbox: %s", detail)
-	}
-	r := mustDo(t, f, "GET", "/api/sandboxes/attacker", nil)
-	if r.Body["ready"] != true {
-		t.Errorf("the sandbox is not ready with the node guard in place (probes blocked?): %s", r.Raw)
-	}
-	t.Log(table.String())
 }
 
 // etcdPort is the test cluster's etcd client port (kwok runs it with no

@@ -40,6 +40,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
@@ -64,11 +65,43 @@ const (
 	PublicIP = "203.0.113.10"
 	// MetadataIP is the clouds' metadata address; a web server listens there.
 	MetadataIP = "169.254.169.254"
+	// ClusterDNSIP is the kube-dns Service's ClusterIP (in the test
+	// cluster's Service range 10.96.0.0/16), the nameserver the kubelet
+	// writes into every Pod's resolv.conf. A stand-in for CoreDNS serves it
+	// (see startClusterDNS).
+	ClusterDNSIP = "10.96.0.10"
+	// ClusterDNSAnswer is the one address the DNS stand-ins answer every A
+	// query with.
+	ClusterDNSAnswer = "192.0.2.53"
 
 	bridgeName = "rn0"
 	publicNS   = "rn-public"
 	publicVeth = "rn-pub0"
 )
+
+// OffNodeHost is a host outside the cluster on an address the sandbox
+// policy's egress denies: a network namespace on this machine, routed from
+// the node through a veth pair (as the public host is), serving the
+// stand-in's web server on 80 and its DNS server on 53. From a sandbox each
+// must be blocked; from the backend each is reached, which shows it is up.
+type OffNodeHost struct {
+	What string // what it stands for
+	IP   string // its address, inside the namespace
+	gw   string // the node's end of the veth, in the same /24
+	ns   string // network namespace
+	veth string // the node's end of the veth
+}
+
+// OffNodeHosts are one host in each private range and on two metadata
+// addresses the defaults deny, none overlapping the Pod range (10.88.0.0/16),
+// the Service range (10.96.0.0/16), this machine's subnet or its resolver.
+var OffNodeHosts = []OffNodeHost{
+	{What: "a private host in 10.0.0.0/8", IP: "10.250.0.10", gw: "10.250.0.1", ns: "rn-p10", veth: "rn-p10"},
+	{What: "a private host in 172.16.0.0/12", IP: "172.31.250.10", gw: "172.31.250.1", ns: "rn-p172", veth: "rn-p172"},
+	{What: "a private host in 192.168.0.0/16", IP: "192.168.250.10", gw: "192.168.250.1", ns: "rn-p192", veth: "rn-p192"},
+	{What: "AWS ECS's task metadata address", IP: "169.254.170.2", gw: "169.254.170.1", ns: "rn-ecs", veth: "rn-ecs"},
+	{What: "Alibaba Cloud's metadata address (CGNAT range)", IP: "100.100.100.200", gw: "100.100.100.1", ns: "rn-ali", veth: "rn-ali"},
+}
 
 // policyAgentImage is the reference hack/node-images.sh gives the patched
 // kube-network-policies.
@@ -241,6 +274,7 @@ func Up(ctx context.Context, p Paths, c Cluster) (n *Node, err error) {
 		{"kube-proxy", func() error { return n.startKubeProxy(ctx) }},
 		{"node Ready", func() error { return n.waitNodeReady(ctx) }},
 		{"network policy agent", func() error { return n.startPolicyAgent(ctx, u.Port()) }},
+		{"cluster DNS (a stand-in for CoreDNS)", func() error { return n.startClusterDNS(ctx) }},
 		{"public host and metadata listener", func() error { return n.startSurroundings(ctx) }},
 	} {
 		if err := step(s.name, s.f); err != nil {
@@ -274,11 +308,7 @@ func cleanLeftovers(p Paths) {
 		}
 		return nil
 	})
-	for _, dev := range []string{bridgeName, publicVeth} {
-		_ = exec.Command("ip", "link", "del", dev).Run()
-	}
-	_ = exec.Command("ip", "netns", "del", publicNS).Run()
-	_ = exec.Command("ip", "addr", "del", MetadataIP+"/32", "dev", "lo").Run()
+	removeSurroundings()
 	for _, table := range []string{"kube-network-policies", NodeGuardTable} {
 		_ = exec.Command("nft", "delete", "table", "inet", table).Run()
 	}
@@ -591,13 +621,15 @@ registerWithTaints:
 - {key: %[4]s, value: "true", effect: NoSchedule}
 failSwapOn: false
 resolvConf: /etc/resolv.conf
+clusterDNS: [%[5]s]
+clusterDomain: cluster.local
 serializeImagePulls: false
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: 100Mi, nodefs.available: 5%%, imagefs.available: 5%%}
 syncFrequency: 5s
 nodeStatusUpdateFrequency: 5s
-`, n.sock, filepath.Join(n.State, "kubelet/pod-logs"), filepath.Join(n.cluster.PKIDir, "ca.crt"), TaintKey)
+`, n.sock, filepath.Join(n.State, "kubelet/pod-logs"), filepath.Join(n.cluster.PKIDir, "ca.crt"), TaintKey, ClusterDNSIP)
 	if err := os.MkdirAll(filepath.Join(n.State, "kubelet/pod-logs"), 0o755); err != nil {
 		return err
 	}
@@ -622,12 +654,12 @@ clientConnection: {kubeconfig: %q}
 hostnameOverride: %s
 mode: iptables
 clusterCIDR: %s
-nodePortAddresses: ["127.0.0.0/8"]
+nodePortAddresses: ["127.0.0.0/8", "%s/32"]
 metricsBindAddress: 127.0.0.1:10249
 healthzBindAddress: 127.0.0.1:10256
 conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
 iptables: {localhostNodePorts: true, syncPeriod: 5s, minSyncPeriod: 0s}
-`, filepath.Join(n.State, "kube-proxy.kubeconfig"), Name, PodCIDR)
+`, filepath.Join(n.State, "kube-proxy.kubeconfig"), Name, PodCIDR, n.HostIP)
 	if err := os.WriteFile(filepath.Join(n.State, "kube-proxy.yaml"), []byte(config), 0o644); err != nil {
 		return err
 	}
@@ -714,6 +746,53 @@ func (n *Node) startPolicyAgent(ctx context.Context, apiPort string) error {
 	})
 }
 
+// startClusterDNS gives the cluster the DNS every Pod's resolv.conf names
+// (the kubelet's clusterDNS): the kube-dns Service at ClusterDNSIP, served by
+// a Pod in kube-system labelled k8s-app=kube-dns, as CoreDNS's is, so the
+// sandbox policy's DNS rule selects it. The Pod runs the sandbox stand-in's
+// DNS server, a stand-in for CoreDNS: it answers every A query with
+// ClusterDNSAnswer. Port 53 is below the unprivileged ports for the image's
+// user, so the Pod lowers that bound (a sysctl the kubelet allows).
+func (n *Node) startClusterDNS(ctx context.Context) error {
+	cs := n.cluster.Client
+	const ns, name = "kube-system", "kube-dns"
+	labels := map[string]string{"k8s-app": name}
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels},
+		Spec: corev1.ServiceSpec{ClusterIP: ClusterDNSIP, Selector: labels, Ports: []corev1.ServicePort{
+			{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53, TargetPort: intstr.FromInt32(53)},
+			{Name: "dns-tcp", Protocol: corev1.ProtocolTCP, Port: 53, TargetPort: intstr.FromInt32(53)},
+		}},
+	}
+	if _, err := cs.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "coredns-standin", Namespace: ns, Labels: labels},
+		Spec: corev1.PodSpec{
+			NodeName: Name, Tolerations: []corev1.Toleration{Toleration}, AutomountServiceAccountToken: ptr.To(false),
+			// Its own resolver is the node's: it must not ask itself.
+			DNSPolicy:       corev1.DNSDefault,
+			SecurityContext: &corev1.PodSecurityContext{Sysctls: []corev1.Sysctl{{Name: "net.ipv4.ip_unprivileged_port_start", Value: "53"}}},
+			Containers: []corev1.Container{{
+				Name: "dns", Image: SandboxImage, ImagePullPolicy: corev1.PullNever,
+				Env:            []corev1.EnvVar{{Name: "SANDBOX_DNS_ADDR", Value: ":53"}},
+				ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/v1/sandbox", Port: intstr.FromInt32(8080)}}, PeriodSeconds: 1},
+			}},
+		},
+	}
+	if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	return poll(ctx, 60*time.Second, "the cluster DNS stand-in Ready", func(ctx context.Context) (bool, error) {
+		p, err := cs.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		return Ready(p), fmt.Errorf("phase %s: %+v", p.Status.Phase, p.Status.ContainerStatuses)
+	})
+}
+
 func run(ctx context.Context, name string, args ...string) error {
 	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
 	if err != nil {
@@ -724,38 +803,50 @@ func run(ctx context.Context, name string, args ...string) error {
 
 // startSurroundings builds what the attack tests aim at outside the cluster:
 // a "public" host (a network namespace at PublicIP, reached through a veth,
-// serving HTTP on 80 and DNS on 53) and a web server on the metadata
-// address. Both run the sandbox stand-in's binary, taken from its image.
+// serving HTTP on 80 and DNS on 53), the off-node hosts on denied addresses
+// (OffNodeHosts, built the same way), a web server on the metadata address
+// and a resolver on the node's own address (port 53, as a node-local cache
+// or a dnsmasq would be). All run the sandbox stand-in's binary, taken from
+// its image.
 func (n *Node) startSurroundings(ctx context.Context) error {
 	bin := filepath.Join(n.State, "standin")
 	if err := extractEntrypoint(filepath.Join(n.paths.ImagesDir, "sandbox.tar"), bin); err != nil {
 		return err
 	}
-	cmds := [][]string{
-		{"ip", "netns", "add", publicNS},
-		{"ip", "link", "add", publicVeth, "type", "veth", "peer", "name", "eth0", "netns", publicNS},
-		{"ip", "addr", "add", "203.0.113.1/24", "dev", publicVeth},
-		{"ip", "link", "set", publicVeth, "up"},
-		{"ip", "-n", publicNS, "addr", "add", PublicIP + "/24", "dev", "eth0"},
-		{"ip", "-n", publicNS, "link", "set", "eth0", "up"},
-		{"ip", "-n", publicNS, "link", "set", "lo", "up"},
-		{"ip", "-n", publicNS, "route", "add", "default", "via", "203.0.113.1"},
-		// This kernel has no dummy devices: the metadata address goes on lo.
-		{"ip", "addr", "add", MetadataIP + "/32", "dev", "lo"},
+	hosts := append([]OffNodeHost{{What: "the public host", IP: PublicIP, gw: "203.0.113.1", ns: publicNS, veth: publicVeth}}, OffNodeHosts...)
+	var cmds [][]string
+	for _, h := range hosts {
+		cmds = append(cmds,
+			[]string{"ip", "netns", "add", h.ns},
+			[]string{"ip", "link", "add", h.veth, "type", "veth", "peer", "name", "eth0", "netns", h.ns},
+			[]string{"ip", "addr", "add", h.gw + "/24", "dev", h.veth},
+			[]string{"ip", "link", "set", h.veth, "up"},
+			[]string{"ip", "-n", h.ns, "addr", "add", h.IP + "/24", "dev", "eth0"},
+			[]string{"ip", "-n", h.ns, "link", "set", "eth0", "up"},
+			[]string{"ip", "-n", h.ns, "link", "set", "lo", "up"},
+			[]string{"ip", "-n", h.ns, "route", "add", "default", "via", h.gw})
 	}
+	// This kernel has no dummy devices: the metadata address goes on lo.
+	cmds = append(cmds, []string{"ip", "addr", "add", MetadataIP + "/32", "dev", "lo"})
 	for _, c := range cmds {
 		if err := run(ctx, c[0], c[1:]...); err != nil {
 			return err
 		}
 	}
-	if err := n.start("public-host", []string{"SANDBOX_ADDR=" + PublicIP + ":80", "SANDBOX_DNS_ADDR=" + PublicIP + ":53"}, "ip", "netns", "exec", publicNS, bin); err != nil {
+	for _, h := range hosts {
+		if err := n.start(h.ns, []string{"SANDBOX_ADDR=" + h.IP + ":80", "SANDBOX_DNS_ADDR=" + h.IP + ":53"}, "ip", "netns", "exec", h.ns, bin); err != nil {
+			return err
+		}
+	}
+	if err := n.start("metadata", []string{"SANDBOX_ADDR=" + MetadataIP + ":80", "SANDBOX_DNS_ADDR=" + n.NodeResolver()}, bin); err != nil {
 		return err
 	}
-	if err := n.start("metadata", []string{"SANDBOX_ADDR=" + MetadataIP + ":80"}, bin); err != nil {
-		return err
-	}
-	return poll(ctx, 10*time.Second, "public host and metadata listener", func(ctx context.Context) (bool, error) {
-		for _, addr := range []string{PublicIP + ":80", MetadataIP + ":80"} {
+	return poll(ctx, 10*time.Second, "public host, off-node hosts and metadata listener", func(ctx context.Context) (bool, error) {
+		addrs := []string{MetadataIP + ":80"}
+		for _, h := range hosts {
+			addrs = append(addrs, net.JoinHostPort(h.IP, "80"))
+		}
+		for _, addr := range addrs {
 			c, err := (&net.Dialer{Timeout: time.Second}).DialContext(ctx, "tcp", addr)
 			if err != nil {
 				return false, err
@@ -764,6 +855,21 @@ func (n *Node) startSurroundings(ctx context.Context) error {
 		}
 		return true, nil
 	})
+}
+
+// NodeResolver is the DNS server on the node's own address.
+func (n *Node) NodeResolver() string { return net.JoinHostPort(n.HostIP, "53") }
+
+// removeSurroundings deletes the Pods' bridge and what startSurroundings
+// made (the processes are stopped by then): deleting a veth's node end deletes its peer, deleting a
+// namespace what is left in it.
+func removeSurroundings() {
+	_ = exec.Command("ip", "link", "del", bridgeName).Run()
+	for _, h := range append([]OffNodeHost{{ns: publicNS, veth: publicVeth}}, OffNodeHosts...) {
+		_ = exec.Command("ip", "link", "del", h.veth).Run()
+		_ = exec.Command("ip", "netns", "del", h.ns).Run()
+	}
+	_ = exec.Command("ip", "addr", "del", MetadataIP+"/32", "dev", "lo").Run()
 }
 
 // ImportOCILayout imports an OCI image layout directory (as func's host
@@ -849,11 +955,7 @@ func (n *Node) Down() {
 	_ = exec.Command(filepath.Join(n.paths.KubeBin, "kube-proxy"), "--cleanup").Run()
 	_ = exec.Command("nft", "delete", "table", "inet", "kube-network-policies").Run()
 	n.RemoveNodeGuard()
-	for _, dev := range []string{bridgeName, publicVeth} {
-		_ = exec.Command("ip", "link", "del", dev).Run()
-	}
-	_ = exec.Command("ip", "addr", "del", MetadataIP+"/32", "dev", "lo").Run()
-	_ = exec.Command("ip", "netns", "del", publicNS).Run()
+	removeSurroundings()
 	n.unmountAll()
 	for path, v := range n.sysctls {
 		_ = os.WriteFile(path, []byte(v), 0o644)
@@ -929,4 +1031,43 @@ func extractEntrypoint(archive, dst string) error {
 			}
 		}
 	}
+}
+
+// PodGatewayLinkLocal is the node's link-local IPv6 address on the Pods'
+// bridge, or "" when it has none: where a Pod reaches the node over IPv6
+// even in an IPv4-only cluster.
+func (n *Node) PodGatewayLinkLocal() (string, error) {
+	out, err := exec.Command("ip", "-6", "-o", "addr", "show", "dev", bridgeName, "scope", "link").Output()
+	if err != nil {
+		return "", fmt.Errorf("ip -6 addr show dev %s: %w", bridgeName, err)
+	}
+	f := strings.Fields(string(out))
+	for i := range f {
+		if f[i] == "inet6" && i+1 < len(f) {
+			ip, _, err := net.ParseCIDR(f[i+1])
+			if err != nil {
+				return "", err
+			}
+			return ip.String(), nil
+		}
+	}
+	return "", nil
+}
+
+// GlobalIPv6 is an IPv6 address of global scope this machine (the node)
+// has, or "" when it has none.
+func GlobalIPv6() string {
+	out, err := exec.Command("ip", "-6", "-o", "addr", "show", "scope", "global").Output()
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(out))
+	for i := range f {
+		if f[i] == "inet6" && i+1 < len(f) {
+			if ip, _, err := net.ParseCIDR(f[i+1]); err == nil {
+				return ip.String()
+			}
+		}
+	}
+	return ""
 }
