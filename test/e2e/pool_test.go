@@ -206,9 +206,14 @@ func TestPoolClaims(t *testing.T) {
 	eventually(t, 60*time.Second, "the pool refilled to 5 Ready Pods", func() (bool, error) {
 		return poolReady(t, ns, "warm") == 5, nil
 	})
-	if p := templatePool(t, f, "warm"); p["ready"] != float64(5) {
-		t.Errorf("GET /api/templates pool %v, want ready 5", p)
-	}
+	// The function reads the pool's ready count from the ReplicaSet's
+	// status, which its controller writes a moment after the Pods turn
+	// Ready: wait for it, bounded.
+	var last map[string]any
+	eventually(t, 20*time.Second, "GET /api/templates shows the pool ready 5", func() (bool, error) {
+		last = templatePool(t, f, "warm")
+		return last["ready"] == float64(5), fmt.Errorf("pool %v", last)
+	})
 
 	// List: the 20 sandboxes, not the 5 pooled Pods standing by.
 	l := mustDo(t, f, "GET", "/api/sandboxes", nil)
