@@ -65,11 +65,9 @@ func sees(t *testing.T, pod *corev1.Pod, container string) map[string]string {
 		volumes[v.Name] = v
 	}
 	var c *corev1.Container
-	for _, list := range [][]corev1.Container{pod.Spec.Containers, pod.Spec.InitContainers} {
-		for i := range list {
-			if list[i].Name == container {
-				c = &list[i]
-			}
+	for _, each := range allContainers(pod) {
+		if each.Name == container {
+			c = &each
 		}
 	}
 	if c == nil {
@@ -105,6 +103,11 @@ func sees(t *testing.T, pod *corev1.Pod, container string) map[string]string {
 		out[m.MountPath] = what + " " + mode
 	}
 	return out
+}
+
+// allContainers are a Pod's containers and init containers.
+func allContainers(pod *corev1.Pod) []corev1.Container {
+	return append(append([]corev1.Container{}, pod.Spec.Containers...), pod.Spec.InitContainers...)
 }
 
 // TestMountsMatchDeerFlow builds the Pod for DeerFlow's recorded requests
@@ -349,10 +352,8 @@ func TestMountsMatchDeerFlow(t *testing.T) {
 			}
 			pod := BuildPod(cfg, s)
 			got := map[string]map[string]string{}
-			for _, list := range [][]corev1.Container{pod.Spec.Containers, pod.Spec.InitContainers} {
-				for _, c := range list {
-					got[c.Name] = sees(t, pod, c.Name)
-				}
+			for _, c := range allContainers(pod) {
+				got[c.Name] = sees(t, pod, c.Name)
 			}
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("mounts differ from DeerFlow's (-DeerFlow +ours):\n%s", diff)
@@ -375,12 +376,9 @@ func TestLarkContainersMatchDeerFlow(t *testing.T) {
 	build := func(runtime, broker bool) map[string]shape {
 		s := testSpec()
 		s.LarkCLIRuntime, s.LarkCLIBroker = runtime, broker
-		pod := BuildPod(cfg, s)
 		out := map[string]shape{}
-		for _, list := range [][]corev1.Container{pod.Spec.Containers, pod.Spec.InitContainers} {
-			for _, c := range list {
-				out[c.Name] = shape{Image: c.Image, Args: c.Args, Env: c.Env}
-			}
+		for _, c := range allContainers(BuildPod(cfg, s)) {
+			out[c.Name] = shape{Image: c.Image, Args: c.Args, Env: c.Env}
 		}
 		return out
 	}

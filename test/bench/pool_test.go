@@ -37,23 +37,10 @@ const poolRowName = "create from pool → Ready (real node)"
 // pool refills (the ReplicaSet controller, Pods started by the real
 // kubelet), which is not timed, and the sandboxes are deleted.
 func BenchmarkRealNodePool(b *testing.B) {
-	ctx := context.Background()
 	kc := benchCluster(b, "benchpool", 0)
 	defer kc.Down()
-	rn, err := realnode.Up(ctx, realnode.DefaultPaths(cluster.CacheDir()), realnode.Cluster{Host: kc.Config.Host, PKIDir: kc.PKIDir(), Client: kc.Client})
-	if err != nil {
-		b.Skipf("no real node, so no %s figures: %v", poolRowName, err)
-	}
-	defer rn.Down()
-	useNamespace(b, kc)
-	base, err := realnode.HostBase(b.TempDir())
-	if err != nil {
-		b.Fatal(err)
-	}
-	env := benchEnv(kc)
-	for k, v := range realnode.FunctionEnv(base) {
-		env[k] = v
-	}
+	env, down := realNodeEnv(b, kc, poolRowName)
+	defer down()
 	benchPool(b, kc, env, realnode.SandboxImage, poolRowName)
 }
 

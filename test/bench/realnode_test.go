@@ -34,23 +34,9 @@ func BenchmarkRealNodeCreateToReady(b *testing.B) {
 	ctx := context.Background()
 	kc := benchCluster(b, "benchrn", 0)
 	defer kc.Down()
-	rn, err := realnode.Up(ctx, realnode.DefaultPaths(cluster.CacheDir()), realnode.Cluster{Host: kc.Config.Host, PKIDir: kc.PKIDir(), Client: kc.Client})
-	if err != nil {
-		b.Skipf("no real node, so no create → Ready figures: %v", err)
-	}
-	defer rn.Down()
-	useNamespace(b, kc)
-	dir := b.TempDir()
-	bin := binary(b)
-	base, err := realnode.HostBase(b.TempDir())
-	if err != nil {
-		b.Fatal(err)
-	}
-	env := benchEnv(kc)
-	for k, v := range realnode.FunctionEnv(base) {
-		env[k] = v
-	}
-	fn, fl := startWithFloor(b, kc, bin, env, dir)
+	env, down := realNodeEnv(b, kc, "create → Ready")
+	defer down()
+	fn, fl := startWithFloor(b, kc, binary(b), env, b.TempDir())
 	defer fn.Stop()
 
 	floorReady := func(id string) error {
@@ -147,6 +133,29 @@ func BenchmarkRealNodeCreateToReady(b *testing.B) {
 	fmt.Fprintf(&md, "\nTargets (issue 20): create → Ready ≤ 1,000 ms p50 and ≤ 2,000 ms p95; resume → Ready ≤ 1,000 ms p50. "+
 		"The floor creates the same Pod and Service with client-go and watches the Pod until Ready (for resume: scales the same ReplicaSet to 1 and watches).\n")
 	fmt.Println(md.String())
+}
+
+// realNodeEnv joins the real node to kc (skipping the benchmark, with what
+// for, when it cannot start), makes the bench namespace and a DeerFlow base
+// directory, and returns the function's settings for sandboxes on the node
+// and what takes the node down.
+func realNodeEnv(b *testing.B, kc *cluster.Cluster, what string) (map[string]string, func()) {
+	b.Helper()
+	rn, err := realnode.Up(context.Background(), realnode.DefaultPaths(cluster.CacheDir()), realnode.Cluster{Host: kc.Config.Host, PKIDir: kc.PKIDir(), Client: kc.Client})
+	if err != nil {
+		b.Skipf("no real node, so no %s figures: %v", what, err)
+	}
+	useNamespace(b, kc)
+	base, err := realnode.HostBase(b.TempDir())
+	if err != nil {
+		rn.Down()
+		b.Fatal(err)
+	}
+	env := benchEnv(kc)
+	for k, v := range realnode.FunctionEnv(base) {
+		env[k] = v
+	}
+	return env, rn.Down
 }
 
 // resumeToReady pauses and resumes one ReplicaSet sandbox n times through
