@@ -9,15 +9,9 @@ NODES=${KWOK_NODES:-2}
 NAMESPACE=${K8S_NAMESPACE:-deer-flow}
 # Only what the cluster runs: etcd, kwok and the control plane. The func
 # CLI, the registry and kubectl serve the tests and deploys (make tools).
-# The three builds run at once: each has serial stretches (resolving, a
-# large link) that the others fill, which a cold start on two cores feels.
-pids=()
-"$REPO_ROOT/hack/install-etcd.sh" & pids+=($!)
-"$REPO_ROOT/hack/install-kwok.sh" & pids+=($!)
-KUBE_COMPONENTS="kube-apiserver kube-scheduler kube-controller-manager" "$REPO_ROOT/hack/install-kube.sh" & pids+=($!)
-failed=0
-for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
-(( failed == 0 )) || die "building the cluster's binaries failed (see above)"
+"$REPO_ROOT/hack/install-etcd.sh"
+"$REPO_ROOT/hack/install-kwok.sh"
+KUBE_COMPONENTS="kube-apiserver kube-scheduler kube-controller-manager" "$REPO_ROOT/hack/install-kube.sh"
 
 export KWOK_WORKDIR KWOK_KUBE_VERSION="$KUBE_VERSION"
 kwokctl="$KWOK_BIN_DIR/kwokctl"

@@ -9,14 +9,7 @@
 # archive (SANDBOX_IMAGE_TAR=path/to/image.tar SANDBOX_IMAGE=its/reference).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-bin=${1:?usage: hack/run.sh path/to/provisioner [build command...]}
-shift
-# The function's own build (make run passes it) runs while the cluster's
-# binaries build and the cluster starts.
-build_pid=
-if (( $# > 0 )); then
-  "$@" & build_pid=$!
-fi
+bin=${1:?usage: hack/run.sh path/to/provisioner}
 NODE=${NODE:-kwok}
 [[ "$NODE" == kwok || "$NODE" == real ]] || die "NODE=$NODE: use NODE=kwok (the default) or NODE=real"
 if [[ "$NODE" == real ]]; then
@@ -69,9 +62,6 @@ if [[ "$NODE" == real ]]; then
   log "real node Ready: sandboxes run in real containers (image $SANDBOX_IMAGE)"
 fi
 
-if [[ -n "$build_pid" ]]; then
-  wait "$build_pid" || die "building $bin failed"
-fi
 url="http://$LISTEN_ADDRESS"
 cat >&2 <<MSG
 
