@@ -10,6 +10,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 LDFLAGS  := -s -w -X github.com/deerflow-sandbox/provisioner/pkg/httpapi.Version=$(VERSION)
 BIN_DIR  := bin
 E2E_TIMEOUT ?= 40m
+KNATIVE_TIMEOUT ?= 30m
 
 ##@ General
 
@@ -50,6 +51,21 @@ deploy:
 node:
 	hack/node-images.sh
 
+## knative: build real Knative Serving, Eventing, Traefik and CoreDNS (cached) and bring up the local Knative cluster on the real node
+.PHONY: knative
+knative:
+	hack/knative-up.sh
+
+## knative-down: take the local Knative cluster down
+.PHONY: knative-down
+knative-down:
+	hack/knative-down.sh
+
+## deploy-local: build, push to a local registry and apply config/ to the local Knative cluster; prints FUNCTION_URL, PROVISIONER_API_KEY, KUBECONFIG
+.PHONY: deploy-local
+deploy-local:
+	hack/deploy-local.sh
+
 ## cluster-up: bring up the local kwok cluster and print its kubeconfig path
 .PHONY: cluster-up
 cluster-up:
@@ -62,9 +78,9 @@ cluster-down:
 
 ##@ Test
 
-## test: run every test: unit, fuzz seed corpora and end-to-end against a real API server
+## test: run every test: unit, fuzz seed corpora, end-to-end against a real API server and real node, and on real Knative
 .PHONY: test
-test: test-unit test-e2e
+test: test-unit test-e2e test-knative
 
 ## test-unit: run the unit tests (and the fuzz seed corpora)
 .PHONY: test-unit
@@ -75,6 +91,12 @@ test-unit:
 .PHONY: test-e2e
 test-e2e: tools image node
 	$(GO) test -tags e2e -count=1 -timeout $(E2E_TIMEOUT) -v ./test/e2e/... 2>&1 | hack/summarize-tests.sh
+
+## test-knative: the end-to-end suite on real Knative Serving and Eventing on the real node (its own cluster; run after test-e2e, never beside it)
+.PHONY: test-knative
+test-knative: tools image node
+	hack/install-knative.sh
+	$(GO) test -tags e2e -count=1 -timeout $(KNATIVE_TIMEOUT) -v ./test/knative/... 2>&1 | hack/summarize-tests.sh
 
 ## bench: measure latency, throughput, cold start and memory against the client-go floor
 .PHONY: bench

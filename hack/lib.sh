@@ -45,3 +45,11 @@ run_with_progress() {
   wait "$pid"
   log "$label: done in $((SECONDS - start))s"
 }
+# Real Knative on the real node (make knative): versions the module proxy
+# serves (see hack/tools/{knative-serving,knative-eventing,traefik,coredns}).
+KNATIVE_SERVING_VERSION=${KNATIVE_SERVING_VERSION:-v0.50.0}
+KNATIVE_EVENTING_VERSION=${KNATIVE_EVENTING_VERSION:-v0.50.0}
+TRAEFIK_VERSION=${TRAEFIK_VERSION:-v3.6.12}
+COREDNS_VERSION=${COREDNS_VERSION:-v1.15.0}
+KNATIVE_BIN_DIR=${KNATIVE_BIN_DIR:-$CACHE_DIR/knative-bin}
+KNATIVE_IMAGES_DIR=${KNATIVE_IMAGES_DIR:-$CACHE_DIR/knative-images}

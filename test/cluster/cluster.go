@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/retry"
 )
 
 // Cluster is one running kwok cluster.
@@ -59,8 +60,28 @@ func EnvOr(key, def string) string {
 	return def
 }
 
+// Options shape a cluster beyond its kwok nodes' count.
+type Options struct {
+	// Nodes is how many kwok nodes to add.
+	Nodes int
+	// APIServerSANs are more names for the API server's certificate: the
+	// kubernetes Service's ClusterIP (10.96.0.1), which in-cluster clients
+	// dial, when Pods talk to the API server.
+	APIServerSANs []string
+	// NodeTaint, when set, is put on every kwok node, so that only Pods that
+	// tolerate it land there (the Knative cluster keeps them for its real
+	// node).
+	NodeTaint *corev1.Taint
+}
+
 // Up creates a fresh cluster with nodes fake nodes, in a new work directory.
 func Up(ctx context.Context, name string, nodes int) (*Cluster, error) {
+	return UpWith(ctx, name, Options{Nodes: nodes})
+}
+
+// UpWith creates a fresh cluster shaped by o, in a new work directory.
+func UpWith(ctx context.Context, name string, o Options) (*Cluster, error) {
+	nodes := o.Nodes
 	kubeVersion := EnvOr("KUBE_VERSION", "v1.36.3")
 	kubeBin := EnvOr("KUBE_BIN_DIR", filepath.Join(CacheDir(), "kube-"+kubeVersion))
 	kwokBin := EnvOr("KWOK_BIN_DIR", filepath.Join(CacheDir(), "kwok-"+EnvOr("KWOK_VERSION", "v0.7.0")))
@@ -76,7 +97,19 @@ func Up(ctx context.Context, name string, nodes int) (*Cluster, error) {
 	}
 	c := &Cluster{Name: name, Workdir: workdir, kwokctl: kwokBin + "/kwokctl",
 		Kubeconfig: filepath.Join(workdir, "clusters", name, "kubeconfig.yaml")}
-	if err := c.run(ctx, "create", "cluster", "--runtime", "binary",
+	var configArgs []string
+	if len(o.APIServerSANs) > 0 {
+		// Only kwokctl's configuration file takes extra SANs.
+		conf := "apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokctlConfiguration\noptions:\n  kubeApiserverCertSANs: [" +
+			strings.Join(o.APIServerSANs, ", ") + "]\n"
+		file := filepath.Join(workdir, "kwokctl.yaml")
+		if err := os.WriteFile(file, []byte(conf), 0o600); err != nil {
+			_ = os.RemoveAll(workdir)
+			return nil, err
+		}
+		configArgs = []string{"--config", file}
+	}
+	if err := c.run(ctx, append(configArgs, "create", "cluster", "--runtime", "binary",
 		"--kube-apiserver-binary", kubeBin+"/kube-apiserver",
 		"--kube-scheduler-binary", kubeBin+"/kube-scheduler",
 		"--kube-controller-manager-binary", kubeBin+"/kube-controller-manager",
@@ -101,7 +134,7 @@ func Up(ctx context.Context, name string, nodes int) (*Cluster, error) {
 		// the API server, so NodePorts stay below the ports kwokctl uses.
 		"--extra-args", "kube-apiserver=service-node-port-range="+NodePortRange,
 		"--kubeconfig", filepath.Join(workdir, "kubeconfig-merged"),
-		"--timeout", "120s"); err != nil {
+		"--timeout", "120s")...); err != nil {
 		_ = os.RemoveAll(workdir)
 		return nil, err
 	}
@@ -131,7 +164,39 @@ func Up(ctx context.Context, name string, nodes int) (*Cluster, error) {
 			return nil, err
 		}
 	}
+	if o.NodeTaint != nil {
+		if err := c.taintKwokNodes(ctx, *o.NodeTaint); err != nil {
+			c.Down()
+			return nil, err
+		}
+	}
 	return c, nil
+}
+
+// taintKwokNodes puts t on every node kwok fakes.
+func (c *Cluster) taintKwokNodes(ctx context.Context, t corev1.Taint) error {
+	nodes, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	for _, n := range nodes.Items {
+		if n.Annotations["kwok.x-k8s.io/node"] != "fake" {
+			continue
+		}
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			cur, err := c.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			cur.Spec.Taints = append(cur.Spec.Taints, t)
+			_, err = c.Client.CoreV1().Nodes().Update(ctx, cur, metav1.UpdateOptions{})
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("tainting kwok node %s: %w", n.Name, err)
+		}
+	}
+	return nil
 }
 
 // NodePortRange is the test clusters' NodePort range: below the ports

@@ -190,6 +190,23 @@ type Cluster struct {
 	Client kubernetes.Interface
 }
 
+// Options change the node for a cluster whose workloads all run on it
+// (the Knative cluster, package test/knative). The zero value is the e2e
+// suite's node.
+type Options struct {
+	// Untainted registers the node without TaintKey, so workloads that know
+	// nothing of it (Knative's, CoreDNS, the function's revision) land on
+	// it; that cluster taints its kwok nodes instead.
+	Untainted bool
+	// Images are more image archives to import and pin (they can never be
+	// pulled here).
+	Images []string
+	// NoDNSStandIn leaves cluster DNS to the caller (real CoreDNS).
+	NoDNSStandIn bool
+	// NoSurroundings skips the attack tests' off-node hosts.
+	NoSurroundings bool
+}
+
 // Node is a running real node.
 type Node struct {
 	State    string // scratch directory
@@ -197,6 +214,7 @@ type Node struct {
 	Timings  map[string]time.Duration
 	paths    Paths
 	cluster  Cluster
+	opts     Options
 	procs    []*exec.Cmd
 	sysctls  map[string]string
 	sock     string
@@ -233,6 +251,11 @@ func Preflight(p Paths) error {
 // Up starts the node and waits until it is Ready, the policy agent runs and
 // the sandbox image is present. On error everything started is undone.
 func Up(ctx context.Context, p Paths, c Cluster) (n *Node, err error) {
+	return UpWith(ctx, p, c, Options{})
+}
+
+// UpWith is Up with options.
+func UpWith(ctx context.Context, p Paths, c Cluster, o Options) (n *Node, err error) {
 	if err := Preflight(p); err != nil {
 		return nil, err
 	}
@@ -241,7 +264,7 @@ func Up(ctx context.Context, p Paths, c Cluster) (n *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
-	n = &Node{State: state, paths: p, cluster: c, sysctls: map[string]string{}, Timings: map[string]time.Duration{},
+	n = &Node{State: state, paths: p, cluster: c, opts: o, sysctls: map[string]string{}, Timings: map[string]time.Duration{},
 		sock: filepath.Join(state, "containerd.sock")}
 	defer func() {
 		if err != nil {
@@ -262,10 +285,11 @@ func Up(ctx context.Context, p Paths, c Cluster) (n *Node, err error) {
 		n.Timings[name] = time.Since(start)
 		return nil
 	}
-	for _, s := range []struct {
+	type upStep struct {
 		name string
 		f    func() error
-	}{
+	}
+	steps := []upStep{
 		{"kernel settings", n.saveAndSetSysctls},
 		{"credentials", n.writeCredentials},
 		{"containerd", func() error { return n.startContainerd(ctx) }},
@@ -274,9 +298,14 @@ func Up(ctx context.Context, p Paths, c Cluster) (n *Node, err error) {
 		{"kube-proxy", func() error { return n.startKubeProxy(ctx) }},
 		{"node Ready", func() error { return n.waitNodeReady(ctx) }},
 		{"network policy agent", func() error { return n.startPolicyAgent(ctx, u.Port()) }},
-		{"cluster DNS (a stand-in for CoreDNS)", func() error { return n.startClusterDNS(ctx) }},
-		{"public host and metadata listener", func() error { return n.startSurroundings(ctx) }},
-	} {
+	}
+	if !o.NoDNSStandIn {
+		steps = append(steps, upStep{"cluster DNS (a stand-in for CoreDNS)", func() error { return n.startClusterDNS(ctx) }})
+	}
+	if !o.NoSurroundings {
+		steps = append(steps, upStep{"public host and metadata listener", func() error { return n.startSurroundings(ctx) }})
+	}
+	for _, s := range steps {
 		if err := step(s.name, s.f); err != nil {
 			return n, err
 		}
@@ -586,6 +615,11 @@ func (n *Node) importImages(ctx context.Context) error {
 			return err
 		}
 	}
+	for _, archive := range n.opts.Images {
+		if _, err := n.ctr(ctx, "images", "import", "--platform", "linux/amd64", archive); err != nil {
+			return err
+		}
+	}
 	out, err := n.ctr(ctx, "images", "list", "--quiet")
 	if err != nil {
 		return err
@@ -599,6 +633,10 @@ func (n *Node) importImages(ctx context.Context) error {
 }
 
 func (n *Node) startKubelet(ctx context.Context) error {
+	taints := fmt.Sprintf("registerWithTaints:\n- {key: %s, value: \"true\", effect: NoSchedule}\n", TaintKey)
+	if n.opts.Untainted {
+		taints = ""
+	}
 	config := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 failCgroupV1: false
@@ -617,9 +655,7 @@ authentication:
   x509: {clientCAFile: %[3]q}
 authorization: {mode: Webhook}
 registerNode: true
-registerWithTaints:
-- {key: %[4]s, value: "true", effect: NoSchedule}
-failSwapOn: false
+%[4]sfailSwapOn: false
 resolvConf: /etc/resolv.conf
 clusterDNS: [%[5]s]
 clusterDomain: cluster.local
@@ -629,7 +665,7 @@ imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: 100Mi, nodefs.available: 5%%, imagefs.available: 5%%}
 syncFrequency: 5s
 nodeStatusUpdateFrequency: 5s
-`, n.sock, filepath.Join(n.State, "kubelet/pod-logs"), filepath.Join(n.cluster.PKIDir, "ca.crt"), TaintKey, ClusterDNSIP)
+`, n.sock, filepath.Join(n.State, "kubelet/pod-logs"), filepath.Join(n.cluster.PKIDir, "ca.crt"), taints, ClusterDNSIP)
 	if err := os.MkdirAll(filepath.Join(n.State, "kubelet/pod-logs"), 0o755); err != nil {
 		return err
 	}

@@ -21,14 +21,19 @@ import (
 
 // action is one request to /v1/exec.
 type action struct {
-	Op        string `json:"op"`
-	Addr      string `json:"addr,omitempty"`   // connect: host:port
-	URL       string `json:"url,omitempty"`    // http
-	Server    string `json:"server,omitempty"` // dns: ip:port
-	Name      string `json:"name,omitempty"`   // dns
-	Path      string `json:"path,omitempty"`   // read, list, symlink (the link)
-	Target    string `json:"target,omitempty"` // symlink
-	TimeoutMs int    `json:"timeout_ms,omitempty"`
+	Op   string `json:"op"`
+	Addr string `json:"addr,omitempty"` // connect: host:port
+	URL  string `json:"url,omitempty"`  // http
+	// http: a POST (or other method) with these headers and body, as a
+	// client in the cluster would send a CloudEvent; GET without them.
+	Method    string            `json:"method,omitempty"`
+	Headers   map[string]string `json:"headers,omitempty"`
+	Body      string            `json:"body,omitempty"`
+	Server    string            `json:"server,omitempty"` // dns: ip:port
+	Name      string            `json:"name,omitempty"`   // dns
+	Path      string            `json:"path,omitempty"`   // read, list, symlink (the link)
+	Target    string            `json:"target,omitempty"` // symlink
+	TimeoutMs int               `json:"timeout_ms,omitempty"`
 }
 
 // result says whether the action succeeded, and what it saw.
@@ -63,6 +68,17 @@ func main() {
 		// The tests' stand-in for a resolver outside the cluster.
 		go serveDNS(dns)
 	}
+	// STANDIN_START_DELAY (a duration) holds the server back, as a slow
+	// image would be: tests set it per request (the create's env) to see
+	// waits that outlast the platform's own timeouts.
+	if v := os.Getenv("STANDIN_START_DELAY"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 || d > 5*time.Minute {
+			log.Fatalf("STANDIN_START_DELAY=%q: want a duration between 0 and 5m", v)
+		}
+		log.Printf("waiting %s before serving (STANDIN_START_DELAY)", d)
+		time.Sleep(d)
+	}
 	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	log.Printf("sandbox stand-in on %s", addr)
 	log.Fatal(srv.ListenAndServe())
@@ -85,9 +101,16 @@ func run(ctx context.Context, a action) result {
 		c.Close()
 		return result{OK: true}
 	case "http":
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.URL, nil)
+		method := a.Method
+		if method == "" {
+			method = http.MethodGet
+		}
+		req, err := http.NewRequestWithContext(ctx, method, a.URL, strings.NewReader(a.Body))
 		if err != nil {
 			return fail(err)
+		}
+		for k, v := range a.Headers {
+			req.Header.Set(k, v)
 		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# `make deploy-local`: deploys the function to the local Knative cluster
+# (make knative) as `make deploy` would to a real one: builds the image,
+# pushes it to a registry on this machine (the node's containerd pulls it
+# from there by digest) and applies config/ through the test overlay
+# test/overlays/knative-local (only the image digest, a generated API key
+# Secret and what this cluster needs differ). Waits until the Knative
+# Service, the Broker, the Triggers and the PingSource are Ready, then
+# prints FUNCTION_URL=…, PROVISIONER_API_KEY=… and KUBECONFIG=… on stdout.
+#
+# FUNCTION_URL is the function's own cluster-local route
+# (http://sandbox-provisioner.deer-flow.svc.cluster.local), reached through
+# Traefik's KIngress: a line in /etc/hosts (hack/hosts.sh) names the
+# KIngress's private address for it, as cluster DNS would in a Pod.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+state="$CACHE_DIR/knative-cluster"
+if [[ -z "${KUBECONFIG:-}" ]]; then
+  [[ -f "$state/kubeconfig-path" ]] || die "no local Knative cluster: run make knative first (or set KUBECONFIG)"
+  KUBECONFIG=$(cat "$state/kubeconfig-path")
+fi
+export KUBECONFIG
+KUBE_COMPONENTS=kubectl "$REPO_ROOT/hack/install-kube.sh"
+"$REPO_ROOT/hack/install-registry.sh"
+kubectl="$KUBE_BIN_DIR/kubectl"
+NS=deer-flow
+
+# The registry the node pulls from: containerd talks plain HTTP to loopback.
+REGISTRY_ADDR=${REGISTRY_ADDR:-127.0.0.1:5001}
+reg="$CACHE_DIR/local-registry-${REGISTRY_ADDR//[:.]/-}"
+if ! curl -fsS "http://$REGISTRY_ADDR/v2/" >/dev/null 2>&1; then
+  log "starting a registry on $REGISTRY_ADDR (data in $reg)"
+  mkdir -p "$reg/data"
+  printf 'version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: %s\n' "$reg/data" "$REGISTRY_ADDR" >"$reg/config.yml"
+  setsid nohup "$REGISTRY_BIN" serve "$reg/config.yml" >"$reg/registry.log" 2>&1 </dev/null &
+  echo $! >"$reg/pid"
+  for _ in $(seq 1 50); do curl -fsS "http://$REGISTRY_ADDR/v2/" >/dev/null 2>&1 && break; sleep 0.2; done
+  curl -fsS "http://$REGISTRY_ADDR/v2/" >/dev/null || die "the registry on $REGISTRY_ADDR did not start (log: $reg/registry.log)"
+fi
+
+# The claims' directories on the node (test/overlays/knative-local/volumes.yaml).
+mkdir -p /var/lib/sandbox-provisioner/knative-local/{skills,user-data}
+
+# The API key: the cluster's own if it has one, else a new one. It lives
+# only in the cluster's Secret and this script's output.
+"$kubectl" apply -f "$REPO_ROOT/config/100-namespace.yaml" >/dev/null
+key=$("$kubectl" -n "$NS" get secret sandbox-provisioner -o jsonpath='{.data.api-key}' 2>/dev/null | base64 -d || true)
+if [[ -z "$key" ]]; then
+  key=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  "$kubectl" -n "$NS" create secret generic sandbox-provisioner --from-literal=api-key="$key" --dry-run=client -o yaml |
+    "$kubectl" apply -f - >/dev/null
+  log "generated the API key Secret $NS/sandbox-provisioner"
+fi
+
+KUSTOMIZE_DIR="$REPO_ROOT/test/overlays/knative-local" "$REPO_ROOT/hack/deploy.sh" "$REGISTRY_ADDR/deer-flow/sandbox-provisioner:local"
+
+log "waiting for the Knative Service, the Broker, the Triggers and the PingSource to be Ready"
+"$kubectl" -n "$NS" wait --for=condition=Ready --timeout=300s \
+  ksvc/sandbox-provisioner broker/default trigger --all pingsource --all >&2
+
+url=$("$kubectl" -n "$NS" get ksvc sandbox-provisioner -o jsonpath='{.status.url}')
+host=${url#*://}
+ip=$("$kubectl" -n traefik get service traefik-private -o jsonpath='{.spec.clusterIP}')
+[[ -n "$host" && -n "$ip" ]] || die "no route URL ($url) or no KIngress address ($ip)"
+"$REPO_ROOT/hack/hosts.sh" set "$host" "$ip"
+for _ in $(seq 1 60); do
+  [[ "$(curl -s -o /dev/null -w '%{http_code}' "$url/health/readiness")" == 200 ]] && break
+  sleep 1
+done
+[[ "$(curl -s -o /dev/null -w '%{http_code}' "$url/health/readiness")" == 200 ]] || die "$url/health/readiness does not answer 200 through the KIngress"
+log "the function answers at $url (through Traefik's KIngress)"
+echo "FUNCTION_URL=$url"
+echo "PROVISIONER_API_KEY=$key"
+echo "KUBECONFIG=$KUBECONFIG"

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Builds real Knative for the real node from the Go module proxy (nothing can
+# be pulled from an image registry here): Knative Serving, Knative Eventing
+# (core, the multi-tenant channel-based Broker, the in-memory channel, the
+# PingSource adapter), Traefik (its Knative provider is the KIngress) and
+# CoreDNS (cluster DNS). Each project is one wrapper module under hack/tools
+# and one go build, so the packages its commands share compile once. The
+# binaries are cached outside the repository, keyed by version, and each is
+# packed into a single-binary image archive (test/images/mkimage) that
+# containerd on the real node imports. A warm cache returns at once.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+export CGO_ENABLED=0
+mkdir -p "$KNATIVE_BIN_DIR" "$KNATIVE_IMAGES_DIR"
+
+# build MODULE_DIR VERSION_TAG PKG... builds the packages into
+# $KNATIVE_BIN_DIR/<tag>/<last path element>, unless all are there.
+build() {
+  local mod=$1 tag=$2; shift 2
+  local dir="$KNATIVE_BIN_DIR/$tag" missing=() p
+  for p in "$@"; do [[ -x "$dir/${p##*/}" ]] || missing+=("$p"); done
+  if [[ ${#missing[@]} -eq 0 ]]; then
+    log "$tag cached in $dir"
+    return
+  fi
+  mkdir -p "$dir"
+  local tmp
+  tmp=$(mktemp -d "$dir/.build-XXXXXX")
+  log "building $tag: ${missing[*]##*/} (minutes on 2 cores the first time)"
+  (cd "$REPO_ROOT/hack/tools/$mod" && run_with_progress "$tag" go build -trimpath -ldflags "-s -w" -o "$tmp/" "${missing[@]}")
+  for p in "${missing[@]}"; do mv "$tmp/${p##*/}" "$dir/${p##*/}"; done
+  rm -rf "$tmp"
+}
+
+serving=(activator autoscaler controller queue webhook)
+eventing=(controller webhook mtchannel_broker broker/ingress broker/filter
+  in_memory/channel_controller in_memory/channel_dispatcher mtping)
+build knative-serving "serving-$KNATIVE_SERVING_VERSION" "${serving[@]/#/knative.dev/serving/cmd/}"
+build knative-eventing "eventing-$KNATIVE_EVENTING_VERSION" "${eventing[@]/#/knative.dev/eventing/cmd/}"
+build coredns "coredns-$COREDNS_VERSION" github.com/coredns/coredns
+build traefik "traefik-$TRAEFIK_VERSION" github.com/traefik/traefik/v3/cmd/traefik
+
+# Images: dev.local/<name>:<version>. dev.local is on Serving's list of
+# registries whose tags it never resolves to digests, which it could not do
+# offline. Knative's Pods run as a numeric non-root user.
+mkimage="$KNATIVE_BIN_DIR/mkimage"
+[[ -x $mkimage ]] || (cd "$REPO_ROOT" && go build -trimpath -ldflags "-s -w" -o "$mkimage" ./test/images/mkimage)
+image() { # image NAME TAG BINARY
+  local out="$KNATIVE_IMAGES_DIR/$1-$2.tar"
+  [[ -s $out && $out -nt $3 ]] && return
+  "$mkimage" -ref "dev.local/$1:$2" -out "$out" -user 65532:65532 "$3"
+}
+for c in "${serving[@]}"; do
+  image "knative-serving-$c" "$KNATIVE_SERVING_VERSION" "$KNATIVE_BIN_DIR/serving-$KNATIVE_SERVING_VERSION/$c"
+done
+for c in "${eventing[@]}"; do
+  image "knative-eventing-${c##*/}" "$KNATIVE_EVENTING_VERSION" "$KNATIVE_BIN_DIR/eventing-$KNATIVE_EVENTING_VERSION/${c##*/}"
+done
+image coredns "$COREDNS_VERSION" "$KNATIVE_BIN_DIR/coredns-$COREDNS_VERSION/coredns"
+image traefik "$TRAEFIK_VERSION" "$KNATIVE_BIN_DIR/traefik-$TRAEFIK_VERSION/traefik"
+log "knative images in $KNATIVE_IMAGES_DIR: $(cd "$KNATIVE_IMAGES_DIR" && ls | tr '\n' ' ')"
