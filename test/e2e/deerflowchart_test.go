@@ -186,6 +186,59 @@ func TestDeerFlowChartOverlay(t *testing.T) {
 		t.Errorf("AUTH_ALLOWED_SUBJECTS names %d subjects for %d event senders: %v", len(allowed), senders, allowed)
 	}
 
+	// Who may send into the Broker: its EventPolicy, beside it in the
+	// namespace, names config/'s backend sender and each Trigger's identity
+	// (the broker filter sends the function's replies back in with it), all
+	// in the namespace. The chart makes no sender: its gateway calls the
+	// provisioner over HTTP, as the namespace's `default` ServiceAccount.
+	type policyRef struct {
+		APIVersion string `json:"apiVersion,omitempty"`
+		Kind       string `json:"kind,omitempty"`
+		Name       string `json:"name,omitempty"`
+		Namespace  string `json:"namespace,omitempty"`
+	}
+	type policyPeer struct {
+		Ref *policyRef `json:"ref,omitempty"`
+		Sub string     `json:"sub,omitempty"`
+	}
+	var policy struct {
+		Metadata metav1.ObjectMeta `json:"metadata"`
+		Spec     struct {
+			To   []policyPeer `json:"to"`
+			From []policyPeer `json:"from"`
+		} `json:"spec"`
+	}
+	var broker struct {
+		Metadata metav1.ObjectMeta `json:"metadata"`
+	}
+	renderedObject(t, objs, "eventing.knative.dev/v1alpha1", "EventPolicy", "sandbox-provisioner-broker-senders", &policy)
+	renderedObject(t, objs, "eventing.knative.dev/v1", "Broker", "default", &broker)
+	if policy.Metadata.Namespace != ns || broker.Metadata.Namespace != ns {
+		t.Errorf("the EventPolicy is in %q and the Broker in %q, want both in %s", policy.Metadata.Namespace, broker.Metadata.Namespace, ns)
+	}
+	// A `to` ref has no namespace: it names the Broker in the policy's own.
+	wantTo := []policyPeer{{Ref: &policyRef{APIVersion: "eventing.knative.dev/v1", Kind: "Broker", Name: broker.Metadata.Name}}}
+	if diff := cmp.Diff(wantTo, policy.Spec.To); diff != "" {
+		t.Errorf("what the EventPolicy covers (-the Broker +rendered):\n%s", diff)
+	}
+	wantFrom := []policyPeer{{Sub: "system:serviceaccount:" + ns + ":deer-flow-backend"}}
+	for _, o := range objs {
+		if o.GetKind() != "Trigger" {
+			continue
+		}
+		if b, _, _ := unstructured.NestedString(o.Object, "spec", "broker"); b != broker.Metadata.Name {
+			t.Errorf("Trigger %s reads from Broker %q, want %s", o.GetName(), b, broker.Metadata.Name)
+		}
+		wantFrom = append(wantFrom, policyPeer{Sub: "system:serviceaccount:" + o.GetNamespace() + ":" + o.GetName() + "-oidc-eventing.knative.dev-trigger"})
+	}
+	bySub := func(a, b policyPeer) int { return strings.Compare(a.Sub, b.Sub) }
+	gotFrom := slices.Clone(policy.Spec.From)
+	slices.SortFunc(wantFrom, bySub)
+	slices.SortFunc(gotFrom, bySub)
+	if diff := cmp.Diff(wantFrom, gotFrom); diff != "" {
+		t.Errorf("who may send to the Broker (-the backend and the Triggers in %s +rendered):\n%s", ns, diff)
+	}
+
 	// Only the release's gateway may reach the provisioner and the sandboxes.
 	var fnPolicy, sandboxPolicy networkingv1.NetworkPolicy
 	renderedObject(t, objs, "networking.k8s.io/v1", "NetworkPolicy", "sandbox-provisioner", &fnPolicy)

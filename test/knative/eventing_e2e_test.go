@@ -147,7 +147,9 @@ func trigger(t *testing.T, name string, filter map[string]any, subscriber map[st
 	if _, err := dyn.Resource(triggers).Namespace(ns).Create(ctx, u, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = dyn.Resource(triggers).Namespace(ns).Delete(context.Background(), name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = dyn.Resource(triggers).Namespace(ns).Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
 	eventually(t, 2*time.Minute, "Trigger "+name+" Ready", func() (bool, error) {
 		got, err := dyn.Resource(triggers).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {

@@ -152,7 +152,7 @@ func expectCode(t *testing.T, r harness.Response, want int, what string) {
 }
 
 // eventually polls cond (bounded by timeout) until it holds.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, error)) {
+func eventually(t testing.TB, timeout time.Duration, what string, cond func() (bool, error)) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	var lastErr error
@@ -175,7 +175,7 @@ func destroyLater(t *testing.T, id string) {
 }
 
 // functionPods are the running Pods of the function's revisions.
-func functionPods(t *testing.T) []corev1.Pod {
+func functionPods(t testing.TB) []corev1.Pod {
 	t.Helper()
 	l, err := kube.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: "serving.knative.dev/service=sandbox-provisioner"})
 	if err != nil {
@@ -191,7 +191,7 @@ func functionPods(t *testing.T) []corev1.Pod {
 }
 
 // functionLogs are the provisioner container's logs of every function Pod.
-func functionLogs(t *testing.T) string {
+func functionLogs(t testing.TB) string {
 	t.Helper()
 	var b strings.Builder
 	for _, p := range functionPods(t) {

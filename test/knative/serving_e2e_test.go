@@ -286,7 +286,7 @@ func execInPod(t *testing.T, p *corev1.Pod, action string) string {
 }
 
 // revisionDeployment is the latest ready revision's Deployment.
-func revisionDeployment(t *testing.T) string {
+func revisionDeployment(t testing.TB) string {
 	t.Helper()
 	u, err := dyn.Resource(ksvcs).Namespace(ns).Get(context.Background(), "sandbox-provisioner", metav1.GetOptions{})
 	if err != nil {
@@ -302,7 +302,7 @@ func revisionDeployment(t *testing.T) string {
 // patchTemplate merges annotations into the Knative Service's revision
 // template (a new revision), waits until it is the ready one, and restores
 // the old annotations at cleanup.
-func patchTemplate(t *testing.T, annotations map[string]string) {
+func patchTemplate(t testing.TB, annotations map[string]string) {
 	t.Helper()
 	ctx := context.Background()
 	apply := func(a map[string]any) {
@@ -332,7 +332,7 @@ func patchTemplate(t *testing.T, annotations map[string]string) {
 
 // waitLatestReady waits until the Knative Service's newest revision is
 // Ready and serves the route.
-func waitLatestReady(t *testing.T) {
+func waitLatestReady(t testing.TB) {
 	t.Helper()
 	eventually(t, 3*time.Minute, "the newest revision Ready", func() (bool, error) {
 		u, err := dyn.Resource(ksvcs).Namespace(ns).Get(context.Background(), "sandbox-provisioner", metav1.GetOptions{})
@@ -351,7 +351,7 @@ func waitLatestReady(t *testing.T) {
 }
 
 // replicas is the revision Deployment's replica count.
-func replicas(t *testing.T, deployment string) int32 {
+func replicas(t testing.TB, deployment string) int32 {
 	t.Helper()
 	d, err := kube.AppsV1().Deployments(ns).Get(context.Background(), deployment, metav1.GetOptions{})
 	if err != nil {
@@ -370,7 +370,7 @@ var scaleToZeroWindow = map[string]string{
 }
 
 // waitZero waits until the revision's Deployment is at 0 replicas.
-func waitZero(t *testing.T, deployment string) time.Duration {
+func waitZero(t testing.TB, deployment string) time.Duration {
 	t.Helper()
 	start := time.Now()
 	eventually(t, 3*time.Minute, deployment+" at 0 replicas", func() (bool, error) {
@@ -514,4 +514,3 @@ func TestFuncInvokeThroughTheRoute(t *testing.T) {
 		}
 	}
 }
-

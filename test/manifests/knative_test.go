@@ -3,19 +3,30 @@
 package manifests
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/yaml"
 	eventingv1 "knative.dev/eventing/pkg/apis/eventing/v1"
+	eventingv1alpha1 "knative.dev/eventing/pkg/apis/eventing/v1alpha1"
+	"knative.dev/eventing/pkg/apis/feature"
 	sourcesv1 "knative.dev/eventing/pkg/apis/sources/v1"
 	"knative.dev/pkg/apis"
+	"knative.dev/pkg/kmeta"
 	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
@@ -44,7 +55,14 @@ type validated interface {
 
 func knativeAccepts(t *testing.T, name string, obj validated) {
 	t.Helper()
-	ctx := apis.WithinCreate(context.Background())
+	knativeAcceptsIn(t, context.Background(), name, obj)
+}
+
+// knativeAcceptsIn is knativeAccepts with Knative's settings in ctx (such as
+// feature flags).
+func knativeAcceptsIn(t *testing.T, ctx context.Context, name string, obj validated) {
+	t.Helper()
+	ctx = apis.WithinCreate(ctx)
 	obj.SetDefaults(ctx)
 	fe := obj.Validate(ctx)
 	if errs := fe.Filter(apis.ErrorLevel); errs != nil {
@@ -89,8 +107,7 @@ func TestEventSendersCarryTheAudience(t *testing.T) {
 		if a := tr.Spec.Subscriber.Audience; a == nil || *a != audience {
 			t.Errorf("%s: subscriber.audience = %v, want %q", name, a, audience)
 		}
-		// Knative names a Trigger's OIDC identity <trigger>-oidc-<group>-<kind>.
-		subject := "system:serviceaccount:" + tr.Namespace + ":" + tr.Name + "-oidc-eventing.knative.dev-trigger"
+		subject := triggerSubject(&tr)
 		if !slices.Contains(allowed, subject) {
 			t.Errorf("%s: its OIDC subject %s is not in AUTH_ALLOWED_SUBJECTS", name, subject)
 		}
@@ -228,4 +245,340 @@ func TestKustomizationListsEveryManifest(t *testing.T) {
 	if len(k.Images) != 1 || k.Images[0].Name != image {
 		t.Errorf("kustomization images %+v: want exactly the one 400-service.yaml names, %q", k.Images, image)
 	}
+}
+
+// configObject is one object of a config/ file, as YAML reads it.
+type configObject struct {
+	file string
+	obj  map[string]any
+}
+
+func (o configObject) groupKind() schema.GroupKind {
+	apiVersion, _ := o.obj["apiVersion"].(string)
+	kind, _ := o.obj["kind"].(string)
+	gv, _ := schema.ParseGroupVersion(apiVersion)
+	return schema.GroupKind{Group: gv.Group, Kind: kind}
+}
+
+// into decodes the object into a typed one.
+func (o configObject) into(t *testing.T, typed any) {
+	t.Helper()
+	raw, err := json.Marshal(o.obj)
+	if err == nil {
+		err = json.Unmarshal(raw, typed)
+	}
+	if err != nil {
+		t.Fatalf("%s: %v", o.file, err)
+	}
+}
+
+// configObjects reads every object in config/*.yaml but kustomization.yaml,
+// several to a file where a file has several.
+func configObjects(t *testing.T) []configObject {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join("..", "..", "config", "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no manifests in config/: %v", err)
+	}
+	var out []configObject
+	for _, f := range files {
+		name := filepath.Base(f)
+		if name == "kustomization.yaml" {
+			continue
+		}
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
+		for {
+			var obj map[string]any
+			err := dec.Decode(&obj)
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			if obj != nil {
+				out = append(out, configObject{file: name, obj: obj})
+			}
+		}
+	}
+	return out
+}
+
+// triggerSubject is the OIDC identity Knative Eventing gives a Trigger: the
+// ServiceAccount <trigger>-oidc-<group>-<kind> (kmeta.ChildName, so hashed
+// past 63 characters) in the Trigger's namespace (knative.dev/eventing
+// pkg/auth/serviceaccount.go, GetOIDCServiceAccountNameForResource).
+func triggerSubject(tr *eventingv1.Trigger) string {
+	sa := strings.ToLower(kmeta.ChildName(tr.Name, "-oidc-eventing.knative.dev-trigger"))
+	return "system:serviceaccount:" + tr.Namespace + ":" + sa
+}
+
+// TestOnlyNamedSendersReachTheBroker: config/ ships the Broker every Trigger
+// reads from, and one EventPolicy on exactly that Broker that admits named
+// service accounts only: at least one sender of requests, and each Trigger's
+// identity, with which the broker filter forwards the function's reply
+// events to the broker ingress (eventing v0.50.0
+// pkg/broker/filter/filter_handler.go, handleDispatchToReplyRequest).
+func TestOnlyNamedSendersReachTheBroker(t *testing.T) {
+	brokers := map[string]bool{} // namespace/name
+	var triggers []eventingv1.Trigger
+	var policies []configObject
+	for _, o := range configObjects(t) {
+		switch o.groupKind() {
+		case schema.GroupKind{Group: "eventing.knative.dev", Kind: "Broker"}:
+			var b eventingv1.Broker
+			o.into(t, &b)
+			// Before defaults: the webhook would fill in the cluster's default class.
+			if class := b.Annotations[eventingv1.BrokerClassAnnotationKey]; class != "MTChannelBasedBroker" {
+				t.Errorf("%s: %s = %q, want MTChannelBasedBroker (the class hack/install-knative.sh installs)", o.file, eventingv1.BrokerClassAnnotationKey, class)
+			}
+			knativeAccepts(t, o.file, &b)
+			brokers[b.Namespace+"/"+b.Name] = true
+		case schema.GroupKind{Group: "eventing.knative.dev", Kind: "Trigger"}:
+			var tr eventingv1.Trigger
+			o.into(t, &tr)
+			triggers = append(triggers, tr)
+		case schema.GroupKind{Group: "eventing.knative.dev", Kind: "EventPolicy"}:
+			policies = append(policies, o)
+		}
+	}
+	if !brokers["deer-flow/default"] {
+		t.Errorf("config/ ships no Broker deer-flow/default (it ships %v)", brokers)
+	}
+	if len(triggers) == 0 {
+		t.Fatal("config/ ships no Trigger")
+	}
+	for _, tr := range triggers {
+		ns, name := tr.Namespace, tr.Spec.Broker
+		if ref := tr.Spec.BrokerRef; ref != nil {
+			name = ref.Name
+			if ref.Namespace != "" {
+				ns = ref.Namespace
+			}
+		}
+		if !brokers[ns+"/"+name] {
+			t.Errorf("Trigger %s reads from Broker %s/%s, which config/ does not ship", tr.Name, ns, name)
+		}
+	}
+
+	if len(policies) != 1 {
+		t.Fatalf("config/ ships %d EventPolicies, want 1 (on the Broker)", len(policies))
+	}
+	var ep eventingv1alpha1.EventPolicy
+	policies[0].into(t, &ep)
+	// Eventing's webhook refuses an EventPolicy while authentication-oidc is off.
+	oidc := feature.ToContext(context.Background(), feature.Flags{feature.OIDCAuthentication: feature.Enabled})
+	knativeAcceptsIn(t, oidc, policies[0].file, &ep)
+	wantTo := []eventingv1alpha1.EventPolicySpecTo{{Ref: &eventingv1alpha1.EventPolicyToReference{
+		APIVersion: "eventing.knative.dev/v1", Kind: "Broker", Name: "default"}}}
+	if ep.Namespace != "deer-flow" {
+		t.Errorf("%s: namespace %q, want deer-flow (the Broker's)", policies[0].file, ep.Namespace)
+	}
+	// Without `to` a policy covers every resource in its namespace.
+	if diff := cmp.Diff(wantTo, ep.Spec.To); diff != "" {
+		t.Errorf("%s: spec.to (-want +got):\n%s", policies[0].file, diff)
+	}
+	subs := map[string]bool{}
+	for i, f := range ep.Spec.From {
+		switch {
+		case f.Ref != nil:
+			// A ref that does not resolve leaves the policy not Ready, and
+			// the Broker then falls back to the default mode.
+			t.Errorf("%s: spec.from[%d] is a ref; name subjects with sub", policies[0].file, i)
+		case f.Sub == nil:
+		case strings.Contains(*f.Sub, "*"):
+			t.Errorf("%s: spec.from[%d].sub %q is a pattern; name each service account", policies[0].file, i, *f.Sub)
+		case subs[*f.Sub]:
+			t.Errorf("%s: spec.from[%d].sub %q is listed twice", policies[0].file, i, *f.Sub)
+		case len(strings.Split(*f.Sub, ":")) != 4 || !strings.HasPrefix(*f.Sub, "system:serviceaccount:"):
+			t.Errorf("%s: spec.from[%d].sub %q is not system:serviceaccount:<ns>:<name>", policies[0].file, i, *f.Sub)
+		default:
+			subs[*f.Sub] = true
+		}
+	}
+	senders := len(subs)
+	for _, tr := range triggers {
+		s := triggerSubject(&tr)
+		if !subs[s] {
+			t.Errorf("%s does not admit Trigger %s's identity %s: the function's replies to its events would be refused", policies[0].file, tr.Name, s)
+		}
+		if subs[s] {
+			senders--
+		}
+	}
+	if senders < 1 {
+		t.Errorf("%s admits only the Triggers: nobody may send requests", policies[0].file)
+	}
+}
+
+// TestEventingObjectsFitTheCRDSchemas: every Eventing object in config/
+// (the Broker, the EventPolicy, the Triggers, the PingSource) is in a served
+// version of its CRD and uses only the fields that version declares, with
+// their types. The API server would drop an undeclared field without a word
+// (a misspelt `sub` would quietly leave a sender out). Checked against the
+// CRDs of the Eventing this module builds with (go.mod) and of the one the
+// local cluster runs (hack/tools/knative-eventing), from the module cache.
+func TestEventingObjectsFitTheCRDSchemas(t *testing.T) {
+	root := filepath.Join("..", "..")
+	dirs := map[string]string{"go.mod": eventingModuleDir(t, root)}
+	tools := filepath.Join(root, "hack", "tools", "knative-eventing")
+	if _, err := os.Stat(filepath.Join(tools, "go.mod")); err == nil {
+		dirs["hack/tools/knative-eventing"] = eventingModuleDir(t, tools)
+	} else {
+		t.Logf("no %s: checking against go.mod's Eventing only", tools)
+	}
+	eventingGroups := []string{"eventing.knative.dev", "sources.knative.dev", "messaging.knative.dev", "flows.knative.dev"}
+	seen := map[string]bool{}
+	for _, o := range configObjects(t) {
+		gk := o.groupKind()
+		if !slices.Contains(eventingGroups, gk.Group) {
+			continue
+		}
+		seen[gk.Kind] = true
+		apiVersion, _ := o.obj["apiVersion"].(string)
+		gv, _ := schema.ParseGroupVersion(apiVersion)
+		body := map[string]any{}
+		for k, v := range o.obj {
+			if k != "apiVersion" && k != "kind" && k != "metadata" {
+				body[k] = v
+			}
+		}
+		for from, dir := range dirs {
+			crd := filepath.Join(dir, "config", "core", "resources", strings.ToLower(gk.Kind)+".yaml")
+			s, err := crdSchema(crd, gv.Version)
+			if err != nil {
+				t.Errorf("%s: %s in %s (required by %s): %v", o.file, gk.Kind, filepath.Base(dir), from, err)
+				continue
+			}
+			for _, p := range undeclared("", body, s) {
+				t.Errorf("%s: %s (%s's CRD, required by %s)", o.file, p, filepath.Base(dir), from)
+			}
+		}
+	}
+	for _, k := range []string{"Broker", "EventPolicy", "Trigger", "PingSource"} {
+		if !seen[k] {
+			t.Errorf("config/ has no %s to check", k)
+		}
+	}
+}
+
+// eventingModuleDir is knative.dev/eventing's directory in the module cache,
+// at the version the module in dir requires (downloaded if missing).
+func eventingModuleDir(t *testing.T, dir string) string {
+	t.Helper()
+	cmd := exec.Command("go", "mod", "download", "-json", "knative.dev/eventing")
+	cmd.Dir = dir
+	out, err := cmd.Output()
+	var info struct{ Dir, Error string }
+	if jerr := json.Unmarshal(out, &info); err != nil || jerr != nil || info.Dir == "" {
+		t.Fatalf("go mod download knative.dev/eventing in %s: %v %s %v", dir, err, info.Error, jerr)
+	}
+	return info.Dir
+}
+
+// crdSchema is the openAPIV3Schema of version in the CRD in file, which must
+// serve it.
+func crdSchema(file, version string) (map[string]any, error) {
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	var crd struct {
+		Spec struct {
+			Versions []struct {
+				Name   string
+				Served bool
+				Schema struct {
+					OpenAPIV3Schema map[string]any `json:"openAPIV3Schema"`
+				}
+			}
+		}
+	}
+	if err := yaml.Unmarshal(raw, &crd); err != nil {
+		return nil, err
+	}
+	for _, v := range crd.Spec.Versions {
+		if v.Name == version {
+			if !v.Served {
+				return nil, fmt.Errorf("%s is not served", version)
+			}
+			return v.Schema.OpenAPIV3Schema, nil
+		}
+	}
+	return nil, fmt.Errorf("no version %s", version)
+}
+
+// undeclared lists the fields of v, below path at, that the structural
+// schema s does not declare or declares with another type.
+func undeclared(at string, v any, s map[string]any) []string {
+	if s == nil {
+		return nil
+	}
+	mismatch := func(want string) []string {
+		return []string{fmt.Sprintf("%s: %T, the CRD says %s", at, v, want)}
+	}
+	if s["x-kubernetes-int-or-string"] == true {
+		switch v.(type) {
+		case string, float64:
+			return nil
+		}
+		return mismatch("int or string")
+	}
+	switch s["type"] {
+	case "object":
+		m, ok := v.(map[string]any)
+		if !ok {
+			return mismatch("object")
+		}
+		props, _ := s["properties"].(map[string]any)
+		extra, _ := s["additionalProperties"].(map[string]any)
+		keys := make([]string, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		var out []string
+		for _, k := range keys {
+			if ps, ok := props[k].(map[string]any); ok {
+				out = append(out, undeclared(at+"."+k, m[k], ps)...)
+			} else if extra != nil {
+				out = append(out, undeclared(at+"."+k, m[k], extra)...)
+			} else if s["x-kubernetes-preserve-unknown-fields"] != true {
+				out = append(out, at+"."+k+": not in the CRD (the API server would drop it)")
+			}
+		}
+		return out
+	case "array":
+		l, ok := v.([]any)
+		if !ok {
+			return mismatch("array")
+		}
+		items, _ := s["items"].(map[string]any)
+		var out []string
+		for i, e := range l {
+			out = append(out, undeclared(fmt.Sprintf("%s[%d]", at, i), e, items)...)
+		}
+		return out
+	case "string":
+		if _, ok := v.(string); !ok {
+			return mismatch("string")
+		}
+	case "boolean":
+		if _, ok := v.(bool); !ok {
+			return mismatch("boolean")
+		}
+	case "integer":
+		if f, ok := v.(float64); !ok || f != float64(int64(f)) {
+			return mismatch("integer")
+		}
+	case "number":
+		if _, ok := v.(float64); !ok {
+			return mismatch("number")
+		}
+	}
+	return nil
 }
