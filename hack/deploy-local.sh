@@ -38,8 +38,12 @@ if ! curl -fsS "http://$REGISTRY_ADDR/v2/" >/dev/null 2>&1; then
   curl -fsS "http://$REGISTRY_ADDR/v2/" >/dev/null || die "the registry on $REGISTRY_ADDR did not start (log: $reg/registry.log)"
 fi
 
-# The claims' directories on the node (test/overlays/knative-local/volumes.yaml).
-mkdir -p /var/lib/sandbox-provisioner/knative-local/{skills,user-data}
+# The claims' directories on the node (test/overlays/knative-local/volumes.yaml),
+# the skills claim in DeerFlow's layout: a sandbox mounts it read-only at
+# /mnt/skills, and DeerFlow's extra mount of skills_view/custom lands on
+# /mnt/skills/custom inside it, which must exist there (the runtime cannot
+# make a mount point in a read-only mount).
+mkdir -p /var/lib/sandbox-provisioner/knative-local/{skills/public,skills/custom,user-data}
 
 # The API key: the cluster's own if it has one, else a new one. It lives
 # only in the cluster's Secret and this script's output.
@@ -52,11 +56,13 @@ if [[ -z "$key" ]]; then
   log "generated the API key Secret $NS/sandbox-provisioner"
 fi
 
-KUSTOMIZE_DIR="$REPO_ROOT/test/overlays/knative-local" "$REPO_ROOT/hack/deploy.sh" "$REGISTRY_ADDR/deer-flow/sandbox-provisioner:local"
+KUSTOMIZE_DIR="$REPO_ROOT/test/overlays/knative-local" "$REPO_ROOT/hack/deploy.sh" "$REGISTRY_ADDR/deer-flow/sandbox-provisioner:local" >&2
 
 log "waiting for the Knative Service, the Broker, the Triggers and the PingSource to be Ready"
-"$kubectl" -n "$NS" wait --for=condition=Ready --timeout=300s \
-  ksvc/sandbox-provisioner broker/default trigger --all pingsource --all >&2
+for what in ksvc/sandbox-provisioner broker/default "triggers --all" "pingsources --all" "eventpolicies --all"; do
+  # shellcheck disable=SC2086 # "kind --all" is two arguments
+  "$kubectl" -n "$NS" wait --for=condition=Ready --timeout=300s $what >&2
+done
 
 url=$("$kubectl" -n "$NS" get ksvc sandbox-provisioner -o jsonpath='{.status.url}')
 host=${url#*://}

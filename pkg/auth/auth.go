@@ -65,6 +65,10 @@ func FromRequest(r *http.Request) Credentials {
 type Principal struct {
 	Name  string
 	Admin bool
+	// Identity is the credential's own name (a key's name or a token's
+	// username). It differs from Name when PROVISIONER_PRINCIPAL_GROUPS
+	// puts it in a group; logs name both.
+	Identity string
 }
 
 // Decision is the answer for one request: Code 0 means allowed.
@@ -104,6 +108,9 @@ type Settings struct {
 	// Operations narrows what a principal may run; "*" is every principal
 	// not listed. Without an entry (and without "*"), everything.
 	Operations map[string][]string
+	// Groups maps a member (key name or username) to the group principal
+	// it acts as for ownership.
+	Groups map[string]string
 	// ReviewQPS and ReviewBurst bound the TokenReviews this replica sends
 	// (0: 5 per second, bursts of 10).
 	ReviewQPS   float64
@@ -175,8 +182,9 @@ func (c clock) Now() time.Time { return c.a.now() }
 func FromConfig(c *config.Config, reviewer Reviewer) *Authenticator {
 	keys, _ := config.ParseAPIKeys(c.APIKeys, "")
 	ops, _ := config.ParsePrincipalOperations(c.PrincipalOperations)
+	groups, _ := config.ParsePrincipalGroups(c.PrincipalGroups)
 	return New(Settings{Key: c.APIKey, Keys: keys, Disabled: c.AuthDisabled, Audience: c.TokenAudience,
-		AllowedSubjects: c.AllowedSubjects, Admins: c.Admins, Operations: ops,
+		AllowedSubjects: c.AllowedSubjects, Admins: c.Admins, Operations: ops, Groups: groups,
 		ReviewQPS: float64(c.TokenReviewQPS), ReviewBurst: c.TokenReviewBurst}, reviewer)
 }
 
@@ -211,7 +219,7 @@ func (a *Authenticator) Check(ctx context.Context, c Credentials, operation stri
 	var d Decision
 	switch {
 	case a.s.Disabled:
-		return Decision{Principal: Principal{Name: "anonymous", Admin: true}}
+		return Decision{Principal: Principal{Name: "anonymous", Admin: true, Identity: "anonymous"}}
 	case c.Key != "":
 		d = a.checkKey(c.Key)
 	case c.Token != "":
@@ -231,7 +239,8 @@ func (a *Authenticator) Check(ctx context.Context, c Credentials, operation stri
 	return a.authorize(d.Principal.Name, operation)
 }
 
-// authorize decides whether an authenticated principal may run operation.
+// authorize decides whether an authenticated principal may run operation:
+// by its own name (operations, administrators), then acting as its group.
 func (a *Authenticator) authorize(name, operation string) Decision {
 	ops, listed := a.s.Operations[name]
 	if !listed {
@@ -241,7 +250,11 @@ func (a *Authenticator) authorize(name, operation string) Decision {
 		return refuse(http.StatusForbidden, "%s may not run %q; PROVISIONER_PRINCIPAL_OPERATIONS allows it only %s",
 			name, operation, strings.Join(ops, ", "))
 	}
-	return Decision{Principal: Principal{Name: name, Admin: slices.Contains(a.s.Admins, name)}}
+	owner := name
+	if g, ok := a.s.Groups[name]; ok {
+		owner = g
+	}
+	return Decision{Principal: Principal{Name: owner, Admin: slices.Contains(a.s.Admins, name), Identity: name}}
 }
 
 func (a *Authenticator) checkKey(key string) Decision {

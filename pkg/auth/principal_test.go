@@ -12,7 +12,9 @@ import (
 
 // TestPrincipals: each key is its own principal, verified tokens are their
 // subjects, administrators are flagged, and each principal runs only the
-// operations PROVISIONER_PRINCIPAL_OPERATIONS gives it.
+// operations PROVISIONER_PRINCIPAL_OPERATIONS gives it; grouped credentials
+// (PROVISIONER_PRINCIPAL_GROUPS) own as their group and are still judged by
+// their own names.
 func TestPrincipals(t *testing.T) {
 	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
 	const (
@@ -40,6 +42,7 @@ func TestPrincipals(t *testing.T) {
 			createSA: {"create"}, getSA: {"get"}, pingSA: {"reap"},
 			"bob": {"get", "list"},
 		},
+		Groups: map[string]string{createSA: "events", getSA: "events"},
 	}, &fakeReviewer{tokens: reviews})
 	a.now = func() time.Time { return now }
 
@@ -54,16 +57,16 @@ func TestPrincipals(t *testing.T) {
 		want   verdict
 		detail string
 	}{
-		{name: "the single key is default", creds: Credentials{Key: key}, op: "create", want: verdict{Principal: Principal{Name: "default"}}},
-		{name: "a named key", creds: Credentials{Key: alice}, op: "destroy", want: verdict{Principal: Principal{Name: "alice"}}},
-		{name: "an administrator's key", creds: Credentials{Key: ops}, op: "list", want: verdict{Principal: Principal{Name: "ops", Admin: true}}},
-		{name: "a key limited to reads may read", creds: Credentials{Key: bob}, op: "list", want: verdict{Principal: Principal{Name: "bob"}}},
+		{name: "the single key is default", creds: Credentials{Key: key}, op: "create", want: verdict{Principal: Principal{Name: "default", Identity: "default"}}},
+		{name: "a named key", creds: Credentials{Key: alice}, op: "destroy", want: verdict{Principal: Principal{Name: "alice", Identity: "alice"}}},
+		{name: "an administrator's key", creds: Credentials{Key: ops}, op: "list", want: verdict{Principal: Principal{Name: "ops", Admin: true, Identity: "ops"}}},
+		{name: "a key limited to reads may read", creds: Credentials{Key: bob}, op: "list", want: verdict{Principal: Principal{Name: "bob", Identity: "bob"}}},
 		{name: "a key limited to reads may not create", creds: Credentials{Key: bob}, op: "create", want: verdict{Code: 403}, detail: "bob may not run \"create\""},
-		{name: "the create Trigger creates", creds: Credentials{Token: tokens[createSA]}, op: "create", want: verdict{Principal: Principal{Name: createSA}}},
+		{name: "the create Trigger creates", creds: Credentials{Token: tokens[createSA]}, op: "create", want: verdict{Principal: Principal{Name: "events", Identity: createSA}}},
 		{name: "the create Trigger may not destroy", creds: Credentials{Token: tokens[createSA]}, op: "destroy", want: verdict{Code: 403}, detail: "PROVISIONER_PRINCIPAL_OPERATIONS"},
 		{name: "the get Trigger may not create", creds: Credentials{Token: tokens[getSA]}, op: "create", want: verdict{Code: 403}, detail: "only get"},
-		{name: "the get Trigger gets", creds: Credentials{Token: tokens[getSA]}, op: "get", want: verdict{Principal: Principal{Name: getSA}}},
-		{name: "the PingSource reaps", creds: Credentials{Token: tokens[pingSA]}, op: "reap", want: verdict{Principal: Principal{Name: pingSA}}},
+		{name: "the get Trigger gets", creds: Credentials{Token: tokens[getSA]}, op: "get", want: verdict{Principal: Principal{Name: "events", Identity: getSA}}},
+		{name: "the PingSource reaps", creds: Credentials{Token: tokens[pingSA]}, op: "reap", want: verdict{Principal: Principal{Name: pingSA, Identity: pingSA}}},
 		{name: "the PingSource may not list", creds: Credentials{Token: tokens[pingSA]}, op: "list", want: verdict{Code: 403}, detail: "only reap"},
 		{name: "a wrong key names no principal", creds: Credentials{Key: alice + "x"}, op: "get", want: verdict{Code: 401}, detail: "invalid API key"},
 	}
@@ -95,7 +98,7 @@ func TestDefaultOperationsEntry(t *testing.T) {
 
 func TestDisabledIsAnonymousAdministrator(t *testing.T) {
 	d := New(Settings{Disabled: true}, nil).Check(context.Background(), Credentials{}, "destroy")
-	if diff := cmp.Diff(Decision{Principal: Principal{Name: "anonymous", Admin: true}}, d); diff != "" {
+	if diff := cmp.Diff(Decision{Principal: Principal{Name: "anonymous", Admin: true, Identity: "anonymous"}}, d); diff != "" {
 		t.Error(diff)
 	}
 }

@@ -56,6 +56,12 @@ type Config struct {
 	// "principal=op,op;principal2=op". Unlisted principals may run every
 	// operation, unless a "*" entry says otherwise.
 	PrincipalOperations string `envconfig:"PROVISIONER_PRINCIPAL_OPERATIONS"`
+	// PrincipalGroups makes several credentials one owner:
+	// "group=member,member;…". Behind a Knative Broker every event arrives
+	// with its Trigger's identity, one per operation; grouped, what the
+	// create Trigger made the destroy Trigger can destroy. Operations and
+	// administrators are still judged by each member's own name.
+	PrincipalGroups string `envconfig:"PROVISIONER_PRINCIPAL_GROUPS"`
 	// TokenReviewQPS and TokenReviewBurst bound the TokenReviews a replica
 	// sends, on a client of their own: a flood of forged tokens cannot
 	// take the rate that sandbox operations use. The honest tokens are few
@@ -400,6 +406,9 @@ func (c *Config) Validate() error {
 	}
 	if _, err := ParsePrincipalOperations(c.PrincipalOperations); err != nil {
 		bad("PROVISIONER_PRINCIPAL_OPERATIONS", "%v", err)
+	}
+	if _, err := ParsePrincipalGroups(c.PrincipalGroups); err != nil {
+		bad("PROVISIONER_PRINCIPAL_GROUPS", "%v", err)
 	}
 	if c.TokenReviewQPS <= 0 || c.TokenReviewBurst < 1 {
 		bad("AUTH_TOKEN_REVIEW_QPS", "AUTH_TOKEN_REVIEW_QPS and AUTH_TOKEN_REVIEW_BURST must be positive")

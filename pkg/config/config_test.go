@@ -229,6 +229,43 @@ func TestParsePrincipalOperations(t *testing.T) {
 	}
 }
 
+func TestParsePrincipalGroups(t *testing.T) {
+	const c, d = "system:serviceaccount:deer-flow:create-oidc", "system:serviceaccount:deer-flow:destroy-oidc"
+	tests := []struct {
+		name, raw string
+		want      map[string]string
+		err       string
+	}{
+		{name: "unset", raw: "", want: map[string]string{}},
+		{name: "two groups", raw: " events = " + c + ", " + d + " ; team=alice,bob",
+			want: map[string]string{c: "events", d: "events", "alice": "team", "bob": "team"}},
+		{name: "the key's own principal as the group", raw: "default=" + c, want: map[string]string{c: "default"}},
+		{name: "no members", raw: "events=", err: "must be group=member"},
+		{name: "no equals sign", raw: "events", err: "must be group=member"},
+		{name: "a member in two groups", raw: "a=" + c + ";b=" + c, err: "is in groups"},
+		{name: "a group twice", raw: "a=alice;a=bob", err: "listed twice"},
+		{name: "a wildcard is no member", raw: "a=system:serviceaccount:deer-flow:*", err: "is not a principal"},
+		{name: "a group that is also a member", raw: "a=b;c=a", err: "both a group and a member"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ParsePrincipalGroups(tc.raw)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error %v, want one containing %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("ParsePrincipalGroups (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
 func TestParseTolerations(t *testing.T) {
 	got, err := ParseTolerations([]string{"dedicated=sandbox:NoSchedule", "gpu:NoExecute"})
 	if err != nil {

@@ -113,3 +113,47 @@ func ParsePrincipalOperations(raw string) (map[string][]string, error) {
 	}
 	return out, nil
 }
+
+// ParsePrincipalGroups reads PROVISIONER_PRINCIPAL_GROUPS,
+// "group=member,member;group2=member": each member (a key's name or a
+// token's username) acts as its group's principal for ownership, so the
+// sandboxes one member creates are the others' too. It returns member →
+// group.
+func ParsePrincipalGroups(raw string) (map[string]string, error) {
+	out := map[string]string{}
+	groups := map[string]bool{}
+	for _, entry := range strings.Split(raw, ";") {
+		entry = strings.TrimSpace(entry)
+		if entry == "" {
+			continue
+		}
+		g, list, ok := strings.Cut(entry, "=")
+		g = strings.TrimSpace(g)
+		if !ok || strings.TrimSpace(list) == "" {
+			return nil, fmt.Errorf("entry %q must be group=member[,member...]", entry)
+		}
+		if err := validPrincipal(g); err != nil {
+			return nil, err
+		}
+		if groups[g] {
+			return nil, fmt.Errorf("group %q is listed twice", g)
+		}
+		groups[g] = true
+		for _, m := range strings.Split(list, ",") {
+			m = strings.TrimSpace(m)
+			if err := validPrincipal(m); err != nil {
+				return nil, fmt.Errorf("group %q: %w", g, err)
+			}
+			if prev, dup := out[m]; dup {
+				return nil, fmt.Errorf("%q is in groups %q and %q; a member acts as one principal", m, prev, g)
+			}
+			out[m] = g
+		}
+	}
+	for m := range out {
+		if groups[m] && out[m] != m {
+			return nil, fmt.Errorf("%q is both a group and a member of group %q", m, out[m])
+		}
+	}
+	return out, nil
+}

@@ -131,7 +131,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	opName = op.name
-	ctx, c, detail := h.admit(ctx, r, op.name, ev.Source(), ev.Data())
+	ctx, c, detail, identity := h.admit(ctx, r, op.name, ev.Source(), ev.Data())
+	// Who sent it: behind a Broker, the Trigger's identity.
+	log = log.With("identity", identity)
 	if c != 0 {
 		code = writeDetail(w, c, detail)
 		log.Warn("event refused", "status", code, "reason", detail)
@@ -173,9 +175,12 @@ const eventsDisabled = "events are disabled on this provisioner (EVENTS_DISABLED
 // credential (X-API-Key, a bearer token, or the api_key field of the JSON
 // data for senders that cannot set headers, such as kn func invoke) of a
 // principal that may run operation. It returns ctx carrying that principal.
-func (h *Handler) admit(ctx context.Context, r *http.Request, operation, source string, data []byte) (context.Context, int, string) {
+//
+// identity is the credential's own name when one was verified, so refusals
+// and answers can be told apart by sender in the logs.
+func (h *Handler) admit(ctx context.Context, r *http.Request, operation, source string, data []byte) (context.Context, int, string, string) {
 	if len(h.cfg.EventSourceAllowlist) > 0 && !slices.Contains(h.cfg.EventSourceAllowlist, source) {
-		return ctx, http.StatusForbidden, fmt.Sprintf("event source %q is not in EVENT_SOURCE_ALLOWLIST", sandbox.Truncate(source))
+		return ctx, http.StatusForbidden, fmt.Sprintf("event source %q is not in EVENT_SOURCE_ALLOWLIST", sandbox.Truncate(source)), ""
 	}
 	creds := auth.FromRequest(r)
 	if creds.Key == "" && creds.Token == "" {
@@ -183,9 +188,9 @@ func (h *Handler) admit(ctx context.Context, r *http.Request, operation, source 
 	}
 	d := h.auth.Check(ctx, creds, operation)
 	if !d.Allowed() {
-		return ctx, d.Code, d.Detail
+		return ctx, d.Code, d.Detail, ""
 	}
-	return sandbox.WithCaller(ctx, sandbox.Caller{Principal: d.Principal.Name, Admin: d.Principal.Admin}), 0, ""
+	return sandbox.WithCaller(ctx, sandbox.Caller{Principal: d.Principal.Name, Admin: d.Principal.Admin}), 0, "", d.Principal.Identity
 }
 
 // dataKey reads the api_key field of JSON data. It is never logged or

@@ -72,7 +72,7 @@ func (h *Handler) Invoke(w http.ResponseWriter, r *http.Request) {
 	}
 	op := operations[evType]
 	opName = op.name
-	ctx, c, detail := h.admit(r.Context(), r, opName, envelope.Source, body)
+	ctx, c, detail, _ := h.admit(r.Context(), r, opName, envelope.Source, body)
 	if c != 0 {
 		code = writeDetail(w, c, detail)
 		reqid.Logger(ctx).Warn("invoke refused", "operation", opName, "status", code, "reason", detail)

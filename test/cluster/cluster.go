@@ -133,6 +133,13 @@ func UpWith(ctx context.Context, name string, o Options) (*Cluster, error) {
 		// server's port as its NodePort would take over every connection to
 		// the API server, so NodePorts stay below the ports kwokctl uses.
 		"--extra-args", "kube-apiserver=service-node-port-range="+NodePortRange,
+		// A real node's logs and exec go through the API server to its
+		// kubelet: by address (this machine has no DNS for the node's name),
+		// as kwok's admin (the kubelet authorizes it with a
+		// SubjectAccessReview).
+		"--extra-args", "kube-apiserver=kubelet-preferred-address-types=InternalIP",
+		"--extra-args", "kube-apiserver=kubelet-client-certificate="+filepath.Join(workdir, "clusters", name, "pki", "admin.crt"),
+		"--extra-args", "kube-apiserver=kubelet-client-key="+filepath.Join(workdir, "clusters", name, "pki", "admin.key"),
 		"--kubeconfig", filepath.Join(workdir, "kubeconfig-merged"),
 		"--timeout", "120s")...); err != nil {
 		_ = os.RemoveAll(workdir)

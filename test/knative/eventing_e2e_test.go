@@ -105,7 +105,7 @@ type receiver struct {
 
 func newReceiver(t *testing.T) *receiver {
 	t.Helper()
-	ln, err := net.Listen("tcp", env.Node.HostIP+":0")
+	ln, err := net.Listen("tcp", nodeIP+":0")
 	if err != nil {
 		t.Fatal(err)
 	}

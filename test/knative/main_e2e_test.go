@@ -26,9 +26,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/deerflow-sandbox/provisioner/test/cluster"
 	"github.com/deerflow-sandbox/provisioner/test/harness"
+	"github.com/deerflow-sandbox/provisioner/test/realnode"
 )
 
 const ns = "deer-flow"
@@ -40,9 +43,11 @@ var (
 	upErr error
 	// What make deploy-local printed.
 	fnURL, apiKey, kubeconfigPath string
-	kube                          kubernetes.Interface
-	dyn                           dynamic.Interface
-	root                          string
+	// nodeIP is the real node's (this machine's) address.
+	nodeIP string
+	kube   kubernetes.Interface
+	dyn    dynamic.Interface
+	root   string
 )
 
 func TestMain(m *testing.M) { os.Exit(run(m)) }
@@ -55,15 +60,27 @@ func run(m *testing.M) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	start := time.Now()
-	env, upErr = Up(ctx, "knative-e2e", root, Settings{ScaleToZeroGracePeriod: "6s"}, logf)
+	var cfg *rest.Config
+	if kc := os.Getenv("KNATIVE_KUBECONFIG"); kc != "" {
+		// A developer's running `make knative` cluster, to iterate on one
+		// test without bringing a cluster up each time.
+		kubeconfigPath, nodeIP = kc, realnode.HostIP()
+		if cfg, upErr = clientcmd.BuildConfigFromFlags("", kc); upErr == nil {
+			kube, upErr = kubernetes.NewForConfig(cfg)
+		}
+	} else {
+		env, upErr = Up(ctx, "knative-e2e", root, Settings{ScaleToZeroGracePeriod: "6s"}, logf)
+		if upErr == nil {
+			defer env.Down()
+			logf("Knative cluster up in %s (%v)", time.Since(start).Round(time.Second), env.Timings)
+			kube, kubeconfigPath, cfg, nodeIP = env.Cluster.Client, env.Cluster.Kubeconfig, env.Cluster.Config, env.Node.HostIP
+		}
+	}
 	if upErr != nil {
 		logf("the Knative cluster is not available, every test stops: %v", upErr)
 		return m.Run()
 	}
-	defer env.Down()
-	logf("Knative cluster up in %s (%v)", time.Since(start).Round(time.Second), env.Timings)
-	kube, kubeconfigPath = env.Cluster.Client, env.Cluster.Kubeconfig
-	if dyn, upErr = dynamic.NewForConfig(env.Cluster.Config); upErr != nil {
+	if dyn, upErr = dynamic.NewForConfig(cfg); upErr != nil {
 		return m.Run()
 	}
 
@@ -75,7 +92,11 @@ func run(m *testing.M) int {
 		return m.Run()
 	}
 	defer stopRegistry(addr)
-	defer func() { _ = exec.Command(filepath.Join(root, "hack", "hosts.sh"), "remove").Run() }()
+	if env != nil {
+		// The line make deploy-local adds to /etc/hosts goes with the
+		// cluster (a developer's KNATIVE_KUBECONFIG cluster keeps its own).
+		defer func() { _ = exec.Command(filepath.Join(root, "hack", "hosts.sh"), "remove").Run() }()
+	}
 	start = time.Now()
 	cmd := exec.CommandContext(ctx, filepath.Join(root, "hack", "deploy-local.sh"))
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfigPath, "REGISTRY_ADDR="+addr)

@@ -104,7 +104,9 @@ const cpuRequest = "10m"
 // Render returns Knative's objects from the upstream manifests: Serving's
 // core (with networking's KIngress, ServerlessService, Certificate and
 // DomainClaim CRDs and config-network, and caching's Image CRD), Eventing's
-// core, the multi-tenant channel-based Broker and the in-memory channel.
+// core, the multi-tenant channel-based Broker and the in-memory channel
+// (with the integration-images ConfigMaps its release adds from
+// third_party/).
 // Left out: the HPAs (no metrics server), Eventing's JobSink and
 // RequestReply Deployments (not used here), and stray editor backups.
 //
@@ -124,7 +126,10 @@ func Render(src Sources, v Versions, s Settings) ([]*unstructured.Unstructured, 
 		{src.Serving, "serving", v.Serving, []string{"config/core"}},
 		{src.Networking, "serving", v.Serving, []string{"config"}},
 		{src.Caching, "serving", v.Serving, []string{"config"}},
-		{src.Eventing, "eventing", v.Eventing, []string{"config/core", "config/brokers/mt-channel-broker", "config/channels/in-memory-channel"}},
+		{src.Eventing, "eventing", v.Eventing, []string{"config/core", "config/brokers/mt-channel-broker", "config/channels/in-memory-channel",
+			// The ConfigMaps naming the integration images the controller's
+			// env reads; Eventing's release ships them from here.
+			"third_party/eventing-integrations-latest"}},
 	} {
 		for _, d := range t.dirs {
 			files, err := manifestFiles(filepath.Join(t.root, d))

@@ -349,6 +349,10 @@ func cleanLeftovers(p Paths) {
 	}
 }
 
+// HostIP is this machine's address (the real node's), on the interface
+// holding the default route.
+func HostIP() string { return hostIP() }
+
 // hostIP is the address of the interface holding the default route.
 func hostIP() string {
 	out, err := exec.Command("ip", "-4", "-o", "route", "get", "203.0.113.1").Output()
