@@ -23,6 +23,9 @@ import (
 	"k8s.io/utils/ptr"
 )
 
+// suiteTriggers are the Triggers the tests made, deleted by TestMain.
+var suiteTriggers []string
+
 // backendSA is the sender config/450-eventpolicy.yaml allows by default.
 const backendSA = "deer-flow-backend"
 
@@ -78,7 +81,7 @@ func postEvent(t *testing.T, sa, ceType, data string, ext map[string]string) int
 	for k, v := range ext {
 		headers["Ce-"+k] = v
 	}
-	action, _ := json.Marshal(map[string]any{"op": "http", "url": url, "method": http.MethodPost, "headers": headers, "body": data, "timeout_ms": 10000})
+	action, _ := json.Marshal(map[string]any{"op": "http", "url": url, "method": http.MethodPost, "headers": headers, "body": data, "timeout_ms": 60000})
 	var res struct {
 		OK            bool
 		Error, Output string
@@ -147,9 +150,11 @@ func trigger(t *testing.T, name string, filter map[string]any, subscriber map[st
 	if _, err := dyn.Resource(triggers).Namespace(ns).Create(ctx, u, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		_ = dyn.Resource(triggers).Namespace(ns).Delete(context.Background(), name, metav1.DeleteOptions{})
-	})
+	// Deleted when the suite ends, not when the test does: Eventing v0.50's
+	// in-memory channel keeps a deleted Trigger's subscriber, the filter
+	// answers it 404, and the channel's synchronous fan-out retries that
+	// ten times with backoff (about 200 s) on every later event.
+	suiteTriggers = append(suiteTriggers, name)
 	eventually(t, 2*time.Minute, "Trigger "+name+" Ready", func() (bool, error) {
 		got, err := dyn.Resource(triggers).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
@@ -221,26 +226,25 @@ func TestTriggersCarryOIDCTokens(t *testing.T) {
 
 	// A Trigger the function was never told about: Eventing mints its
 	// token all the same, and the function refuses it.
-	before := requestsTotal(t, "get", "cloudevent", "403")
-	trigger(t, "test-intruder", map[string]any{"type": "dev.deerflow.sandbox.get", "testcase": "intruder"},
+	before := requestsTotal(t, "list", "cloudevent", "403")
+	// (A list, which the shipped list Trigger answers 200 as well: an
+	// answer Eventing retries, such as a 404, would hold the channel.)
+	trigger(t, "test-intruder", map[string]any{"type": "dev.deerflow.sandbox.list", "testcase": "intruder"},
 		map[string]any{"ref": map[string]any{"apiVersion": "serving.knative.dev/v1", "kind": "Service", "name": "sandbox-provisioner"}, "audience": "sandbox-provisioner"})
-	if code := postEvent(t, backendSA, "dev.deerflow.sandbox.get", `{"sandbox_id":"intruder00000001"}`, map[string]string{"Testcase": "intruder"}); code != http.StatusAccepted {
-		t.Fatalf("the Broker answered %d to the allowed sender's get event, want 202", code)
+	if code := postEvent(t, backendSA, "dev.deerflow.sandbox.list", `{}`, map[string]string{"Testcase": "intruder"}); code != http.StatusAccepted {
+		t.Fatalf("the Broker answered %d to the allowed sender's list event, want 202", code)
 	}
 	intruder := "system:serviceaccount:" + ns + ":test-intruder-oidc-eventing.knative.dev-trigger"
 	eventually(t, 60*time.Second, "the function refuses the unlisted Trigger with 403 (log and metrics)", func() (bool, error) {
 		logged := false
 		for _, l := range strings.Split(functionLogs(t), "\n") {
-			if strings.Contains(l, "event refused") && strings.Contains(l, `"status":403`) && strings.Contains(l, "dev.deerflow.sandbox.get") {
+			if strings.Contains(l, "event refused") && strings.Contains(l, `"status":403`) && strings.Contains(l, intruder) {
 				logged = true
 			}
 		}
-		after := requestsTotal(t, "get", "cloudevent", "403")
-		return logged && after > before, fmt.Errorf("logged %v, requests_total{get,cloudevent,403} %v → %v", logged, before, after)
+		after := requestsTotal(t, "list", "cloudevent", "403")
+		return logged && after > before, fmt.Errorf("logged %v, requests_total{list,cloudevent,403} %v → %v", logged, before, after)
 	})
-	if logs := functionLogs(t); !strings.Contains(logs, "test-intruder-oidc") {
-		t.Logf("the refusal's log line does not name %s (it names the reason)", intruder)
-	}
 }
 
 // TestEventPolicyRefusesOtherSenders: only the ServiceAccounts

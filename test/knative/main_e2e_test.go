@@ -120,6 +120,11 @@ func run(m *testing.M) int {
 		return m.Run()
 	}
 	logf("deployed in %s: FUNCTION_URL=%s", time.Since(start).Round(time.Second), fnURL)
+	defer func() {
+		for _, name := range suiteTriggers {
+			_ = dyn.Resource(triggers).Namespace(ns).Delete(context.Background(), name, metav1.DeleteOptions{})
+		}
+	}()
 	return m.Run()
 }
 
