@@ -185,6 +185,21 @@ func TestDeerFlowChartOverlay(t *testing.T) {
 	if senders != len(allowed) {
 		t.Errorf("AUTH_ALLOWED_SUBJECTS names %d subjects for %d event senders: %v", len(allowed), senders, allowed)
 	}
+	// The Triggers' identities (in the new namespace) are one owner,
+	// `events`, so that what the create Trigger made the others find.
+	groups, err := config.ParsePrincipalGroups(env["PROVISIONER_PRINCIPAL_GROUPS"])
+	if err != nil {
+		t.Fatalf("the rendered PROVISIONER_PRINCIPAL_GROUPS: %v", err)
+	}
+	wantGroups := map[string]string{}
+	for _, o := range objs {
+		if o.GetKind() == "Trigger" {
+			wantGroups["system:serviceaccount:"+ns+":"+o.GetName()+"-oidc-eventing.knative.dev-trigger"] = "events"
+		}
+	}
+	if diff := cmp.Diff(wantGroups, groups); diff != "" {
+		t.Errorf("the rendered PROVISIONER_PRINCIPAL_GROUPS, member → group (-the Triggers in %s +rendered):\n%s", ns, diff)
+	}
 
 	// Who may send into the Broker: its EventPolicy, beside it in the
 	// namespace, names config/'s backend sender and each Trigger's identity

@@ -147,6 +147,53 @@ func TestEventSendersCarryTheAudience(t *testing.T) {
 	}
 }
 
+// TestTriggersAreOneOwner: behind the Broker each event arrives with its
+// Trigger's identity, one per operation, so 400-service.yaml groups exactly
+// the Triggers' identities as one principal: what the create Trigger made
+// the destroy Trigger can find. Every member is an allowed subject (a group
+// grants no entry), and the PingSource's identity stays out (reap judges
+// every sandbox whoever owns it; grouping it would only widen its reach).
+func TestTriggersAreOneOwner(t *testing.T) {
+	var svc servingv1.Service
+	decode(t, "400-service.yaml", &svc)
+	env := map[string]string{}
+	for _, e := range svc.Spec.Template.Spec.Containers[0].Env {
+		env[e.Name] = e.Value
+	}
+	groups, err := config.ParsePrincipalGroups(env["PROVISIONER_PRINCIPAL_GROUPS"])
+	if err != nil {
+		t.Fatalf("400-service.yaml: PROVISIONER_PRINCIPAL_GROUPS: %v", err)
+	}
+	allowed := strings.Split(env["AUTH_ALLOWED_SUBJECTS"], ",")
+	for member, group := range groups {
+		if !slices.Contains(allowed, member) {
+			t.Errorf("PROVISIONER_PRINCIPAL_GROUPS puts %s in group %q, but it is not in AUTH_ALLOWED_SUBJECTS", member, group)
+		}
+	}
+	want := map[string]string{}
+	for _, o := range configObjects(t) {
+		switch o.groupKind() {
+		case schema.GroupKind{Group: "eventing.knative.dev", Kind: "Trigger"}:
+			var tr eventingv1.Trigger
+			o.into(t, &tr)
+			want[triggerSubject(&tr)] = "events"
+		case schema.GroupKind{Group: "sources.knative.dev", Kind: "PingSource"}:
+			var ping sourcesv1.PingSource
+			o.into(t, &ping)
+			subject := "system:serviceaccount:" + ping.Namespace + ":" + ping.Name + "-oidc-sources.knative.dev-pingsource"
+			if g, ok := groups[subject]; ok {
+				t.Errorf("%s: the PingSource's identity %s is in group %q; reap needs no owner's sandboxes", o.file, subject, g)
+			}
+		}
+	}
+	if len(want) != 7 {
+		t.Errorf("%d Triggers in config/, want 7 (create, get, list, destroy, pause, resume, reap)", len(want))
+	}
+	if diff := cmp.Diff(want, groups); diff != "" {
+		t.Errorf("400-service.yaml: PROVISIONER_PRINCIPAL_GROUPS, member → group (-the Triggers as events +shipped):\n%s", diff)
+	}
+}
+
 func TestKnativeServiceValidates(t *testing.T) {
 	f, err := os.Open(filepath.Join("..", "..", "config", "400-service.yaml"))
 	if err != nil {
