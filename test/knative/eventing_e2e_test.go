@@ -66,7 +66,22 @@ func tokenFor(t *testing.T, sa, audience string) string {
 // postEvent sends a binary-mode CloudEvent to the Broker from a Pod running
 // as ServiceAccount sa (labelled as DeerFlow's backend), with that
 // ServiceAccount's token for the Broker, and returns the ingress's status.
+// As a sender should, it retries a 5xx for a while: right after the Broker
+// reports Ready its channel may not yet take the ingress's deliveries.
 func postEvent(t *testing.T, sa, ceType, data string, ext map[string]string) int {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		code := postEventOnce(t, sa, ceType, data, ext)
+		if code < 500 || time.Now().After(deadline) {
+			return code
+		}
+		t.Logf("the Broker answered %d to %s; retrying", code, ceType)
+		time.Sleep(2 * time.Second)
+	}
+}
+
+func postEventOnce(t *testing.T, sa, ceType, data string, ext map[string]string) int {
 	t.Helper()
 	url, audience := brokerAddress(t)
 	pod := backendPod(t, "sender-"+sa, sa)
@@ -231,9 +246,12 @@ func TestTriggersCarryOIDCTokens(t *testing.T) {
 	// answer Eventing retries, such as a 404, would hold the channel.)
 	trigger(t, "test-intruder", map[string]any{"type": "dev.deerflow.sandbox.list", "testcase": "intruder"},
 		map[string]any{"ref": map[string]any{"apiVersion": "serving.knative.dev/v1", "kind": "Service", "name": "sandbox-provisioner"}, "audience": "sandbox-provisioner"})
-	if code := postEvent(t, backendSA, "dev.deerflow.sandbox.list", `{}`, map[string]string{"Testcase": "intruder"}); code != http.StatusAccepted {
-		t.Fatalf("the Broker answered %d to the allowed sender's list event, want 202", code)
-	}
+	// The in-memory channel fans out synchronously, so the sender hears
+	// the intruder's refusal as a failed delivery (5xx) even though the
+	// shipped list Trigger's delivery succeeded: only its log and metrics
+	// tell who refused what.
+	code := postEventOnce(t, backendSA, "dev.deerflow.sandbox.list", `{}`, map[string]string{"Testcase": "intruder"})
+	t.Logf("the Broker answered %d to the event both list Triggers match", code)
 	intruder := "system:serviceaccount:" + ns + ":test-intruder-oidc-eventing.knative.dev-trigger"
 	eventually(t, 60*time.Second, "the function refuses the unlisted Trigger with 403 (log and metrics)", func() (bool, error) {
 		logged := false
@@ -255,19 +273,29 @@ func TestEventPolicyRefusesOtherSenders(t *testing.T) {
 	need(t)
 	const id = "policy0000target"
 	destroyLater(t, id)
-	expectCode(t, call(t, http.MethodPost, "/api/sandboxes", map[string]any{"sandbox_id": id}), http.StatusOK, "create")
+	// Made through the Broker too, so that it belongs to the Triggers'
+	// principal (events), which the destroy below acts as.
+	if code := postEvent(t, backendSA, "dev.deerflow.sandbox.create", `{"sandbox_id":"`+id+`"}`, nil); code != http.StatusAccepted {
+		t.Fatalf("the Broker answered %d to the backend's create, want 202", code)
+	}
+	eventually(t, 60*time.Second, "the sandbox created by the backend's event", func() (bool, error) {
+		l, err := kube.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: sandboxSel + ",sandbox-id=" + id})
+		return err == nil && len(l.Items) == 1, err
+	})
 	if code := postEvent(t, "not-the-backend", "dev.deerflow.sandbox.destroy", `{"sandbox_id":"`+id+`"}`, nil); code != http.StatusForbidden {
 		t.Errorf("the Broker answered %d to a sender the EventPolicy does not name, want 403", code)
 	}
 	time.Sleep(3 * time.Second)
-	expectCode(t, call(t, http.MethodGet, "/api/sandboxes/"+id, nil), http.StatusOK, "the sandbox after the refused destroy")
+	if l, err := kube.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: sandboxSel + ",sandbox-id=" + id}); err != nil || len(l.Items) != 1 {
+		t.Fatalf("after the refused destroy: %v Pods (%v), want the sandbox still there", len(l.Items), err)
+	}
 	// The named sender may.
 	if code := postEvent(t, backendSA, "dev.deerflow.sandbox.destroy", `{"sandbox_id":"`+id+`"}`, nil); code != http.StatusAccepted {
 		t.Errorf("the Broker answered %d to the backend's destroy, want 202", code)
 	}
 	eventually(t, 60*time.Second, "the sandbox destroyed by the backend's event", func() (bool, error) {
-		r := call(t, http.MethodGet, "/api/sandboxes/"+id, nil)
-		return r.Code == http.StatusNotFound, fmt.Errorf("status %d", r.Code)
+		l, err := kube.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: sandboxSel + ",sandbox-id=" + id})
+		return err == nil && len(l.Items) == 0, fmt.Errorf("%d Pods (%v)", len(l.Items), err)
 	})
 }
 
