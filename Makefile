@@ -98,10 +98,12 @@ test-knative: tools image node
 	hack/install-knative.sh
 	$(GO) test -tags e2e -count=1 -timeout $(KNATIVE_TIMEOUT) -v ./test/knative/... 2>&1 | hack/summarize-tests.sh
 
-## bench: measure latency, throughput, cold start and memory against the client-go floor
+## bench: measure latency, throughput, cold start and memory against the client-go floor, and the cold start from zero on real Knative
 .PHONY: bench
-bench: tools node
+bench: tools node image
 	$(GO) test -tags e2e -count=1 -timeout 30m -run '^$$' -bench . -benchtime 1x ./test/bench/...
+	hack/install-knative.sh
+	$(GO) test -tags e2e -count=1 -timeout 30m -run '^$$' -bench . -benchtime 1x ./test/knative/...
 
 ## load: create and destroy 1,000 sandboxes at concurrency 32 and check nothing is left behind
 .PHONY: load
