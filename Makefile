@@ -28,8 +28,8 @@ build:
 
 ## run: serve the function on 127.0.0.1:8080 (a local kwok cluster when KUBECONFIG is unset; NODE=real: sandboxes in real containers)
 .PHONY: run
-run: build
-	hack/run.sh $(BIN_DIR)/provisioner
+run:
+	LDFLAGS='$(LDFLAGS)' hack/run.sh $(BIN_DIR)/provisioner
 
 ## tools: build/install etcd, kwok, the Kubernetes control plane and kubectl, the func CLI and a registry (cached)
 .PHONY: tools

@@ -26,6 +26,12 @@ if [[ -z "${KUBECONFIG:-}" && -z "${KUBECONFIG_PATH:-}" ]]; then
   export NODE_HOST=${NODE_HOST:-127.0.0.1}
   log "using the local cluster: export KUBECONFIG=$KUBECONFIG"
 fi
+# The function builds after the cluster's tools: hack/tools/kube pins the
+# same versions of client-go and its dependencies as go.mod, so on a cold
+# cache most of the function's packages were compiled moments ago.
+log "building the function into $bin"
+mkdir -p "$(dirname "$bin")"
+(cd "$REPO_ROOT" && go build -trimpath -ldflags "${LDFLAGS:--s -w}" -o "$bin" ./cmd/provisioner)
 export LISTEN_ADDRESS=${LISTEN_ADDRESS:-127.0.0.1:8080}
 if [[ -z "${PROVISIONER_API_KEY:-}" ]]; then
   PROVISIONER_API_KEY=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
