@@ -3,12 +3,10 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"regexp"
 	"strings"
 	"sync"
@@ -28,35 +26,10 @@ var nodePortURL = regexp.MustCompile(`^http://127\.0\.0\.1:(3[0-2][0-9]{3})$`)
 
 // TestDeerFlowContract replays the requests DeerFlow's backend really sends.
 // recorded is one request DeerFlow's backend really sent.
-type recorded struct {
-	Method  string            `json:"method"`
-	Path    string            `json:"path"`
-	Headers map[string]string `json:"headers"`
-	Body    json.RawMessage   `json:"body"`
-}
+type recorded = harness.Recorded
 
 // goldenRequests reads the recording of DeerFlow's client (contract/).
-func goldenRequests(t *testing.T) []recorded {
-	t.Helper()
-	file, err := os.Open("testdata/deerflow-client-requests.jsonl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer file.Close()
-	var reqs []recorded
-	sc := bufio.NewScanner(file)
-	for sc.Scan() {
-		var r recorded
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			t.Fatal(err)
-		}
-		reqs = append(reqs, r)
-	}
-	if len(reqs) != 7 {
-		t.Fatalf("golden file has %d requests, want 7", len(reqs))
-	}
-	return reqs
-}
+func goldenRequests(t *testing.T) []recorded { return harness.GoldenRequests(t) }
 
 func TestDeerFlowContract(t *testing.T) {
 	ns := namespace(t)

@@ -129,17 +129,7 @@ func start(t *testing.T, ns string, extra map[string]string) *harness.Function {
 // eventually polls cond (bounded by timeout) until it holds.
 func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, error)) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var lastErr error
-	for time.Now().Before(deadline) {
-		ok, err := cond()
-		if ok {
-			return
-		}
-		lastErr = err
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("%s: not true after %s (last error: %v)", what, timeout, lastErr)
+	harness.Eventually(t, timeout, 100*time.Millisecond, what, cond)
 }
 
 func pods(t *testing.T, ns, selector string) []corev1.Pod {

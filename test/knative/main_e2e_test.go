@@ -180,17 +180,7 @@ func expectCode(t *testing.T, r harness.Response, want int, what string) {
 // eventually polls cond (bounded by timeout) until it holds.
 func eventually(t testing.TB, timeout time.Duration, what string, cond func() (bool, error)) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var lastErr error
-	for time.Now().Before(deadline) {
-		ok, err := cond()
-		if ok {
-			return
-		}
-		lastErr = err
-		time.Sleep(250 * time.Millisecond)
-	}
-	t.Fatalf("%s: not true after %s (last error: %v)", what, timeout, lastErr)
+	harness.Eventually(t, timeout, 250*time.Millisecond, what, cond)
 }
 
 // destroy deletes a sandbox through the route, at the end of a test.

@@ -26,6 +26,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/test/cluster"
+	"github.com/deerflow-sandbox/provisioner/test/harness"
 	"github.com/deerflow-sandbox/provisioner/test/realnode"
 )
 
@@ -121,37 +122,6 @@ func TestConfigAdmittedAndReady(t *testing.T) {
 	}
 }
 
-// recorded is one request DeerFlow's backend really sent (shared/contract,
-// copied to test/e2e/testdata).
-type recorded struct {
-	Method  string            `json:"method"`
-	Path    string            `json:"path"`
-	Headers map[string]string `json:"headers"`
-	Body    json.RawMessage   `json:"body"`
-}
-
-func goldenRequests(t *testing.T) []recorded {
-	t.Helper()
-	f, err := os.Open(filepath.Join(root, "test", "e2e", "testdata", "deerflow-client-requests.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var reqs []recorded
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var r recorded
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			t.Fatal(err)
-		}
-		reqs = append(reqs, r)
-	}
-	if len(reqs) != 7 {
-		t.Fatalf("golden file has %d requests, want 7", len(reqs))
-	}
-	return reqs
-}
-
 // TestDeerFlowThroughTheRoute replays DeerFlow's recorded requests through
 // FUNCTION_URL (Traefik's KIngress, then the activator or the revision's
 // queue-proxy), then checks that a sandbox made that way answers a backend
@@ -159,8 +129,8 @@ func goldenRequests(t *testing.T) []recorded {
 // through the sandboxes' NetworkPolicy.
 func TestDeerFlowThroughTheRoute(t *testing.T) {
 	need(t)
-	reqs := goldenRequests(t)
-	send := func(r recorded, query string) map[string]any {
+	reqs := harness.GoldenRequests(t)
+	send := func(r harness.Recorded, query string) map[string]any {
 		t.Helper()
 		var body any
 		if string(r.Body) != "null" {
