@@ -36,7 +36,7 @@ while [[ ! -f "$state/kubeconfig-path" ]]; do
   # Progress: the launcher's new log lines.
   lines=$(wc -l <"$state/knative-up.log")
   if (( lines > shown )); then
-    tail -n +$((shown + 1)) "$state/knative-up.log" | sed -n 's/.*msg="\{0,1\}\([^"]*\)"\{0,1\}.*/\1/p' | while read -r l; do log "knative: $l"; done
+    tail -n +$((shown + 1)) "$state/knative-up.log" | sed -nE 's/^[0-9/]+ [0-9:]+ (INFO|WARN|ERROR) //p' | while read -r l; do log "knative: $l"; done
     shown=$lines
   fi
   sleep 2
