@@ -92,10 +92,10 @@ func hostMounts() []corev1.VolumeMount {
 func wantPod(volumes []corev1.Volume, mounts []corev1.VolumeMount, env []corev1.EnvVar) *corev1.Pod {
 	// No initial delays: the startup probe every second, with five
 	// minutes of failures allowed, gates the other two.
-	probe := func(period, failures int32) *corev1.Probe {
+	probe := func(period, failures, delay int32) *corev1.Probe {
 		return &corev1.Probe{
-			ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/v1/sandbox", Port: intstr.FromInt32(8080), Scheme: corev1.URISchemeHTTP}},
-			PeriodSeconds: period, TimeoutSeconds: 3, FailureThreshold: failures, SuccessThreshold: 1,
+			ProbeHandler:        corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/v1/sandbox", Port: intstr.FromInt32(8080), Scheme: corev1.URISchemeHTTP}},
+			InitialDelaySeconds: delay, PeriodSeconds: period, TimeoutSeconds: 3, FailureThreshold: failures, SuccessThreshold: 1,
 		}
 	}
 	return &corev1.Pod{
@@ -104,9 +104,9 @@ func wantPod(volumes []corev1.Volume, mounts []corev1.VolumeMount, env []corev1.
 		Spec: corev1.PodSpec{
 			Containers: []corev1.Container{{
 				Name: "sandbox", Image: "sandbox:1", ImagePullPolicy: corev1.PullIfNotPresent,
-				Ports:        []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}},
-				Env:          env,
-				StartupProbe: probe(1, 300), ReadinessProbe: probe(5, 3), LivenessProbe: probe(10, 3),
+				Ports:          []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}},
+				Env:            env,
+				ReadinessProbe: probe(1, 3, 0), LivenessProbe: probe(10, 3, 300),
 				Resources: corev1.ResourceRequirements{
 					Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("1Gi"), corev1.ResourceEphemeralStorage: resource.MustParse("500Mi")},
 					Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("1Gi"), corev1.ResourceEphemeralStorage: resource.MustParse("500Mi")},

@@ -42,9 +42,8 @@ func BuildPod(cfg *config.Config, s Spec) *corev1.Pod {
 				ImagePullPolicy: corev1.PullIfNotPresent,
 				Ports:           []corev1.ContainerPort{{Name: portName, ContainerPort: port, Protocol: corev1.ProtocolTCP}},
 				Env:             env,
-				StartupProbe:    probe(port, startupProbePeriod, startupProbeFailures),
-				ReadinessProbe:  probe(port, 5, 3),
-				LivenessProbe:   probe(port, 10, 3),
+				ReadinessProbe:  probe(port, readinessPeriod, 3, 0),
+				LivenessProbe:   probe(port, 10, 3, slowStartBudget),
 				Resources: corev1.ResourceRequirements{
 					Requests: corev1.ResourceList{
 						corev1.ResourceCPU:              minQuantity(resource.MustParse(cfg.CPURequest), s.CPULimit),
@@ -128,25 +127,31 @@ func expiresAt(created, lastActivity time.Time, idle, lifetime time.Duration) ti
 	return hardEnd
 }
 
-// The sandbox's probes, all HTTP GET /v1/sandbox and none with a fixed
-// initial delay. The startup probe asks every second, so the Pod is Ready
-// within a second of the sandbox answering (DeerFlow's readiness probe
-// waited 5 s first, whatever the image), and gives a slow image five minutes
-// (300 failures) before the kubelet restarts it. Readiness and liveness run
-// only once it has passed; the kubelet runs the readiness probe at once
-// then rather than waiting for its period. A template may replace any of
-// the three (templatepod.go).
+// The sandbox's probes, both HTTP GET /v1/sandbox. Readiness runs every
+// second with no initial delay and no startup probe in front of it: the
+// kubelet runs a readiness probe at once whenever it sees the container
+// running and not yet Ready, so the Pod turns Ready within milliseconds of
+// the sandbox answering (about half a second after the create on the real
+// node). A startup probe would gate that on its own first tick, a whole
+// period after the kubelet took the Pod (create → Ready 1.1–2 s), and
+// DeerFlow's readiness probe waited a fixed 5 s whatever the image. A slow
+// image (minutes to start) is simply not Ready yet: readiness never
+// restarts a container. Only liveness restarts, so it waits slowStartBudget
+// after the container starts before its first check, the budget the
+// startup probe used to give. A template may replace either, or add a
+// startup probe (templatepod.go).
 const (
-	startupProbePeriod   = 1
-	startupProbeFailures = 300
+	readinessPeriod = 1
+	slowStartBudget = 300 // seconds
 )
 
-func probe(port int32, period, failures int32) *corev1.Probe {
+func probe(port int32, period, failures, delay int32) *corev1.Probe {
 	return &corev1.Probe{
 		ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
 			Path: "/v1/sandbox", Port: intstr.FromInt32(port), Scheme: corev1.URISchemeHTTP,
 		}},
-		PeriodSeconds: period, TimeoutSeconds: 3, FailureThreshold: failures, SuccessThreshold: 1,
+		InitialDelaySeconds: delay,
+		PeriodSeconds:       period, TimeoutSeconds: 3, FailureThreshold: failures, SuccessThreshold: 1,
 	}
 }
 

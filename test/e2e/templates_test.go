@@ -75,7 +75,7 @@ type shape struct {
 	NodeSelector     map[string]string
 	Limits           map[string]string // sandbox container
 	Deadline         bool              // activeDeadlineSeconds set
-	StartupProbe     string            // period × failures of the sandbox container's startup probe
+	Probes           []string          // the sandbox container's probes: kind period×failures (+initial delay)
 	Hardened         bool              // every container drops ALL, no escalation, RuntimeDefault
 	NoToken          bool
 	ServiceOwner     string // kind of the Service's owner
@@ -148,8 +148,13 @@ func shapeOf(t *testing.T, ns, id string) shape {
 		s.Limits[string(k)] = q.String()
 	}
 	s.Deadline = spec.ActiveDeadlineSeconds != nil
-	if p := sandbox.StartupProbe; p != nil {
-		s.StartupProbe = fmt.Sprintf("%ds×%d", p.PeriodSeconds, p.FailureThreshold)
+	for _, p := range []struct {
+		kind  string
+		probe *corev1.Probe
+	}{{"startup", sandbox.StartupProbe}, {"readiness", sandbox.ReadinessProbe}, {"liveness", sandbox.LivenessProbe}} {
+		if p.probe != nil {
+			s.Probes = append(s.Probes, fmt.Sprintf("%s %ds×%d+%ds", p.kind, p.probe.PeriodSeconds, p.probe.FailureThreshold, p.probe.InitialDelaySeconds))
+		}
 	}
 	svc, err := client().CoreV1().Services(ns).Get(ctx, "sandbox-"+id+"-svc", metav1.GetOptions{})
 	if err != nil {
@@ -187,13 +192,16 @@ func TestTemplatesShapeTheSandbox(t *testing.T) {
 	// the user's tree and the thread's directory (see sandbox.hostRootOf).
 	hostRoots := []string{"host-shared-skills-view-fa5d0ede:hostPath", "host-user:hostPath", "host-thread:hostPath"}
 	limits := map[string]string{"cpu": "1", "memory": "1Gi", "ephemeral-storage": "500Mi"}
+	// The built-in probes (sandbox/pod.go): readiness every second from the
+	// start, liveness only after the slow-start budget.
+	probes := []string{"readiness 1s×3+0s", "liveness 10s×3+300s"}
 	tests := []struct {
 		template string
 		want     shape
 	}{{
 		template: "",
 		want: shape{Workload: "Pod", Labels: sandboxLabels("tpl-default", nil), Containers: []string{"sandbox=sandbox:test"},
-			Volumes: hostRoots, Mounts: defaultMounts, Limits: limits, Deadline: true, StartupProbe: "1s×300", Hardened: true, NoToken: true, ServiceOwner: "Pod"},
+			Volumes: hostRoots, Mounts: defaultMounts, Limits: limits, Deadline: true, Probes: probes, Hardened: true, NoToken: true, ServiceOwner: "Pod"},
 	}, {
 		template: "python",
 		want: shape{Workload: "Pod", Labels: sandboxLabels("tpl-python", map[string]string{"team": "data"}), Template: "python",
@@ -201,13 +209,13 @@ func TestTemplatesShapeTheSandbox(t *testing.T) {
 			Volumes:          append(hostRoots[:len(hostRoots):len(hostRoots)], "datasets:nfs", "pip-cache:emptyDir"),
 			Mounts:           []string{"/data", "/mnt/skills/custom", "/mnt/skills/legacy", "/mnt/skills/public", "/mnt/user-data", "/var/cache/pip"},
 			ImagePullSecrets: []string{"registry-credentials"}, NodeSelector: map[string]string{"sandbox.deerflow.dev/pool": "python"},
-			Limits: map[string]string{"cpu": "2", "memory": "2Gi", "ephemeral-storage": "500Mi"}, Deadline: true, StartupProbe: "2s×60",
+			Limits: map[string]string{"cpu": "2", "memory": "2Gi", "ephemeral-storage": "500Mi"}, Deadline: true, Probes: append([]string{"startup 2s×60+0s"}, probes...),
 			Hardened: true, NoToken: true, ServiceOwner: "Pod"},
 	}, {
 		template: "self-healing",
 		want: shape{Workload: "ReplicaSet", Replicas: 1, Labels: sandboxLabels("tpl-self-healing", map[string]string{"sandbox.deerflow.dev/workload": "replicaset"}),
 			Template: "self-healing", Containers: []string{"sandbox=" + deerflowImage}, Volumes: hostRoots, Mounts: defaultMounts,
-			Limits: limits, StartupProbe: "1s×300", Hardened: true, NoToken: true, ServiceOwner: "ReplicaSet"},
+			Limits: limits, Probes: probes, Hardened: true, NoToken: true, ServiceOwner: "ReplicaSet"},
 	}}
 	for _, tc := range tests {
 		id := "tpl-" + tc.template
