@@ -157,7 +157,14 @@ func (p *Pool) Ready(ctx context.Context, t *template.Template, hash string) ([]
 	p.ensureSoon(t)
 	sel := labels.Set(selector(poolValue(t.Name)))
 	sel[sandbox.LabelPoolHash] = hash
-	list, err := p.client.CoreV1().Pods(p.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+	// ResourceVersion "0": the API server answers from its watch cache at
+	// once, instead of first confirming with etcd that the cache is current
+	// (a consistent list waits for etcd's progress report, tens of
+	// milliseconds: most of a claim). A stale answer is safe: the claim
+	// patch carries the resourceVersion listed here, so a Pod claimed since
+	// fails with a conflict and the next is tried; a Pod Ready since is
+	// merely not offered (the create goes cold, as with an empty pool).
+	list, err := p.client.CoreV1().Pods(p.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String(), ResourceVersion: "0"})
 	if err != nil {
 		p.log.Warn("cannot read the warm pool; creating cold", "template", t.Name, "error", err)
 		p.observe(t.Name, ResultError)

@@ -72,9 +72,10 @@ type Target struct {
 }
 
 type sample struct {
-	d   []time.Duration
-	err int
-	all time.Duration
+	d     []time.Duration
+	err   int
+	first error // the first error, to say what failed
+	all   time.Duration
 }
 
 // run performs n ops at concurrency c, bounded by a deadline.
@@ -102,6 +103,9 @@ func run(n, c int, op func(i int) error) sample {
 				mu.Lock()
 				s.d = append(s.d, d)
 				if err != nil {
+					if s.err == 0 {
+						s.first = err
+					}
 					s.err++
 				}
 				mu.Unlock()

@@ -76,8 +76,10 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 	}
 	pods := kc.Client.CoreV1().Pods(ns)
 	poolSel := sandbox.LabelPool + "=warm"
-	readyPooled := func(ctx context.Context) ([]corev1.Pod, error) {
-		l, err := pods.List(ctx, metav1.ListOptions{LabelSelector: poolSel})
+	// rv "0" lists from the API server's watch cache, as a claim does
+	// (pool.Ready); "" is a consistent list, for waiting on the pool.
+	readyPooled := func(ctx context.Context, rv string) ([]corev1.Pod, error) {
+		l, err := pods.List(ctx, metav1.ListOptions{LabelSelector: poolSel, ResourceVersion: rv})
 		if err != nil {
 			return nil, err
 		}
@@ -91,7 +93,7 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 	}
 	waitPool := func(n int) {
 		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
-			r, err := readyPooled(ctx)
+			r, err := readyPooled(ctx, "")
 			return err == nil && len(r) >= n, nil
 		})
 		if err != nil {
@@ -115,7 +117,7 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 		if err != nil {
 			return err
 		}
-		cands, err := readyPooled(ctx)
+		cands, err := readyPooled(ctx, "0")
 		if err != nil {
 			return err
 		}
