@@ -103,21 +103,25 @@ func (m *Manager) createFromPool(ctx context.Context, s Spec, wait time.Duration
 		m.pool.Missed(t)
 		return Sandbox{}, false, nil
 	}
-	if err := m.requireIsolation(ctx); err != nil {
-		return Sandbox{}, true, err
-	}
 	// An id in use goes the cold way, which adopts or refuses it; but a
 	// sandbox claimed before (DeerFlow creates again on every reuse) is
 	// answered here, as the cold way would find it only after making a Pod
 	// and removing it again. Claiming first would spend a pooled Pod.
 	// A Pod sandbox-<id> without its Service (half made) is the cold way's
 	// to repair, so both are read, beside the pool's list.
+	// The isolation check (a read of the shared NetworkPolicy when its
+	// verdict is older than its TTL) runs beside them too: nothing is
+	// claimed until all four have answered.
 	var (
-		svc                      *corev1.Service
-		ready                    []*corev1.Pod
-		svcErr, podErr, readyErr error
+		svc                              *corev1.Service
+		ready                            []*corev1.Pod
+		svcErr, podErr, readyErr, isoErr error
 	)
 	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		isoErr = m.requireIsolation(gctx)
+		return nil
+	})
 	g.Go(func() error {
 		ready, readyErr = m.pool.Ready(gctx, t, hash)
 		return nil
@@ -131,6 +135,9 @@ func (m *Manager) createFromPool(ctx context.Context, s Spec, wait time.Duration
 		return nil
 	})
 	_ = g.Wait()
+	if isoErr != nil {
+		return Sandbox{}, true, isoErr
+	}
 	switch {
 	case podErr == nil:
 		return Sandbox{}, false, nil
