@@ -69,7 +69,19 @@ type Pool struct {
 
 	mu      sync.Mutex
 	ensured map[string]ensured // by template name: what this replica last made sure of
+	// held is the Pods this replica is claiming or has just claimed, by
+	// UID, each until a moment after. A hint only, never state that
+	// matters: racing claims in one replica pass over each other's Pods
+	// instead of spending a conditional write on a Pod another is taking
+	// (and the watch cache that Ready lists from may still offer a Pod
+	// claimed a moment ago). Between replicas the conditional patch alone
+	// decides, as before.
+	held map[types.UID]time.Time
 }
+
+// holdFor is how long a Pod this replica claimed is passed over: longer
+// than the watch cache takes to show the claim.
+const holdFor = 10 * time.Second
 
 type ensured struct {
 	key string
@@ -86,7 +98,7 @@ func New(cfg *config.Config, client kubernetes.Interface, observe Observer, log 
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Pool{cfg: cfg, client: client, observe: observe, log: log, now: time.Now, ensured: map[string]ensured{}}
+	return &Pool{cfg: cfg, client: client, observe: observe, log: log, now: time.Now, ensured: map[string]ensured{}, held: map[types.UID]time.Time{}}
 }
 
 // Name is the name of template's pool ReplicaSet: sandbox-pool- and the
@@ -185,7 +197,13 @@ func (p *Pool) Ready(ctx context.Context, t *template.Template, hash string) ([]
 // claimed since fails with a conflict, and the next is tried.
 func (p *Pool) ClaimFrom(ctx context.Context, t *template.Template, hash string, ready []*corev1.Pod, c sandbox.Claim) *corev1.Pod {
 	for _, pod := range ready {
+		if !p.hold(pod.UID) {
+			continue // another claim of this replica is taking it
+		}
 		claimed, err := p.claim(ctx, pod, hash, c)
+		if claimed == nil {
+			p.release(pod.UID)
+		}
 		switch {
 		case err != nil:
 			p.log.Warn("cannot claim a pooled sandbox; creating cold", "template", t.Name, "pod", pod.Name, "error", err)
@@ -198,6 +216,32 @@ func (p *Pool) ClaimFrom(ctx context.Context, t *template.Template, hash string,
 	}
 	p.observe(t.Name, ResultEmpty)
 	return nil
+}
+
+// hold marks uid as being claimed by this replica; false when it already
+// is (or was claimed here within holdFor).
+func (p *Pool) hold(uid types.UID) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now()
+	for u, until := range p.held {
+		if now.After(until) {
+			delete(p.held, u)
+		}
+	}
+	if _, taken := p.held[uid]; taken {
+		return false
+	}
+	p.held[uid] = now.Add(holdFor)
+	return true
+}
+
+// release lets other claims of this replica try uid again: its claim did
+// not take it.
+func (p *Pool) release(uid types.UID) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.held, uid)
 }
 
 // maxClaimTries bounds the writes a claim spends on one Pod that other

@@ -248,6 +248,70 @@ func TestConcurrentClaimsNeverShareAPod(t *testing.T) {
 	}
 }
 
+// TestClaimsOfOneReplicaDoNotRace: racing claims in one replica pass over
+// the Pods the others are taking, so none spends a write on a Pod it then
+// loses: 8 claims on a pool of 8 make 8 patches and get 8 Pods. A Pod is
+// passed over for a while after its claim too, as the watch cache may
+// still list it as claimable; a Pod whose claim failed is offered again.
+func TestClaimsOfOneReplicaDoNotRace(t *testing.T) {
+	cfg := testConfig(t)
+	tmpl := pooled(t, cfg, 8)
+	hash := hashOf(cfg, tmpl)
+	var objs []runtime.Object
+	for i := range 8 {
+		objs = append(objs, poolPod(cfg, tmpl, fmt.Sprintf("p%d", i), true))
+	}
+	cs := clientset(objs...)
+	var c counts
+	p := newPool(cfg, cs, &c, tmpl)
+	ready, err := p.Ready(context.Background(), tmpl, hash)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		claimed = map[string]bool{}
+	)
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Every claim works from the same list, as racing claims from
+			// one watch-cache answer do.
+			if pod := p.ClaimFrom(context.Background(), tmpl, hash, ready, claimFor(fmt.Sprintf("id%d", i))); pod != nil {
+				mu.Lock()
+				claimed[pod.Name] = true
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	patches := 0
+	for _, a := range cs.Actions() {
+		if a.GetVerb() == "patch" {
+			patches++
+		}
+	}
+	if len(claimed) != 8 || patches != 8 {
+		t.Errorf("8 racing claims on 8 Pods: %d Pods claimed with %d patches, want 8 and 8", len(claimed), patches)
+	}
+	// The same stale list offered again: every Pod is passed over, no write.
+	if pod := p.ClaimFrom(context.Background(), tmpl, hash, ready, claimFor("late")); pod != nil {
+		t.Errorf("a claim from the stale list got %s, claimed a moment ago", pod.Name)
+	}
+	// Once the hold has passed, a Pod whose claim did not take it (here:
+	// one made claimable again) is offered again.
+	p.now = func() time.Time { return time.Now().Add(2 * holdFor) }
+	fresh := poolPod(cfg, tmpl, "p-new", true)
+	if _, err := cs.CoreV1().Pods(ns).Create(context.Background(), fresh, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if pod := p.ClaimFrom(context.Background(), tmpl, hash, []*corev1.Pod{fresh}, claimFor("next")); pod == nil || pod.Name != "p-new" {
+		t.Errorf("claim of a new pooled Pod: got %v, want p-new", pod)
+	}
+}
+
 func TestBuild(t *testing.T) {
 	cfg := testConfig(t)
 	tmpl := pooled(t, cfg, 3)
