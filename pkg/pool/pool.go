@@ -167,19 +167,29 @@ func (p *Pool) Claim(ctx context.Context, t *template.Template, hash string, c s
 // the cold way.
 func (p *Pool) Ready(ctx context.Context, t *template.Template, hash string) ([]*corev1.Pod, error) {
 	p.ensureSoon(t)
-	sel := labels.Set(selector(poolValue(t.Name)))
-	sel[sandbox.LabelPoolHash] = hash
 	// ResourceVersion "0": the API server answers from its watch cache at
 	// once, instead of first confirming with etcd that the cache is current
 	// (a consistent list waits for etcd's progress report, tens of
 	// milliseconds: most of a claim). A stale answer is safe: the claim
 	// patch carries the resourceVersion listed here, so a Pod claimed since
 	// fails with a conflict and the next is tried; a Pod Ready since is
-	// merely not offered (the create goes cold, as with an empty pool).
-	list, err := p.client.CoreV1().Pods(p.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String(), ResourceVersion: "0"})
+	// offered by ClaimFrom's second look.
+	ready, err := p.list(ctx, t, hash, "0")
 	if err != nil {
 		p.log.Warn("cannot read the warm pool; creating cold", "template", t.Name, "error", err)
 		p.observe(t.Name, ResultError)
+		return nil, err
+	}
+	return ready, nil
+}
+
+// list is the pool's claimable Pods of the wanted shape as of resource
+// version rv ("0": the watch cache; "": current), in random order.
+func (p *Pool) list(ctx context.Context, t *template.Template, hash, rv string) ([]*corev1.Pod, error) {
+	sel := labels.Set(selector(poolValue(t.Name)))
+	sel[sandbox.LabelPoolHash] = hash
+	list, err := p.client.CoreV1().Pods(p.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String(), ResourceVersion: rv})
+	if err != nil {
 		return nil, err
 	}
 	var ready []*corev1.Pod
@@ -194,24 +204,37 @@ func (p *Pool) Ready(ctx context.Context, t *template.Template, hash string) ([]
 
 // ClaimFrom implements sandbox.Pool: it tries the Pods Ready listed, each
 // with one patch that carries the resourceVersion it saw: a Pod someone
-// claimed since fails with a conflict, and the next is tried.
+// claimed since fails with a conflict, and the next is tried. When none of
+// them could be had, it looks once more with a current list (the watch
+// cache's answer may have missed Pods that turned Ready a moment ago),
+// before the create goes the cold way.
 func (p *Pool) ClaimFrom(ctx context.Context, t *template.Template, hash string, ready []*corev1.Pod, c sandbox.Claim) *corev1.Pod {
-	for _, pod := range ready {
-		if !p.hold(pod.UID) {
-			continue // another claim of this replica is taking it
+	tried := map[types.UID]bool{}
+	for look := 0; look < 2; look++ {
+		if look == 1 {
+			var err error
+			if ready, err = p.list(ctx, t, hash, ""); err != nil {
+				break // the stale look found nothing either: cold, as with an empty pool
+			}
 		}
-		claimed, err := p.claim(ctx, pod, hash, c)
-		if claimed == nil {
-			p.release(pod.UID)
-		}
-		switch {
-		case err != nil:
-			p.log.Warn("cannot claim a pooled sandbox; creating cold", "template", t.Name, "pod", pod.Name, "error", err)
-			p.observe(t.Name, ResultError)
-			return nil
-		case claimed != nil:
-			p.observe(t.Name, ResultHit)
-			return claimed
+		for _, pod := range ready {
+			if tried[pod.UID] || !p.hold(pod.UID) {
+				continue // tried already, or another claim of this replica is taking it
+			}
+			tried[pod.UID] = true
+			claimed, err := p.claim(ctx, pod, hash, c)
+			if claimed == nil {
+				p.release(pod.UID)
+			}
+			switch {
+			case err != nil:
+				p.log.Warn("cannot claim a pooled sandbox; creating cold", "template", t.Name, "pod", pod.Name, "error", err)
+				p.observe(t.Name, ResultError)
+				return nil
+			case claimed != nil:
+				p.observe(t.Name, ResultHit)
+				return claimed
+			}
 		}
 	}
 	p.observe(t.Name, ResultEmpty)

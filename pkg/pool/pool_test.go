@@ -312,6 +312,27 @@ func TestClaimsOfOneReplicaDoNotRace(t *testing.T) {
 	}
 }
 
+// TestClaimLooksAgainWhenTheCacheOffersNothing: Ready lists from the API
+// server's watch cache, which may not yet show a Pod that turned Ready a
+// moment ago; a claim that finds nothing there looks once more with a
+// current list before the create goes cold.
+func TestClaimLooksAgainWhenTheCacheOffersNothing(t *testing.T) {
+	cfg := testConfig(t)
+	tmpl := pooled(t, cfg, 2)
+	cs := clientset(poolPod(cfg, tmpl, "just-ready", true))
+	var c counts
+	p := newPool(cfg, cs, &c, tmpl)
+	if pod := p.ClaimFrom(context.Background(), tmpl, hashOf(cfg, tmpl), nil, claimFor("abc")); pod == nil || pod.Name != "just-ready" {
+		t.Fatalf("claim from an empty stale list: got %v, want just-ready from the second look", pod)
+	}
+	if pod := p.ClaimFrom(context.Background(), tmpl, hashOf(cfg, tmpl), nil, claimFor("def")); pod != nil {
+		t.Errorf("claim of a pool with nothing left: got %s", pod.Name)
+	}
+	if diff := cmp.Diff(map[string]int{"warm/hit": 1, "warm/empty": 1}, c.m); diff != "" {
+		t.Errorf("observed (-want +got):\n%s", diff)
+	}
+}
+
 func TestBuild(t *testing.T) {
 	cfg := testConfig(t)
 	tmpl := pooled(t, cfg, 3)
