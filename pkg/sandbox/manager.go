@@ -93,10 +93,12 @@ func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option)
 	return m
 }
 
-// Run starts the Manager's background work, the quota's Service cache (a
-// watch, not a loop: see slots), until ctx ends. Without it, every quota
-// count lists the Services.
+// Run starts the Manager's background work, until ctx ends: the watch of
+// the sandbox templates (see template.Store) and the quota's Service cache
+// (a watch, not a loop: see slots). Without it, templates are read on
+// demand and every quota count lists the Services.
 func (m *Manager) Run(ctx context.Context) {
+	m.templates.Run(ctx)
 	if m.slots != nil && m.slotsRunning.CompareAndSwap(false, true) {
 		go m.slots.run(ctx)
 	}

@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 )
@@ -19,18 +22,24 @@ import (
 // ErrNotFound is a named template that does not exist.
 var ErrNotFound = errors.New("no such sandbox template")
 
-// Store reads templates on demand: no informer, no loop, nothing running
-// between requests (the function scales to zero). A template read is cached
-// for TTL; after that the next use reads the object again and reuses the
-// validated template when its resourceVersion is unchanged, so an edit with
-// kubectl applies to creates from TTL later on, without a restart.
+// Store resolves templates. Once Run has started its watch of the sandbox
+// PodTemplates and the watch has synced, a create finds its template in
+// memory, with no round trip, and an edit with kubectl applies as soon as
+// the watch delivers it. Until then (a cold replica's first requests), or
+// if it never syncs (a Role without watch on podtemplates), templates are
+// read on demand: a read is cached for TTL; after that the next use reads
+// the object again. Either way a template is validated once per
+// resourceVersion. The watch is not a loop: it does nothing between
+// requests but hold the few templates (the function scales to zero).
 type Store struct {
-	client  kubernetes.Interface
-	cfg     *config.Config
-	ttl     time.Duration
-	now     func() time.Time
-	mu      sync.Mutex
-	entries map[string]entry
+	client   kubernetes.Interface
+	cfg      *config.Config
+	ttl      time.Duration
+	now      func() time.Time
+	informer cache.SharedIndexInformer
+	running  atomic.Bool
+	mu       sync.Mutex
+	entries  map[string]entry
 }
 
 // maxCached bounds the entries a Store holds: names come from requests.
@@ -45,7 +54,35 @@ type entry struct {
 
 // NewStore returns a Store reading PodTemplates in cfg.Namespace.
 func NewStore(client kubernetes.Interface, cfg *config.Config) *Store {
-	return &Store{client: client, cfg: cfg, ttl: cfg.TemplateCacheTTL, now: time.Now, entries: map[string]entry{}}
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(cfg.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = Label }))
+	return &Store{client: client, cfg: cfg, ttl: cfg.TemplateCacheTTL, now: time.Now, entries: map[string]entry{},
+		informer: factory.Core().V1().PodTemplates().Informer()}
+}
+
+// Run starts the watch of the sandbox templates (once), until ctx ends.
+func (s *Store) Run(ctx context.Context) {
+	if s.running.CompareAndSwap(false, true) {
+		go s.informer.Run(ctx.Done())
+	}
+}
+
+// watched is name's PodTemplate as the synced watch holds it: known is
+// false when the watch cannot answer (not started, not synced, or a named
+// template it has not shown, perhaps made a moment ago), and pt is nil for
+// a default template that does not exist.
+func (s *Store) watched(name string) (pt *corev1.PodTemplate, known bool) {
+	if !s.running.Load() || !s.informer.HasSynced() {
+		return nil, false
+	}
+	obj, ok, err := s.informer.GetStore().GetByKey(s.cfg.Namespace + "/" + name)
+	switch {
+	case err != nil:
+		return nil, false
+	case ok:
+		return obj.(*corev1.PodTemplate), true
+	}
+	return nil, name == Default
 }
 
 // Get returns the validated template called name ("" is the default). It
@@ -59,6 +96,17 @@ func (s *Store) Get(ctx context.Context, name string) (*Template, error) {
 	s.mu.Lock()
 	e, ok := s.entries[name]
 	s.mu.Unlock()
+	if pt, known := s.watched(name); known {
+		if pt == nil {
+			return nil, nil // no PodTemplate default: the built-in Pod
+		}
+		if !ok || e.rv != pt.ResourceVersion {
+			t, verr := FromPodTemplate(pt, s.cfg) // it copies what it keeps
+			e = entry{tmpl: t, err: verr, rv: pt.ResourceVersion}
+			s.remember(name, e)
+		}
+		return e.tmpl, e.err
+	}
 	if ok && s.now().Sub(e.checked) < s.ttl {
 		return e.tmpl, e.err
 	}
@@ -78,13 +126,18 @@ func (s *Store) Get(ctx context.Context, name string) (*Template, error) {
 		e = entry{tmpl: t, err: verr, rv: pt.ResourceVersion}
 	}
 	e.checked = s.now()
+	s.remember(name, e)
+	return e.tmpl, e.err
+}
+
+// remember keeps the validated e for name.
+func (s *Store) remember(name string, e entry) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if len(s.entries) >= maxCached {
 		clear(s.entries)
 	}
 	s.entries[name] = e
-	s.mu.Unlock()
-	return e.tmpl, e.err
 }
 
 // Summary is one template as GET /api/templates lists it.

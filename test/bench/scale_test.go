@@ -10,6 +10,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // BenchmarkScale measures whether a create costs the same with 5,000
@@ -72,9 +76,35 @@ func BenchmarkScale(b *testing.B) {
 			func(i int) error { return ours(fn, "DELETE", fmt.Sprintf("/api/sandboxes/s%d-o%d", present, i), nil) })
 		rows = append(rows, row(fmt.Sprintf("delete (%d present)", present), 1, od, fd))
 	}
+	// settle waits until the cluster has caught up with the fill (kwok has
+	// moved every Pod to Running, so the scheduler and kwok are idle), so
+	// that both sizes are measured on a cluster at rest rather than the
+	// larger one during the fill's aftermath, which both sides would be
+	// charged for.
+	settle := func() {
+		progress("waiting for the cluster to settle (every sandbox Pod Running)")
+		err := wait.PollUntilContextTimeout(ctx, 5*time.Second, 10*time.Minute, true, func(ctx context.Context) (bool, error) {
+			l, err := kc.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=deer-flow-sandbox", ResourceVersion: "0"})
+			if err != nil {
+				return false, nil
+			}
+			for _, p := range l.Items {
+				if p.Status.Phase != corev1.PodRunning {
+					return false, nil
+				}
+			}
+			return true, nil
+		})
+		if err != nil {
+			b.Fatalf("the cluster did not settle: %v", err)
+		}
+		time.Sleep(10 * time.Second)
+	}
 	fill(40, 50) // the 40 warm-up sandboxes and 10 more
+	settle()
 	measure(countSandboxes(ctx, kc.Client))
 	fill(50, 5000)
+	settle()
 	measure(countSandboxes(ctx, kc.Client))
 
 	var md strings.Builder

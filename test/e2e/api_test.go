@@ -450,8 +450,8 @@ func TestAPIServerDownIsUnavailableNotNotFound(t *testing.T) {
 // so an existing sandbox costs reads, not failed writes.
 func TestRecreateOfExistingSandboxIsCheap(t *testing.T) {
 	ns := namespace(t)
-	// The template read that hot reload costs (once per
-	// SANDBOX_TEMPLATE_CACHE_TTL per replica) is kept out of the measured
+	// A template read (once per SANDBOX_TEMPLATE_CACHE_TTL per replica
+	// until its template watch has synced) is kept out of the measured
 	// request: the first create makes it, and it holds for a minute. So
 	// does the re-check of the shared NetworkPolicy (one read per
 	// SANDBOX_NETWORK_POLICY_CHECK_TTL).

@@ -279,8 +279,10 @@ func TestTemplateEditsAndRefusals(t *testing.T) {
 	putTemplate(t, ns, podTemplate("edit", nil, spec("first:1")))
 	create(t, f, map[string]any{"sandbox_id": "edit1", "template": "edit"})
 	putTemplate(t, ns, podTemplate("edit", nil, spec("second:2")))
-	// The function reuses a template it read for SANDBOX_TEMPLATE_CACHE_TTL
-	// (1 s by default, as deployed); past that, the next create reads it.
+	// The function's watch delivers the edit within milliseconds; a
+	// replica whose watch has not synced reuses a read for
+	// SANDBOX_TEMPLATE_CACHE_TTL (1 s by default, as deployed). Past both,
+	// the next create sees the edit.
 	time.Sleep(1100 * time.Millisecond)
 	create(t, f, map[string]any{"sandbox_id": "edit2", "template": "edit"})
 	images := map[string]string{}
