@@ -144,6 +144,10 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 					"labels": map[string]any{sandbox.LabelPool: nil, sandbox.LabelPoolHash: nil, sandbox.LabelID: id, sandbox.LabelPooled: "true"}}})
 				claimed, err := pods.Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 				if apierrors.IsConflict(err) {
+					// Claimed by another, or only its status written since
+					// (as a claim retries, pool.claim): the current list
+					// offers it again if it is still claimable.
+					delete(tried, p.UID)
 					continue
 				}
 				if err != nil {
