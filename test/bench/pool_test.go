@@ -135,26 +135,32 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 				k := i % len(cands)
 				cands = append(cands[k:], cands[:k]...)
 			}
-			for _, p := range cands {
+			for idx := range cands {
+				p := &cands[idx]
 				if tried[p.UID] {
 					continue
 				}
 				tried[p.UID] = true
-				patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": p.ResourceVersion, "ownerReferences": nil,
-					"labels": map[string]any{sandbox.LabelPool: nil, sandbox.LabelPoolHash: nil, sandbox.LabelID: id, sandbox.LabelPooled: "true"}}})
-				claimed, err := pods.Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{})
-				if apierrors.IsConflict(err) {
-					// Claimed by another, or only its status written since
-					// (as a claim retries, pool.claim): the current list
-					// offers it again if it is still claimable.
-					delete(tried, p.UID)
-					continue
-				}
-				if err != nil {
+				// Up to three writes on one Pod, as a claim makes
+				// (pool.claim): a conflict from a status write (the
+				// kubelet's, just after the Pod turned Ready) is retried on
+				// the current Pod; one from another claim moves on.
+				for try := 0; try < 3 && p != nil; try++ {
+					patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": p.ResourceVersion, "ownerReferences": nil,
+						"labels": map[string]any{sandbox.LabelPool: nil, sandbox.LabelPoolHash: nil, sandbox.LabelID: id, sandbox.LabelPooled: "true"}}})
+					claimed, err := pods.Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+					if apierrors.IsConflict(err) {
+						if p, err = pods.Get(ctx, p.Name, metav1.GetOptions{}); err != nil || p.Labels[sandbox.LabelID] != "" {
+							p = nil
+						}
+						continue
+					}
+					if err != nil {
+						return err
+					}
+					_, err = kc.Client.CoreV1().Services(ns).Create(ctx, sandbox.BuildService(fl.cfg, spec, sandbox.PodOwnerRef(claimed)), metav1.CreateOptions{})
 					return err
 				}
-				_, err = kc.Client.CoreV1().Services(ns).Create(ctx, sandbox.BuildService(fl.cfg, spec, sandbox.PodOwnerRef(claimed)), metav1.CreateOptions{})
-				return err
 			}
 		}
 		return fmt.Errorf("floor: no pooled Pod left for %s", id)
