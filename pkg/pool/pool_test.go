@@ -252,7 +252,7 @@ func TestConcurrentClaimsNeverShareAPod(t *testing.T) {
 // the Pods the others are taking, so none spends a write on a Pod it then
 // loses: 8 claims on a pool of 8 make 8 patches and get 8 Pods. A Pod is
 // passed over for a while after its claim too, as the watch cache may
-// still list it as claimable; a Pod whose claim failed is offered again.
+// still list it as claimable; a Pod whose claim failed is let go at once.
 func TestClaimsOfOneReplicaDoNotRace(t *testing.T) {
 	cfg := testConfig(t)
 	tmpl := pooled(t, cfg, 8)
@@ -300,15 +300,18 @@ func TestClaimsOfOneReplicaDoNotRace(t *testing.T) {
 	if pod := p.ClaimFrom(context.Background(), tmpl, hash, ready, claimFor("late")); pod != nil {
 		t.Errorf("a claim from the stale list got %s, claimed a moment ago", pod.Name)
 	}
-	// Once the hold has passed, a Pod whose claim did not take it (here:
-	// one made claimable again) is offered again.
-	p.now = func() time.Time { return time.Now().Add(2 * holdFor) }
-	fresh := poolPod(cfg, tmpl, "p-new", true)
-	if _, err := cs.CoreV1().Pods(ns).Create(context.Background(), fresh, metav1.CreateOptions{}); err != nil {
+	// A Pod whose claim did not take it is let go at once: here one the
+	// API server did not have yet (the claim finds it gone), which a
+	// later claim then takes.
+	late := poolPod(cfg, tmpl, "p-late", true)
+	if pod := p.ClaimFrom(context.Background(), tmpl, hash, []*corev1.Pod{late}, claimFor("next")); pod != nil {
+		t.Fatalf("claim of a Pod the API server lacks: got %s", pod.Name)
+	}
+	if _, err := cs.CoreV1().Pods(ns).Create(context.Background(), late, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if pod := p.ClaimFrom(context.Background(), tmpl, hash, []*corev1.Pod{fresh}, claimFor("next")); pod == nil || pod.Name != "p-new" {
-		t.Errorf("claim of a new pooled Pod: got %v, want p-new", pod)
+	if pod := p.ClaimFrom(context.Background(), tmpl, hash, []*corev1.Pod{late}, claimFor("next")); pod == nil || pod.Name != "p-late" {
+		t.Errorf("claim of the Pod once it exists: got %v, want p-late (not held by the failed claim)", pod)
 	}
 }
 
