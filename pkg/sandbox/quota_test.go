@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
 )
 
 // TestCreateLeavesNothingWhenTheCountFails injects errors into the quota's
@@ -68,6 +69,11 @@ func TestCreateLeavesNothingWhenTheCountFails(t *testing.T) {
 				m.Run(ctx)
 				if !m.slots.synced(ctx, 5*time.Second) {
 					t.Fatal("the Service cache did not sync")
+				}
+				// Run starts the template watch too: its first list must be
+				// over before the reactors below are added and count lists.
+				if !cache.WaitForCacheSync(ctx.Done(), m.templates.HasSynced) {
+					t.Fatal("the template watch did not sync")
 				}
 			}
 			var lists []string

@@ -67,12 +67,16 @@ func (s *Store) Run(ctx context.Context) {
 	}
 }
 
+// HasSynced reports whether the watch has started and holds every
+// template (from then on, Get reads nothing for a template it holds).
+func (s *Store) HasSynced() bool { return s.running.Load() && s.informer.HasSynced() }
+
 // watched is name's PodTemplate as the synced watch holds it: known is
 // false when the watch cannot answer (not started, not synced, or a named
 // template it has not shown, perhaps made a moment ago), and pt is nil for
 // a default template that does not exist.
 func (s *Store) watched(name string) (pt *corev1.PodTemplate, known bool) {
-	if !s.running.Load() || !s.informer.HasSynced() {
+	if !s.HasSynced() {
 		return nil, false
 	}
 	obj, ok, err := s.informer.GetStore().GetByKey(s.cfg.Namespace + "/" + name)
