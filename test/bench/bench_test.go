@@ -447,9 +447,22 @@ func countSandboxes(ctx context.Context, c kubernetes.Interface) int {
 	return n
 }
 
+// loadConfig reads the configuration env gives, as the function reads its
+// environment, then puts this process's own environment back: one
+// benchmark's settings (the real node's node selector and tolerations,
+// say) must not reach the clusters, floors and functions of the benchmarks
+// after it in the same run (they left kwok's Pods unschedulable).
 func loadConfig(env map[string]string) (*config.Config, error) {
 	for k, v := range env {
+		old, had := os.LookupEnv(k)
 		os.Setenv(k, v)
+		defer func() {
+			if had {
+				os.Setenv(k, old)
+			} else {
+				os.Unsetenv(k)
+			}
+		}()
 	}
 	return config.Load()
 }
