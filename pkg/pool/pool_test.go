@@ -110,6 +110,15 @@ func clientset(objs ...runtime.Object) *fake.Clientset {
 	return cs
 }
 
+// readyPods is n Ready pooled Pods of tmpl, p0 to p<n-1>.
+func readyPods(cfg *config.Config, tmpl *template.Template, n int) []runtime.Object {
+	var objs []runtime.Object
+	for i := range n {
+		objs = append(objs, poolPod(cfg, tmpl, fmt.Sprintf("p%d", i), true))
+	}
+	return objs
+}
+
 type counts struct {
 	mu sync.Mutex
 	m  map[string]int
@@ -204,11 +213,7 @@ func TestClaimHandsOutOnlyReadyUnclaimedPodsOfTheShape(t *testing.T) {
 func TestConcurrentClaimsNeverShareAPod(t *testing.T) {
 	cfg := testConfig(t)
 	tmpl := pooled(t, cfg, 5)
-	var objs []runtime.Object
-	for i := range 5 {
-		objs = append(objs, poolPod(cfg, tmpl, fmt.Sprintf("p%d", i), true))
-	}
-	cs := clientset(objs...)
+	cs := clientset(readyPods(cfg, tmpl, 5)...)
 	var c counts
 	p := newPool(cfg, cs, &c, tmpl)
 	var (
@@ -257,11 +262,7 @@ func TestClaimsOfOneReplicaDoNotRace(t *testing.T) {
 	cfg := testConfig(t)
 	tmpl := pooled(t, cfg, 8)
 	hash := hashOf(cfg, tmpl)
-	var objs []runtime.Object
-	for i := range 8 {
-		objs = append(objs, poolPod(cfg, tmpl, fmt.Sprintf("p%d", i), true))
-	}
-	cs := clientset(objs...)
+	cs := clientset(readyPods(cfg, tmpl, 8)...)
 	var c counts
 	p := newPool(cfg, cs, &c, tmpl)
 	ready, err := p.Ready(context.Background(), tmpl, hash)
