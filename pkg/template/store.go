@@ -104,9 +104,8 @@ func (s *Store) Get(ctx context.Context, name string) (*Template, error) {
 		if pt == nil {
 			return nil, nil // no PodTemplate default: the built-in Pod
 		}
-		if !ok || e.rv != pt.ResourceVersion {
-			t, verr := FromPodTemplate(pt, s.cfg) // it copies what it keeps
-			e = entry{tmpl: t, err: verr, rv: pt.ResourceVersion}
+		if fresh := s.validated(pt, e, ok); fresh != e {
+			e = fresh
 			s.remember(name, e)
 		}
 		return e.tmpl, e.err
@@ -123,15 +122,22 @@ func (s *Store) Get(ctx context.Context, name string) (*Template, error) {
 		}
 	case err != nil:
 		return nil, fmt.Errorf("read sandbox template %q: %w", name, err) // not cached: transient
-	case ok && e.rv == pt.ResourceVersion:
-		// Unchanged since we validated it.
 	default:
-		t, verr := FromPodTemplate(pt, s.cfg)
-		e = entry{tmpl: t, err: verr, rv: pt.ResourceVersion}
+		e = s.validated(pt, e, ok)
 	}
 	e.checked = s.now()
 	s.remember(name, e)
 	return e.tmpl, e.err
+}
+
+// validated is pt's entry: e (cached is whether there is one) when it
+// was validated at pt's resourceVersion, else pt validated anew.
+func (s *Store) validated(pt *corev1.PodTemplate, e entry, cached bool) entry {
+	if cached && e.rv == pt.ResourceVersion {
+		return e // unchanged since it was validated
+	}
+	t, err := FromPodTemplate(pt, s.cfg) // it copies what it keeps: pt may be the watch's
+	return entry{tmpl: t, err: err, rv: pt.ResourceVersion}
 }
 
 // remember keeps the validated e for name.
