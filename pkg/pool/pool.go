@@ -209,20 +209,29 @@ func (p *Pool) list(ctx context.Context, t *template.Template, hash, rv string) 
 // cache's answer may have missed Pods that turned Ready a moment ago),
 // before the create goes the cold way.
 func (p *Pool) ClaimFrom(ctx context.Context, t *template.Template, hash string, ready []*corev1.Pod, c sandbox.Claim) *corev1.Pod {
-	tried := map[types.UID]bool{}
+	// done is the Pods this claim is through with: taken by someone else,
+	// gone, or no longer claimable. A Pod it could not write only because
+	// its status kept changing (the kubelet's writes just after it turned
+	// Ready) is not done: the second look tries it again.
+	done := map[types.UID]bool{}
+	listed, skipped := len(ready), 0
 	for look := 0; look < 2; look++ {
 		if look == 1 {
 			var err error
 			if ready, err = p.list(ctx, t, hash, ""); err != nil {
 				break // the stale look found nothing either: cold, as with an empty pool
 			}
+			listed, skipped = len(ready), 0
 		}
 		for _, pod := range ready {
-			if tried[pod.UID] || !p.hold(pod.UID) {
-				continue // tried already, or another claim of this replica is taking it
+			if done[pod.UID] {
+				continue
 			}
-			tried[pod.UID] = true
-			claimed, err := p.claim(ctx, pod, hash, c)
+			if !p.hold(pod.UID) {
+				skipped++ // another claim of this replica is taking it
+				continue
+			}
+			claimed, taken, err := p.claim(ctx, pod, hash, c)
 			if claimed == nil {
 				p.release(pod.UID)
 			}
@@ -234,9 +243,14 @@ func (p *Pool) ClaimFrom(ctx context.Context, t *template.Template, hash string,
 			case claimed != nil:
 				p.observe(t.Name, ResultHit)
 				return claimed
+			case taken:
+				done[pod.UID] = true
 			}
 		}
 	}
+	// Said at Info: an operator sizing a pool wants to see it run dry.
+	p.log.Info("the warm pool had no Pod left to claim; creating cold", "template", t.Name,
+		"claimable", listed, "taken_by_this_replica", skipped)
 	p.observe(t.Name, ResultEmpty)
 	return nil
 }
@@ -271,36 +285,38 @@ func (p *Pool) release(uid types.UID) {
 // writers (the kubelet's status, say) change under it.
 const maxClaimTries = 3
 
-// claim tries to claim pod: nil, nil when someone else claimed it first (or
-// it is gone, or no longer claimable). A conflict that left the Pod
-// unclaimed (its status changed) is retried on the fresh Pod, so that only
-// a claim by someone else sends a create on to another Pod or the cold way.
-func (p *Pool) claim(ctx context.Context, pod *corev1.Pod, hash string, c sandbox.Claim) (*corev1.Pod, error) {
+// claim tries to claim pod. Without it, taken says that pod is out of
+// reach for good (someone else claimed it first, it is gone, or it is no
+// longer claimable); not taken means every try met a change to the Pod
+// that left it claimable (a status write), and a later try may win. Such a
+// conflict is retried on the fresh Pod, so that only a claim by someone
+// else sends a create on to another Pod or the cold way.
+func (p *Pool) claim(ctx context.Context, pod *corev1.Pod, hash string, c sandbox.Claim) (claimed *corev1.Pod, taken bool, err error) {
 	pods := p.client.CoreV1().Pods(p.cfg.Namespace)
 	for try := 0; try < maxClaimTries; try++ {
 		patch, err := claimPatch(pod, c, p.now())
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		claimed, err := pods.Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 		switch {
 		case err == nil:
-			return claimed, nil
+			return claimed, false, nil
 		case apierrors.IsNotFound(err):
-			return nil, nil
+			return nil, true, nil
 		case !apierrors.IsConflict(err):
-			return nil, err
+			return nil, false, err
 		}
 		if pod, err = pods.Get(ctx, pod.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
-			return nil, nil
+			return nil, true, nil
 		} else if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		if !claimable(pod, hash) {
-			return nil, nil // claimed by someone else first
+			return nil, true, nil // claimed by someone else first
 		}
 	}
-	return nil, nil
+	return nil, false, nil
 }
 
 // Missed implements sandbox.Pool.

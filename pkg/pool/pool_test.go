@@ -480,28 +480,44 @@ func TestDescribe(t *testing.T) {
 	}
 }
 
-// TestClaimSurvivesAStatusWrite: a conflict caused by another writer (the
+// TestClaimSurvivesStatusWrites: a conflict caused by another writer (the
 // kubelet updating status) rather than a claim does not send the create
-// the cold way while the Pod is still free.
-func TestClaimSurvivesAStatusWrite(t *testing.T) {
-	cfg := testConfig(t)
-	tmpl := pooled(t, cfg, 1)
-	cs := clientset(poolPod(cfg, tmpl, "only", true))
-	var once sync.Once
-	cs.PrependReactor("patch", "pods", func(a clienttesting.Action) (bool, runtime.Object, error) {
-		once.Do(func() {
-			obj, _ := cs.Tracker().Get(podsGVR, ns, "only")
-			pod := obj.(*corev1.Pod).DeepCopy()
-			pod.ResourceVersion = "11"
-			if err := cs.Tracker().Update(podsGVR, pod, ns); err != nil {
-				t.Error(err)
+// the cold way while the Pod is still free: not after one such write, nor
+// after as many as a look tries (maxClaimTries, all conflicts), when the
+// second look tries the Pod again.
+func TestClaimSurvivesStatusWrites(t *testing.T) {
+	for _, writes := range []int{1, maxClaimTries} {
+		t.Run(fmt.Sprintf("%d status writes", writes), func(t *testing.T) {
+			cfg := testConfig(t)
+			tmpl := pooled(t, cfg, 1)
+			cs := clientset(poolPod(cfg, tmpl, "only", true))
+			var mu sync.Mutex
+			left := writes
+			// Before each of the first writes patches, the status changes.
+			cs.PrependReactor("patch", "pods", func(a clienttesting.Action) (bool, runtime.Object, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				if left == 0 {
+					return false, nil, nil
+				}
+				left--
+				obj, _ := cs.Tracker().Get(podsGVR, ns, "only")
+				pod := obj.(*corev1.Pod).DeepCopy()
+				n, _ := strconv.Atoi(pod.ResourceVersion)
+				pod.ResourceVersion = strconv.Itoa(n + 1)
+				if err := cs.Tracker().Update(podsGVR, pod, ns); err != nil {
+					t.Error(err)
+				}
+				return false, nil, nil
+			})
+			var c counts
+			p := newPool(cfg, cs, &c, tmpl)
+			if got := p.Claim(context.Background(), tmpl, hashOf(cfg, tmpl), claimFor("abc")); got == nil || got.Labels[sandbox.LabelID] != "abc" {
+				t.Fatalf("claim after %d status writes: %v; want the Pod claimed", writes, got)
+			}
+			if diff := cmp.Diff(map[string]int{tmpl.Name + "/" + ResultHit: 1}, c.m); diff != "" {
+				t.Errorf("claim results (-want +got):\n%s", diff)
 			}
 		})
-		return false, nil, nil
-	})
-	var c counts
-	p := newPool(cfg, cs, &c, tmpl)
-	if got := p.Claim(context.Background(), tmpl, hashOf(cfg, tmpl), claimFor("abc")); got == nil || got.Labels[sandbox.LabelID] != "abc" {
-		t.Fatalf("claim after a status write: %v; want the Pod claimed", got)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -22,6 +23,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 	"github.com/deerflow-sandbox/provisioner/test/cluster"
+	"github.com/deerflow-sandbox/provisioner/test/harness"
 	"github.com/deerflow-sandbox/provisioner/test/realnode"
 )
 
@@ -171,7 +173,7 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 			return err
 		}
 		if r.Code != 200 || r.Body["pooled"] != true || r.Body["ready"] != true {
-			return fmt.Errorf("create %s from the pool: %d %s", id, r.Code, r.Raw)
+			return fmt.Errorf("create %s from the pool: %d %s; the function said:\n%s", id, r.Code, r.Raw, logLines(fn, id, "warm pool"))
 		}
 		return nil
 	}
@@ -238,4 +240,23 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 	if errs > 0 {
 		b.Errorf("%d claims failed", errs)
 	}
+}
+
+// logLines is the function's log lines that mention any of subs: why a
+// claim went the cold way.
+func logLines(fn *harness.Function, subs ...string) string {
+	data, err := os.ReadFile(fn.LogPath)
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		for _, s := range subs {
+			if strings.Contains(line, s) {
+				out = append(out, line)
+				break
+			}
+		}
+	}
+	return strings.Join(out, "\n")
 }
