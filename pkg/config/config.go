@@ -21,6 +21,13 @@ import (
 
 // Config mirrors every variable of DeerFlow's Python provisioner (same names,
 // defaults and meanings) and adds our own hardening, lifecycle and quota knobs.
+// ServiceHeadless is the SANDBOX_SERVICE_TYPE of sandbox Services without a
+// virtual IP (clusterIP: None): the Service's DNS name resolves to the
+// sandbox Pod itself. For large fleets: the API server's ClusterIP
+// allocator costs more per Service the more there are, and kube-proxy
+// programs nothing for a headless Service on any node.
+const ServiceHeadless = "Headless"
+
 type Config struct {
 	// DeerFlow's variables.
 	Namespace    string `envconfig:"K8S_NAMESPACE" default:"deer-flow"`
@@ -36,7 +43,7 @@ type Config struct {
 	UserdataPVCName          string `envconfig:"USERDATA_PVC_NAME"`
 	SkillsPVCSubpathTemplate string `envconfig:"SKILLS_PVC_SUBPATH_TEMPLATE"`
 	ContainerPort            int32  `envconfig:"SANDBOX_CONTAINER_PORT" default:"8080"`
-	ServiceType              string `envconfig:"SANDBOX_SERVICE_TYPE" default:"NodePort"`
+	ServiceType              string `envconfig:"SANDBOX_SERVICE_TYPE" default:"NodePort"` // NodePort, ClusterIP or ServiceHeadless
 	KubeconfigPath           string `envconfig:"KUBECONFIG_PATH"`
 	NodeHost                 string `envconfig:"NODE_HOST" default:"host.docker.internal"`
 	APIServer                string `envconfig:"K8S_API_SERVER"`
@@ -296,8 +303,8 @@ func (c *Config) Validate() error {
 	if c.ContainerPort < 1 || c.ContainerPort > 65535 {
 		bad("SANDBOX_CONTAINER_PORT", "%d is not a port", c.ContainerPort)
 	}
-	if c.ServiceType != "NodePort" && c.ServiceType != "ClusterIP" {
-		bad("SANDBOX_SERVICE_TYPE", "%q must be NodePort or ClusterIP", c.ServiceType)
+	if c.ServiceType != "NodePort" && c.ServiceType != "ClusterIP" && c.ServiceType != ServiceHeadless {
+		bad("SANDBOX_SERVICE_TYPE", "%q must be NodePort, ClusterIP or %s", c.ServiceType, ServiceHeadless)
 	}
 	if c.APIServer != "" {
 		if u, err := url.Parse(c.APIServer); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {

@@ -39,6 +39,7 @@ func TestLoadRejectsBadValuesNamingTheVariable(t *testing.T) {
 	tests := []struct{ name, value string }{
 		{"K8S_NAMESPACE", "Deer_Flow"},
 		{"SANDBOX_SERVICE_TYPE", "LoadBalancer"},
+		{"SANDBOX_SERVICE_TYPE", "headless"},
 		{"SANDBOX_CONTAINER_PORT", "70000"},
 		{"SANDBOX_CONTAINER_PORT", "http"},
 		{"SKILLS_HOST_PATH", "skills"},

@@ -288,6 +288,16 @@ func TestBuildService(t *testing.T) {
 		owner: podOwner,
 		want:  want(corev1.ServiceTypeClusterIP, podOwner, nil),
 	}, {
+		// No virtual IP: the API server allocates none (BenchmarkScale).
+		name:  "Headless",
+		env:   map[string]string{"SANDBOX_SERVICE_TYPE": "Headless"},
+		owner: podOwner,
+		want: func() *corev1.Service {
+			s := want(corev1.ServiceTypeClusterIP, podOwner, nil)
+			s.Spec.ClusterIP = corev1.ClusterIPNone
+			return s
+		}(),
+	}, {
 		// The quota's quick count finds ReplicaSet sandboxes by this label.
 		name:  "owned by a ReplicaSet",
 		owner: rsOwner,
@@ -361,6 +371,12 @@ func TestSandboxURL(t *testing.T) {
 		env:  map[string]string{"SANDBOX_SERVICE_TYPE": "ClusterIP"},
 		svc:  corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-a-svc", Namespace: "deer-flow"}, Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP}},
 		want: "http://sandbox-a-svc.deer-flow.svc.cluster.local:8080",
+	}, {
+		name: "Headless by the same DNS name",
+		env:  map[string]string{"SANDBOX_SERVICE_TYPE": "Headless"},
+		svc: corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-a-svc", Namespace: "deer-flow"},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, ClusterIP: corev1.ClusterIPNone}},
+		want: "http://sandbox-a-svc.deer-flow.svc.cluster.local:8080",
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -426,6 +442,10 @@ func TestBuildNetworkPolicy(t *testing.T) {
 	}, {
 		name: "ClusterIP mode never admits node addresses",
 		env:  map[string]string{"SANDBOX_SERVICE_TYPE": "ClusterIP", "SANDBOX_INGRESS_NODE_CIDRS": "192.168.1.10/32"},
+		want: policy([]networkingv1.NetworkPolicyPeer{backend}, dns, internet),
+	}, {
+		name: "Headless mode never admits node addresses",
+		env:  map[string]string{"SANDBOX_SERVICE_TYPE": "Headless", "SANDBOX_INGRESS_NODE_CIDRS": "192.168.1.10/32"},
 		want: policy([]networkingv1.NetworkPolicyPeer{backend}, dns, internet),
 	}, {
 		name: "deny-all egress",

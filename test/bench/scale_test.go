@@ -14,6 +14,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
 )
 
 // BenchmarkScale measures whether a create costs the same with 5,000
@@ -25,19 +27,30 @@ import (
 // and Service, labelled as ours), which is faster than through the
 // function and counts the same. At each size the floor and ours alternate
 // single creates, then single deletes of what they made, at concurrency 1.
+//
+// It runs once per Service mode that can hold 5,000 sandboxes, each on a
+// cluster of its own filled in that mode. NodePort, the default, cannot: a
+// cluster's NodePort range holds fewer ports (this one's 2,000, the
+// default 2,768); an operator at that scale runs ClusterIP, as the README
+// says for any backend inside the cluster, or Headless. ClusterIP pays the
+// API server's ClusterIP allocator, whose cost per Service grows with the
+// number of Services (the floor's creates grow as ours do); Headless
+// allocates nothing.
 func BenchmarkScale(b *testing.B) {
+	for _, mode := range []string{"ClusterIP", config.ServiceHeadless} {
+		b.Run(mode, func(b *testing.B) { scale(b, mode) })
+	}
+}
+
+func scale(b *testing.B, mode string) {
 	ctx := context.Background()
-	kc := benchCluster(b, "scale", 2)
+	kc := benchCluster(b, "scale-"+strings.ToLower(mode), 2)
 	defer kc.Down()
 	useNamespace(b, kc)
 	dir := b.TempDir()
 	env := benchEnv(kc)
 	env["MAX_SANDBOXES"] = "10000"
-	// ClusterIP Services: 5,000 NodePort Services cannot exist, as a
-	// cluster's NodePort range holds fewer ports (this one's 2,000, the
-	// default 2,768); an operator at that scale runs ClusterIP, as the
-	// README says for any backend inside the cluster.
-	env["SANDBOX_SERVICE_TYPE"] = "ClusterIP"
+	env["SANDBOX_SERVICE_TYPE"] = mode
 	fn, fl := startWithFloor(b, kc, binary(b), env, dir)
 	defer fn.Stop()
 
@@ -108,7 +121,7 @@ func BenchmarkScale(b *testing.B) {
 	measure(countSandboxes(ctx, kc.Client))
 
 	var md strings.Builder
-	fmt.Fprintf(&md, "# Scale benchmark %s\n\n", time.Now().UTC().Format(time.RFC3339))
+	fmt.Fprintf(&md, "# Scale benchmark %s, SANDBOX_SERVICE_TYPE=%s\n\n", time.Now().UTC().Format(time.RFC3339), mode)
 	fmt.Fprintf(&md, "| operation | n | ours p50 | p95 | floor p50 | p95 | p50 ratio | errors |\n|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
 		fmt.Fprintf(&md, "| %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f× | %d |\n", r.Operation, r.N, r.OursP50, r.OursP95, r.FloorP50, r.FloorP95, r.OursP50/r.FloorP50, r.Errors)
@@ -124,7 +137,7 @@ func BenchmarkScale(b *testing.B) {
 	fmt.Println(md.String())
 	out := filepath.Join("..", "..", "results")
 	if err := os.MkdirAll(out, 0o755); err == nil {
-		_ = os.WriteFile(filepath.Join(out, "scale-"+time.Now().UTC().Format("20060102-150405")+".md"), []byte(md.String()), 0o644)
+		_ = os.WriteFile(filepath.Join(out, "scale-"+strings.ToLower(mode)+"-"+time.Now().UTC().Format("20060102-150405")+".md"), []byte(md.String()), 0o644)
 	}
 	for _, r := range rows {
 		if r.Errors > 0 {

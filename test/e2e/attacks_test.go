@@ -17,18 +17,19 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/test/harness"
 	"github.com/deerflow-sandbox/provisioner/test/realnode"
 )
 
 // TestAttacksFromInsideASandbox runs, from inside a sandbox, what hostile
-// code would try, with the isolation defaults, in both Service modes. Each
+// code would try, with the isolation defaults, in each Service mode. Each
 // attack is also made from a backend Pod (labelled as the policy's allowed
 // peer, not a sandbox), which shows the target is up and reachable from the
 // Pod network, so a block is the policy's (or the node guard's) doing.
 //
-// The targets: another sandbox (Pod IP, ClusterIP, and in NodePort mode its
-// NodePort on the node's address), the backend Pod itself, the cluster's DNS
+// The targets: another sandbox (Pod IP, ClusterIP unless headless, and in
+// NodePort mode its NodePort on the node's address), the backend Pod itself, the cluster's DNS
 // (reached: names must resolve) and every other resolver (public, private
 // off the node, on the node), a public host (reached: the internet is
 // allowed), hosts off the node in each private range and on two metadata
@@ -37,7 +38,7 @@ import (
 // the node, and the node over IPv6.
 func TestAttacksFromInsideASandbox(t *testing.T) {
 	needRealNode(t)
-	for _, mode := range []string{"ClusterIP", "NodePort"} {
+	for _, mode := range []string{"ClusterIP", "NodePort", config.ServiceHeadless} {
 		t.Run(mode, func(t *testing.T) { attackFromInside(t, mode) })
 	}
 }
@@ -135,10 +136,19 @@ func attackFromInside(t *testing.T, mode string) {
 	}
 	attacker, victim := runningPod(t, ns, "attacker"), runningPod(t, ns, "victim")
 	victimSvc := services(t, ns, "sandbox-id=victim")[0]
-	svcAddr := net.JoinHostPort(victimSvc.Spec.ClusterIP, strconv.Itoa(int(victimSvc.Spec.Ports[0].Port)))
-	// Attack the Service only once kube-proxy has programmed it (the host,
-	// as root, is always admitted by the policy agent).
-	answers(t, "http://"+svcAddr+"/v1/sandbox", victim.Name)
+	var svcAddr string // the victim's ClusterIP and port; none in Headless mode
+	if headless := victimSvc.Spec.ClusterIP == corev1.ClusterIPNone; headless != (mode == config.ServiceHeadless) {
+		t.Fatalf("%s mode made a Service with clusterIP %q", mode, victimSvc.Spec.ClusterIP)
+	} else if headless {
+		// What cluster DNS answers the Service's name with: the victim's
+		// own address, attacked below by its Pod IP.
+		endpointsOf(t, ns, victimSvc.Name, &victim)
+	} else {
+		svcAddr = net.JoinHostPort(victimSvc.Spec.ClusterIP, strconv.Itoa(int(victimSvc.Spec.Ports[0].Port)))
+		// Attack the Service only once kube-proxy has programmed it (the
+		// host, as root, is always admitted by the policy agent).
+		answers(t, "http://"+svcAddr+"/v1/sandbox", victim.Name)
+	}
 	var nodePortAddr string
 	if mode == "NodePort" {
 		if victimSvc.Spec.Type != corev1.ServiceTypeNodePort || victimSvc.Spec.Ports[0].NodePort == 0 {
@@ -171,7 +181,9 @@ func attackFromInside(t *testing.T, mode string) {
 	public := net.JoinHostPort(realnode.PublicIP, "53")
 	attacks := []attack{
 		{"another sandbox's port 8080 (Pod IP)", connect(net.JoinHostPort(victim.Status.PodIP, "8080")), false, true},
-		{"another sandbox's Service (ClusterIP)", connect(svcAddr), false, true},
+	}
+	if svcAddr != "" {
+		attacks = append(attacks, attack{"another sandbox's Service (ClusterIP)", connect(svcAddr), false, true})
 	}
 	if mode == "NodePort" {
 		// Forwarded, not delivered to the node: kube-proxy rewrites the
@@ -288,8 +300,10 @@ func exposure(t *testing.T, mode, podIP, svcAddr, nodePortAddr, bystanderIP stri
 	public := net.JoinHostPort(realnode.PublicIP, "80")
 	probes := []probe{
 		{"a bystander Pod", "the sandbox's Pod IP", net.JoinHostPort(bystanderIP, "8080"), pod, false},
-		{"a bystander Pod", "the sandbox's ClusterIP", net.JoinHostPort(bystanderIP, "8080"), svcAddr, false},
 		{"a host outside the cluster", "the sandbox's Pod IP", public, pod, false},
+	}
+	if svcAddr != "" {
+		probes = append(probes, probe{"a bystander Pod", "the sandbox's ClusterIP", net.JoinHostPort(bystanderIP, "8080"), svcAddr, false})
 	}
 	if mode == "NodePort" {
 		probes = append(probes,

@@ -538,8 +538,18 @@ func servedBy(t *testing.T, ns string, svc corev1.Service, pod *corev1.Pod) {
 	if err != nil || now.UID != svc.UID || now.Spec.ClusterIP != svc.Spec.ClusterIP {
 		t.Fatalf("the sandbox's Service changed: %v", err)
 	}
+	endpointsOf(t, ns, svc.Name, pod)
+	answers(t, "http://"+net.JoinHostPort(pod.Status.PodIP, "8080")+"/v1/sandbox", pod.Name)
+	answers(t, fmt.Sprintf("http://%s/v1/sandbox", net.JoinHostPort(svc.Spec.ClusterIP, strconv.Itoa(int(svc.Spec.Ports[0].Port)))), pod.Name)
+}
+
+// endpointsOf waits until the Service's EndpointSlice routes to pod, Ready:
+// what kube-proxy routes a ClusterIP to, and what cluster DNS answers a
+// headless Service's name with.
+func endpointsOf(t *testing.T, ns, svc string, pod *corev1.Pod) {
+	t.Helper()
 	eventually(t, 60*time.Second, "the Service's EndpointSlice routes to "+pod.Name, func() (bool, error) {
-		list, err := client().DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=" + svc.Name})
+		list, err := client().DiscoveryV1().EndpointSlices(ns).List(context.Background(), metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=" + svc})
 		if err != nil {
 			return false, err
 		}
@@ -552,8 +562,6 @@ func servedBy(t *testing.T, ns string, svc corev1.Service, pod *corev1.Pod) {
 		}
 		return false, fmt.Errorf("%d slices", len(list.Items))
 	})
-	answers(t, "http://"+net.JoinHostPort(pod.Status.PodIP, "8080")+"/v1/sandbox", pod.Name)
-	answers(t, fmt.Sprintf("http://%s/v1/sandbox", net.JoinHostPort(svc.Spec.ClusterIP, strconv.Itoa(int(svc.Spec.Ports[0].Port)))), pod.Name)
 }
 
 // TestRealReplicaSetHealsAndResumes: with real containers, a ReplicaSet

@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/test/cluster"
 	"github.com/deerflow-sandbox/provisioner/test/harness"
 	"github.com/deerflow-sandbox/provisioner/test/realnode"
@@ -493,4 +494,52 @@ func TestFuncInvokeThroughTheRoute(t *testing.T) {
 			t.Errorf("func invoke %s printed %s, want %s in it", strings.ReplaceAll(c.data, apiKey, "…"), out, c.want)
 		}
 	}
+}
+
+// TestHeadlessSandboxAnswersByName: with SANDBOX_SERVICE_TYPE=Headless a
+// sandbox's URL is the same cluster DNS name as in ClusterIP mode, and the
+// real CoreDNS answers it with the sandbox Pod's own address (the Service
+// has no virtual IP): a backend Pod reaches the sandbox at that URL,
+// through the sandboxes' NetworkPolicy. Stand-in: the function runs as a
+// process on this machine with the suite's administrator kubeconfig, beside
+// the deployed one, whose mode is ClusterIP (a second revision in Headless
+// mode would disturb the suite's other tests); it makes the same objects.
+func TestHeadlessSandboxAnswersByName(t *testing.T) {
+	need(t)
+	bin, err := harness.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := harness.BaseEnv(kubeconfigPath, ns)
+	env["SANDBOX_SERVICE_TYPE"] = config.ServiceHeadless
+	env["SANDBOX_IMAGE"] = "localhost/sandbox:e2e"
+	env["SANDBOX_USER_NAMESPACE"] = "false"
+	// config/ applied the shared NetworkPolicy: this function only checks it.
+	env["SANDBOX_NETWORK_POLICY_ENSURE"] = "false"
+	local, err := harness.StartBinary(bin, env, filepath.Join(t.TempDir(), "headless.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer local.Stop()
+	const id = "headless1"
+	r, err := local.Do(http.MethodPost, "/api/sandboxes?wait=60s", map[string]any{"sandbox_id": id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = local.Do(http.MethodDelete, "/api/sandboxes/"+id, nil) }()
+	if r.Code != http.StatusOK || r.Body["ready"] != true {
+		t.Fatalf("create in Headless mode: %d %s", r.Code, r.Raw)
+	}
+	url := r.Body["sandbox_url"]
+	if url != "http://sandbox-"+id+"-svc."+ns+".svc.cluster.local:8080" {
+		t.Errorf("sandbox_url %v, want the sandbox Service's cluster DNS name", url)
+	}
+	svc, err := kube.CoreV1().Services(ns).Get(context.Background(), "sandbox-"+id+"-svc", metav1.GetOptions{})
+	if err != nil || svc.Spec.ClusterIP != corev1.ClusterIPNone {
+		t.Fatalf("the sandbox Service in Headless mode: %v, clusterIP %q, want None", err, svc.Spec.ClusterIP)
+	}
+	eventually(t, 45*time.Second, fmt.Sprintf("the sandbox answers a backend Pod at %v", url), func() (bool, error) {
+		out, err := fromBackend(t, fmt.Sprint(url)+"/v1/sandbox")
+		return err == nil && strings.HasPrefix(out, "200 ") && strings.Contains(out, `"status":"ok"`), fmt.Errorf("%q %v", out, err)
+	})
 }
