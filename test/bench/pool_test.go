@@ -125,8 +125,9 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 			return err
 		}
 		// As a claim does (pool.ClaimFrom): from the watch cache, then
-		// once more from a current list when the cache offered too few.
-		tried := map[types.UID]bool{}
+		// once more from a current list when the cache offered too few;
+		// a Pod is passed over for good once someone else took it.
+		taken := map[types.UID]bool{}
 		for _, rv := range []string{"0", ""} {
 			cands, err := readyPooled(ctx, rv)
 			if err != nil {
@@ -139,21 +140,21 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 			}
 			for idx := range cands {
 				p := &cands[idx]
-				if tried[p.UID] {
+				if taken[p.UID] {
 					continue
 				}
-				tried[p.UID] = true
 				// Up to three writes on one Pod, as a claim makes
 				// (pool.claim): a conflict from a status write (the
 				// kubelet's, just after the Pod turned Ready) is retried on
 				// the current Pod; one from another claim moves on.
+				uid := p.UID
 				for try := 0; try < 3 && p != nil; try++ {
 					patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": p.ResourceVersion, "ownerReferences": nil,
 						"labels": map[string]any{sandbox.LabelPool: nil, sandbox.LabelPoolHash: nil, sandbox.LabelID: id, sandbox.LabelPooled: "true"}}})
 					claimed, err := pods.Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 					if apierrors.IsConflict(err) {
 						if p, err = pods.Get(ctx, p.Name, metav1.GetOptions{}); err != nil || p.Labels[sandbox.LabelID] != "" {
-							p = nil
+							p, taken[uid] = nil, true
 						}
 						continue
 					}
