@@ -112,6 +112,12 @@ func (m *Manager) createFromPool(ctx context.Context, s Spec, wait time.Duration
 	// The isolation check (a read of the shared NetworkPolicy when its
 	// verdict is older than its TTL) runs beside them too: nothing is
 	// claimed until all four have answered.
+	// The two reads come from the API server's watch cache (resourceVersion
+	// "0"), which answers at once, not after a round trip to etcd. A stale
+	// answer only misses a sandbox of this id made in the last moments, by
+	// a racing create: the Service, which both write, still decides
+	// (ensureService: errOtherKind), as it does for races the reads cannot
+	// see at all; the loser's Pod is removed.
 	var (
 		svc                              *corev1.Service
 		ready                            []*corev1.Pod
@@ -127,11 +133,11 @@ func (m *Manager) createFromPool(ctx context.Context, s Spec, wait time.Duration
 		return nil
 	})
 	g.Go(func() error {
-		svc, svcErr = m.client.CoreV1().Services(m.cfg.Namespace).Get(gctx, ServiceName(s.ID), metav1.GetOptions{})
+		svc, svcErr = m.client.CoreV1().Services(m.cfg.Namespace).Get(gctx, ServiceName(s.ID), metav1.GetOptions{ResourceVersion: "0"})
 		return nil
 	})
 	g.Go(func() error {
-		_, podErr = m.client.CoreV1().Pods(m.cfg.Namespace).Get(gctx, PodName(s.ID), metav1.GetOptions{})
+		_, podErr = m.client.CoreV1().Pods(m.cfg.Namespace).Get(gctx, PodName(s.ID), metav1.GetOptions{ResourceVersion: "0"})
 		return nil
 	})
 	_ = g.Wait()

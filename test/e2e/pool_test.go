@@ -379,3 +379,51 @@ func TestPoolQuota(t *testing.T) {
 		t.Errorf("list count %v, want 2: %s", l.Body["count"], l.Raw)
 	}
 }
+
+// TestPoolAndColdCreatesOfOneIDRace: a create served from the pool and a
+// cold create of the same id (it asks for what a pooled Pod lacks), sent
+// at once, end as one sandbox: both answer with the same URL, and one Pod
+// and one Service carry the id. A claim reads whether the id is in use
+// from the API server's watch cache, which may not show a racing create
+// yet; the Service, which both write, decides, and the loser's Pod goes.
+func TestPoolAndColdCreatesOfOneIDRace(t *testing.T) {
+	ns := namespace(t)
+	f := start(t, ns, nil)
+	warmUp(t, f, ns, "warm", 5)
+	for i := range 5 {
+		id := fmt.Sprintf("race-%d", i)
+		var (
+			wg  sync.WaitGroup
+			got [2]harness.Response
+		)
+		for k, body := range []map[string]any{
+			{"sandbox_id": id, "template": "warm", "user_id": "u1"},
+			{"sandbox_id": id, "template": "warm", "user_id": "u1", "cpu": "2"},
+		} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				got[k] = mustDo(t, f, "POST", "/api/sandboxes", body)
+			}()
+		}
+		wg.Wait()
+		for k, r := range got {
+			expectCode(t, r, 200, fmt.Sprintf("create %s (%s)", id, []string{"pooled", "cold"}[k]))
+		}
+		if got[0].Body["sandbox_url"] != got[1].Body["sandbox_url"] {
+			t.Errorf("%s: the racing creates answered %v and %v; want one sandbox", id, got[0].Body["sandbox_url"], got[1].Body["sandbox_url"])
+		}
+		if svcs := services(t, ns, "sandbox-id="+id); len(svcs) != 1 {
+			t.Errorf("%s: %d Services, want 1", id, len(svcs))
+		}
+		eventually(t, 30*time.Second, id+": one Pod", func() (bool, error) {
+			var live []string
+			for _, p := range pods(t, ns, "sandbox-id="+id) {
+				if p.DeletionTimestamp == nil {
+					live = append(live, p.Name)
+				}
+			}
+			return len(live) == 1, fmt.Errorf("live Pods %v", live)
+		})
+	}
+}
