@@ -514,6 +514,9 @@ func TestHeadlessSandboxAnswersByName(t *testing.T) {
 	env["SANDBOX_SERVICE_TYPE"] = config.ServiceHeadless
 	env["SANDBOX_IMAGE"] = "localhost/sandbox:e2e"
 	env["SANDBOX_USER_NAMESPACE"] = "false"
+	// As config/ deploys it: DeerFlow's mounts from the claims, not host
+	// paths, which the namespace's Pod Security level refuses.
+	env["SKILLS_PVC_NAME"], env["USERDATA_PVC_NAME"] = "deer-flow-skills", "deer-flow-user-data"
 	// config/ applied the shared NetworkPolicy: this function only checks it.
 	env["SANDBOX_NETWORK_POLICY_ENSURE"] = "false"
 	local, err := harness.StartBinary(bin, env, filepath.Join(t.TempDir(), "headless.log"))
@@ -522,7 +525,7 @@ func TestHeadlessSandboxAnswersByName(t *testing.T) {
 	}
 	defer local.Stop()
 	const id = "headless1"
-	r, err := local.Do(http.MethodPost, "/api/sandboxes?wait=60s", map[string]any{"sandbox_id": id})
+	r, err := local.Do(http.MethodPost, "/api/sandboxes?wait=20s", map[string]any{"sandbox_id": id})
 	if err != nil {
 		t.Fatal(err)
 	}
