@@ -19,8 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
-// Config mirrors every variable of DeerFlow's Python provisioner (same names,
-// defaults and meanings) and adds our own hardening, lifecycle and quota knobs.
 // ServiceHeadless is the SANDBOX_SERVICE_TYPE of sandbox Services without a
 // virtual IP (clusterIP: None): the Service's DNS name resolves to the
 // sandbox Pod itself. For large fleets: the API server's ClusterIP
@@ -28,6 +26,8 @@ import (
 // programs nothing for a headless Service on any node.
 const ServiceHeadless = "Headless"
 
+// Config mirrors every variable of DeerFlow's Python provisioner (same names,
+// defaults and meanings) and adds our own hardening, lifecycle and quota knobs.
 type Config struct {
 	// DeerFlow's variables.
 	Namespace    string `envconfig:"K8S_NAMESPACE" default:"deer-flow"`
