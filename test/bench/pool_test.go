@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 	"github.com/deerflow-sandbox/provisioner/test/cluster"
@@ -40,12 +41,26 @@ const poolRowName = "create from pool → Ready (real node)"
 // controller, Pods started by the real kubelet), which is not timed, and
 // the sandboxes are deleted. The refill that a round's own claims set off
 // does run beside them, on the same two cores as the API server.
+//
+// It runs in the shipped default Service mode (NodePort, the row issue 20
+// names) and in Headless mode, where the claim's Service create allocates
+// neither a ClusterIP nor a node port and kube-proxy on the node programs
+// nothing for it.
 func BenchmarkRealNodePool(b *testing.B) {
-	kc := benchCluster(b, "benchpool", 0)
-	defer kc.Down()
-	env, down := realNodeEnv(b, kc, poolRowName)
-	defer down()
-	benchPool(b, kc, env, realnode.SandboxImage, poolRowName)
+	for _, mode := range []string{"NodePort", config.ServiceHeadless} {
+		b.Run(mode, func(b *testing.B) {
+			kc := benchCluster(b, "benchpool-"+strings.ToLower(mode), 0)
+			defer kc.Down()
+			env, down := realNodeEnv(b, kc, poolRowName)
+			defer down()
+			env["SANDBOX_SERVICE_TYPE"] = mode
+			row := poolRowName
+			if mode != "NodePort" {
+				row = strings.TrimSuffix(poolRowName, ")") + ", " + mode + ")"
+			}
+			benchPool(b, kc, env, realnode.SandboxImage, row)
+		})
+	}
 }
 
 // BenchmarkKwokPool is BenchmarkRealNodePool on kwok's simulated nodes:
