@@ -29,13 +29,13 @@ import (
 // Pod network, so a block is the policy's (or the node guard's) doing.
 //
 // The targets: another sandbox (Pod IP, ClusterIP unless headless, and in
-// NodePort mode its NodePort on the node's address), the backend Pod itself, the cluster's DNS
-// (reached: names must resolve) and every other resolver (public, private
-// off the node, on the node), a public host (reached: the internet is
-// allowed), hosts off the node in each private range and on two metadata
-// addresses (network namespaces on this machine, routed from the node), the
-// control plane, the kubelet, etcd, the provisioner and a metadata server on
-// the node, and the node over IPv6.
+// NodePort mode its NodePort on the node's address), the backend Pod
+// itself, the cluster's DNS (reached: names must resolve) and every other
+// resolver (public, private off the node, on the node), a public host
+// (reached: the internet is allowed), hosts off the node in each private
+// range and on two metadata addresses (network namespaces on this machine,
+// routed from the node), the control plane, the kubelet, etcd, the
+// provisioner and a metadata server on the node, and the node over IPv6.
 func TestAttacksFromInsideASandbox(t *testing.T) {
 	needRealNode(t)
 	for _, mode := range []string{"ClusterIP", "NodePort", config.ServiceHeadless} {
