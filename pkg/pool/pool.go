@@ -285,13 +285,13 @@ func (p *Pool) release(uid types.UID) {
 // writers (the kubelet's status, say) change under it.
 const maxClaimTries = 3
 
-// claim tries to claim pod. Without it, taken says that pod is out of
-// reach for good (someone else claimed it first, it is gone, or it is no
+// claim tries to claim pod and returns it claimed. When it could not, the
+// bool (taken) says whether pod is out of reach for good (someone else claimed it first, it is gone, or it is no
 // longer claimable); not taken means every try met a change to the Pod
 // that left it claimable (a status write), and a later try may win. Such a
 // conflict is retried on the fresh Pod, so that only a claim by someone
 // else sends a create on to another Pod or the cold way.
-func (p *Pool) claim(ctx context.Context, pod *corev1.Pod, hash string, c sandbox.Claim) (claimed *corev1.Pod, taken bool, err error) {
+func (p *Pool) claim(ctx context.Context, pod *corev1.Pod, hash string, c sandbox.Claim) (*corev1.Pod, bool, error) {
 	pods := p.client.CoreV1().Pods(p.cfg.Namespace)
 	for try := 0; try < maxClaimTries; try++ {
 		patch, err := claimPatch(pod, c, p.now())
