@@ -104,8 +104,8 @@ func (s *Store) Get(ctx context.Context, name string) (*Template, error) {
 		if pt == nil {
 			return nil, nil // no PodTemplate default: the built-in Pod
 		}
-		if fresh := s.validated(pt, e, ok); fresh != e {
-			e = fresh
+		if !ok || e.rv != pt.ResourceVersion { // new, or edited since it was validated
+			e = s.validated(pt, e, ok)
 			s.remember(name, e)
 		}
 		return e.tmpl, e.err
