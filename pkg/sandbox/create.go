@@ -85,10 +85,8 @@ func (m *Manager) create(ctx context.Context, s Spec, wait time.Duration) (Sandb
 		case repaired:
 			m.recorder.Eventf(obj, corev1.EventTypeNormal, "SandboxRepaired", "Recreated the missing Service of sandbox %s", s.ID)
 		}
-		if wait > 0 {
-			return m.waitReady(ctx, s.ID, f, wait)
-		}
-		return m.view(s.ID, f), nil
+		sb, _, err := m.answer(ctx, s.ID, f, wait)
+		return sb, err
 	}
 }
 

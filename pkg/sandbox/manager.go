@@ -69,6 +69,9 @@ type Manager struct {
 	// quota); slotsRunning says Run started it.
 	slots        *slots
 	slotsRunning atomic.Bool
+	// nameWait bounds a create's wait for its name (awaitName) when it
+	// asked for no wait for Ready.
+	nameWait time.Duration
 }
 
 // Option customises a Manager.
@@ -83,7 +86,8 @@ func WithObserver(o Observer) Option { return func(m *Manager) { m.observer = o 
 // NewManager returns a Manager over client.
 func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option) *Manager {
 	m := &Manager{cfg: cfg, client: client, recorder: nopRecorder{}, observer: nopObserver{},
-		waits: make(chan struct{}, max(cfg.MaxConcurrentWaits, 1)), templates: template.NewStore(client, cfg), auditLog: slog.Default()}
+		waits: make(chan struct{}, max(cfg.MaxConcurrentWaits, 1)), templates: template.NewStore(client, cfg), auditLog: slog.Default(),
+		nameWait: defaultNameWait}
 	for _, o := range opts {
 		o(m)
 	}

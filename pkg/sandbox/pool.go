@@ -207,10 +207,21 @@ func (m *Manager) createFromPool(ctx context.Context, s Spec, wait time.Duration
 	return m.answer(ctx, s.ID, f, wait)
 }
 
+// answer is a create's answer: the sandbox once Ready with wait > 0, at
+// once otherwise (in Headless mode both once its name resolves).
 func (m *Manager) answer(ctx context.Context, id string, f found, wait time.Duration) (Sandbox, bool, error) {
 	if wait > 0 {
 		sb, err := m.waitReady(ctx, id, f, wait)
 		return sb, true, err
+	}
+	if m.cfg.ServiceType == config.ServiceHeadless && (f.rs == nil || !paused(f.rs)) {
+		// The name's wait holds a watch, as a wait for Ready does: it takes
+		// one of this replica's wait tokens, and is left out when none is
+		// free rather than refusing a create that asked for no wait.
+		if release, err := m.admitWait(m.nameWait); err == nil {
+			m.awaitName(ctx, f.svc, f.pod, m.nameWait)
+			release()
+		}
 	}
 	return m.view(id, f), true, nil
 }

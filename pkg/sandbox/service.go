@@ -44,9 +44,18 @@ func BuildService(cfg *config.Config, s Spec, owner metav1.OwnerReference) *core
 		// Services a ClusterIP costs it about 35 ms a create, against 4 ms
 		// without; BenchmarkScale) and no rules for kube-proxy. The URL is
 		// the same DNS name, which cluster DNS answers with the Pod's
-		// address once it is Ready, as a ClusterIP routes only to Ready
-		// Pods. The port is the container's, so the URL's port is too.
+		// address. The port is the container's, so the URL's port is too.
+		//
+		// Its not-ready address too: cluster DNS answers a headless name
+		// that lists no address with NXDOMAIN, and caches that denial
+		// (CoreDNS: up to 30 s with kubeadm's Corefile), so a client that
+		// looked the name up before Ready, or while a readiness probe
+		// failed once, would not reach the sandbox for that long after.
+		// A connection to a sandbox not yet serving is refused at once
+		// and retried. There is one Pod behind the name: nothing to
+		// balance away from.
 		svc.Spec.Type, svc.Spec.ClusterIP = corev1.ServiceTypeClusterIP, corev1.ClusterIPNone
+		svc.Spec.PublishNotReadyAddresses = true
 	}
 	recordPrincipal(svc, s)
 	return svc

@@ -112,7 +112,11 @@ func (m *Manager) waitReady(ctx context.Context, id string, f found, wait time.D
 	if wait > m.cfg.MaxReadyWait {
 		wait = m.cfg.MaxReadyWait
 	}
-	if f.rs != nil && paused(f.rs) || f.pod != nil && podReady(f.pod) {
+	if f.rs != nil && paused(f.rs) {
+		return m.view(id, f), nil
+	}
+	if f.pod != nil && podReady(f.pod) {
+		m.awaitName(ctx, f.svc, f.pod, wait)
 		return m.view(id, f), nil
 	}
 	wctx, cancel := context.WithTimeout(ctx, wait)
@@ -139,6 +143,8 @@ func (m *Manager) waitReady(ctx context.Context, id string, f found, wait time.D
 	sb := m.view(id, f)
 	if last != nil && podReady(last) {
 		m.observer.CreateToReady(readySince(last).Sub(last.CreationTimestamp.Time))
+		deadline, _ := wctx.Deadline()
+		m.awaitName(ctx, f.svc, last, time.Until(deadline))
 		return sb, nil
 	}
 	sb.Reason = notReadyReason(last)

@@ -22,7 +22,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
@@ -164,16 +166,59 @@ type floor struct {
 }
 
 func (f floor) create(ctx context.Context, id string) error {
+	_, _, err := f.make(ctx, id)
+	return err
+}
+
+// make creates the sandbox's Pod and Service.
+func (f floor) make(ctx context.Context, id string) (*corev1.Pod, *corev1.Service, error) {
 	spec, err := sandbox.CreateRequest{SandboxID: id}.Validate(f.cfg, time.Now())
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
 	pod, err := f.client.CoreV1().Pods(ns).Create(ctx, sandbox.BuildPod(f.cfg, spec), metav1.CreateOptions{})
 	if err != nil {
+		return nil, nil, err
+	}
+	svc, err := f.client.CoreV1().Services(ns).Create(ctx, sandbox.BuildService(f.cfg, spec, sandbox.PodOwnerRef(pod)), metav1.CreateOptions{})
+	return pod, svc, err
+}
+
+// createNamed is create as a client of Headless mode needs it (see
+// awaitName in pkg/sandbox): in that mode it also waits until an
+// EndpointSlice of the Service lists the Pod's address, which is when
+// cluster DNS answers the name.
+func (f floor) createNamed(ctx context.Context, id string) error {
+	pod, svc, err := f.make(ctx, id)
+	if err != nil || f.cfg.ServiceType != config.ServiceHeadless {
 		return err
 	}
-	_, err = f.client.CoreV1().Services(ns).Create(ctx, sandbox.BuildService(f.cfg, spec, sandbox.PodOwnerRef(pod)), metav1.CreateOptions{})
-	return err
+	return waitName(ctx, f.client, svc, pod.UID)
+}
+
+// waitName watches svc's EndpointSlices, from svc's own version, until one
+// lists an address of the Pod uid (within 30 s).
+func waitName(ctx context.Context, c kubernetes.Interface, svc *corev1.Service, uid types.UID) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	w, err := c.DiscoveryV1().EndpointSlices(svc.Namespace).Watch(ctx, metav1.ListOptions{
+		LabelSelector: discoveryv1.LabelServiceName + "=" + svc.Name, ResourceVersion: svc.ResourceVersion})
+	if err != nil {
+		return err
+	}
+	defer w.Stop()
+	for ev := range w.ResultChan() {
+		s, ok := ev.Object.(*discoveryv1.EndpointSlice)
+		if !ok {
+			return fmt.Errorf("watching the EndpointSlices of %s: %v", svc.Name, ev.Object)
+		}
+		for _, e := range s.Endpoints {
+			if len(e.Addresses) > 0 && e.TargetRef != nil && e.TargetRef.UID == uid {
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("no EndpointSlice of %s listed its Pod within 30 s", svc.Name)
 }
 
 func (f floor) get(ctx context.Context, id string) error {

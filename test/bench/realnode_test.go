@@ -77,7 +77,6 @@ func BenchmarkRealNodeCreateToReady(b *testing.B) {
 	}
 	// DeerFlow's backend creates without waiting, then polls
 	// GET {sandbox_url}/v1/sandbox itself: what it sees is create → first 200.
-	direct := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	deerflowView := func(id string) error {
 		r, err := fn.Do("POST", "/api/sandboxes", map[string]any{"sandbox_id": id})
 		if err != nil {
@@ -87,17 +86,10 @@ func BenchmarkRealNodeCreateToReady(b *testing.B) {
 		if r.Code != 200 || url == "" {
 			return fmt.Errorf("create %s: %d %s", id, r.Code, r.Raw)
 		}
-		deadline := time.Now().Add(30 * time.Second)
-		for time.Now().Before(deadline) {
-			if resp, err := direct.Get(url + "/v1/sandbox"); err == nil {
-				resp.Body.Close()
-				if resp.StatusCode == 200 {
-					return nil
-				}
-			}
-			time.Sleep(20 * time.Millisecond)
+		if err := firstOK(url); err != nil {
+			return fmt.Errorf("%s: %w", id, err)
 		}
-		return fmt.Errorf("%s: no 200 from %s/v1/sandbox within 30s", id, url)
+		return nil
 	}
 	const n = 20
 	var fd, od, dv []time.Duration
@@ -241,4 +233,24 @@ func resumeToReady(b *testing.B, kc *cluster.Cluster, fn *harness.Function, n in
 		}
 	}
 	return ours, floor
+}
+
+// direct reaches sandbox URLs as DeerFlow's backend does: a new connection
+// for every request.
+var direct = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+
+// firstOK polls GET {url}/v1/sandbox every 20 ms, as DeerFlow's backend
+// polls a sandbox it made, until it answers 200 (within 30 s).
+func firstOK(url string) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if resp, err := direct.Get(url + "/v1/sandbox"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("no 200 from %s/v1/sandbox within 30s", url)
 }

@@ -27,6 +27,9 @@ import (
 // and Service, labelled as ours), which is faster than through the
 // function and counts the same. At each size the floor and ours alternate
 // single creates, then single deletes of what they made, at concurrency 1.
+// In Headless mode a create is answered once the Service's EndpointSlice
+// lists the Pod (the name resolves), and the floor's measured creates wait
+// for that too (floor.createNamed); the fill does not.
 //
 // It runs once per Service mode that can hold 5,000 sandboxes, each on a
 // cluster of its own filled in that mode. NodePort, the default, cannot: a
@@ -79,7 +82,7 @@ func scale(b *testing.B, mode string) {
 	measure := func(present int) {
 		progress("%d creates and deletes each at concurrency 1 with %d sandboxes present", n, present)
 		fc, oc := alternate(n, 1, n,
-			func(i int) error { return fl.create(ctx, fmt.Sprintf("s%d-f%d", present, i)) },
+			func(i int) error { return fl.createNamed(ctx, fmt.Sprintf("s%d-f%d", present, i)) },
 			func(i int) error {
 				return ours(fn, "POST", "/api/sandboxes", map[string]any{"sandbox_id": fmt.Sprintf("s%d-o%d", present, i)})
 			})

@@ -26,6 +26,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+	"github.com/deerflow-sandbox/provisioner/pkg/template"
 	"github.com/deerflow-sandbox/provisioner/test/cluster"
 	"github.com/deerflow-sandbox/provisioner/test/harness"
 	"github.com/deerflow-sandbox/provisioner/test/realnode"
@@ -500,30 +502,10 @@ func TestFuncInvokeThroughTheRoute(t *testing.T) {
 // sandbox's URL is the same cluster DNS name as in ClusterIP mode, and the
 // real CoreDNS answers it with the sandbox Pod's own address (the Service
 // has no virtual IP): a backend Pod reaches the sandbox at that URL,
-// through the sandboxes' NetworkPolicy. Stand-in: the function runs as a
-// process on this machine with the suite's administrator kubeconfig, beside
-// the deployed one, whose mode is ClusterIP (a second revision in Headless
-// mode would disturb the suite's other tests); it makes the same objects.
+// through the sandboxes' NetworkPolicy.
 func TestHeadlessSandboxAnswersByName(t *testing.T) {
 	need(t)
-	bin, err := harness.Binary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := harness.BaseEnv(kubeconfigPath, ns)
-	env["SANDBOX_SERVICE_TYPE"] = config.ServiceHeadless
-	env["SANDBOX_IMAGE"] = "localhost/sandbox:e2e"
-	env["SANDBOX_USER_NAMESPACE"] = "false"
-	// As config/ deploys it: DeerFlow's mounts from the claims, not host
-	// paths, which the namespace's Pod Security level refuses.
-	env["SKILLS_PVC_NAME"], env["USERDATA_PVC_NAME"] = "deer-flow-skills", "deer-flow-user-data"
-	// config/ applied the shared NetworkPolicy: this function only checks it.
-	env["SANDBOX_NETWORK_POLICY_ENSURE"] = "false"
-	local, err := harness.StartBinary(bin, env, filepath.Join(t.TempDir(), "headless.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer local.Stop()
+	local := headlessFunction(t)
 	const id = "headless1"
 	r, err := local.Do(http.MethodPost, "/api/sandboxes?wait=20s", map[string]any{"sandbox_id": id})
 	if err != nil {
@@ -545,4 +527,121 @@ func TestHeadlessSandboxAnswersByName(t *testing.T) {
 		out, err := fromBackend(t, fmt.Sprint(url)+"/v1/sandbox")
 		return err == nil && strings.HasPrefix(out, "200 ") && strings.Contains(out, `"status":"ok"`), fmt.Errorf("%q %v", out, err)
 	})
+}
+
+// TestHeadlessSandboxAnswersDeerFlowsPoll: DeerFlow's backend creates
+// without ?wait and polls {sandbox_url}/v1/sandbox at once. In Headless
+// mode cluster DNS answers the name from the Service's EndpointSlice; a
+// lookup made before that lists the Pod is answered NXDOMAIN, and CoreDNS
+// caches the denial (cache 30 with ttl 30, in this suite's Corefile as in
+// kubeadm's), so the poll would fail for half a minute after the sandbox
+// turned Ready. The first 200 must come well before that: within 15 s of
+// the create (Ready takes about a second here), for a cold create and for
+// one served from a warm pool.
+func TestHeadlessSandboxAnswersDeerFlowsPoll(t *testing.T) {
+	need(t)
+	local := headlessFunction(t)
+	warmPool(t, local, "warm-headless")
+	for _, c := range []struct {
+		name, id, template string
+		pooled             bool
+	}{
+		{"cold", "headless2", "", false},
+		// A claimed Pod is Ready before its Service exists: the window is
+		// the EndpointSlice controller's reaction to the new Service.
+		{"from the warm pool", "headless3", "warm-headless", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			start := time.Now()
+			body := map[string]any{"sandbox_id": c.id}
+			if c.template != "" {
+				body["template"] = c.template
+			}
+			r, err := local.Do(http.MethodPost, "/api/sandboxes", body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _, _ = local.Do(http.MethodDelete, "/api/sandboxes/"+c.id, nil) }()
+			url, _ := r.Body["sandbox_url"].(string)
+			if r.Code != http.StatusOK || url == "" || (r.Body["pooled"] == true) != c.pooled {
+				t.Fatalf("create in Headless mode: %d %s; want pooled %v", r.Code, r.Raw, c.pooled)
+			}
+			var polls []string
+			for time.Since(start) < 45*time.Second {
+				out, err := fromBackend(t, url+"/v1/sandbox")
+				if err == nil && strings.HasPrefix(out, "200 ") {
+					break
+				}
+				polls = append(polls, fmt.Sprintf("%.1fs: %q %v", time.Since(start).Seconds(), out, err))
+				time.Sleep(100 * time.Millisecond)
+			}
+			took := time.Since(start)
+			t.Logf("create → first 200 by name from a backend Pod: %s (%d polls before)", took.Round(time.Millisecond), len(polls))
+			if took > 15*time.Second {
+				t.Errorf("the first 200 from %s came %s after the create, want within 15 s; the polls before it:\n%s", url, took.Round(time.Millisecond), strings.Join(polls, "\n"))
+			}
+		})
+	}
+}
+
+// warmPool makes a template named name with a warm pool of one Pod,
+// through local's GET /api/templates, and waits until that Pod is Ready.
+func warmPool(t *testing.T, local *harness.Function, name string) {
+	t.Helper()
+	ctx := context.Background()
+	pt := &corev1.PodTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{template.Label: "true"},
+			Annotations: map[string]string{template.AnnotationPoolSize: "1", template.AnnotationDeerFlowMounts: "false"}},
+		Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "sandbox", Image: "localhost/sandbox:e2e"}}}},
+	}
+	if _, err := kube.CoreV1().PodTemplates(ns).Create(ctx, pt, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = kube.CoreV1().PodTemplates(ns).Delete(ctx, name, metav1.DeleteOptions{})
+		_ = kube.AppsV1().ReplicaSets(ns).Delete(ctx, "sandbox-pool-"+name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
+	})
+	if r, err := local.Do(http.MethodGet, "/api/templates", nil); err != nil || r.Code != http.StatusOK {
+		t.Fatalf("GET /api/templates: %v %v", r, err)
+	}
+	eventually(t, 60*time.Second, "the warm pool of "+name+" stands one Ready Pod", func() (bool, error) {
+		l, err := kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: sandbox.LabelPool + "=" + name})
+		if err != nil {
+			return false, err
+		}
+		for _, p := range l.Items {
+			if realnode.Ready(&p) {
+				return true, nil
+			}
+		}
+		return false, fmt.Errorf("%d pooled Pods, none Ready", len(l.Items))
+	})
+}
+
+// headlessFunction starts the function in Headless mode. Stand-in: it runs
+// as a process on this machine with the suite's administrator kubeconfig,
+// beside the deployed one, whose mode is ClusterIP (a second revision in
+// Headless mode would disturb the suite's other tests); it makes the same
+// objects.
+func headlessFunction(t *testing.T) *harness.Function {
+	t.Helper()
+	bin, err := harness.Binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := harness.BaseEnv(kubeconfigPath, ns)
+	env["SANDBOX_SERVICE_TYPE"] = config.ServiceHeadless
+	env["SANDBOX_IMAGE"] = "localhost/sandbox:e2e"
+	env["SANDBOX_USER_NAMESPACE"] = "false"
+	// As config/ deploys it: DeerFlow's mounts from the claims, not host
+	// paths, which the namespace's Pod Security level refuses.
+	env["SKILLS_PVC_NAME"], env["USERDATA_PVC_NAME"] = "deer-flow-skills", "deer-flow-user-data"
+	// config/ applied the shared NetworkPolicy: this function only checks it.
+	env["SANDBOX_NETWORK_POLICY_ENSURE"] = "false"
+	local, err := harness.StartBinary(bin, env, filepath.Join(t.TempDir(), "headless.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(local.Stop)
+	return local
 }

@@ -1,0 +1,125 @@
+package sandbox
+
+import (
+	"context"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
+)
+
+// defaultNameWait bounds how long a create that does not wait for Ready
+// holds its answer for the sandbox's name (Headless mode): the Pod gets its
+// address when the kubelet starts its sandbox, about a third of a second on
+// the real node; a Pod still unscheduled after this is answered without.
+const defaultNameWait = 5 * time.Second
+
+// awaitName, in Headless mode, holds the answer until cluster DNS can
+// answer the sandbox's name: until an EndpointSlice of its Service lists
+// the address of pod (of any Pod when pod is nil: a ReplicaSet's Pod not
+// yet seen). Cluster DNS answers a headless name that lists no address
+// with NXDOMAIN and caches the denial (CoreDNS with kubeadm's Corefile: 30
+// s), so a client that looked the name up as soon as it had the URL (as
+// DeerFlow's backend does: it creates without waiting and polls at once)
+// would not reach the sandbox for that long. In the other modes the name
+// or node port exists from the Service's create. Nothing is refused here:
+// when bound runs out, or the slices cannot be read, the answer goes as
+// it is and the log says so.
+func (m *Manager) awaitName(ctx context.Context, svc *corev1.Service, pod *corev1.Pod, bound time.Duration) {
+	if m.cfg.ServiceType != config.ServiceHeadless || svc == nil || bound <= 0 {
+		return
+	}
+	start := time.Now()
+	wctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	done := func(ev watch.Event) (bool, error) {
+		s, ok := ev.Object.(*discoveryv1.EndpointSlice)
+		return ok && ev.Type != watch.Deleted && listsAddress(s, svc.Name, pod), nil
+	}
+	sel := discoveryv1.LabelServiceName + "=" + svc.Name // a Service name is a valid label value
+	slices := m.client.DiscoveryV1().EndpointSlices(m.cfg.Namespace)
+	// From the Service's own version: the slice the EndpointSlice
+	// controller writes for it comes after, so the API server replays it
+	// from its watch cache without a list (a list scans every slice of the
+	// namespace). An older version (an existing sandbox's Service) may be
+	// gone from that cache: then list and watch.
+	err := watchFrom(wctx, func(ctx context.Context) (watch.Interface, error) {
+		return slices.Watch(ctx, metav1.ListOptions{LabelSelector: sel, ResourceVersion: svc.ResourceVersion})
+	}, done)
+	if err == errWatchExpired {
+		lw := &cache.ListWatch{
+			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				o.LabelSelector = sel
+				return slices.List(ctx, o)
+			},
+			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				o.LabelSelector = sel
+				return slices.Watch(ctx, o)
+			},
+		}
+		_, err = watchtools.UntilWithSync(wctx, lw, &discoveryv1.EndpointSlice{}, nil, done)
+	}
+	if err != nil {
+		reqid.Logger(ctx).Info("answering before cluster DNS lists the sandbox's address (Headless mode): a client that looks its name up now may be denied for the DNS cache's negative TTL",
+			"service", svc.Name, "waited", time.Since(start).Round(time.Millisecond), "error", err)
+	}
+}
+
+// errWatchExpired says the watch's starting version is no longer served.
+var errWatchExpired = watchExpired{}
+
+type watchExpired struct{}
+
+func (watchExpired) Error() string { return "watch: resource version too old" }
+
+// watchFrom runs one watch until done; an Error event (the version is too
+// old) or a watch that cannot start is errWatchExpired, so the caller lists
+// instead. The context's end is its error.
+func watchFrom(ctx context.Context, start func(context.Context) (watch.Interface, error), done watchtools.ConditionFunc) error {
+	w, err := start(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return errWatchExpired
+	}
+	defer w.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case ev, ok := <-w.ResultChan():
+			if !ok || ev.Type == watch.Error {
+				return errWatchExpired
+			}
+			if ok, err := done(ev); err != nil || ok {
+				return err
+			}
+		}
+	}
+}
+
+// listsAddress: s is a slice of the Service named svc and lists an
+// address of pod (any address when pod is nil).
+func listsAddress(s *discoveryv1.EndpointSlice, svc string, pod *corev1.Pod) bool {
+	if s.Labels[discoveryv1.LabelServiceName] != svc {
+		return false
+	}
+	for _, e := range s.Endpoints {
+		if len(e.Addresses) == 0 {
+			continue
+		}
+		if pod == nil || e.TargetRef != nil && e.TargetRef.Kind == "Pod" && e.TargetRef.UID == pod.UID {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,139 @@
+package sandbox
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+)
+
+func slice(svc string, endpoints ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
+	return &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: svc + "-x1", Namespace: "deer-flow", Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   endpoints,
+	}
+}
+
+func endpointOf(uid types.UID, addrs ...string) discoveryv1.Endpoint {
+	return discoveryv1.Endpoint{Addresses: addrs, TargetRef: &corev1.ObjectReference{Kind: "Pod", UID: uid}}
+}
+
+// TestListsAddress pins which EndpointSlice lets a create answer in
+// Headless mode: one of its own Service that lists an address of its Pod.
+func TestListsAddress(t *testing.T) {
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{UID: "pod-1"}}
+	tests := []struct {
+		name  string
+		slice *discoveryv1.EndpointSlice
+		pod   *corev1.Pod
+		want  bool
+	}{
+		{"its Pod's address", slice("sandbox-a-svc", endpointOf("pod-1", "10.88.0.5")), pod, true},
+		{"no endpoints yet", slice("sandbox-a-svc"), pod, false},
+		{"its Pod without an address", slice("sandbox-a-svc", endpointOf("pod-1")), pod, false},
+		{"another Pod's address (the one before a resume)", slice("sandbox-a-svc", endpointOf("pod-0", "10.88.0.4")), pod, false},
+		{"another Service's slice", slice("sandbox-b-svc", endpointOf("pod-1", "10.88.0.5")), pod, false},
+		{"any address, when the Pod is not known yet", slice("sandbox-a-svc", endpointOf("pod-9", "10.88.0.9")), nil, true},
+		{"an address without a Pod behind it", slice("sandbox-a-svc", discoveryv1.Endpoint{Addresses: []string{"10.88.0.5"}}), pod, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := listsAddress(tt.slice, "sandbox-a-svc", tt.pod); got != tt.want {
+				t.Errorf("listsAddress = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestCreateAnswersOnceItsNameResolves: in Headless mode a create that asks
+// for no wait is answered only once an EndpointSlice of its Service lists
+// its Pod's address, since cluster DNS caches the NXDOMAIN of an earlier
+// lookup; in ClusterIP mode (a virtual IP the name always resolves to) it
+// is answered at once, with no watch of slices. Client-go's fake clientset
+// stands in for the API server, and the test writes the slices that the
+// EndpointSlice controller would (the real one: test/knative).
+func TestCreateAnswersOnceItsNameResolves(t *testing.T) {
+	for _, mode := range []string{"Headless", "ClusterIP"} {
+		t.Run(mode, func(t *testing.T) {
+			client := fake.NewClientset()
+			watching := make(chan struct{}, 1)
+			client.PrependWatchReactor("endpointslices", func(k8stesting.Action) (bool, watch.Interface, error) {
+				select {
+				case watching <- struct{}{}:
+				default:
+				}
+				return false, nil, nil
+			})
+			m := NewManager(testConfig(t, map[string]string{"SANDBOX_SERVICE_TYPE": mode, "SANDBOX_NETWORK_POLICY_ENSURE": "true"}), client)
+			// Not the bound that ends the wait here: the slice does.
+			m.nameWait = time.Minute
+			ctx, cancel := context.WithTimeout(WithCaller(context.Background(), Caller{Principal: "default"}), 30*time.Second)
+			defer cancel()
+			type answer struct {
+				sb  Sandbox
+				err error
+			}
+			answered := make(chan answer, 1)
+			go func() {
+				sb, err := m.Create(ctx, Spec{ID: "new1", UserID: "u", ThreadID: "t", IdleTimeout: time.Hour, MaxLifetime: time.Hour}, 0)
+				answered <- answer{sb, err}
+			}()
+			if mode != "Headless" {
+				a := <-answered
+				if a.err != nil || a.sb.URL == "" {
+					t.Fatalf("create: %+v, %v", a.sb, a.err)
+				}
+				for _, act := range client.Actions() {
+					if act.GetResource().Resource == "endpointslices" {
+						t.Errorf("%s mode: the create made a %s of EndpointSlices; want none", mode, act.GetVerb())
+					}
+				}
+				return
+			}
+			select {
+			case <-watching:
+			case a := <-answered:
+				t.Fatalf("answered (%+v, %v) before watching the Service's EndpointSlices", a.sb, a.err)
+			}
+			pod, err := client.CoreV1().Pods("deer-flow").Get(ctx, PodName("new1"), metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			slices := client.DiscoveryV1().EndpointSlices("deer-flow")
+			// Neither another Service's slice nor one without the Pod's
+			// address lets the name resolve.
+			for _, s := range []*discoveryv1.EndpointSlice{
+				slice(ServiceName("other"), endpointOf(pod.UID, "10.88.0.7")),
+				func() *discoveryv1.EndpointSlice { s := slice(ServiceName("new1")); s.Name += "-empty"; return s }(),
+			} {
+				if _, err := slices.Create(ctx, s, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			select {
+			case a := <-answered:
+				t.Fatalf("answered (%+v, %v) before a slice of its Service listed its Pod", a.sb, a.err)
+			case <-time.After(200 * time.Millisecond):
+			}
+			if _, err := slices.Create(ctx, slice(ServiceName("new1"), endpointOf(pod.UID, "10.88.0.5")), metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case a := <-answered:
+				if a.err != nil || a.sb.URL != "http://sandbox-new1-svc.deer-flow.svc.cluster.local:8080" {
+					t.Fatalf("create: %+v, %v", a.sb, a.err)
+				}
+			case <-ctx.Done():
+				t.Fatal("no answer after the slice listed the Pod's address")
+			}
+		})
+	}
+}
