@@ -2,15 +2,15 @@ package sandbox
 
 import (
 	"context"
+	"errors"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/tools/cache"
-	watchtools "k8s.io/client-go/tools/watch"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
@@ -40,32 +40,44 @@ func (m *Manager) awaitName(ctx context.Context, svc *corev1.Service, pod *corev
 	start := time.Now()
 	wctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
-	done := func(ev watch.Event) (bool, error) {
-		s, ok := ev.Object.(*discoveryv1.EndpointSlice)
-		return ok && ev.Type != watch.Deleted && listsAddress(s, svc.Name, pod), nil
-	}
 	sel := discoveryv1.LabelServiceName + "=" + svc.Name // a Service name is a valid label value
-	slices := m.client.DiscoveryV1().EndpointSlices(m.cfg.Namespace)
+	eps := m.client.DiscoveryV1().EndpointSlices(m.cfg.Namespace)
+	watchFrom := func(rv string) error {
+		w, err := eps.Watch(wctx, metav1.ListOptions{LabelSelector: sel, ResourceVersion: rv})
+		if err != nil {
+			return err
+		}
+		defer w.Stop()
+		for {
+			select {
+			case <-wctx.Done():
+				return wctx.Err()
+			case ev, ok := <-w.ResultChan():
+				if !ok || ev.Type == watch.Error {
+					return errWatchEnded
+				}
+				if s, ok := ev.Object.(*discoveryv1.EndpointSlice); ok && ev.Type != watch.Deleted && listsAddress(s, svc.Name, pod) {
+					return nil
+				}
+			}
+		}
+	}
 	// From the Service's own version: the slice the EndpointSlice
 	// controller writes for it comes after, so the API server replays it
 	// from its watch cache without a list (a list scans every slice of the
 	// namespace). An older version (an existing sandbox's Service) may be
-	// gone from that cache: then list and watch.
-	err := watchFrom(wctx, func(ctx context.Context) (watch.Interface, error) {
-		return slices.Watch(ctx, metav1.ListOptions{LabelSelector: sel, ResourceVersion: svc.ResourceVersion})
-	}, done)
-	if err == errWatchExpired {
-		lw := &cache.ListWatch{
-			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-				o.LabelSelector = sel
-				return slices.List(ctx, o)
-			},
-			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-				o.LabelSelector = sel
-				return slices.Watch(ctx, o)
-			},
+	// gone from that cache: then one list, and a watch from it. A read
+	// the API server refuses (a Role without endpointslices) ends the wait
+	// at once.
+	err := watchFrom(svc.ResourceVersion)
+	if errors.Is(err, errWatchEnded) || apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+		var l *discoveryv1.EndpointSliceList
+		if l, err = eps.List(wctx, metav1.ListOptions{LabelSelector: sel, ResourceVersion: "0"}); err == nil {
+			if slices.ContainsFunc(l.Items, func(s discoveryv1.EndpointSlice) bool { return listsAddress(&s, svc.Name, pod) }) {
+				return
+			}
+			err = watchFrom(l.ResourceVersion)
 		}
-		_, err = watchtools.UntilWithSync(wctx, lw, &discoveryv1.EndpointSlice{}, nil, done)
 	}
 	if err != nil {
 		reqid.Logger(ctx).Info("answering before cluster DNS lists the sandbox's address (Headless mode): a client that looks its name up now may be denied for the DNS cache's negative TTL",
@@ -73,39 +85,9 @@ func (m *Manager) awaitName(ctx context.Context, svc *corev1.Service, pod *corev
 	}
 }
 
-// errWatchExpired says the watch's starting version is no longer served.
-var errWatchExpired = watchExpired{}
-
-type watchExpired struct{}
-
-func (watchExpired) Error() string { return "watch: resource version too old" }
-
-// watchFrom runs one watch until done; an Error event (the version is too
-// old) or a watch that cannot start is errWatchExpired, so the caller lists
-// instead. The context's end is its error.
-func watchFrom(ctx context.Context, start func(context.Context) (watch.Interface, error), done watchtools.ConditionFunc) error {
-	w, err := start(ctx)
-	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return errWatchExpired
-	}
-	defer w.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case ev, ok := <-w.ResultChan():
-			if !ok || ev.Type == watch.Error {
-				return errWatchExpired
-			}
-			if ok, err := done(ev); err != nil || ok {
-				return err
-			}
-		}
-	}
-}
+// errWatchEnded: the watch closed, or sent an error (its starting version
+// is too old); the wait goes on from a list.
+var errWatchEnded = errors.New("the EndpointSlice watch ended")
 
 // listsAddress: s is a slice of the Service named svc and lists an
 // address of pod (any address when pod is nil).

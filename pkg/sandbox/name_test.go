@@ -2,12 +2,16 @@ package sandbox
 
 import (
 	"context"
+	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
@@ -133,6 +137,77 @@ func TestCreateAnswersOnceItsNameResolves(t *testing.T) {
 				}
 			case <-ctx.Done():
 				t.Fatal("no answer after the slice listed the Pod's address")
+			}
+		})
+	}
+}
+
+// TestNameWaitFallsBackOrGivesUp: a watch the API server ends (its
+// starting version too old) is followed by one list, which may already
+// show the slice; a Role without endpointslices ends the wait at once, so
+// creates are answered as before rather than after the bound. Client-go's
+// fake clientset stands in for the API server, with its errors injected.
+func TestNameWaitFallsBackOrGivesUp(t *testing.T) {
+	forbidden := apierrors.NewForbidden(discoveryv1.Resource("endpointslices"), "", errors.New("injected: the Role grants nothing on endpointslices"))
+	tests := []struct {
+		name string
+		// react answers the first watch of slices; the test's slice of the
+		// new Pod exists by then when writeSlice is set.
+		writeSlice bool
+		watchErr   error
+		listErr    error
+	}{
+		{name: "the watch ends, the list shows the slice", writeSlice: true},
+		{name: "the Role refuses the watch", watchErr: forbidden},
+		{name: "the watch ends, the Role refuses the list", listErr: forbidden},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			client := fake.NewClientset()
+			var watches atomic.Int32
+			client.PrependWatchReactor("endpointslices", func(k8stesting.Action) (bool, watch.Interface, error) {
+				watches.Add(1)
+				if tt.watchErr != nil {
+					return true, nil, tt.watchErr
+				}
+				if tt.writeSlice {
+					pod, err := client.Tracker().Get(corev1.SchemeGroupVersion.WithResource("pods"), "deer-flow", PodName("new1"))
+					if err != nil {
+						return true, nil, err
+					}
+					s := slice(ServiceName("new1"), endpointOf(pod.(*corev1.Pod).UID, "10.88.0.5"))
+					if err := client.Tracker().Add(s); err != nil {
+						return true, nil, err
+					}
+				}
+				w := watch.NewRaceFreeFake()
+				w.Error(&metav1.Status{Status: metav1.StatusFailure, Code: 410, Reason: metav1.StatusReasonExpired})
+				return true, w, nil
+			})
+			client.PrependReactor("list", "endpointslices", func(k8stesting.Action) (bool, runtime.Object, error) {
+				return tt.listErr != nil, nil, tt.listErr
+			})
+			m := NewManager(testConfig(t, map[string]string{"SANDBOX_SERVICE_TYPE": "Headless", "SANDBOX_NETWORK_POLICY_ENSURE": "true"}), client)
+			m.nameWait = time.Minute // far beyond the test's patience: only the fallback or the refusal ends it
+			ctx, cancel := context.WithTimeout(WithCaller(context.Background(), Caller{Principal: "default"}), 30*time.Second)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() {
+				_, err := m.Create(ctx, Spec{ID: "new1", UserID: "u", ThreadID: "t", IdleTimeout: time.Hour, MaxLifetime: time.Hour}, 0)
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("create: %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("no answer within 10 s: the wait for the name neither fell back to a list nor gave up")
+			}
+			// One watch: the list that follows it found the slice, or a
+			// refusal ended the wait; no second watch was needed.
+			if n := watches.Load(); n != 1 {
+				t.Errorf("%d watches of EndpointSlices, want 1", n)
 			}
 		})
 	}

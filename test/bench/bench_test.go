@@ -50,6 +50,8 @@ type Row struct {
 	FloorP99    float64 `json:"floor_p99_ms"`
 	FloorOps    float64 `json:"floor_ops_per_s"`
 	Errors      int     `json:"errors"`
+	// The first error of each side, to say what failed.
+	oursFirst, floorFirst error
 }
 
 // Results is everything one run measured.
@@ -130,10 +132,18 @@ func alternate(n, c, chunks int, floorOp, oursOp func(i int) error) (floor, ours
 		off := start
 		f := run(end-start, c, func(i int) error { return floorOp(off + i) })
 		o := run(end-start, c, func(i int) error { return oursOp(off + i) })
-		floor.d, floor.err, floor.all = append(floor.d, f.d...), floor.err+f.err, floor.all+f.all
-		ours.d, ours.err, ours.all = append(ours.d, o.d...), ours.err+o.err, ours.all+o.all
+		floor.add(f)
+		ours.add(o)
 	}
 	return floor, ours
+}
+
+// add appends o's measurements to s, keeping the first error seen.
+func (s *sample) add(o sample) {
+	if s.first == nil {
+		s.first = o.first
+	}
+	s.d, s.err, s.all = append(s.d, o.d...), s.err+o.err, s.all+o.all
 }
 
 func pct(ds []time.Duration, p float64) float64 {
@@ -156,7 +166,7 @@ func row(op string, c int, ours, floor sample) Row {
 	return Row{Operation: op, Concurrency: c, N: len(ours.d),
 		OursP50: pct(ours.d, .5), OursP95: pct(ours.d, .95), OursP99: pct(ours.d, .99), OursOps: float64(len(ours.d)) / ours.all.Seconds(),
 		FloorP50: pct(floor.d, .5), FloorP95: pct(floor.d, .95), FloorP99: pct(floor.d, .99), FloorOps: float64(len(floor.d)) / floor.all.Seconds(),
-		Errors: ours.err + floor.err}
+		Errors: ours.err + floor.err, oursFirst: ours.first, floorFirst: floor.first}
 }
 
 // floor does what each operation needs with bare client-go calls.
@@ -616,7 +626,7 @@ func report(b *testing.B, r Results) {
 	fmt.Printf("wrote %s/bench-%s.{json,md,png}\n", dir, stamp)
 	for _, x := range r.Rows {
 		if x.Errors > 0 {
-			b.Errorf("%s at concurrency %d: %d errors", x.Operation, x.Concurrency, x.Errors)
+			b.Errorf("%s at concurrency %d: %d errors; ours first: %v; the floor's first: %v", x.Operation, x.Concurrency, x.Errors, x.oursFirst, x.floorFirst)
 		}
 	}
 }

@@ -144,7 +144,7 @@ func scale(b *testing.B, mode string) {
 	}
 	for _, r := range rows {
 		if r.Errors > 0 {
-			b.Errorf("%s: %d errors", r.Operation, r.Errors)
+			b.Errorf("%s: %d errors; ours first: %v; the floor's first: %v", r.Operation, r.Errors, r.oursFirst, r.floorFirst)
 		}
 	}
 }
