@@ -32,7 +32,8 @@ const defaultNameWait = 5 * time.Second
 // would not reach the sandbox for that long. In the other modes the name
 // or node port exists from the Service's create. Nothing is refused here:
 // when bound runs out, or the slices cannot be read, the answer goes as
-// it is and the log says so.
+// it is and the log says so (at Warn: a client may be denied the name
+// for the negative TTL).
 func (m *Manager) awaitName(ctx context.Context, svc *corev1.Service, pod *corev1.Pod, bound time.Duration) {
 	if m.cfg.ServiceType != config.ServiceHeadless || svc == nil || bound <= 0 {
 		return
@@ -80,7 +81,7 @@ func (m *Manager) awaitName(ctx context.Context, svc *corev1.Service, pod *corev
 		}
 	}
 	if err != nil {
-		reqid.Logger(ctx).Info("answering before cluster DNS lists the sandbox's address (Headless mode): a client that looks its name up now may be denied for the DNS cache's negative TTL",
+		reqid.Logger(ctx).Warn("answering before cluster DNS lists the sandbox's address (Headless mode): a client that looks its name up now may be denied for the DNS cache's negative TTL",
 			"service", svc.Name, "waited", time.Since(start).Round(time.Millisecond), "error", err)
 	}
 }

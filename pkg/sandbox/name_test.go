@@ -151,8 +151,8 @@ func TestNameWaitFallsBackOrGivesUp(t *testing.T) {
 	forbidden := apierrors.NewForbidden(discoveryv1.Resource("endpointslices"), "", errors.New("injected: the Role grants nothing on endpointslices"))
 	tests := []struct {
 		name string
-		// react answers the first watch of slices; the test's slice of the
-		// new Pod exists by then when writeSlice is set.
+		// writeSlice: by the first watch of slices (which the test's
+		// reactor then ends) a slice lists the new Pod, for the list to find.
 		writeSlice bool
 		watchErr   error
 		listErr    error
