@@ -87,7 +87,7 @@ func BenchmarkKwokPool(b *testing.B) {
 
 // benchPool runs the rounds against a function started with env and
 // prints the rows named rowName; with viewRow, also what DeerFlow's backend
-// sees of a pooled create (viewRounds).
+// sees of a pooled create, one claim at a time.
 func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, rowName, viewRow string) {
 	ctx := context.Background()
 	fn, fl := startWithFloor(b, kc, binary(b), env, b.TempDir())

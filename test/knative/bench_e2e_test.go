@@ -39,6 +39,7 @@ func BenchmarkColdStartFromZero(b *testing.B) {
 		return time.Since(start), nil
 	}
 	var cold, warm, direct []time.Duration
+	noPod := 0
 	for i := 0; i < rounds; i++ {
 		waitZero(b, dep)
 		d, err := list(fnURL)
@@ -53,7 +54,11 @@ func BenchmarkColdStartFromZero(b *testing.B) {
 			warm = append(warm, d)
 			pods := functionPods(b)
 			if len(pods) == 0 {
-				b.Fatalf("round %d: no function Pod right after a request", i)
+				// Seen once (a make bench run, round 7): the Pod that had just
+				// answered was not listed as running. The floor's sample is
+				// skipped and counted, not the run.
+				noPod++
+				continue
 			}
 			if d, err = list("http://" + pods[0].Status.PodIP + ":8080"); err != nil {
 				b.Fatalf("round %d direct: %v", i, err)
@@ -79,5 +84,8 @@ func BenchmarkColdStartFromZero(b *testing.B) {
 		{"straight to the revision's Pod (the floor)", direct},
 	} {
 		fmt.Printf("| %s | %d | %.0f ms | %.0f ms |\n", r.name, len(r.ds), p(r.ds, 0.5), p(r.ds, 0.95))
+	}
+	if noPod > 0 {
+		fmt.Printf("\n%d floor samples skipped: no running function Pod was listed right after a warm request.\n", noPod)
 	}
 }
