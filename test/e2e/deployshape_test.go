@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,12 +12,14 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/test/harness"
 )
 
@@ -101,25 +104,10 @@ func serviceEnv(t *testing.T) map[string]string {
 // The create succeeds and the Pod the API server stored mounts what
 // DeerFlow's provisioner mounts, at DeerFlow's subPaths on the claims.
 func TestDeerFlowCreateInTheShapeConfigDeploys(t *testing.T) {
-	var files []string
-	for _, name := range []string{"100-namespace.yaml", "200-serviceaccount.yaml", "201-role.yaml", "202-rolebinding.yaml",
-		"701-networkpolicy-sandboxes.yaml", "800-admission-policy.yaml", "900-limitrange.yaml"} {
-		files = append(files, filepath.Join("..", "..", "config", name))
-	}
-	applyServerSide(t, readObjects(t, files...))
-	env := serviceEnv(t)
-	ns := env["K8S_NAMESPACE"]
+	env, ns := configShape(t)
 	ctx := context.Background()
-	eventually(t, 30*time.Second, "default ServiceAccount in "+ns, func() (bool, error) {
-		_, err := client().CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
-		return err == nil, err
-	})
-	bindClaims(t, ns, env["SKILLS_PVC_NAME"], env["USERDATA_PVC_NAME"])
-	quotaCounted(t, ns)
-
 	proxy.Impersonate(serviceAccount)
 	defer proxy.Impersonate("")
-	env["SANDBOX_NETWORK_POLICY_ENSURE"] = "false" // config/ ships it; the Role may only read it
 	f := start(t, ns, env)
 	t.Cleanup(func() { _, _ = f.Do("DELETE", "/api/sandboxes/0123456789abcdef", nil) })
 
@@ -163,6 +151,84 @@ func TestDeerFlowCreateInTheShapeConfigDeploys(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("the stored Pod's claim mounts differ from DeerFlow's (-DeerFlow +stored):\n%s", diff)
+	}
+}
+
+// configShape sets up what config/ deploys around the function (its
+// namespace, ServiceAccount, Role, isolation and admission policies,
+// LimitRange and ResourceQuota, DeerFlow's claims bound) and returns the
+// settings of 400-service.yaml with the namespace they name.
+func configShape(t *testing.T) (map[string]string, string) {
+	t.Helper()
+	var files []string
+	for _, name := range []string{"100-namespace.yaml", "200-serviceaccount.yaml", "201-role.yaml", "202-rolebinding.yaml",
+		"701-networkpolicy-sandboxes.yaml", "800-admission-policy.yaml", "900-limitrange.yaml"} {
+		files = append(files, filepath.Join("..", "..", "config", name))
+	}
+	applyServerSide(t, readObjects(t, files...))
+	env := serviceEnv(t)
+	ns := env["K8S_NAMESPACE"]
+	eventually(t, 30*time.Second, "default ServiceAccount in "+ns, func() (bool, error) {
+		_, err := client().CoreV1().ServiceAccounts(ns).Get(context.Background(), "default", metav1.GetOptions{})
+		return err == nil, err
+	})
+	bindClaims(t, ns, env["SKILLS_PVC_NAME"], env["USERDATA_PVC_NAME"])
+	quotaCounted(t, ns)
+	env["SANDBOX_NETWORK_POLICY_ENSURE"] = "false" // config/ ships it; the Role may only read it
+	return env, ns
+}
+
+// TestHeadlessCreateUnderTheRole: in Headless mode, set up as config/
+// deploys the function and acting as its ServiceAccount, a create without
+// ?wait is answered once an EndpointSlice of the sandbox's Service lists
+// its Pod (so that cluster DNS answers the name): the Role grants the
+// watch it needs. Without it the create is answered at once and the
+// function says so at Warn, which this test reads.
+func TestHeadlessCreateUnderTheRole(t *testing.T) {
+	env, ns := configShape(t)
+	env["SANDBOX_SERVICE_TYPE"] = config.ServiceHeadless
+	ctx := context.Background()
+	// The Pod gets an address (the name something to list) only once it is
+	// scheduled, which waits for DeerFlow's claims to be bound.
+	eventually(t, 60*time.Second, "DeerFlow's claims Bound", func() (bool, error) {
+		for _, c := range []string{env["SKILLS_PVC_NAME"], env["USERDATA_PVC_NAME"]} {
+			pvc, err := client().CoreV1().PersistentVolumeClaims(ns).Get(ctx, c, metav1.GetOptions{})
+			if err != nil || pvc.Status.Phase != corev1.ClaimBound {
+				return false, err
+			}
+		}
+		return true, nil
+	})
+	proxy.Impersonate(serviceAccount)
+	defer proxy.Impersonate("")
+	f := start(t, ns, env)
+	const id = "headlessrole1"
+	t.Cleanup(func() { _, _ = f.Do("DELETE", "/api/sandboxes/"+id, nil) })
+	r := mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": id, "thread_id": "t1"})
+	expectCode(t, r, 200, "a Headless create as the ServiceAccount")
+	pod, err := client().CoreV1().Pods(ns).Get(ctx, "sandbox-"+id, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := client().DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=sandbox-" + id + "-svc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := false
+	for _, s := range l.Items {
+		for _, e := range s.Endpoints {
+			listed = listed || len(e.Addresses) > 0 && e.TargetRef != nil && e.TargetRef.UID == pod.UID
+		}
+	}
+	if !listed {
+		t.Errorf("answered before an EndpointSlice of its Service listed its Pod %s (%d slices)", pod.Name, len(l.Items))
+	}
+	log, err := os.ReadFile(f.LogPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(log), "answering before cluster DNS lists") {
+		t.Errorf("the function answered without the name; its log:\n%s", log)
 	}
 }
 
