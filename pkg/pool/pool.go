@@ -286,9 +286,10 @@ func (p *Pool) release(uid types.UID) {
 const maxClaimTries = 3
 
 // claim tries to claim pod and returns it claimed. When it could not, the
-// bool (taken) says whether pod is out of reach for good (someone else claimed it first, it is gone, or it is no
-// longer claimable); not taken means every try met a change to the Pod
-// that left it claimable (a status write), and a later try may win. Such a
+// bool (taken) says whether pod is out of reach for good (someone else
+// claimed it first, it is gone, or it is no longer claimable); not taken
+// means every try met a change to the Pod that left it claimable (a
+// status write), and a later try may win. Such a
 // conflict is retried on the fresh Pod, so that only a claim by someone
 // else sends a create on to another Pod or the cold way.
 func (p *Pool) claim(ctx context.Context, pod *corev1.Pod, hash string, c sandbox.Claim) (*corev1.Pod, bool, error) {

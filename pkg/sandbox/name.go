@@ -10,6 +10,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
@@ -41,6 +42,10 @@ func (m *Manager) awaitName(ctx context.Context, svc *corev1.Service, pod *corev
 	start := time.Now()
 	wctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
+	var uid types.UID // any Pod's, while the ReplicaSet's is not known
+	if pod != nil {
+		uid = pod.UID
+	}
 	sel := discoveryv1.LabelServiceName + "=" + svc.Name // a Service name is a valid label value
 	eps := m.client.DiscoveryV1().EndpointSlices(m.cfg.Namespace)
 	watchFrom := func(rv string) error {
@@ -57,7 +62,7 @@ func (m *Manager) awaitName(ctx context.Context, svc *corev1.Service, pod *corev
 				if !ok || ev.Type == watch.Error {
 					return errWatchEnded
 				}
-				if s, ok := ev.Object.(*discoveryv1.EndpointSlice); ok && ev.Type != watch.Deleted && listsAddress(s, svc.Name, pod) {
+				if s, ok := ev.Object.(*discoveryv1.EndpointSlice); ok && ev.Type != watch.Deleted && ListsAddress(s, svc.Name, uid) {
 					return nil
 				}
 			}
@@ -74,7 +79,7 @@ func (m *Manager) awaitName(ctx context.Context, svc *corev1.Service, pod *corev
 	if errors.Is(err, errWatchEnded) || apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
 		var l *discoveryv1.EndpointSliceList
 		if l, err = eps.List(wctx, metav1.ListOptions{LabelSelector: sel, ResourceVersion: "0"}); err == nil {
-			if slices.ContainsFunc(l.Items, func(s discoveryv1.EndpointSlice) bool { return listsAddress(&s, svc.Name, pod) }) {
+			if slices.ContainsFunc(l.Items, func(s discoveryv1.EndpointSlice) bool { return ListsAddress(&s, svc.Name, uid) }) {
 				return
 			}
 			err = watchFrom(l.ResourceVersion)
@@ -90,9 +95,10 @@ func (m *Manager) awaitName(ctx context.Context, svc *corev1.Service, pod *corev
 // is too old); the wait goes on from a list.
 var errWatchEnded = errors.New("the EndpointSlice watch ended")
 
-// listsAddress: s is a slice of the Service named svc and lists an
-// address of pod (any address when pod is nil).
-func listsAddress(s *discoveryv1.EndpointSlice, svc string, pod *corev1.Pod) bool {
+// ListsAddress reports whether s is a slice of the Service named svc that
+// lists an address of the Pod uid (of any Pod when uid is ""): whether
+// cluster DNS can answer a headless Service's name with that Pod.
+func ListsAddress(s *discoveryv1.EndpointSlice, svc string, uid types.UID) bool {
 	if s.Labels[discoveryv1.LabelServiceName] != svc {
 		return false
 	}
@@ -100,7 +106,7 @@ func listsAddress(s *discoveryv1.EndpointSlice, svc string, pod *corev1.Pod) boo
 		if len(e.Addresses) == 0 {
 			continue
 		}
-		if pod == nil || e.TargetRef != nil && e.TargetRef.Kind == "Pod" && e.TargetRef.UID == pod.UID {
+		if uid == "" || e.TargetRef != nil && e.TargetRef.Kind == "Pod" && e.TargetRef.UID == uid {
 			return true
 		}
 	}

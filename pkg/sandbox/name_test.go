@@ -33,11 +33,11 @@ func endpointOf(uid types.UID, addrs ...string) discoveryv1.Endpoint {
 // TestListsAddress pins which EndpointSlice lets a create answer in
 // Headless mode: one of its own Service that lists an address of its Pod.
 func TestListsAddress(t *testing.T) {
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{UID: "pod-1"}}
+	const pod types.UID = "pod-1"
 	tests := []struct {
 		name  string
 		slice *discoveryv1.EndpointSlice
-		pod   *corev1.Pod
+		pod   types.UID
 		want  bool
 	}{
 		{"its Pod's address", slice("sandbox-a-svc", endpointOf("pod-1", "10.88.0.5")), pod, true},
@@ -45,13 +45,13 @@ func TestListsAddress(t *testing.T) {
 		{"its Pod without an address", slice("sandbox-a-svc", endpointOf("pod-1")), pod, false},
 		{"another Pod's address (the one before a resume)", slice("sandbox-a-svc", endpointOf("pod-0", "10.88.0.4")), pod, false},
 		{"another Service's slice", slice("sandbox-b-svc", endpointOf("pod-1", "10.88.0.5")), pod, false},
-		{"any address, when the Pod is not known yet", slice("sandbox-a-svc", endpointOf("pod-9", "10.88.0.9")), nil, true},
+		{"any address, when the Pod is not known yet", slice("sandbox-a-svc", endpointOf("pod-9", "10.88.0.9")), "", true},
 		{"an address without a Pod behind it", slice("sandbox-a-svc", discoveryv1.Endpoint{Addresses: []string{"10.88.0.5"}}), pod, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := listsAddress(tt.slice, "sandbox-a-svc", tt.pod); got != tt.want {
-				t.Errorf("listsAddress = %v, want %v", got, tt.want)
+			if got := ListsAddress(tt.slice, "sandbox-a-svc", tt.pod); got != tt.want {
+				t.Errorf("ListsAddress = %v, want %v", got, tt.want)
 			}
 		})
 	}

@@ -225,10 +225,8 @@ func (f floor) waitName(ctx context.Context, svc *corev1.Service, uid types.UID)
 		if !ok {
 			return fmt.Errorf("watching the EndpointSlices of %s: %v", svc.Name, ev.Object)
 		}
-		for _, e := range s.Endpoints {
-			if len(e.Addresses) > 0 && e.TargetRef != nil && e.TargetRef.UID == uid {
-				return nil
-			}
+		if sandbox.ListsAddress(s, svc.Name, uid) {
+			return nil
 		}
 	}
 	if ctx.Err() == nil {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/test/harness"
 )
 
@@ -214,13 +216,7 @@ func TestHeadlessCreateUnderTheRole(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	listed := false
-	for _, s := range l.Items {
-		for _, e := range s.Endpoints {
-			listed = listed || len(e.Addresses) > 0 && e.TargetRef != nil && e.TargetRef.UID == pod.UID
-		}
-	}
-	if !listed {
+	if !slices.ContainsFunc(l.Items, func(s discoveryv1.EndpointSlice) bool { return sandbox.ListsAddress(&s, "sandbox-"+id+"-svc", pod.UID) }) {
 		t.Errorf("answered before an EndpointSlice of its Service listed its Pod %s (%d slices)", pod.Name, len(l.Items))
 	}
 	log, err := os.ReadFile(f.LogPath)
