@@ -2,15 +2,25 @@ package pool
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
+	"k8s.io/utils/ptr"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
@@ -21,30 +31,13 @@ import (
 // the other pooled Pod is no sandbox; a request the pool cannot serve, or
 // one with the pool empty, starts cold.
 func TestManagerServesFromThePool(t *testing.T) {
-	t.Setenv("SANDBOX_SERVICE_TYPE", "ClusterIP")
-	t.Setenv("SANDBOX_NETWORK_POLICY", "false")
-	cfg := testConfig(t)
-	tmpl := pooled(t, cfg, 2)
-	pt := &corev1.PodTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: "warm", Namespace: ns, UID: tmpl.UID, Labels: map[string]string{template.Label: "true"},
-			Annotations: map[string]string{template.AnnotationPoolSize: "2", template.AnnotationDeerFlowMounts: "false"}},
-		Template: tmpl.Pod,
-	}
-	cs := clientset(pt, poolPod(cfg, tmpl, "sandbox-pool-warm-aaaaa", true), poolPod(cfg, tmpl, "sandbox-pool-warm-bbbbb", false))
+	cfg, tmpl, cs := claimCluster(t, true, false)
 	var c counts
 	p := newPool(cfg, cs, &c, tmpl)
 	m := sandbox.NewManager(cfg, cs, sandbox.WithPool(p))
-	ctx := sandbox.WithCaller(context.Background(), sandbox.Caller{Principal: "alice"})
+	ctx := alice
 	spec := func(id string, mutate func(*sandbox.CreateRequest)) sandbox.Spec {
-		req := sandbox.CreateRequest{SandboxID: id, Template: "warm"}
-		if mutate != nil {
-			mutate(&req)
-		}
-		s, err := req.Validate(cfg, time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
+		return claimSpec(t, cfg, id, mutate)
 	}
 
 	sb, err := m.Create(ctx, spec("abc", nil), 0)
@@ -110,33 +103,318 @@ func TestManagerServesFromThePool(t *testing.T) {
 	}
 }
 
-// TestClaimWhoseServiceFailsIsUndone: a claimed Pod whose Service cannot be
-// made is deleted (a retry, which finds sandboxes by their Pod's name or
-// Service, would not find it), and the create fails with a transient error.
-func TestClaimWhoseServiceFailsIsUndone(t *testing.T) {
-	t.Setenv("SANDBOX_SERVICE_TYPE", "ClusterIP")
-	t.Setenv("SANDBOX_NETWORK_POLICY", "false")
-	cfg := testConfig(t)
-	tmpl := pooled(t, cfg, 1)
-	pt := &corev1.PodTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: "warm", Namespace: ns, UID: tmpl.UID, Labels: map[string]string{template.Label: "true"},
-			Annotations: map[string]string{template.AnnotationPoolSize: "1", template.AnnotationDeerFlowMounts: "false"}},
-		Template: tmpl.Pod,
-	}
-	cs := clientset(pt, poolPod(cfg, tmpl, "sandbox-pool-warm-aaaaa", true))
+// TestClaimWhoseServiceFailsSpendsNoPod: a claim makes its Service before
+// it touches a pooled Pod, so a Service that cannot be made leaves the Pod
+// in the pool, unclaimed, and the create fails with a transient error.
+func TestClaimWhoseServiceFailsSpendsNoPod(t *testing.T) {
+	cfg, tmpl, cs := claimCluster(t, true)
 	cs.PrependReactor("create", "services", func(clienttesting.Action) (bool, runtime.Object, error) {
 		return true, nil, apierrors.NewServiceUnavailable("etcd is away")
 	})
-	var c counts
-	m := sandbox.NewManager(cfg, cs, sandbox.WithPool(newPool(cfg, cs, &c, tmpl)))
-	s, err := sandbox.CreateRequest{SandboxID: "abc", Template: "warm"}.Validate(cfg, time.Now())
+	m := sandbox.NewManager(cfg, cs, sandbox.WithPool(newPool(cfg, cs, &counts{}, tmpl)))
+	if _, err := m.Create(alice, claimSpec(t, cfg, "abc", nil), 0); sandbox.KindOf(err) != sandbox.KindUnavailable {
+		t.Fatalf("create with the Service refused: %v; want unavailable", err)
+	}
+	pod, err := cs.CoreV1().Pods(ns).Get(context.Background(), "sandbox-pool-warm-aaaaa", metav1.GetOptions{})
+	if err != nil || pod.Labels[sandbox.LabelID] != "" || pod.Labels[sandbox.LabelPool] == "" {
+		t.Errorf("pooled Pod after the failed create: %v %v; want it still in the pool, unclaimed", err, pod.GetLabels())
+	}
+}
+
+// TestClaimWritesItsServiceFirst: the Service is written before the claim
+// patch (the order that keeps the refill's start off the Service create),
+// owned by the Pod the claim then takes; when that Pod was taken by
+// another claim meanwhile, the Service goes with the Pod claimed instead;
+// when no Pod is left, the Service goes and the create is cold.
+func TestClaimWritesItsServiceFirst(t *testing.T) {
+	tests := []struct {
+		name      string
+		takeFirst bool // another replica claims the first Pod tried, just before us
+		pods      int
+		wantPod   string // "" for a cold create
+	}{
+		{name: "one Pod", pods: 1, wantPod: "sandbox-pool-warm-aaaaa"},
+		{name: "the first Pod taken, the second claimed", pods: 2, takeFirst: true},
+		{name: "the only Pod taken: cold", pods: 1, takeFirst: true, wantPod: ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, tmpl, cs := claimCluster(t, []bool{true, true}[:tt.pods]...)
+			var (
+				mu    sync.Mutex
+				order []string
+				taken string
+			)
+			cs.PrependReactor("*", "*", func(a clienttesting.Action) (bool, runtime.Object, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case a.GetVerb() == "create" && a.GetResource().Resource == "services":
+					order = append(order, "create Service")
+				case a.GetVerb() == "update" && a.GetResource().Resource == "services":
+					order = append(order, "hand the Service on")
+				case a.GetVerb() == "patch" && a.GetResource().Resource == "pods":
+					name := a.(clienttesting.PatchAction).GetName()
+					if tt.takeFirst && taken == "" {
+						// Another replica's claim lands first: the Pod now
+						// carries another id, and our conditional patch fails.
+						taken = name
+						obj, _ := cs.Tracker().Get(podsGVR, ns, name)
+						pod := obj.(*corev1.Pod).DeepCopy()
+						delete(pod.Labels, sandbox.LabelPool)
+						pod.Labels[sandbox.LabelID], pod.ResourceVersion = "other", "99"
+						if err := cs.Tracker().Update(podsGVR, pod, ns); err != nil {
+							t.Error(err)
+						}
+					}
+					order = append(order, "claim "+name)
+				}
+				return false, nil, nil
+			})
+			m := sandbox.NewManager(cfg, cs, sandbox.WithPool(newPool(cfg, cs, &counts{}, tmpl)))
+			sb, err := m.Create(alice, claimSpec(t, cfg, "abc", nil), 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := tt.wantPod
+			if tt.takeFirst && tt.pods > 1 {
+				want = map[string]string{"sandbox-pool-warm-aaaaa": "sandbox-pool-warm-bbbbb", "sandbox-pool-warm-bbbbb": "sandbox-pool-warm-aaaaa"}[taken]
+			}
+			svc, err := cs.CoreV1().Services(ns).Get(context.Background(), "sandbox-abc-svc", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			owner := "sandbox-abc"
+			if want != "" {
+				owner = want
+			}
+			if sb.Pooled != (want != "") || len(svc.OwnerReferences) != 1 || svc.OwnerReferences[0].Name != owner {
+				t.Errorf("pooled %v, Service owned by %v; want pooled %v, owned by %s", sb.Pooled, svc.OwnerReferences, want != "", owner)
+			}
+			var wantOrder []string
+			switch {
+			case want == "":
+				wantOrder = []string{"create Service", "claim " + taken, "create Service"} // the second is the cold way's
+			case taken != "":
+				wantOrder = []string{"create Service", "claim " + taken, "hand the Service on", "claim " + want}
+			default:
+				wantOrder = []string{"create Service", "claim " + want}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if diff := cmp.Diff(wantOrder, order); diff != "" {
+				t.Errorf("writes (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestClaimWaitsForItsServicesSlice: between the Service and the claim,
+// a claim waits until the EndpointSlice controller's first slice of the
+// Service is there (a stand-in writes it here, 50 ms after the Service),
+// so that the controller's next sync, for the claimed Pod, does not find
+// its cache stale and retry a second later; without a slice it claims
+// after a short bound all the same.
+func TestClaimWaitsForItsServicesSlice(t *testing.T) {
+	for _, written := range []bool{true, false} {
+		t.Run(fmt.Sprintf("slice written %v", written), func(t *testing.T) {
+			cfg, tmpl, cs := claimCluster(t, true)
+			var (
+				mu    sync.Mutex
+				order []string
+			)
+			note := func(what string) {
+				mu.Lock()
+				defer mu.Unlock()
+				order = append(order, what)
+			}
+			cs.PrependReactor("create", "services", func(a clienttesting.Action) (bool, runtime.Object, error) {
+				note("Service")
+				if written {
+					name := a.(clienttesting.CreateAction).GetObject().(*corev1.Service).Name
+					go func() {
+						time.Sleep(50 * time.Millisecond)
+						note("slice")
+						es := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: name + "-x1", Namespace: ns,
+							Labels: map[string]string{discoveryv1.LabelServiceName: name}}, AddressType: discoveryv1.AddressTypeIPv4}
+						if _, err := cs.DiscoveryV1().EndpointSlices(ns).Create(context.Background(), es, metav1.CreateOptions{}); err != nil {
+							t.Error(err)
+						}
+					}()
+				}
+				return false, nil, nil
+			})
+			cs.PrependReactor("patch", "pods", func(clienttesting.Action) (bool, runtime.Object, error) {
+				note("claim")
+				return false, nil, nil
+			})
+			m := sandbox.NewManager(cfg, cs, sandbox.WithPool(newPool(cfg, cs, &counts{}, tmpl)))
+			if sb, err := m.Create(alice, claimSpec(t, cfg, "abc", nil), 0); err != nil || !sb.Pooled {
+				t.Fatalf("create: %+v %v; want it from the pool", sb, err)
+			}
+			want := []string{"Service", "claim"}
+			if written {
+				want = []string{"Service", "slice", "claim"}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if diff := cmp.Diff(want, order); diff != "" {
+				t.Errorf("writes (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestQuotaRefusalSpendsNoPooledPod: the quota counts the claim's Service
+// before its Pod is claimed, so a refused create leaves the pool whole.
+func TestQuotaRefusalSpendsNoPooledPod(t *testing.T) {
+	cfg, tmpl, cs := claimCluster(t, true, true)
+	cfg.MaxSandboxes = 1
+	m := sandbox.NewManager(cfg, cs, sandbox.WithPool(newPool(cfg, cs, &counts{}, tmpl)))
+	if _, err := m.Create(alice, claimSpec(t, cfg, "abc", nil), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Create(alice, claimSpec(t, cfg, "def", nil), 0); sandbox.KindOf(err) != sandbox.KindQuota {
+		t.Fatalf("second create over MAX_SANDBOXES=1: %v; want refused", err)
+	}
+	l, err := cs.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: sandbox.LabelPool})
+	if err != nil || len(l.Items) != 1 {
+		t.Errorf("pooled Pods after the refusal: %v %d; want the one not claimed", err, len(l.Items))
+	}
+	if _, err := cs.CoreV1().Services(ns).Get(context.Background(), "sandbox-def-svc", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("Service of the refused create: %v; want removed", err)
+	}
+}
+
+// TestCreateMeetsAClaimInFlight: a create of an id whose Service a pooled
+// create has written, before that claim's patch, answers with the pooled
+// sandbox once the claim lands; the same Service left for longer than a
+// claim can take (its replica stopped between the writes) is replaced.
+func TestCreateMeetsAClaimInFlight(t *testing.T) {
+	tests := []struct {
+		name   string
+		age    time.Duration // of the Service the claim left
+		lands  bool          // the claim's patch lands while the create waits
+		pooled bool          // the create answers with the pooled sandbox
+	}{
+		{name: "the claim lands", age: 0, lands: true, pooled: true},
+		{name: "a leftover is replaced", age: 6 * time.Minute, pooled: false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, tmpl, cs := claimCluster(t, true)
+			pod, err := cs.CoreV1().Pods(ns).Get(context.Background(), "sandbox-pool-warm-aaaaa", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := claimSpec(t, cfg, "abc", nil)
+			svc := sandbox.BuildService(cfg, s, sandbox.PodOwnerRef(pod))
+			svc.UID, svc.CreationTimestamp = "svc-uid", metav1.NewTime(time.Now().Add(-tt.age))
+			if _, err := cs.CoreV1().Services(ns).Create(context.Background(), svc, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if tt.lands {
+				go func() {
+					time.Sleep(100 * time.Millisecond)
+					// What the pooled create's claim writes (as the one in
+					// flight would, for the same user and thread).
+					patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
+						"labels": map[string]any{sandbox.LabelPool: nil, sandbox.LabelID: "abc", sandbox.LabelPooled: "true",
+							sandbox.LabelPrincipal: sandbox.PrincipalLabelValue("alice")},
+						"annotations": map[string]any{sandbox.AnnotationPrincipal: "alice", sandbox.AnnotationUserID: s.UserID, sandbox.AnnotationThreadID: s.ThreadID}}})
+					if _, err := cs.CoreV1().Pods(ns).Patch(context.Background(), pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+						t.Error(err)
+					}
+				}()
+			}
+			// Asks for more CPU than a pooled Pod has: the cold way.
+			m := sandbox.NewManager(cfg, cs, sandbox.WithPool(newPool(cfg, cs, &counts{}, tmpl)))
+			sb, err := m.Create(alice, claimSpec(t, cfg, "abc", func(r *sandbox.CreateRequest) { r.CPU = "2" }), 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := cs.CoreV1().Services(ns).Get(context.Background(), "sandbox-abc-svc", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantOwner := "sandbox-abc"
+			if tt.pooled {
+				wantOwner = pod.Name
+			}
+			if sb.Pooled != tt.pooled || got.OwnerReferences[0].Name != wantOwner {
+				t.Errorf("pooled %v, Service owned by %s; want pooled %v, owned by %s", sb.Pooled, got.OwnerReferences[0].Name, tt.pooled, wantOwner)
+			}
+			if _, err := cs.CoreV1().Pods(ns).Get(context.Background(), "sandbox-abc", metav1.GetOptions{}); apierrors.IsNotFound(err) == !tt.pooled {
+				t.Errorf("cold Pod sandbox-abc: %v; want it only when the leftover was replaced", err)
+			}
+		})
+	}
+}
+
+// TestReapSparesAClaimInFlight: the reap takes a Service without a live
+// sandbox Pod for an orphan, but not one a pooled create wrote before its
+// claim's patch; once older than any claim can take, it goes.
+func TestReapSparesAClaimInFlight(t *testing.T) {
+	for _, tt := range []struct {
+		age    time.Duration
+		reaped bool
+	}{{0, false}, {6 * time.Minute, true}} {
+		t.Run(tt.age.String(), func(t *testing.T) {
+			cfg, tmpl, cs := claimCluster(t, true)
+			pod, err := cs.CoreV1().Pods(ns).Get(context.Background(), "sandbox-pool-warm-aaaaa", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			svc := sandbox.BuildService(cfg, claimSpec(t, cfg, "abc", nil), sandbox.PodOwnerRef(pod))
+			svc.UID, svc.CreationTimestamp = "svc-uid", metav1.NewTime(time.Now().Add(-tt.age))
+			if _, err := cs.CoreV1().Services(ns).Create(context.Background(), svc, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			m := sandbox.NewManager(cfg, cs, sandbox.WithPool(newPool(cfg, cs, &counts{}, tmpl)))
+			r, err := m.Reap(sandbox.WithCaller(context.Background(), sandbox.Caller{Principal: "admin", Admin: true}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, gerr := cs.CoreV1().Services(ns).Get(context.Background(), svc.Name, metav1.GetOptions{})
+			if len(r.Removed) == 1 != tt.reaped || apierrors.IsNotFound(gerr) != tt.reaped {
+				t.Errorf("reaped %+v, Service %v; want reaped %v", r.Removed, gerr, tt.reaped)
+			}
+		})
+	}
+}
+
+var alice = sandbox.WithCaller(context.Background(), sandbox.Caller{Principal: "alice"})
+
+// claimCluster is a cluster with the pooled template warm and a pooled
+// Pod per entry of ready (Ready or not), in ClusterIP mode without the
+// shared NetworkPolicy.
+func claimCluster(t *testing.T, ready ...bool) (*config.Config, *template.Template, *fake.Clientset) {
+	t.Helper()
+	t.Setenv("SANDBOX_SERVICE_TYPE", "ClusterIP")
+	t.Setenv("SANDBOX_NETWORK_POLICY", "false")
+	cfg := testConfig(t)
+	tmpl := pooled(t, cfg, len(ready))
+	pt := &corev1.PodTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: "warm", Namespace: ns, UID: tmpl.UID, Labels: map[string]string{template.Label: "true"},
+			Annotations: map[string]string{template.AnnotationPoolSize: strconv.Itoa(len(ready)), template.AnnotationDeerFlowMounts: "false"}},
+		Template: tmpl.Pod,
+	}
+	objs := []runtime.Object{pt}
+	for i, r := range ready {
+		objs = append(objs, poolPod(cfg, tmpl, []string{"sandbox-pool-warm-aaaaa", "sandbox-pool-warm-bbbbb"}[i], r))
+	}
+	return cfg, tmpl, clientset(objs...)
+}
+
+func claimSpec(t *testing.T, cfg *config.Config, id string, mutate func(*sandbox.CreateRequest)) sandbox.Spec {
+	t.Helper()
+	req := sandbox.CreateRequest{SandboxID: id, Template: "warm", UserID: ptr.To("u1")}
+	if mutate != nil {
+		mutate(&req)
+	}
+	s, err := req.Validate(cfg, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Create(sandbox.WithCaller(context.Background(), sandbox.Caller{Principal: "alice"}), s, 0); sandbox.KindOf(err) != sandbox.KindUnavailable {
-		t.Fatalf("create with the Service refused: %v; want unavailable", err)
-	}
-	if _, err := cs.CoreV1().Pods(ns).Get(context.Background(), "sandbox-pool-warm-aaaaa", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Errorf("claimed Pod without a Service: %v; want deleted", err)
-	}
+	return s
 }

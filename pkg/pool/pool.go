@@ -203,8 +203,9 @@ func (p *Pool) list(ctx context.Context, t *template.Template, hash, rv string) 
 }
 
 // ClaimFrom implements sandbox.Pool: it tries the Pods Ready listed, each
-// with one patch that carries the resourceVersion it saw: a Pod someone
-// claimed since fails with a conflict, and the next is tried. When none of
+// with one patch that carries the resourceVersion it saw (after the
+// claim's Prepare for that Pod): a Pod someone claimed since fails with a
+// conflict, and the next is tried. When none of
 // them could be had, it looks once more with a current list (the watch
 // cache's answer may have missed Pods that turned Ready a moment ago),
 // before the create goes the cold way.
@@ -230,6 +231,12 @@ func (p *Pool) ClaimFrom(ctx context.Context, t *template.Template, hash string,
 			if !p.hold(pod.UID) {
 				skipped++ // another claim of this replica is taking it
 				continue
+			}
+			if c.Prepare != nil {
+				if err := c.Prepare(ctx, pod); err != nil {
+					p.release(pod.UID)
+					return nil // the caller's to answer: it knows why
+				}
 			}
 			claimed, taken, err := p.claim(ctx, pod, hash, c)
 			if claimed == nil {

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
@@ -128,6 +129,22 @@ func (m *Manager) reuseOtherKind(ctx context.Context, s Spec) (found, bool, bool
 	f, err := m.fetch(ctx, s.ID)
 	if err != nil {
 		return found{}, false, false, err
+	}
+	if f.pod == nil && f.rs == nil && f.svc != nil && claimedOwner(f.svc, s.ID) {
+		// A pooled create wrote the Service and has yet to claim its Pod
+		// (claimService): wait for its one patch, or for it to give up.
+		perr := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, claimLands, false, func(ctx context.Context) (bool, error) {
+			if f, err = m.fetch(ctx, s.ID); err != nil {
+				return false, err
+			}
+			return f.pod != nil || f.rs != nil || f.svc == nil || !claimedOwner(f.svc, s.ID), nil
+		})
+		if err != nil {
+			return found{}, false, false, err
+		}
+		if perr != nil && ctx.Err() != nil {
+			return found{}, false, false, classify(ctx.Err(), "wait for a racing create of the sandbox")
+		}
 	}
 	switch {
 	case f.rs != nil:
@@ -333,7 +350,7 @@ func (m *Manager) ensureService(ctx context.Context, s Spec, owner metav1.OwnerR
 		case current != nil && current.UID == owner.UID && existing.DeletionTimestamp == nil:
 			return existing, false, nil
 		case current != nil && (current.Kind != owner.Kind || current.Name != owner.Name) && existing.DeletionTimestamp == nil:
-			live, err := m.ownerLives(ctx, *current)
+			live, err := m.ownerLives(ctx, *current, existing, s.ID)
 			if err != nil {
 				return nil, false, err
 			}
@@ -415,8 +432,10 @@ func ownerUID(refs []metav1.OwnerReference) types.UID {
 }
 
 // ownerLives reports whether the workload ref names still exists (same UID,
-// not being deleted).
-func (m *Manager) ownerLives(ctx context.Context, ref metav1.OwnerReference) (bool, error) {
+// not being deleted) and holds svc for id. A Pod that does not carry id is
+// a pooled Pod whose claim wrote svc first (claimService) and holds it
+// while that claim may yet land: until svc is older than claimLeftover.
+func (m *Manager) ownerLives(ctx context.Context, ref metav1.OwnerReference, svc *corev1.Service, id string) (bool, error) {
 	var (
 		obj metav1.Object
 		err error
@@ -432,8 +451,26 @@ func (m *Manager) ownerLives(ctx context.Context, ref metav1.OwnerReference) (bo
 	if err != nil {
 		return false, classify(err, "read the workload of the sandbox Service")
 	}
-	return obj.GetUID() == ref.UID && obj.GetDeletionTimestamp() == nil, nil
+	if obj.GetUID() != ref.UID || obj.GetDeletionTimestamp() != nil {
+		return false, nil
+	}
+	if pod, ok := obj.(*corev1.Pod); ok && podID(pod) != id {
+		return time.Since(svc.CreationTimestamp.Time) < claimLeftover, nil
+	}
+	return true, nil
 }
+
+// claimLeftover is how old the Service of a claim whose Pod never took
+// the id must be before a create replaces it. A claim sends its one patch
+// right after the Service and the quota's count (seconds at worst, each
+// call ended by the API server's request timeout, a minute by default), so
+// a younger one may still land; an older one was left by a replica that
+// stopped between the two writes.
+const claimLeftover = 5 * time.Minute
+
+// claimLands bounds how long a create that lost its id to a pooled create
+// waits for that claim's Pod to take the id (normally one patch).
+const claimLands = 3 * time.Second
 
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)

@@ -38,6 +38,8 @@ type Pool interface {
 	// ClaimFrom turns one of ready into the sandbox c describes, with one
 	// conditional write each try, and returns it; nil when none could be
 	// had (all taken by racing claims): the create then goes the cold way.
+	// Before its first write on a Pod it calls c.Prepare with that Pod; an
+	// error there ends the claim at once (nil, counted by no one).
 	ClaimFrom(ctx context.Context, t *template.Template, hash string, ready []*corev1.Pod, c Claim) *corev1.Pod
 	// Missed records a create of a pooled template that needs what a
 	// pooled Pod lacks (mounts, env, resources) and so goes the cold way.
@@ -49,9 +51,13 @@ type Pool interface {
 
 // Claim is what a claim writes onto a pooled Pod: the sandbox's labels and
 // annotations (identity, owner, lifetimes from now) and its lifetime cap.
+// Prepare, when set, runs before the claim's first write on each Pod it
+// tries (a pooled create makes the sandbox's Service there: see
+// claimService).
 type Claim struct {
 	Labels, Annotations map[string]string
 	MaxLifetime         time.Duration
+	Prepare             func(ctx context.Context, pod *corev1.Pod) error
 }
 
 // WithPool serves creates of pooled templates from warm pools.
@@ -172,39 +178,117 @@ func (m *Manager) createFromPool(ctx context.Context, s Spec, wait time.Duration
 	meta := &metav1.ObjectMeta{Labels: labels(s), Annotations: annotations(s)}
 	recordPrincipal(meta, s)
 	meta.Labels[LabelPooled] = "true"
-	c := Claim{Labels: meta.Labels, Annotations: meta.Annotations, MaxLifetime: s.MaxLifetime}
 	if readyErr != nil {
 		return Sandbox{}, false, nil
 	}
-	pod := m.pool.ClaimFrom(ctx, t, hash, ready, c)
+	cs := &claimService{m: m, s: s}
+	pod := m.pool.ClaimFrom(ctx, t, hash, ready, Claim{Labels: meta.Labels, Annotations: meta.Annotations,
+		MaxLifetime: s.MaxLifetime, Prepare: cs.prepare})
 	if pod == nil {
-		return Sandbox{}, false, nil
+		return cs.giveUp(ctx, wait)
 	}
-	f := found{pod: pod}
-	f.svc, _, err = m.serviceAndQuota(ctx, s, pod, PodOwnerRef(pod), false)
-	var qe *quotaError
-	switch {
-	case errors.Is(err, errOtherKind):
-		// A racing create of this id won; ours was removed. Answer with its.
-		if f, _, _, err = m.reuseOtherKind(ctx, s); err != nil {
+	m.recorder.Eventf(pod, corev1.EventTypeNormal, "SandboxCreated", "Created sandbox %s for user %s from the warm pool of template %s", s.ID, s.UserID, t.Name)
+	return m.answer(ctx, s.ID, found{pod: pod, svc: cs.svc}, wait)
+}
+
+// claimService makes a pooled create's Service before its Pod is claimed,
+// owned by the Pod about to be claimed, and counts the quota with it.
+//
+// Why the Service comes first: a claim takes its Pod out of the pool's
+// ReplicaSet, whose controller at once makes another, and the node starts
+// it. On a small node that start takes the CPU the API server needs for
+// the Service (a NodePort Service create measured 31 ms p50 right after
+// the claim, 8 ms before it; make bench's pool rows). Made first, the
+// Service also settles races for the id before a pooled Pod is spent, and
+// a refused quota spends none. The claim then waits for the Service's
+// first EndpointSlice (awaitSlice), so that the slice lists the claimed
+// Pod without the EndpointSlice controller's one-second retry.
+//
+// Between the two writes the Service's owner is a pooled Pod that does not
+// yet carry the id. A racing create of the id finds the Service, takes it
+// as the winner's (errOtherKind) and waits for the claim to land
+// (reuseOtherKind); a claim that never lands (its replica stopped between
+// the writes) leaves a Service that a create replaces once it is older
+// than claimLeftover (see ownerLives).
+type claimService struct {
+	m   *Manager
+	s   Spec
+	svc *corev1.Service // the Service this create made, owned by the Pod it tries
+	err error           // why a Prepare ended the claim
+}
+
+// prepare is the claim's Prepare: the Service made (and the quota counted)
+// before the first Pod, handed over to each next Pod the claim tries when
+// the one before was taken by another claim.
+func (c *claimService) prepare(ctx context.Context, pod *corev1.Pod) error {
+	owner := PodOwnerRef(pod)
+	svcs := c.m.client.CoreV1().Services(c.m.cfg.Namespace)
+	if c.svc != nil {
+		if ownerUID(c.svc.OwnerReferences) == pod.UID {
+			return nil
+		}
+		upd := c.svc.DeepCopy()
+		upd.OwnerReferences = []metav1.OwnerReference{owner}
+		svc, err := svcs.Update(ctx, upd, metav1.UpdateOptions{})
+		switch {
+		case err == nil:
+			c.svc = svc
+			return nil
+		case !apierrors.IsNotFound(err):
+			c.err = classify(err, "hand the sandbox Service to another pooled Pod")
+			return c.err
+		}
+		// Removed with the Pod it named (the garbage collector follows a
+		// pooled Pod deleted meanwhile): made again below, counted again.
+		c.svc = nil
+	}
+	svc, _, err := c.m.ensureService(ctx, c.s, owner, false)
+	if err != nil {
+		c.err = err
+		return err
+	}
+	c.svc = svc
+	if c.m.cfg.MaxSandboxes > 0 || c.m.cfg.MaxSandboxesPerUser > 0 || c.m.cfg.MaxSandboxesPerPrincipal > 0 {
+		if err := c.m.checkQuota(ctx, c.s, svc); err != nil {
+			c.err = err
+			return err
+		}
+	}
+	c.m.awaitSlice(ctx, svc)
+	return nil
+}
+
+// giveUp answers a create whose claim got no Pod: with the sandbox of a
+// racing create that holds the id, with the quota's refusal, or by the
+// cold way (handled false) when the pool had nothing to give. The Service
+// this create made goes first: no Pod of this id will carry it.
+func (c *claimService) giveUp(ctx context.Context, wait time.Duration) (Sandbox, bool, error) {
+	m, err := c.m, c.err
+	if errors.Is(err, errOtherKind) {
+		// A racing create of this id made its Service first: answer with its.
+		f, _, _, err := m.reuseOtherKind(ctx, c.s)
+		if err != nil {
 			return Sandbox{}, true, err
 		}
-		return m.answer(ctx, s.ID, f, wait)
+		return m.answer(ctx, c.s.ID, f, wait)
+	}
+	if c.svc != nil {
+		derr := m.client.CoreV1().Services(m.cfg.Namespace).Delete(context.WithoutCancel(ctx), c.svc.Name,
+			metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(c.svc.UID))})
+		if derr != nil && !apierrors.IsNotFound(derr) && !apierrors.IsConflict(derr) {
+			return Sandbox{}, true, errors.Join(err, classify(derr, "remove the Service of a claim that got no Pod"))
+		}
+	}
+	var qe *quotaError
+	switch {
+	case err == nil:
+		return Sandbox{}, false, nil // the pool had nothing left: cold
 	case errors.As(err, &qe) && qe.contended:
 		return Sandbox{}, false, nil // the cold way retries a contended quota
 	case qe != nil:
 		m.observer.QuotaRefused(qe.scope)
-		return Sandbox{}, true, err
-	case err != nil:
-		// The claimed Pod served no one and, named by its pool, a retry would
-		// not find it: it goes now rather than linger without its Service.
-		if uerr := m.undoCreate(context.WithoutCancel(ctx), pod, f.svc); uerr != nil {
-			return Sandbox{}, true, errors.Join(err, uerr)
-		}
-		return Sandbox{}, true, err
 	}
-	m.recorder.Eventf(pod, corev1.EventTypeNormal, "SandboxCreated", "Created sandbox %s for user %s from the warm pool of template %s", s.ID, s.UserID, t.Name)
-	return m.answer(ctx, s.ID, f, wait)
+	return Sandbox{}, true, err
 }
 
 // answer is a create's answer: the sandbox once Ready with wait > 0, at

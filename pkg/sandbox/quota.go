@@ -63,7 +63,8 @@ const endedPhases = "status.phase!=Pending,status.phase!=Running,status.phase!=U
 // bound is the size of the cache, the exact count a walk over it in memory,
 // and only a count over the limit asks the API server for the ended Pods
 // (from its watch cache; one that is missed only counts a sandbox too
-// many). When the cache cannot show own within slotWait (not started, a
+// many). Far below the limit it need not even wait for own (see
+// boundedBy). When the cache cannot show own within slotWait (not started, a
 // cold replica's first list, a broken watch), the count lists the Services
 // instead, as fresh as own.
 //
@@ -81,6 +82,12 @@ func (m *Manager) checkQuota(ctx context.Context, s Spec, own *corev1.Service) e
 		cached bool
 	)
 	if m.slots != nil && m.slotsRunning.Load() {
+		if own != nil && m.cfg.MaxSandboxesPerUser == 0 && m.cfg.MaxSandboxesPerPrincipal == 0 && m.slots.boundedBy(own, m.cfg.MaxSandboxes) {
+			// Far enough below the limit that no write since the cache's
+			// state could fill it: no wait for own's watch event, which
+			// on a busy node comes milliseconds after own's create.
+			return nil
+		}
 		if own == nil {
 			cached = m.slots.synced(ctx, slotWait)
 		} else {

@@ -125,6 +125,9 @@ func (m *Manager) reap(ctx context.Context) (Reaped, error) {
 		if live[id] || s.Labels[LabelManagedBy] != ManagedByValue || s.DeletionTimestamp != nil || serviceID(s) == "" {
 			continue
 		}
+		if claimedOwner(s, id) && now.Sub(s.CreationTimestamp.Time) < claimLeftover {
+			continue // a pooled create's Service, its claim's patch maybe still to come (claimService)
+		}
 		uid := s.UID
 		victims = append(victims, victim{id: id, reason: "orphaned-service", obj: s, del: func() error {
 			return m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, s.Name, metav1.DeleteOptions{

@@ -120,6 +120,32 @@ func (s *slots) seen(ctx context.Context, own metav1.Object, within time.Duratio
 	}
 }
 
+// boundedBy reports, without waiting for the cache to show own, that a
+// count as of own cannot exceed limit. Every write to etcd takes the next
+// revision, and a resourceVersion is that revision, so at most own's
+// version minus the cache's were written since the cache's state: even if
+// each was a sandbox Service, cache and writes together stay within limit.
+// (The cache may have applied more than its handlers reported, rv: a
+// later state, as seen's own count would be.) It is false while the cache
+// has seen no version, so a create then waits (seen) as before.
+func (s *slots) boundedBy(own metav1.Object, limit int) bool {
+	want, err := strconv.ParseUint(own.GetResourceVersion(), 10, 64)
+	if err != nil || limit <= 0 || !s.informer.HasSynced() {
+		return false
+	}
+	s.mu.Lock()
+	rv := s.rv
+	s.mu.Unlock()
+	if rv == 0 {
+		return false
+	}
+	unseen := uint64(0)
+	if want > rv {
+		unseen = want - rv
+	}
+	return uint64(s.size())+unseen <= uint64(limit)
+}
+
 // synced waits, up to within, for the cache's first list.
 func (s *slots) synced(ctx context.Context, within time.Duration) bool {
 	ctx, cancel := context.WithTimeout(ctx, within)

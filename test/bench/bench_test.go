@@ -9,6 +9,7 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -212,7 +213,24 @@ func (f floor) createNamed(ctx context.Context, id string) error {
 // waitName watches svc's EndpointSlices, from svc's own version, until one
 // lists an address of the Pod uid, for at most 5 s.
 func (f floor) waitName(ctx context.Context, svc *corev1.Service, uid types.UID) error {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err := f.watchSlices(ctx, svc, 5*time.Second, func(s *discoveryv1.EndpointSlice) bool { return sandbox.ListsAddress(s, svc.Name, uid) })
+	if errors.Is(err, context.DeadlineExceeded) {
+		f.unnamed.Add(1)
+		return nil
+	}
+	return err
+}
+
+// waitSlice is a claim's wait, between its Service and its patch, for the
+// Service's first EndpointSlice (sandbox.awaitSlice): at most 250 ms.
+func (f floor) waitSlice(ctx context.Context, svc *corev1.Service) {
+	_ = f.watchSlices(ctx, svc, 250*time.Millisecond, func(*discoveryv1.EndpointSlice) bool { return true })
+}
+
+// watchSlices watches svc's EndpointSlices, from svc's own version, until
+// one satisfies done, for at most bound (then context.DeadlineExceeded).
+func (f floor) watchSlices(ctx context.Context, svc *corev1.Service, bound time.Duration, done func(*discoveryv1.EndpointSlice) bool) error {
+	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	w, err := f.client.DiscoveryV1().EndpointSlices(svc.Namespace).Watch(ctx, metav1.ListOptions{
 		LabelSelector: discoveryv1.LabelServiceName + "=" + svc.Name, ResourceVersion: svc.ResourceVersion})
@@ -225,15 +243,14 @@ func (f floor) waitName(ctx context.Context, svc *corev1.Service, uid types.UID)
 		if !ok {
 			return fmt.Errorf("watching the EndpointSlices of %s: %v", svc.Name, ev.Object)
 		}
-		if sandbox.ListsAddress(s, svc.Name, uid) {
+		if done(s) {
 			return nil
 		}
 	}
-	if ctx.Err() == nil {
-		return fmt.Errorf("the watch of %s's EndpointSlices ended", svc.Name)
+	if ctx.Err() != nil {
+		return ctx.Err()
 	}
-	f.unnamed.Add(1)
-	return nil
+	return fmt.Errorf("the watch of %s's EndpointSlices ended", svc.Name)
 }
 
 func (f floor) get(ctx context.Context, id string) error {

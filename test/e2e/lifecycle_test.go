@@ -195,36 +195,42 @@ func TestRefusalAtAFullQuotaCreatesOnePod(t *testing.T) {
 	}
 }
 
-// TestQuotaUnderConcurrency races 24 creates of distinct ids through two
-// replicas against a limit of 5: the documented bound is no overshoot at all.
+// TestQuotaUnderConcurrency races creates of distinct ids through two
+// replicas against a limit: the documented bound is no overshoot at all.
+// With the limit far above the sandboxes present, the first creates are
+// admitted by the revision bound (slots.boundedBy) without waiting for
+// their own watch event, the later ones by the exact count.
 func TestQuotaUnderConcurrency(t *testing.T) {
-	ns := namespace(t)
-	env := map[string]string{"MAX_SANDBOXES": "5"}
-	replicas := []*harness.Function{start(t, ns, env), start(t, ns, env)}
-	const n = 24
-	admitted := raceCreates(t, n, func(i int) (*harness.Function, map[string]any) {
-		return replicas[i%2], map[string]any{"sandbox_id": fmt.Sprintf("c%02d", i)}
-	})
-	live := liveSandboxes(t, ns)
-	t.Logf("admitted %d of %d racing creates; %d live sandboxes; limit 5", admitted, n, live)
-	if admitted > 5 || live > 5 {
-		t.Errorf("quota overshoot: %d admitted, %d live, limit 5", admitted, live)
+	for _, tt := range []struct{ limit, n int }{{5, 24}, {40, 60}} {
+		t.Run(fmt.Sprintf("limit %d", tt.limit), func(t *testing.T) {
+			ns := namespace(t)
+			env := map[string]string{"MAX_SANDBOXES": fmt.Sprint(tt.limit)}
+			replicas := []*harness.Function{start(t, ns, env), start(t, ns, env)}
+			admitted := raceCreates(t, tt.n, func(i int) (*harness.Function, map[string]any) {
+				return replicas[i%2], map[string]any{"sandbox_id": fmt.Sprintf("c%02d", i)}
+			})
+			live := liveSandboxes(t, ns)
+			t.Logf("admitted %d of %d racing creates; %d live sandboxes; limit %d", admitted, tt.n, live, tt.limit)
+			if admitted > tt.limit || live > tt.limit {
+				t.Errorf("quota overshoot: %d admitted, %d live, limit %d", admitted, live, tt.limit)
+			}
+			if admitted == 0 {
+				t.Errorf("no create admitted")
+			}
+			// Once the burst is over the limit is reachable exactly.
+			for i := 0; live < tt.limit && i < tt.limit*2; i++ {
+				r := mustDo(t, replicas[0], "POST", "/api/sandboxes", map[string]any{"sandbox_id": fmt.Sprintf("d%02d", i)})
+				if r.Code == 200 {
+					live++
+				}
+			}
+			if live != tt.limit {
+				t.Errorf("could not fill the quota after the burst: %d live", live)
+			}
+			r := mustDo(t, replicas[1], "POST", "/api/sandboxes", map[string]any{"sandbox_id": "over"})
+			expectCode(t, r, 429, "create at the limit")
+		})
 	}
-	if admitted == 0 {
-		t.Errorf("no create admitted")
-	}
-	// Once the burst is over the limit is reachable exactly.
-	for i := 0; live < 5 && i < 10; i++ {
-		r := mustDo(t, replicas[0], "POST", "/api/sandboxes", map[string]any{"sandbox_id": fmt.Sprintf("d%02d", i)})
-		if r.Code == 200 {
-			live++
-		}
-	}
-	if live != 5 {
-		t.Errorf("could not fill the quota after the burst: %d live", live)
-	}
-	r := mustDo(t, replicas[1], "POST", "/api/sandboxes", map[string]any{"sandbox_id": "over"})
-	expectCode(t, r, 429, "create at the limit")
 }
 
 func TestWaitForReady(t *testing.T) {

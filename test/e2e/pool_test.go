@@ -370,7 +370,7 @@ func TestPoolQuota(t *testing.T) {
 	}
 	r := mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "q-3", "template": "warm"})
 	expectCode(t, r, 429, "a third sandbox over MAX_SANDBOXES=2, with pooled Pods Ready")
-	// The refused claim's Pod is removed, not left as a sandbox.
+	// The refused create claimed no Pod (its Service, counted first, is gone).
 	eventually(t, 30*time.Second, "no Pod of q-3", func() (bool, error) {
 		return len(pods(t, ns, "sandbox-id=q-3")) == 0, nil
 	})
