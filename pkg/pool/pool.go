@@ -205,10 +205,10 @@ func (p *Pool) list(ctx context.Context, t *template.Template, hash, rv string) 
 // ClaimFrom implements sandbox.Pool: it tries the Pods Ready listed, each
 // with one patch that carries the resourceVersion it saw (after the
 // claim's Prepare for that Pod): a Pod someone claimed since fails with a
-// conflict, and the next is tried. When none of
-// them could be had, it looks once more with a current list (the watch
-// cache's answer may have missed Pods that turned Ready a moment ago),
-// before the create goes the cold way.
+// conflict, and the next is tried. When none of them could be had, it
+// looks once more with a current list (the watch cache's answer may have
+// missed Pods that turned Ready a moment ago), before the create goes the
+// cold way.
 func (p *Pool) ClaimFrom(ctx context.Context, t *template.Template, hash string, ready []*corev1.Pod, c sandbox.Claim) *corev1.Pod {
 	// done is the Pods this claim is through with: taken by someone else,
 	// gone, or no longer claimable. A Pod it could not write only because

@@ -211,7 +211,7 @@ func (m *Manager) createReplicaSetOnce(ctx context.Context, s Spec) (found, bool
 func (m *Manager) serviceAndQuota(ctx context.Context, s Spec, workload workloadObject, owner metav1.OwnerReference, existed bool) (*corev1.Service, bool, error) {
 	svc, repaired, svcErr := m.ensureService(ctx, s, owner, existed)
 	var quotaErr error
-	if svcErr == nil && !existed && (m.cfg.MaxSandboxes > 0 || m.cfg.MaxSandboxesPerUser > 0 || m.cfg.MaxSandboxesPerPrincipal > 0) {
+	if svcErr == nil && !existed && limited(m.cfg) {
 		quotaErr = m.checkQuota(ctx, s, svc)
 	}
 	undo := !existed && (quotaErr != nil || errors.Is(svcErr, errOtherKind))

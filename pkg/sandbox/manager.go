@@ -91,7 +91,7 @@ func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option)
 	for _, o := range opts {
 		o(m)
 	}
-	if cfg.MaxSandboxes > 0 || cfg.MaxSandboxesPerUser > 0 {
+	if limited(cfg) {
 		m.slots = newSlots(client, cfg.Namespace)
 	}
 	return m

@@ -248,7 +248,7 @@ func (c *claimService) prepare(ctx context.Context, pod *corev1.Pod) error {
 		return err
 	}
 	c.svc = svc
-	if c.m.cfg.MaxSandboxes > 0 || c.m.cfg.MaxSandboxesPerUser > 0 || c.m.cfg.MaxSandboxesPerPrincipal > 0 {
+	if limited(c.m.cfg) {
 		if err := c.m.checkQuota(ctx, c.s, svc); err != nil {
 			c.err = err
 			return err

@@ -36,6 +36,11 @@ const slotWait = 2 * time.Second
 // endedPhases selects the Pods that will never run again.
 const endedPhases = "status.phase!=Pending,status.phase!=Running,status.phase!=Unknown"
 
+// limited reports whether any quota is set, so that creates count.
+func limited(cfg *config.Config) bool {
+	return cfg.MaxSandboxes > 0 || cfg.MaxSandboxesPerUser > 0 || cfg.MaxSandboxesPerPrincipal > 0
+}
+
 // checkQuota counts sandboxes after this call's workload and Service exist.
 //
 // What is counted: sandbox Services. Every sandbox, a bare Pod or a
