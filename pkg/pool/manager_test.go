@@ -303,16 +303,8 @@ func TestCreateMeetsAClaimInFlight(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg, tmpl, cs := claimCluster(t, true)
-			pod, err := cs.CoreV1().Pods(ns).Get(context.Background(), "sandbox-pool-warm-aaaaa", metav1.GetOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
 			s := claimSpec(t, cfg, "abc", nil)
-			svc := sandbox.BuildService(cfg, s, sandbox.PodOwnerRef(pod))
-			svc.UID, svc.CreationTimestamp = "svc-uid", metav1.NewTime(time.Now().Add(-tt.age))
-			if _, err := cs.CoreV1().Services(ns).Create(context.Background(), svc, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
+			pod, _ := inFlight(t, cfg, cs, s, tt.age)
 			if tt.lands {
 				go func() {
 					time.Sleep(100 * time.Millisecond)
@@ -361,15 +353,7 @@ func TestReapSparesAClaimInFlight(t *testing.T) {
 	}{{0, false}, {6 * time.Minute, true}} {
 		t.Run(tt.age.String(), func(t *testing.T) {
 			cfg, tmpl, cs := claimCluster(t, true)
-			pod, err := cs.CoreV1().Pods(ns).Get(context.Background(), "sandbox-pool-warm-aaaaa", metav1.GetOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			svc := sandbox.BuildService(cfg, claimSpec(t, cfg, "abc", nil), sandbox.PodOwnerRef(pod))
-			svc.UID, svc.CreationTimestamp = "svc-uid", metav1.NewTime(time.Now().Add(-tt.age))
-			if _, err := cs.CoreV1().Services(ns).Create(context.Background(), svc, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
+			_, svc := inFlight(t, cfg, cs, claimSpec(t, cfg, "abc", nil), tt.age)
 			m := sandbox.NewManager(cfg, cs, sandbox.WithPool(newPool(cfg, cs, &counts{}, tmpl)))
 			r, err := m.Reap(sandbox.WithCaller(context.Background(), sandbox.Caller{Principal: "admin", Admin: true}))
 			if err != nil {
@@ -381,6 +365,23 @@ func TestReapSparesAClaimInFlight(t *testing.T) {
 			}
 		})
 	}
+}
+
+// inFlight writes the Service a pooled create of s makes before its claim
+// (sandbox.claimService), age old, owned by the cluster's first pooled Pod,
+// which it returns unclaimed.
+func inFlight(t *testing.T, cfg *config.Config, cs *fake.Clientset, s sandbox.Spec, age time.Duration) (*corev1.Pod, *corev1.Service) {
+	t.Helper()
+	pod, err := cs.CoreV1().Pods(ns).Get(context.Background(), "sandbox-pool-warm-aaaaa", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := sandbox.BuildService(cfg, s, sandbox.PodOwnerRef(pod))
+	svc.UID, svc.CreationTimestamp = "svc-uid", metav1.NewTime(time.Now().Add(-age))
+	if _, err := cs.CoreV1().Services(ns).Create(context.Background(), svc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return pod, svc
 }
 
 var alice = sandbox.WithCaller(context.Background(), sandbox.Caller{Principal: "alice"})

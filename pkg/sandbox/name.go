@@ -46,7 +46,7 @@ func (m *Manager) awaitName(ctx context.Context, svc *corev1.Service, pod *corev
 	}
 	err := m.watchSlices(ctx, svc, bound, func(s *discoveryv1.EndpointSlice) bool { return ListsAddress(s, svc.Name, uid) })
 	if err != nil {
-		reqid.Logger(ctx).Warn("answering before cluster DNS lists the sandbox's address (Headless mode): a client that looks its name up now may be denied for the DNS cache's negative TTL",
+		reqid.Logger(ctx).Warn(LogAnsweredUnnamed,
 			"service", svc.Name, "waited", time.Since(start).Round(time.Millisecond), "error", err)
 	}
 }
@@ -117,6 +117,10 @@ func (m *Manager) awaitSlice(ctx context.Context, svc *corev1.Service) {
 // claimSliceWait bounds awaitSlice: the controller writes a new Service's
 // slice within milliseconds; a claim does not wait on a slow one for long.
 const claimSliceWait = 250 * time.Millisecond
+
+// LogAnsweredUnnamed is what the log says of a Headless answer given before
+// its name resolved (tests and the bench count these lines).
+const LogAnsweredUnnamed = "answering before cluster DNS lists the sandbox's address (Headless mode): a client that looks its name up now may be denied for the DNS cache's negative TTL"
 
 // errWatchEnded: the watch closed, or sent an error (its starting version
 // is too old); the wait goes on from a list.

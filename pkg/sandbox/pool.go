@@ -266,9 +266,9 @@ func (c *claimService) giveUp(ctx context.Context, wait time.Duration) (Sandbox,
 	m, err := c.m, c.err
 	if errors.Is(err, errOtherKind) {
 		// A racing create of this id made its Service first: answer with its.
-		f, _, _, err := m.reuseOtherKind(ctx, c.s)
-		if err != nil {
-			return Sandbox{}, true, err
+		f, _, _, rerr := m.reuseOtherKind(ctx, c.s)
+		if rerr != nil {
+			return Sandbox{}, true, rerr
 		}
 		return m.answer(ctx, c.s.ID, f, wait)
 	}

@@ -358,7 +358,7 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 // unnamed counts the function's Headless creates answered before their
 // name resolved (its log says so for each).
 func unnamed(fn *harness.Function) int {
-	lines := logLines(fn, "answering before cluster DNS lists")
+	lines := logLines(fn, sandbox.LogAnsweredUnnamed)
 	if lines == "" {
 		return 0
 	}

@@ -208,22 +208,23 @@ func TestHeadlessCreateUnderTheRole(t *testing.T) {
 	t.Cleanup(func() { _, _ = f.Do("DELETE", "/api/sandboxes/"+id, nil) })
 	r := mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": id, "thread_id": "t1"})
 	expectCode(t, r, 200, "a Headless create as the ServiceAccount")
-	pod, err := client().CoreV1().Pods(ns).Get(ctx, "sandbox-"+id, metav1.GetOptions{})
+	pod, err := client().CoreV1().Pods(ns).Get(ctx, sandbox.PodName(id), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := client().DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=sandbox-" + id + "-svc"})
+	svc := sandbox.ServiceName(id)
+	l, err := client().DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + svc})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.ContainsFunc(l.Items, func(s discoveryv1.EndpointSlice) bool { return sandbox.ListsAddress(&s, "sandbox-"+id+"-svc", pod.UID) }) {
+	if !slices.ContainsFunc(l.Items, func(s discoveryv1.EndpointSlice) bool { return sandbox.ListsAddress(&s, svc, pod.UID) }) {
 		t.Errorf("answered before an EndpointSlice of its Service listed its Pod %s (%d slices)", pod.Name, len(l.Items))
 	}
 	log, err := os.ReadFile(f.LogPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(string(log), "answering before cluster DNS lists") {
+	if strings.Contains(string(log), sandbox.LogAnsweredUnnamed) {
 		t.Errorf("the function answered without the name; its log:\n%s", log)
 	}
 }
