@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/yaml"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
@@ -90,8 +91,8 @@ func checkFile(cfg *config.Config, file string) (int, []error) {
 			continue
 		}
 		n++
-		if _, ok := pt.Labels[template.Label]; !ok {
-			errs = append(errs, fmt.Errorf("PodTemplate %q lacks the label %s, so the provisioner would not see it", pt.Name, template.Label))
+		if _, ok := pt.Labels[keys.LabelTemplate]; !ok {
+			errs = append(errs, fmt.Errorf("PodTemplate %q lacks the label %s, so the provisioner would not see it", pt.Name, keys.LabelTemplate))
 			continue
 		}
 		if _, err := template.FromPodTemplate(&pt, cfg); err != nil {

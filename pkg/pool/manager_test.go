@@ -21,6 +21,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
@@ -48,7 +49,7 @@ func TestManagerServesFromThePool(t *testing.T) {
 		t.Fatalf("create: %+v; want a pooled, Running sandbox with a URL", sb)
 	}
 	claimed, err := cs.CoreV1().Pods(ns).Get(ctx, "sandbox-pool-warm-aaaaa", metav1.GetOptions{})
-	if err != nil || claimed.Annotations[sandbox.AnnotationPrincipal] != "alice" || claimed.Labels[sandbox.LabelPrincipal] != sandbox.PrincipalLabelValue("alice") {
+	if err != nil || claimed.Annotations[keys.AnnotationPrincipal] != "alice" || claimed.Labels[keys.LabelPrincipal] != sandbox.PrincipalLabelValue("alice") {
 		t.Fatalf("claimed Pod: %v %v; want it to record its principal alice", err, claimed.ObjectMeta)
 	}
 	// Another principal does not see it, nor can it take the id.
@@ -116,7 +117,7 @@ func TestClaimWhoseServiceFailsSpendsNoPod(t *testing.T) {
 		t.Fatalf("create with the Service refused: %v; want unavailable", err)
 	}
 	pod, err := cs.CoreV1().Pods(ns).Get(context.Background(), "sandbox-pool-warm-aaaaa", metav1.GetOptions{})
-	if err != nil || pod.Labels[sandbox.LabelID] != "" || pod.Labels[sandbox.LabelPool] == "" {
+	if err != nil || pod.Labels[keys.LabelID] != "" || pod.Labels[keys.LabelPool] == "" {
 		t.Errorf("pooled Pod after the failed create: %v %v; want it still in the pool, unclaimed", err, pod.GetLabels())
 	}
 }
@@ -161,8 +162,8 @@ func TestClaimWritesItsServiceFirst(t *testing.T) {
 						taken = name
 						obj, _ := cs.Tracker().Get(podsGVR, ns, name)
 						pod := obj.(*corev1.Pod).DeepCopy()
-						delete(pod.Labels, sandbox.LabelPool)
-						pod.Labels[sandbox.LabelID], pod.ResourceVersion = "other", "99"
+						delete(pod.Labels, keys.LabelPool)
+						pod.Labels[keys.LabelID], pod.ResourceVersion = "other", "99"
 						if err := cs.Tracker().Update(podsGVR, pod, ns); err != nil {
 							t.Error(err)
 						}
@@ -277,7 +278,7 @@ func TestQuotaRefusalSpendsNoPooledPod(t *testing.T) {
 	if _, err := m.Create(alice, claimSpec(t, cfg, "def", nil), 0); sandbox.KindOf(err) != sandbox.KindQuota {
 		t.Fatalf("second create over MAX_SANDBOXES=1: %v; want refused", err)
 	}
-	l, err := cs.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: sandbox.LabelPool})
+	l, err := cs.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: keys.LabelPool})
 	if err != nil || len(l.Items) != 1 {
 		t.Errorf("pooled Pods after the refusal: %v %d; want the one not claimed", err, len(l.Items))
 	}
@@ -311,9 +312,9 @@ func TestCreateMeetsAClaimInFlight(t *testing.T) {
 					// What the pooled create's claim writes (as the one in
 					// flight would, for the same user and thread).
 					patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
-						"labels": map[string]any{sandbox.LabelPool: nil, sandbox.LabelID: "abc", sandbox.LabelPooled: "true",
-							sandbox.LabelPrincipal: sandbox.PrincipalLabelValue("alice")},
-						"annotations": map[string]any{sandbox.AnnotationPrincipal: "alice", sandbox.AnnotationUserID: s.UserID, sandbox.AnnotationThreadID: s.ThreadID}}})
+						"labels": map[string]any{keys.LabelPool: nil, keys.LabelID: "abc", keys.LabelPooled: "true",
+							keys.LabelPrincipal: sandbox.PrincipalLabelValue("alice")},
+						"annotations": map[string]any{keys.AnnotationPrincipal: "alice", keys.AnnotationUserID: s.UserID, keys.AnnotationThreadID: s.ThreadID}}})
 					if _, err := cs.CoreV1().Pods(ns).Patch(context.Background(), pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 						t.Error(err)
 					}
@@ -396,8 +397,8 @@ func claimCluster(t *testing.T, ready ...bool) (*config.Config, *template.Templa
 	cfg := testConfig(t)
 	tmpl := pooled(t, cfg, len(ready))
 	pt := &corev1.PodTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: "warm", Namespace: ns, UID: tmpl.UID, Labels: map[string]string{template.Label: "true"},
-			Annotations: map[string]string{template.AnnotationPoolSize: strconv.Itoa(len(ready)), template.AnnotationDeerFlowMounts: "false"}},
+		ObjectMeta: metav1.ObjectMeta{Name: "warm", Namespace: ns, UID: tmpl.UID, Labels: map[string]string{keys.LabelTemplate: "true"},
+			Annotations: map[string]string{keys.TemplatePoolSize: strconv.Itoa(len(ready)), keys.TemplateDeerFlowMounts: "false"}},
 		Template: tmpl.Pod,
 	}
 	objs := []runtime.Object{pt}

@@ -35,6 +35,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
@@ -126,14 +127,14 @@ func poolValue(tmpl string) string {
 func Build(cfg *config.Config, t *template.Template) *appsv1.ReplicaSet {
 	tpl := sandbox.PoolPodTemplate(cfg, sandbox.PoolSpec(cfg, t))
 	lv := poolValue(t.Name)
-	tpl.Labels[sandbox.LabelPool] = lv
+	tpl.Labels[keys.LabelPool] = lv
 	rs := &appsv1.ReplicaSet{
 		TypeMeta: metav1.TypeMeta{APIVersion: "apps/v1", Kind: "ReplicaSet"},
 		ObjectMeta: metav1.ObjectMeta{
 			Name: Name(t.Name), Namespace: cfg.Namespace,
-			Labels: map[string]string{sandbox.LabelName: "deer-flow", sandbox.LabelComponent: componentValue,
-				sandbox.LabelManagedBy: sandbox.ManagedByValue, sandbox.LabelPool: lv},
-			Annotations: map[string]string{sandbox.AnnotationTemplate: t.Name},
+			Labels: map[string]string{keys.LabelName: "deer-flow", keys.LabelComponent: componentValue,
+				keys.LabelManagedBy: keys.ManagedByValue, keys.LabelPool: lv},
+			Annotations: map[string]string{keys.AnnotationTemplate: t.Name},
 		},
 		Spec: appsv1.ReplicaSetSpec{
 			Replicas: ptr.To(int32(t.PoolSize)),
@@ -148,7 +149,7 @@ func Build(cfg *config.Config, t *template.Template) *appsv1.ReplicaSet {
 }
 
 func selector(lv string) map[string]string {
-	return map[string]string{sandbox.LabelApp: sandbox.LabelAppValue, sandbox.LabelPool: lv}
+	return map[string]string{keys.LabelApp: keys.LabelAppValue, keys.LabelPool: lv}
 }
 
 // Claim lists the pool's Ready Pods of the wanted shape and claims one
@@ -187,7 +188,7 @@ func (p *Pool) Ready(ctx context.Context, t *template.Template, hash string) ([]
 // version rv ("0": the watch cache; "": current), in random order.
 func (p *Pool) list(ctx context.Context, t *template.Template, hash, rv string) ([]*corev1.Pod, error) {
 	sel := labels.Set(selector(poolValue(t.Name)))
-	sel[sandbox.LabelPoolHash] = hash
+	sel[keys.LabelPoolHash] = hash
 	list, err := p.client.CoreV1().Pods(p.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String(), ResourceVersion: rv})
 	if err != nil {
 		return nil, err
@@ -335,8 +336,8 @@ func (p *Pool) Missed(t *template.Template) {
 
 // claimable: unclaimed, of the wanted shape, Ready, not on its way out.
 func claimable(pod *corev1.Pod, hash string) bool {
-	if pod.DeletionTimestamp != nil || pod.Labels[sandbox.LabelID] != "" || pod.Labels[sandbox.LabelPoolHash] != hash ||
-		pod.Labels[sandbox.LabelPool] == "" || pod.Status.Phase != corev1.PodRunning {
+	if pod.DeletionTimestamp != nil || pod.Labels[keys.LabelID] != "" || pod.Labels[keys.LabelPoolHash] != hash ||
+		pod.Labels[keys.LabelPool] == "" || pod.Status.Phase != corev1.PodRunning {
 		return false
 	}
 	for _, c := range pod.Status.Conditions {
@@ -355,7 +356,7 @@ func claimable(pod *corev1.Pod, hash string) bool {
 // The resourceVersion makes the write conditional: of racing claims of one
 // Pod, one wins.
 func claimPatch(pod *corev1.Pod, c sandbox.Claim, now time.Time) ([]byte, error) {
-	lbls := map[string]any{sandbox.LabelPool: nil, sandbox.LabelPoolHash: nil}
+	lbls := map[string]any{keys.LabelPool: nil, keys.LabelPoolHash: nil}
 	for k, v := range c.Labels {
 		lbls[k] = v
 	}
@@ -382,7 +383,7 @@ func claimPatch(pod *corev1.Pod, c sandbox.Claim, now time.Time) ([]byte, error)
 func (p *Pool) ensureSoon(t *template.Template) {
 	key := t.ResourceVersion
 	if t.PoolSize > 0 {
-		key += "/" + sandbox.PoolPodTemplate(p.cfg, sandbox.PoolSpec(p.cfg, t)).Labels[sandbox.LabelPoolHash]
+		key += "/" + sandbox.PoolPodTemplate(p.cfg, sandbox.PoolSpec(p.cfg, t)).Labels[keys.LabelPoolHash]
 	}
 	p.mu.Lock()
 	e, ok := p.ensured[t.Name]
@@ -438,8 +439,8 @@ func (p *Pool) ensure(ctx context.Context, t *template.Template, have *appsv1.Re
 		}
 		return err
 	}
-	oldHash := have.Spec.Template.Labels[sandbox.LabelPoolHash]
-	newHash := want.Spec.Template.Labels[sandbox.LabelPoolHash]
+	oldHash := have.Spec.Template.Labels[keys.LabelPoolHash]
+	newHash := want.Spec.Template.Labels[keys.LabelPoolHash]
 	if ptr.Deref(have.Spec.Replicas, 0) == *want.Spec.Replicas && oldHash == newHash && equalOwners(have.OwnerReferences, want.OwnerReferences) {
 		return nil
 	}
@@ -468,7 +469,7 @@ func (p *Pool) dropShape(ctx context.Context, t *template.Template, hash string)
 	}
 	for i := range list.Items {
 		pod := &list.Items[i]
-		if pod.Labels[sandbox.LabelPoolHash] == hash || pod.Labels[sandbox.LabelID] != "" {
+		if pod.Labels[keys.LabelPoolHash] == hash || pod.Labels[keys.LabelID] != "" {
 			continue
 		}
 		err := pods.Delete(ctx, pod.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID, ResourceVersion: &pod.ResourceVersion}})
@@ -482,7 +483,7 @@ func (p *Pool) dropShape(ctx context.Context, t *template.Template, hash string)
 // remove deletes a pool nobody asks for any more; its unclaimed Pods go
 // with it (claimed ones have no owner reference).
 func (p *Pool) remove(ctx context.Context, rs *appsv1.ReplicaSet) error {
-	if rs == nil || rs.Labels[sandbox.LabelManagedBy] != sandbox.ManagedByValue || rs.DeletionTimestamp != nil {
+	if rs == nil || rs.Labels[keys.LabelManagedBy] != keys.ManagedByValue || rs.DeletionTimestamp != nil {
 		return nil
 	}
 	background := metav1.DeletePropagationBackground
@@ -513,7 +514,7 @@ func equalOwners(a, b []metav1.OwnerReference) bool {
 // listing: the templates themselves are still usable.
 func (p *Pool) Describe(ctx context.Context, sums []template.Summary, valid []*template.Template) {
 	list, err := p.client.AppsV1().ReplicaSets(p.cfg.Namespace).List(ctx, metav1.ListOptions{
-		LabelSelector: sandbox.LabelComponent + "=" + componentValue + "," + sandbox.LabelPool})
+		LabelSelector: keys.LabelComponent + "=" + componentValue + "," + keys.LabelPool})
 	if err != nil {
 		for i := range sums {
 			if sums[i].Pool != nil && sums[i].Pool.Error == "" {
@@ -547,7 +548,7 @@ func (p *Pool) Describe(ctx context.Context, sums []template.Summary, valid []*t
 			p.forget(t.Name)
 			continue
 		}
-		if have != nil && have.Spec.Template.Labels[sandbox.LabelPoolHash] == Build(p.cfg, t).Spec.Template.Labels[sandbox.LabelPoolHash] {
+		if have != nil && have.Spec.Template.Labels[keys.LabelPoolHash] == Build(p.cfg, t).Spec.Template.Labels[keys.LabelPoolHash] {
 			sum.Pool.Ready = min(int(have.Status.ReadyReplicas), t.PoolSize)
 		}
 	}

@@ -24,6 +24,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
@@ -46,8 +47,8 @@ func testConfig(t *testing.T) *config.Config {
 func pooled(t *testing.T, cfg *config.Config, size int) *template.Template {
 	t.Helper()
 	pt := &corev1.PodTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: "warm", UID: "tmpl-uid", ResourceVersion: "3", Labels: map[string]string{template.Label: "true"},
-			Annotations: map[string]string{template.AnnotationPoolSize: strconv.Itoa(size), template.AnnotationDeerFlowMounts: "false"}},
+		ObjectMeta: metav1.ObjectMeta{Name: "warm", UID: "tmpl-uid", ResourceVersion: "3", Labels: map[string]string{keys.LabelTemplate: "true"},
+			Annotations: map[string]string{keys.TemplatePoolSize: strconv.Itoa(size), keys.TemplateDeerFlowMounts: "false"}},
 		Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "sandbox", Image: "sandbox:1"}}}},
 	}
 	tmpl, err := template.FromPodTemplate(pt, cfg)
@@ -135,8 +136,8 @@ func (c *counts) observe(tmpl, result string) {
 
 func claimFor(id string) sandbox.Claim {
 	return sandbox.Claim{
-		Labels:      map[string]string{sandbox.LabelApp: sandbox.LabelAppValue, sandbox.LabelID: id, sandbox.LabelPooled: "true"},
-		Annotations: map[string]string{sandbox.AnnotationUserID: "u", sandbox.AnnotationCreatedAt: "2026-01-01T00:00:00Z"},
+		Labels:      map[string]string{keys.LabelApp: keys.LabelAppValue, keys.LabelID: id, keys.LabelPooled: "true"},
+		Annotations: map[string]string{keys.AnnotationUserID: "u", keys.AnnotationCreatedAt: "2026-01-01T00:00:00Z"},
 		MaxLifetime: time.Hour,
 	}
 }
@@ -149,7 +150,7 @@ func newPool(cfg *config.Config, cs *fake.Clientset, c *counts, tmpl *template.T
 }
 
 func hashOf(cfg *config.Config, tmpl *template.Template) string {
-	return Build(cfg, tmpl).Spec.Template.Labels[sandbox.LabelPoolHash]
+	return Build(cfg, tmpl).Spec.Template.Labels[keys.LabelPoolHash]
 }
 
 func TestClaimHandsOutOnlyReadyUnclaimedPodsOfTheShape(t *testing.T) {
@@ -160,7 +161,7 @@ func TestClaimHandsOutOnlyReadyUnclaimedPodsOfTheShape(t *testing.T) {
 	pending := poolPod(cfg, tmpl, "pending", true)
 	pending.Status.Phase = corev1.PodPending
 	old := poolPod(cfg, tmpl, "old-shape", true)
-	old.Labels[sandbox.LabelPoolHash] = "0000000000000000"
+	old.Labels[keys.LabelPoolHash] = "0000000000000000"
 	deleting := poolPod(cfg, tmpl, "deleting", true)
 	deleting.DeletionTimestamp = ptr.To(metav1.Now())
 	deleting.Finalizers = []string{"test/keep"}
@@ -185,13 +186,13 @@ func TestClaimHandsOutOnlyReadyUnclaimedPodsOfTheShape(t *testing.T) {
 	for k, v := range ready.Labels {
 		wantLabels[k] = v
 	}
-	delete(wantLabels, sandbox.LabelPool)
-	delete(wantLabels, sandbox.LabelPoolHash)
-	wantLabels[sandbox.LabelID], wantLabels[sandbox.LabelPooled] = "abc", "true"
+	delete(wantLabels, keys.LabelPool)
+	delete(wantLabels, keys.LabelPoolHash)
+	wantLabels[keys.LabelID], wantLabels[keys.LabelPooled] = "abc", "true"
 	if diff := cmp.Diff(wantLabels, stored.Labels); diff != "" {
 		t.Errorf("labels (-want +got):\n%s", diff)
 	}
-	if stored.Annotations[sandbox.AnnotationUserID] != "u" || stored.Annotations[sandbox.AnnotationCreatedAt] == "" {
+	if stored.Annotations[keys.AnnotationUserID] != "u" || stored.Annotations[keys.AnnotationCreatedAt] == "" {
 		t.Errorf("annotations %v: want the claim's", stored.Annotations)
 	}
 	if len(stored.OwnerReferences) != 0 {
@@ -227,7 +228,7 @@ func TestConcurrentClaimsNeverShareAPod(t *testing.T) {
 			defer wg.Done()
 			if pod := p.Claim(context.Background(), tmpl, hashOf(cfg, tmpl), claimFor(fmt.Sprintf("id%d", i))); pod != nil {
 				mu.Lock()
-				claimed = append(claimed, pod.Name+"="+pod.Labels[sandbox.LabelID])
+				claimed = append(claimed, pod.Name+"="+pod.Labels[keys.LabelID])
 				mu.Unlock()
 			}
 		}()
@@ -244,8 +245,8 @@ func TestConcurrentClaimsNeverShareAPod(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if pod.Labels[sandbox.LabelID] != id {
-			t.Errorf("pod %s is sandbox %s, but the claim %s was answered with it", name, pod.Labels[sandbox.LabelID], id)
+		if pod.Labels[keys.LabelID] != id {
+			t.Errorf("pod %s is sandbox %s, but the claim %s was answered with it", name, pod.Labels[keys.LabelID], id)
 		}
 	}
 	if diff := cmp.Diff(map[string]int{"warm/hit": 5, "warm/empty": 15}, c.m); diff != "" {
@@ -344,14 +345,14 @@ func TestBuild(t *testing.T) {
 	if rs.Name != "sandbox-pool-warm" || ptr.Deref(rs.Spec.Replicas, 0) != 3 {
 		t.Errorf("name %s replicas %d, want sandbox-pool-warm of 3", rs.Name, ptr.Deref(rs.Spec.Replicas, 0))
 	}
-	if diff := cmp.Diff(map[string]string{"app": "deer-flow-sandbox", sandbox.LabelPool: "warm"}, rs.Spec.Selector.MatchLabels); diff != "" {
+	if diff := cmp.Diff(map[string]string{"app": "deer-flow-sandbox", keys.LabelPool: "warm"}, rs.Spec.Selector.MatchLabels); diff != "" {
 		t.Errorf("selector (-want +got):\n%s", diff)
 	}
 	l := rs.Spec.Template.Labels
-	if l["app"] != "deer-flow-sandbox" || l[sandbox.LabelID] != "" || l[sandbox.LabelUser] != "" || l[sandbox.LabelPoolHash] == "" {
+	if l["app"] != "deer-flow-sandbox" || l[keys.LabelID] != "" || l[keys.LabelUser] != "" || l[keys.LabelPoolHash] == "" {
 		t.Errorf("Pod labels %v: want app=deer-flow-sandbox (isolation), no id or user, a shape hash", l)
 	}
-	for _, k := range []string{sandbox.AnnotationCreatedAt, sandbox.AnnotationExpiresAt, sandbox.AnnotationUserID} {
+	for _, k := range []string{keys.AnnotationCreatedAt, keys.AnnotationExpiresAt, keys.AnnotationUserID} {
 		if _, ok := rs.Spec.Template.Annotations[k]; ok {
 			t.Errorf("Pod annotation %s set on a pooled Pod; a claim sets it", k)
 		}
@@ -372,7 +373,7 @@ func TestBuild(t *testing.T) {
 	// sandbox-pool-<the pool label it selects>.
 	for _, tp := range []*template.Template{tmpl, &long} {
 		got := Build(cfg, tp)
-		if want := "sandbox-pool-" + got.Spec.Selector.MatchLabels[sandbox.LabelPool]; got.Name != want {
+		if want := "sandbox-pool-" + got.Spec.Selector.MatchLabels[keys.LabelPool]; got.Name != want {
 			t.Errorf("template %s: ReplicaSet %s, want %s (named for the pool it selects)", tp.Name, got.Name, want)
 		}
 	}
@@ -439,9 +440,9 @@ func TestEnsureReshapeDropsOldPodsButNotClaimedOnes(t *testing.T) {
 	ctx := context.Background()
 	tmpl := pooled(t, cfg, 2)
 	old := Build(cfg, tmpl)
-	old.Spec.Template.Labels[sandbox.LabelPoolHash] = "0ld"
+	old.Spec.Template.Labels[keys.LabelPoolHash] = "0ld"
 	stale := poolPod(cfg, tmpl, "stale", true)
-	stale.Labels[sandbox.LabelPoolHash] = "0ld"
+	stale.Labels[keys.LabelPoolHash] = "0ld"
 	current := poolPod(cfg, tmpl, "current", true)
 	cs := clientset(old, stale, current)
 	p := New(cfg, cs, nil, nil)
@@ -455,7 +456,7 @@ func TestEnsureReshapeDropsOldPodsButNotClaimedOnes(t *testing.T) {
 		t.Errorf("pooled Pod of the current shape: %v", err)
 	}
 	rs, _ := cs.AppsV1().ReplicaSets(ns).Get(ctx, old.Name, metav1.GetOptions{})
-	if rs.Spec.Template.Labels[sandbox.LabelPoolHash] != hashOf(cfg, tmpl) {
+	if rs.Spec.Template.Labels[keys.LabelPoolHash] != hashOf(cfg, tmpl) {
 		t.Errorf("ReplicaSet's Pod template not reshaped")
 	}
 }
@@ -512,7 +513,7 @@ func TestClaimSurvivesStatusWrites(t *testing.T) {
 			})
 			var c counts
 			p := newPool(cfg, cs, &c, tmpl)
-			if got := p.Claim(context.Background(), tmpl, hashOf(cfg, tmpl), claimFor("abc")); got == nil || got.Labels[sandbox.LabelID] != "abc" {
+			if got := p.Claim(context.Background(), tmpl, hashOf(cfg, tmpl), claimFor("abc")); got == nil || got.Labels[keys.LabelID] != "abc" {
 				t.Fatalf("claim after %d status writes: %v; want the Pod claimed", writes, got)
 			}
 			if diff := cmp.Diff(map[string]int{tmpl.Name + "/" + ResultHit: 1}, c.m); diff != "" {

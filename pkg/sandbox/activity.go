@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -18,10 +19,10 @@ type lifetime struct {
 
 func lifetimeOf(obj metav1.Object) (lifetime, bool) {
 	a := obj.GetAnnotations()
-	created, err1 := time.Parse(time.RFC3339, a[AnnotationCreatedAt])
-	last, err2 := time.Parse(time.RFC3339, a[AnnotationLastActivity])
-	idle, err3 := strconv.ParseInt(a[AnnotationIdleTimeout], 10, 64)
-	max, err4 := strconv.ParseInt(a[AnnotationMaxLifetime], 10, 64)
+	created, err1 := time.Parse(time.RFC3339, a[keys.AnnotationCreatedAt])
+	last, err2 := time.Parse(time.RFC3339, a[keys.AnnotationLastActivity])
+	idle, err3 := strconv.ParseInt(a[keys.AnnotationIdleTimeout], 10, 64)
+	max, err4 := strconv.ParseInt(a[keys.AnnotationMaxLifetime], 10, 64)
 	if err1 != nil || err2 != nil || err3 != nil || err4 != nil {
 		return lifetime{}, false
 	}
@@ -61,8 +62,8 @@ func (m *Manager) activityPatch(obj metav1.Object) []byte {
 	}
 	lt.lastActivity = now
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
-		AnnotationLastActivity: now.Format(time.RFC3339),
-		AnnotationExpiresAt:    lt.expiresAt().Format(time.RFC3339),
+		keys.AnnotationLastActivity: now.Format(time.RFC3339),
+		keys.AnnotationExpiresAt:    lt.expiresAt().Format(time.RFC3339),
 	}}})
 	return patch
 }

@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 )
 
 var created = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -320,7 +321,7 @@ func TestTally(t *testing.T) {
 	young := metav1.NewTime(time.Now())
 	svc := func(id, user string, created metav1.Time, ownerUID types.UID) *corev1.Service {
 		return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: ServiceName(id), UID: types.UID("svc-" + id), CreationTimestamp: created,
-			Labels:          map[string]string{LabelApp: LabelAppValue, LabelID: id, LabelUser: user},
+			Labels:          map[string]string{keys.LabelApp: keys.LabelAppValue, keys.LabelID: id, keys.LabelUser: user},
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", UID: ownerUID}}}}
 	}
 	deleting := svc("d", "alice", old, "pod-d")

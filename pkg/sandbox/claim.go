@@ -14,20 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
-)
-
-// Labels of warm pools (package pool keeps the pools).
-const (
-	// LabelPool marks an unclaimed pooled Pod with its template (as a label
-	// value); the pool's ReplicaSet selects on it, so a claim that removes it
-	// takes the Pod out of the ReplicaSet, whose controller makes another.
-	LabelPool = "sandbox.deerflow.dev/pool"
-	// LabelPoolHash is the hash of a pooled Pod's shape (PoolPodTemplate):
-	// only a create whose own Pod would have that shape may claim it.
-	LabelPoolHash = "sandbox.deerflow.dev/pool-hash"
-	// LabelPooled marks a sandbox whose Pod was claimed from a pool.
-	LabelPooled = "sandbox.deerflow.dev/pooled"
 )
 
 // Pool hands out warm Pods; package pool implements it over ReplicaSets.
@@ -72,8 +60,8 @@ func PoolSpec(cfg *config.Config, t *template.Template) Spec {
 
 // poolIdentity are the annotations that make a Pod one sandbox; a claim
 // writes them, a pooled Pod has none.
-var poolIdentity = []string{AnnotationUserID, AnnotationThreadID, AnnotationCreatedAt, AnnotationLastActivity,
-	AnnotationIdleTimeout, AnnotationMaxLifetime, AnnotationExpiresAt}
+var poolIdentity = []string{keys.AnnotationUserID, keys.AnnotationThreadID, keys.AnnotationCreatedAt, keys.AnnotationLastActivity,
+	keys.AnnotationIdleTimeout, keys.AnnotationMaxLifetime, keys.AnnotationExpiresAt}
 
 // PoolPodTemplate is the Pod a create of s would make, without what makes
 // it one sandbox (name, id, user and thread labels, lifecycle annotations,
@@ -83,7 +71,7 @@ var poolIdentity = []string{AnnotationUserID, AnnotationThreadID, AnnotationCrea
 // sessions, resources, Lark containers) sends it the cold way by itself.
 func PoolPodTemplate(cfg *config.Config, s Spec) corev1.PodTemplateSpec {
 	pod := BuildPod(cfg, s)
-	for _, k := range []string{LabelID, LabelUser, LabelThread} {
+	for _, k := range []string{keys.LabelID, keys.LabelUser, keys.LabelThread} {
 		delete(pod.Labels, k)
 	}
 	for _, k := range poolIdentity {
@@ -93,7 +81,7 @@ func PoolPodTemplate(cfg *config.Config, s Spec) corev1.PodTemplateSpec {
 	tpl := corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: pod.Labels, Annotations: pod.Annotations}, Spec: pod.Spec}
 	data, _ := json.Marshal(tpl)
 	sum := sha256.Sum256(data)
-	tpl.Labels[LabelPoolHash] = hex.EncodeToString(sum[:])[:16]
+	tpl.Labels[keys.LabelPoolHash] = hex.EncodeToString(sum[:])[:16]
 	return tpl
 }
 
@@ -104,8 +92,8 @@ func (m *Manager) createFromPool(ctx context.Context, s Spec, wait time.Duration
 	if m.pool == nil || t == nil || t.PoolSize == 0 {
 		return Sandbox{}, false, nil
 	}
-	hash := PoolPodTemplate(m.cfg, s).Labels[LabelPoolHash]
-	if hash != PoolPodTemplate(m.cfg, PoolSpec(m.cfg, t)).Labels[LabelPoolHash] {
+	hash := PoolPodTemplate(m.cfg, s).Labels[keys.LabelPoolHash]
+	if hash != PoolPodTemplate(m.cfg, PoolSpec(m.cfg, t)).Labels[keys.LabelPoolHash] {
 		m.pool.Missed(t)
 		return Sandbox{}, false, nil
 	}
@@ -177,7 +165,7 @@ func (m *Manager) createFromPool(ctx context.Context, s Spec, wait time.Duration
 	}
 	meta := &metav1.ObjectMeta{Labels: labels(s), Annotations: annotations(s)}
 	recordPrincipal(meta, s)
-	meta.Labels[LabelPooled] = "true"
+	meta.Labels[keys.LabelPooled] = "true"
 	if readyErr != nil {
 		return Sandbox{}, false, nil
 	}

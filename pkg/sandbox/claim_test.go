@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
@@ -17,15 +18,15 @@ import (
 func TestPoolShape(t *testing.T) {
 	cfg := testConfig(t, map[string]string{"LARK_CLI_INIT_IMAGE": "lark-init:1", "LARK_CLI_BROKER_IMAGE": "lark-broker:1"})
 	pt := &corev1.PodTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: "warm", Labels: map[string]string{template.Label: "true"},
-			Annotations: map[string]string{template.AnnotationPoolSize: "2", template.AnnotationDeerFlowMounts: "false"}},
+		ObjectMeta: metav1.ObjectMeta{Name: "warm", Labels: map[string]string{keys.LabelTemplate: "true"},
+			Annotations: map[string]string{keys.TemplatePoolSize: "2", keys.TemplateDeerFlowMounts: "false"}},
 		Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "sandbox", Image: "sandbox:1"}}}},
 	}
 	tmpl, err := template.FromPodTemplate(pt, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool := PoolPodTemplate(cfg, PoolSpec(cfg, tmpl)).Labels[LabelPoolHash]
+	pool := PoolPodTemplate(cfg, PoolSpec(cfg, tmpl)).Labels[keys.LabelPoolHash]
 	tests := []struct {
 		name     string
 		req      CreateRequest
@@ -51,7 +52,7 @@ func TestPoolShape(t *testing.T) {
 				t.Fatal(err)
 			}
 			s = withTemplate(s, tmpl)
-			got := PoolPodTemplate(cfg, s).Labels[LabelPoolHash] == pool
+			got := PoolPodTemplate(cfg, s).Labels[keys.LabelPoolHash] == pool
 			if got != tt.poolable {
 				t.Errorf("poolable = %v, want %v", got, tt.poolable)
 			}
@@ -63,19 +64,19 @@ func TestPoolShape(t *testing.T) {
 // found as its sandbox's Pod; an unclaimed one is no sandbox at all.
 func TestClaimedPodIsASandbox(t *testing.T) {
 	pooled := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-pool-warm-x7k2p",
-		Labels: map[string]string{LabelApp: LabelAppValue, LabelPool: "warm"}}}
+		Labels: map[string]string{keys.LabelApp: keys.LabelAppValue, keys.LabelPool: "warm"}}}
 	if id := podID(pooled); id != "" {
 		t.Errorf("unclaimed pooled Pod is sandbox %q; want none", id)
 	}
 	claimed := pooled.DeepCopy()
-	delete(claimed.Labels, LabelPool)
-	claimed.Labels[LabelID], claimed.Labels[LabelPooled] = "abc123", "true"
+	delete(claimed.Labels, keys.LabelPool)
+	claimed.Labels[keys.LabelID], claimed.Labels[keys.LabelPooled] = "abc123", "true"
 	if id := podID(claimed); id != "abc123" {
 		t.Errorf("claimed Pod is sandbox %q; want abc123", id)
 	}
 	// A Pod of another name that only says it has an id is not one.
 	other := claimed.DeepCopy()
-	delete(other.Labels, LabelPooled)
+	delete(other.Labels, keys.LabelPooled)
 	if id := podID(other); id != "" {
 		t.Errorf("a Pod named %s labelled with an id is sandbox %q; want none", other.Name, id)
 	}

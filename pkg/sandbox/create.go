@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
@@ -292,7 +293,7 @@ func checkOwner(obj metav1.Object, kind string, s Spec) error {
 	if !IsSandbox(obj, s.ID) {
 		return &Error{Kind: KindConflict, Detail: "a " + kind + " named " + obj.GetName() + " exists and is not a sandbox; choose another sandbox_id"}
 	}
-	if a := obj.GetAnnotations(); a[AnnotationUserID] != s.UserID || a[AnnotationThreadID] != s.ThreadID || !s.Caller.sees(obj) {
+	if a := obj.GetAnnotations(); a[keys.AnnotationUserID] != s.UserID || a[keys.AnnotationThreadID] != s.ThreadID || !s.Caller.sees(obj) {
 		return &Error{Kind: KindConflict, Detail: "sandbox " + s.ID + " exists for another user or thread; choose another sandbox_id"}
 	}
 	return nil
@@ -304,7 +305,7 @@ func checkCapacity(obj metav1.Object, s Spec) error {
 	if s.MaxShellSessions == 0 {
 		return nil
 	}
-	have, err := strconv.Atoi(obj.GetAnnotations()[AnnotationMaxShellSessions])
+	have, err := strconv.Atoi(obj.GetAnnotations()[keys.AnnotationMaxShellSessions])
 	if err != nil {
 		return &Error{Kind: KindConflict, Detail: "sandbox " + s.ID + " exists but was created without max_shell_sessions; delete it and create it again to get " + strconv.Itoa(s.MaxShellSessions)}
 	}
@@ -394,7 +395,7 @@ func (m *Manager) adopt(ctx context.Context, svc *corev1.Service, owner metav1.O
 		if c.Labels == nil {
 			c.Labels = map[string]string{}
 		}
-		c.Labels[LabelWorkload] = workloadReplicaSetValue
+		c.Labels[keys.LabelWorkload] = keys.WorkloadReplicaSetValue
 	}
 	updated, err := m.client.CoreV1().Services(m.cfg.Namespace).Update(ctx, c, metav1.UpdateOptions{})
 	if err != nil {

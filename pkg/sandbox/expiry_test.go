@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -15,10 +16,10 @@ func TestExpiryReason(t *testing.T) {
 		p := &corev1.Pod{Status: corev1.PodStatus{Phase: phase}}
 		if annotated {
 			p.ObjectMeta = metav1.ObjectMeta{Annotations: map[string]string{
-				AnnotationCreatedAt:    base.Format(time.RFC3339),
-				AnnotationLastActivity: base.Add(lastActivity).Format(time.RFC3339),
-				AnnotationIdleTimeout:  "600",  // 10 minutes
-				AnnotationMaxLifetime:  "3600", // 1 hour
+				keys.AnnotationCreatedAt:    base.Format(time.RFC3339),
+				keys.AnnotationLastActivity: base.Add(lastActivity).Format(time.RFC3339),
+				keys.AnnotationIdleTimeout:  "600",  // 10 minutes
+				keys.AnnotationMaxLifetime:  "3600", // 1 hour
 			}}
 		}
 		return p

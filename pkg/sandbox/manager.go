@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
@@ -143,10 +144,10 @@ func (m *Manager) view(id string, f found) Sandbox {
 		sb.Missing = append(sb.Missing, "service")
 	}
 	if w := f.workload(); w != nil {
-		if n, err := strconv.Atoi(w.GetAnnotations()[AnnotationMaxShellSessions]); err == nil {
+		if n, err := strconv.Atoi(w.GetAnnotations()[keys.AnnotationMaxShellSessions]); err == nil {
 			sb.MaxShellSessions = &n
 		}
-		sb.ExpiresAt = w.GetAnnotations()[AnnotationExpiresAt]
+		sb.ExpiresAt = w.GetAnnotations()[keys.AnnotationExpiresAt]
 	}
 	switch {
 	case f.rs != nil && paused(f.rs):
@@ -161,7 +162,7 @@ func (m *Manager) view(id string, f found) Sandbox {
 		return sb
 	}
 	pod := f.pod
-	sb.Pooled = pod.Labels[LabelPooled] == "true"
+	sb.Pooled = pod.Labels[keys.LabelPooled] == "true"
 	sb.Status = string(pod.Status.Phase)
 	if sb.Status == "" {
 		sb.Status = string(corev1.PodPending)

@@ -10,6 +10,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 )
 
 // EgressDenyAll is the SANDBOX_EGRESS_MODE that allows no egress at all.
@@ -69,10 +70,10 @@ func BuildNetworkPolicy(cfg *config.Config) *networkingv1.NetworkPolicy {
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      cfg.NetworkPolicyName,
 			Namespace: cfg.Namespace,
-			Labels:    map[string]string{LabelName: "deer-flow", LabelComponent: "sandbox", LabelManagedBy: ManagedByValue},
+			Labels:    map[string]string{keys.LabelName: "deer-flow", keys.LabelComponent: "sandbox", keys.LabelManagedBy: keys.ManagedByValue},
 		},
 		Spec: networkingv1.NetworkPolicySpec{
-			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{LabelApp: LabelAppValue}},
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{keys.LabelApp: keys.LabelAppValue}},
 			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
 			Ingress: []networkingv1.NetworkPolicyIngressRule{{
 				From:  from,

@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 )
 
 // BuildPod returns the sandbox Pod for spec. It is a pure function of its
@@ -104,16 +105,16 @@ func requestEnv(in map[string]string) []corev1.EnvVar {
 
 func annotations(s Spec) map[string]string {
 	a := map[string]string{
-		AnnotationUserID:       s.UserID,
-		AnnotationThreadID:     s.ThreadID,
-		AnnotationCreatedAt:    s.Now.Format(time.RFC3339),
-		AnnotationLastActivity: s.Now.Format(time.RFC3339),
-		AnnotationIdleTimeout:  strconv.FormatInt(int64(s.IdleTimeout/time.Second), 10),
-		AnnotationMaxLifetime:  strconv.FormatInt(int64(s.MaxLifetime/time.Second), 10),
-		AnnotationExpiresAt:    expiresAt(s.Now, s.Now, s.IdleTimeout, s.MaxLifetime).Format(time.RFC3339),
+		keys.AnnotationUserID:       s.UserID,
+		keys.AnnotationThreadID:     s.ThreadID,
+		keys.AnnotationCreatedAt:    s.Now.Format(time.RFC3339),
+		keys.AnnotationLastActivity: s.Now.Format(time.RFC3339),
+		keys.AnnotationIdleTimeout:  strconv.FormatInt(int64(s.IdleTimeout/time.Second), 10),
+		keys.AnnotationMaxLifetime:  strconv.FormatInt(int64(s.MaxLifetime/time.Second), 10),
+		keys.AnnotationExpiresAt:    expiresAt(s.Now, s.Now, s.IdleTimeout, s.MaxLifetime).Format(time.RFC3339),
 	}
 	if s.MaxShellSessions > 0 {
-		a[AnnotationMaxShellSessions] = strconv.Itoa(s.MaxShellSessions)
+		a[keys.AnnotationMaxShellSessions] = strconv.Itoa(s.MaxShellSessions)
 	}
 	return a
 }

@@ -9,17 +9,15 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 )
 
 // A sandbox records the principal that created it: an API key's name or a
 // verified token's service-account username, in clear in an annotation and
 // as a hash in a label (a username is not a valid label value), which list
 // and the per-principal quota select on. Both are on the workload (Pod or
-// ReplicaSet, and a ReplicaSet's Pods) and on the Service.
-const (
-	AnnotationPrincipal = "sandbox.deerflow.dev/principal"
-	LabelPrincipal      = "sandbox.deerflow.dev/principal"
-)
+// ReplicaSet, and a ReplicaSet's Pods) and on the Service
+// (keys.AnnotationPrincipal, keys.LabelPrincipal).
 
 // Caller is who an operation runs for. The front doors put it in the
 // request's context once the request is authenticated; an operation
@@ -72,7 +70,7 @@ const LegacyPrincipal = "default"
 // sees reports whether c may see obj: an administrator sees everything, a
 // principal what records it, and LegacyPrincipal also what records none.
 func (c Caller) sees(obj metav1.Object) bool {
-	owner, ok := obj.GetAnnotations()[AnnotationPrincipal]
+	owner, ok := obj.GetAnnotations()[keys.AnnotationPrincipal]
 	if !ok {
 		owner = LegacyPrincipal
 	}
@@ -100,8 +98,8 @@ func recordPrincipal(obj metav1.Object, s Spec) {
 	if a == nil {
 		a = map[string]string{}
 	}
-	l[LabelPrincipal] = PrincipalLabelValue(s.Caller.Principal)
-	a[AnnotationPrincipal] = s.Caller.Principal
+	l[keys.LabelPrincipal] = PrincipalLabelValue(s.Caller.Principal)
+	a[keys.AnnotationPrincipal] = s.Caller.Principal
 	obj.SetLabels(l)
 	obj.SetAnnotations(a)
 }
@@ -142,5 +140,5 @@ func listSelector(c Caller) string {
 	if c.Admin || c.Principal == LegacyPrincipal {
 		return selectorAll
 	}
-	return selectorAll + "," + LabelPrincipal + "=" + PrincipalLabelValue(c.Principal)
+	return selectorAll + "," + keys.LabelPrincipal + "=" + PrincipalLabelValue(c.Principal)
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/google/go-cmp/cmp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -79,7 +80,7 @@ func TestPrincipalsSeeOnlyTheirOwn(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, o := range []metav1.Object{pod, svc} {
-		if o.GetAnnotations()[AnnotationPrincipal] != "alice" || o.GetLabels()[LabelPrincipal] != PrincipalLabelValue("alice") {
+		if o.GetAnnotations()[keys.AnnotationPrincipal] != "alice" || o.GetLabels()[keys.LabelPrincipal] != PrincipalLabelValue("alice") {
 			t.Errorf("%s does not record its principal: %v %v", o.GetName(), o.GetLabels(), o.GetAnnotations())
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 )
 
 // quotaError is a quota refusal; contended says whether racing creates (not
@@ -122,7 +123,7 @@ func (m *Manager) checkQuota(ctx context.Context, s Spec, own *corev1.Service) e
 	}
 	if own == nil {
 		for _, o := range svcs {
-			if o.GetLabels()[LabelID] == s.ID && o.GetDeletionTimestamp() == nil {
+			if o.GetLabels()[keys.LabelID] == s.ID && o.GetDeletionTimestamp() == nil {
 				return nil
 			}
 		}
@@ -187,13 +188,13 @@ func tally(svcs []metav1.Object, own *corev1.Service, user, principal string, pr
 		if old {
 			c.settledTotal++
 		}
-		if svc.Labels[LabelUser] == user {
+		if svc.Labels[keys.LabelUser] == user {
 			c.mine++
 			if old {
 				c.settledMine++
 			}
 		}
-		if svc.Labels[LabelPrincipal] == principal {
+		if svc.Labels[keys.LabelPrincipal] == principal {
 			c.ours++
 			if old {
 				c.settledOurs++

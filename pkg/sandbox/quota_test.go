@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -43,7 +44,7 @@ func TestCreateLeavesNothingWhenTheCountFails(t *testing.T) {
 		{name: "at the limit, the ended Pods list fails", env: map[string]string{"MAX_SANDBOXES": "1"}, objects: existing, cache: true,
 			failList: "pods", wantKind: KindUnavailable},
 		{name: "per user, refused from the cache", env: map[string]string{"MAX_SANDBOXES_PER_USER": "1"}, objects: []runtime.Object{
-			olderPod, func() *corev1.Service { s := olderSvc.DeepCopy(); s.Labels[LabelUser] = "u"; return s }()}, cache: true, wantKind: KindQuota},
+			olderPod, func() *corev1.Service { s := olderSvc.DeepCopy(); s.Labels[keys.LabelUser] = "u"; return s }()}, cache: true, wantKind: KindQuota},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

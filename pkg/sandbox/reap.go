@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
@@ -90,7 +91,7 @@ func (m *Manager) reap(ctx context.Context) (Reaped, error) {
 			continue
 		}
 		live[id] = true
-		if rs.Labels[LabelManagedBy] != ManagedByValue || rs.DeletionTimestamp != nil {
+		if rs.Labels[keys.LabelManagedBy] != keys.ManagedByValue || rs.DeletionTimestamp != nil {
 			continue
 		}
 		reason, pause := replicaSetExpiry(rs, now)
@@ -108,9 +109,9 @@ func (m *Manager) reap(ctx context.Context) (Reaped, error) {
 	}
 	for i := range pods {
 		p := &pods[i]
-		id := p.Labels[LabelID]
+		id := p.Labels[keys.LabelID]
 		live[id] = true
-		if p.Labels[LabelManagedBy] != ManagedByValue || p.DeletionTimestamp != nil || podID(p) == "" {
+		if p.Labels[keys.LabelManagedBy] != keys.ManagedByValue || p.DeletionTimestamp != nil || podID(p) == "" {
 			continue
 		}
 		reason := expiryReason(p, now)
@@ -121,8 +122,8 @@ func (m *Manager) reap(ctx context.Context) (Reaped, error) {
 	}
 	for i := range svcs {
 		s := &svcs[i]
-		id := s.Labels[LabelID]
-		if live[id] || s.Labels[LabelManagedBy] != ManagedByValue || s.DeletionTimestamp != nil || serviceID(s) == "" {
+		id := s.Labels[keys.LabelID]
+		if live[id] || s.Labels[keys.LabelManagedBy] != keys.ManagedByValue || s.DeletionTimestamp != nil || serviceID(s) == "" {
 			continue
 		}
 		if claimedOwner(s, id) && now.Sub(s.CreationTimestamp.Time) < claimLeftover {
@@ -223,14 +224,14 @@ func replicaSetExpiry(rs *appsv1.ReplicaSet, now time.Time) (string, bool) {
 	case !now.Before(lt.created.Add(lt.max)):
 		return "lifetime", false
 	case paused(rs):
-		at, err1 := time.Parse(time.RFC3339, a[AnnotationPausedAt])
-		limit, err2 := strconv.ParseInt(a[AnnotationPausedTimeout], 10, 64)
+		at, err1 := time.Parse(time.RFC3339, a[keys.AnnotationPausedAt])
+		limit, err2 := strconv.ParseInt(a[keys.AnnotationPausedTimeout], 10, 64)
 		if err1 == nil && err2 == nil && !now.Before(at.Add(time.Duration(limit)*time.Second)) {
 			return "paused-timeout", false
 		}
 		return "", false
 	case !now.Before(lt.lastActivity.Add(lt.idle)):
-		return "idle", a[AnnotationIdleAction] == template.IdlePause
+		return "idle", a[keys.AnnotationIdleAction] == template.IdlePause
 	}
 	return "", false
 }

@@ -16,20 +16,13 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
 // StatusPaused is the status of a sandbox scaled to zero: no Pod, its
 // Service (and so its URL) and its data kept.
 const StatusPaused = "Paused"
-
-// LabelWorkload marks the Pods of a ReplicaSet sandbox. The ReplicaSet
-// selects on it, so it never adopts a bare sandbox Pod of the same id; the
-// Service selects on the id alone and reaches either kind.
-const (
-	LabelWorkload           = "sandbox.deerflow.dev/workload"
-	workloadReplicaSetValue = "replicaset"
-)
 
 // found is what exists of one sandbox: its Service and either a bare Pod or
 // a ReplicaSet and (unless paused or between Pods) its current Pod.
@@ -69,14 +62,14 @@ func BuildReplicaSet(cfg *config.Config, s Spec) *appsv1.ReplicaSet {
 	if s.Resolved != nil {
 		idleAction, pausedTimeout = s.Resolved.IdleAction, s.Resolved.PausedTimeout
 	}
-	rsAnnotations[AnnotationIdleAction] = idleAction
+	rsAnnotations[keys.AnnotationIdleAction] = idleAction
 	if idleAction == template.IdlePause {
-		rsAnnotations[AnnotationPausedTimeout] = strconv.FormatInt(int64(pausedTimeout/time.Second), 10)
+		rsAnnotations[keys.AnnotationPausedTimeout] = strconv.FormatInt(int64(pausedTimeout/time.Second), 10)
 	}
 	podAnnotations := maps.Clone(pod.Annotations)
-	delete(podAnnotations, AnnotationLastActivity)
-	delete(podAnnotations, AnnotationExpiresAt)
-	pod.Labels[LabelWorkload] = workloadReplicaSetValue
+	delete(podAnnotations, keys.AnnotationLastActivity)
+	delete(podAnnotations, keys.AnnotationExpiresAt)
+	pod.Labels[keys.LabelWorkload] = keys.WorkloadReplicaSetValue
 	rs := &appsv1.ReplicaSet{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "ReplicaSet"},
 		ObjectMeta: metav1.ObjectMeta{Name: PodName(s.ID), Namespace: cfg.Namespace, Labels: labels(s), Annotations: rsAnnotations},
@@ -94,7 +87,7 @@ func BuildReplicaSet(cfg *config.Config, s Spec) *appsv1.ReplicaSet {
 }
 
 func replicaSetSelector(id string) map[string]string {
-	return map[string]string{LabelApp: LabelAppValue, LabelID: id, LabelWorkload: workloadReplicaSetValue}
+	return map[string]string{keys.LabelApp: keys.LabelAppValue, keys.LabelID: id, keys.LabelWorkload: keys.WorkloadReplicaSetValue}
 }
 
 // ensureReplicaSet creates the ReplicaSet or adopts the existing one (for
@@ -149,13 +142,13 @@ func (m *Manager) reuseReplicaSet(ctx context.Context, rs *appsv1.ReplicaSet, s 
 // resourceVersion it judged, so a sandbox used since is not paused.
 func (m *Manager) scale(ctx context.Context, rs *appsv1.ReplicaSet, replicas int32, ifUnchanged bool) (*appsv1.ReplicaSet, error) {
 	now := time.Now().UTC().Truncate(time.Second).Format(time.RFC3339)
-	ann := map[string]any{AnnotationPausedAt: now}
+	ann := map[string]any{keys.AnnotationPausedAt: now}
 	if replicas > 0 {
-		ann = map[string]any{AnnotationPausedAt: nil}
+		ann = map[string]any{keys.AnnotationPausedAt: nil}
 		if lt, ok := lifetimeOf(rs); ok {
 			lt.lastActivity = time.Now().UTC().Truncate(time.Second)
-			ann[AnnotationLastActivity] = lt.lastActivity.Format(time.RFC3339)
-			ann[AnnotationExpiresAt] = lt.expiresAt().Format(time.RFC3339)
+			ann[keys.AnnotationLastActivity] = lt.lastActivity.Format(time.RFC3339)
+			ann[keys.AnnotationExpiresAt] = lt.expiresAt().Format(time.RFC3339)
 		}
 	}
 	meta := map[string]any{"annotations": ann}
@@ -166,7 +159,7 @@ func (m *Manager) scale(ctx context.Context, rs *appsv1.ReplicaSet, replicas int
 	out, err := m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Patch(ctx, rs.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 	if err != nil {
 		if apierrors.IsConflict(err) {
-			return nil, &Error{Kind: KindConflict, Err: err, Detail: "sandbox " + rs.Labels[LabelID] + " changed while being paused or resumed; retry"}
+			return nil, &Error{Kind: KindConflict, Err: err, Detail: "sandbox " + rs.Labels[keys.LabelID] + " changed while being paused or resumed; retry"}
 		}
 		return nil, classify(err, "scale the sandbox ReplicaSet")
 	}
@@ -198,7 +191,7 @@ func replicaSetPod(rs *appsv1.ReplicaSet, pods []corev1.Pod) *corev1.Pod {
 // podsOf lists the Pods of one ReplicaSet sandbox (one call, by label).
 func (m *Manager) podsOf(ctx context.Context, rs *appsv1.ReplicaSet) (*corev1.Pod, error) {
 	list, err := m.client.CoreV1().Pods(m.cfg.Namespace).List(ctx, metav1.ListOptions{
-		LabelSelector: metav1.FormatLabelSelector(&metav1.LabelSelector{MatchLabels: replicaSetSelector(rs.Labels[LabelID])})})
+		LabelSelector: metav1.FormatLabelSelector(&metav1.LabelSelector{MatchLabels: replicaSetSelector(rs.Labels[keys.LabelID])})})
 	if err != nil {
 		return nil, classify(err, "list the sandbox's Pods")
 	}

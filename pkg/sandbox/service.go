@@ -7,6 +7,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 )
 
 // BuildService returns the Service that exposes the sandbox. It is owned by
@@ -15,13 +16,13 @@ import (
 // process mid-request. A ReplicaSet's Service outlives its Pods: a
 // recreated or resumed Pod is at the same URL.
 //
-// A ReplicaSet's Service carries LabelWorkload too: the quota counts
+// A ReplicaSet's Service carries keys.LabelWorkload too: the quota counts
 // ReplicaSet sandboxes through their Services on the hot path (see
 // checkQuota).
 func BuildService(cfg *config.Config, s Spec, owner metav1.OwnerReference) *corev1.Service {
 	l := labels(s)
 	if owner.Kind == "ReplicaSet" {
-		l[LabelWorkload] = workloadReplicaSetValue
+		l[keys.LabelWorkload] = keys.WorkloadReplicaSetValue
 	}
 	svc := &corev1.Service{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
@@ -33,7 +34,7 @@ func BuildService(cfg *config.Config, s Spec, owner metav1.OwnerReference) *core
 		},
 		Spec: corev1.ServiceSpec{
 			Type:     corev1.ServiceType(cfg.ServiceType),
-			Selector: map[string]string{LabelID: s.ID},
+			Selector: map[string]string{keys.LabelID: s.ID},
 			Ports: []corev1.ServicePort{{
 				Name: portName, Port: cfg.ContainerPort, TargetPort: intstr.FromInt32(cfg.ContainerPort), Protocol: corev1.ProtocolTCP,
 			}},

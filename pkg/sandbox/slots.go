@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -52,12 +53,12 @@ func newSlots(client kubernetes.Interface, namespace string) *slots {
 		return &corev1.Service{ObjectMeta: metav1.ObjectMeta{
 			Name: svc.Name, Namespace: svc.Namespace, UID: svc.UID, ResourceVersion: svc.ResourceVersion,
 			CreationTimestamp: svc.CreationTimestamp, DeletionTimestamp: svc.DeletionTimestamp,
-			Labels:          map[string]string{LabelApp: svc.Labels[LabelApp], LabelID: svc.Labels[LabelID], LabelUser: svc.Labels[LabelUser], LabelPrincipal: svc.Labels[LabelPrincipal]},
+			Labels:          map[string]string{keys.LabelApp: svc.Labels[keys.LabelApp], keys.LabelID: svc.Labels[keys.LabelID], keys.LabelUser: svc.Labels[keys.LabelUser], keys.LabelPrincipal: svc.Labels[keys.LabelPrincipal]},
 			OwnerReferences: svc.OwnerReferences,
 		}}, nil
 	})
 	_ = informer.AddIndexers(cache.Indexers{indexByUser: func(obj any) ([]string, error) {
-		return []string{obj.(*corev1.Service).Labels[LabelUser]}, nil
+		return []string{obj.(*corev1.Service).Labels[keys.LabelUser]}, nil
 	}})
 	// A handler runs after the informer's store applied the event it
 	// reports, and events arrive in resourceVersion order: so once a

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
@@ -64,7 +65,7 @@ func applyTemplate(cfg *config.Config, t *template.Template, pod *corev1.Pod) {
 	tp := t.Pod.DeepCopy()
 	pod.Labels = overlay(tp.Labels, pod.Labels)
 	pod.Annotations = overlay(tp.Annotations, pod.Annotations)
-	pod.Annotations[AnnotationTemplate] = t.Name
+	pod.Annotations[keys.AnnotationTemplate] = t.Name
 
 	spec, ts := &pod.Spec, &tp.Spec
 	for i := range ts.Containers {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -100,7 +101,7 @@ func (m *Manager) waitGone(ctx context.Context, pod *corev1.Pod) error {
 	}
 	if wctx.Err() != nil {
 		return &Error{Kind: KindConflict, Detail: fmt.Sprintf(
-			"sandbox %s is still terminating after %s; retry when it is gone", pod.Labels[LabelID], m.cfg.TerminatingWait)}
+			"sandbox %s is still terminating after %s; retry when it is gone", pod.Labels[keys.LabelID], m.cfg.TerminatingWait)}
 	}
 	return err
 }
@@ -159,7 +160,7 @@ func (m *Manager) waitReady(ctx context.Context, id string, f found, wait time.D
 // watch, by label) until its current Pod satisfies done or ctx ends. A
 // deleted Pod is not the end: the ReplicaSet makes another.
 func (m *Manager) watchReplicaSetPod(ctx context.Context, rs *appsv1.ReplicaSet, done func(*corev1.Pod) bool) (*corev1.Pod, error) {
-	selector := metav1.FormatLabelSelector(&metav1.LabelSelector{MatchLabels: replicaSetSelector(rs.Labels[LabelID])})
+	selector := metav1.FormatLabelSelector(&metav1.LabelSelector{MatchLabels: replicaSetSelector(rs.Labels[keys.LabelID])})
 	pods := m.client.CoreV1().Pods(m.cfg.Namespace)
 	lw := &cache.ListWatch{
 		ListFunc: func(o metav1.ListOptions) (runtime.Object, error) {

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 )
 
 // ErrNotFound is a named template that does not exist.
@@ -55,7 +56,7 @@ type entry struct {
 // NewStore returns a Store reading PodTemplates in cfg.Namespace.
 func NewStore(client kubernetes.Interface, cfg *config.Config) *Store {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(cfg.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = Label }))
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = keys.LabelTemplate }))
 	return &Store{client: client, cfg: cfg, ttl: cfg.TemplateCacheTTL, now: time.Now, entries: map[string]entry{},
 		informer: factory.Core().V1().PodTemplates().Informer()}
 }
@@ -118,7 +119,7 @@ func (s *Store) Get(ctx context.Context, name string) (*Template, error) {
 	case apierrors.IsNotFound(err) || err == nil && !isTemplate(pt):
 		e = entry{}
 		if name != Default {
-			e.err = fmt.Errorf("%w: %q (GET /api/templates lists them; a template is a PodTemplate in %s labelled %s)", ErrNotFound, name, s.cfg.Namespace, Label)
+			e.err = fmt.Errorf("%w: %q (GET /api/templates lists them; a template is a PodTemplate in %s labelled %s)", ErrNotFound, name, s.cfg.Namespace, keys.LabelTemplate)
 		}
 	case err != nil:
 		return nil, fmt.Errorf("read sandbox template %q: %w", name, err) // not cached: transient
@@ -184,7 +185,7 @@ func (s *Store) List(ctx context.Context) ([]Summary, error) {
 
 // ListValid is List that also returns the valid templates.
 func (s *Store) ListValid(ctx context.Context) ([]Summary, []*Template, error) {
-	list, err := s.client.CoreV1().PodTemplates(s.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: Label})
+	list, err := s.client.CoreV1().PodTemplates(s.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: keys.LabelTemplate})
 	if err != nil {
 		return nil, nil, fmt.Errorf("list sandbox templates: %w", err)
 	}
@@ -234,6 +235,6 @@ func (t *Template) Sandbox() *corev1.Container {
 }
 
 func isTemplate(pt *corev1.PodTemplate) bool {
-	_, ok := pt.Labels[Label]
+	_, ok := pt.Labels[keys.LabelTemplate]
 	return ok
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/google/go-cmp/cmp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -81,7 +82,7 @@ func TestStoreServesFromItsWatch(t *testing.T) {
 	}
 
 	edited := pt.DeepCopy()
-	edited.Annotations[AnnotationIdleTimeout] = "5m"
+	edited.Annotations[keys.TemplateIdleTimeout] = "5m"
 	edited.ResourceVersion = "8"
 	if _, err := cs.CoreV1().PodTemplates("ns").Update(ctx, edited, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)

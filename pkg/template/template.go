@@ -28,41 +28,16 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 )
 
 const (
-	// Label marks a PodTemplate as a sandbox template (any value).
-	Label = "sandbox.deerflow.dev/template"
 	// ContainerName is the sandbox container every template must have.
 	ContainerName = "sandbox"
 	// Default is the template a create without one uses. When no PodTemplate
 	// of that name exists, the built-in default applies: the Pod the
 	// provisioner's settings alone describe.
 	Default = "default"
-
-	annotationPrefix = "sandbox.deerflow.dev/"
-	// AnnotationKind is the workload kind: Pod (default) or ReplicaSet.
-	AnnotationKind = annotationPrefix + "kind"
-	// AnnotationIdleTimeout and AnnotationMaxLifetime are default lifetimes
-	// (Go durations, e.g. 30m) for sandboxes of this template; a request's
-	// own fields still win, within the provisioner's bounds.
-	AnnotationIdleTimeout = annotationPrefix + "idle-timeout"
-	AnnotationMaxLifetime = annotationPrefix + "max-lifetime"
-	// AnnotationIdleAction is what the reap does to an idle sandbox: delete
-	// (the default) or pause (ReplicaSet kind only).
-	AnnotationIdleAction = annotationPrefix + "idle-action"
-	// AnnotationPausedTimeout is how long a sandbox may stay paused before
-	// the reap deletes it (default 24h).
-	AnnotationPausedTimeout = annotationPrefix + "paused-timeout"
-	// AnnotationPort is the sandbox container's port.
-	AnnotationPort = annotationPrefix + "port"
-	// AnnotationDeerFlowMounts says whether DeerFlow's skills and user-data
-	// mounts apply ("true", the default, or "false").
-	AnnotationDeerFlowMounts = annotationPrefix + "deerflow-mounts"
-	// AnnotationPoolSize is how many Ready sandboxes of this template stand
-	// warm, unowned, for creates to claim (0, the default: none). A bad
-	// value refuses the pool, not the template: creates go the cold way.
-	AnnotationPoolSize = annotationPrefix + "pool-size"
 )
 
 // Workload kinds and idle actions.
@@ -157,40 +132,40 @@ func (v validator) settings(a map[string]string, t *Template) error {
 	field := func(key string) string { return "metadata.annotations[" + key + "]" }
 	for _, key := range slices.Sorted(maps.Keys(a)) {
 		val := a[key]
-		if !strings.HasPrefix(key, annotationPrefix) {
+		if !strings.HasPrefix(key, keys.Prefix) {
 			continue
 		}
 		var err error
 		switch key {
-		case AnnotationKind:
+		case keys.TemplateKind:
 			if val != KindPod && val != KindReplicaSet {
 				return v.bad(field(key), "%q: want Pod or ReplicaSet", val)
 			}
 			t.Kind = val
-		case AnnotationIdleAction:
+		case keys.TemplateIdleAction:
 			if val != IdleDelete && val != IdlePause {
 				return v.bad(field(key), "%q: want delete or pause", val)
 			}
 			t.IdleAction = val
-		case AnnotationPort:
+		case keys.TemplatePort:
 			port, err := strconv.ParseInt(val, 10, 32)
 			if err != nil || int32(port) != v.cfg.ContainerPort {
 				return v.bad(field(key), "%q: want %d (SANDBOX_CONTAINER_PORT), the only port the shared NetworkPolicy admits to a sandbox", val, v.cfg.ContainerPort)
 			}
 			t.Port = int32(port)
-		case AnnotationDeerFlowMounts:
+		case keys.TemplateDeerFlowMounts:
 			mounts, err := strconv.ParseBool(val)
 			if err != nil {
 				return v.bad(field(key), "%q: want true or false", val)
 			}
 			t.DeerFlowMounts = mounts
-		case AnnotationIdleTimeout:
+		case keys.TemplateIdleTimeout:
 			t.IdleTimeout, err = v.duration(field(key), val, v.cfg.MaxIdleTimeout)
-		case AnnotationMaxLifetime:
+		case keys.TemplateMaxLifetime:
 			t.MaxLifetime, err = v.duration(field(key), val, v.cfg.MaxMaxLifetime)
-		case AnnotationPausedTimeout:
+		case keys.TemplatePausedTimeout:
 			t.PausedTimeout, err = v.duration(field(key), val, v.cfg.MaxMaxLifetime)
-		case AnnotationPoolSize:
+		case keys.TemplatePoolSize:
 			n, perr := strconv.Atoi(val)
 			switch {
 			case perr != nil || n < 0:
@@ -201,15 +176,15 @@ func (v validator) settings(a map[string]string, t *Template) error {
 				t.PoolSize = n
 			}
 		default:
-			return v.bad(field(key), "unknown setting; the settings are %s", strings.Join([]string{AnnotationKind, AnnotationIdleTimeout,
-				AnnotationMaxLifetime, AnnotationIdleAction, AnnotationPausedTimeout, AnnotationPort, AnnotationDeerFlowMounts, AnnotationPoolSize}, ", "))
+			return v.bad(field(key), "unknown setting; the settings are %s", strings.Join([]string{keys.TemplateKind, keys.TemplateIdleTimeout,
+				keys.TemplateMaxLifetime, keys.TemplateIdleAction, keys.TemplatePausedTimeout, keys.TemplatePort, keys.TemplateDeerFlowMounts, keys.TemplatePoolSize}, ", "))
 		}
 		if err != nil {
 			return err
 		}
 	}
 	if t.IdleAction == IdlePause && t.Kind != KindReplicaSet {
-		return v.bad(field(AnnotationIdleAction), "pause needs %s: %s (a bare Pod cannot be paused and resumed)", AnnotationKind, KindReplicaSet)
+		return v.bad(field(keys.TemplateIdleAction), "pause needs %s: %s (a bare Pod cannot be paused and resumed)", keys.TemplateKind, KindReplicaSet)
 	}
 	v.pool(t)
 	return nil
@@ -227,14 +202,14 @@ func (v validator) pool(t *Template) {
 	case t.PoolSize == 0:
 		return
 	case t.DeerFlowMounts:
-		t.PoolError = fmt.Sprintf("a pool on a template whose Pods need per-request data: DeerFlow's mounts give each Pod its user's and thread's directories; set %s: \"false\" to pool this template", AnnotationDeerFlowMounts)
+		t.PoolError = fmt.Sprintf("a pool on a template whose Pods need per-request data: DeerFlow's mounts give each Pod its user's and thread's directories; set %s: \"false\" to pool this template", keys.TemplateDeerFlowMounts)
 	case t.Kind != KindPod:
-		t.PoolError = fmt.Sprintf("a pool serves templates of %s: %s only; a claimed Pod becomes a bare Pod sandbox, not a ReplicaSet's", AnnotationKind, KindPod)
+		t.PoolError = fmt.Sprintf("a pool serves templates of %s: %s only; a claimed Pod becomes a bare Pod sandbox, not a ReplicaSet's", keys.TemplateKind, KindPod)
 	default:
 		return
 	}
 	t.PoolSize = 0
-	t.PoolError = fmt.Sprintf("sandbox template %q: metadata.annotations[%s]: %s; no pool is kept and creates with this template start cold", v.tmpl, AnnotationPoolSize, t.PoolError)
+	t.PoolError = fmt.Sprintf("sandbox template %q: metadata.annotations[%s]: %s; no pool is kept and creates with this template start cold", v.tmpl, keys.TemplatePoolSize, t.PoolError)
 }
 
 // duration reads a lifetime setting: a Go duration from 1s to max.
@@ -258,7 +233,7 @@ func (v validator) metadata(labels, annotations map[string]string) error {
 		owned = append(owned, k)
 	}
 	for _, k := range slices.Sorted(maps.Keys(labels)) {
-		if slices.Contains(owned, k) || strings.HasPrefix(k, "app.kubernetes.io/") || strings.HasPrefix(k, annotationPrefix) || strings.Contains(k, "knative.dev/") {
+		if slices.Contains(owned, k) || strings.HasPrefix(k, "app.kubernetes.io/") || strings.HasPrefix(k, keys.Prefix) || strings.Contains(k, "knative.dev/") {
 			return v.bad("template.metadata.labels["+k+"]", "the provisioner's label, or one a NetworkPolicy selects peers by; a sandbox's labels must not widen what it can reach")
 		}
 	}
@@ -268,7 +243,7 @@ func (v validator) metadata(labels, annotations map[string]string) error {
 	// decides it is safe (SANDBOX_TEMPLATE_ANNOTATIONS, which the admission
 	// policy's parameters must admit too).
 	for _, k := range slices.Sorted(maps.Keys(annotations)) {
-		if strings.HasPrefix(k, annotationPrefix) {
+		if strings.HasPrefix(k, keys.Prefix) {
 			return v.bad("template.metadata.annotations["+k+"]", "the provisioner's bookkeeping is not a template's to set")
 		}
 		if !config.AnnotationAllowed(v.cfg.TemplateAnnotations, k) {
@@ -400,7 +375,7 @@ func (v validator) volume(f string, vol corev1.Volume) error {
 		return v.bad(f+".name", "%q is a volume the provisioner adds; choose another name", vol.Name)
 	}
 	if vol.HostPath != nil {
-		return v.bad(f+".hostPath", "host paths are DeerFlow's mounts, which the provisioner adds (set %s instead)", AnnotationDeerFlowMounts)
+		return v.bad(f+".hostPath", "host paths are DeerFlow's mounts, which the provisioner adds (set %s instead)", keys.TemplateDeerFlowMounts)
 	}
 	if vol.Secret != nil {
 		return v.bad(f+".secret", "a sandbox mounts no Secret (the provisioner's API keys live in the same namespace)")

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -28,8 +29,8 @@ func testConfig(t *testing.T) *config.Config {
 // volume, imagePullSecrets and a node selector.
 func python() *corev1.PodTemplate {
 	return &corev1.PodTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: "python", ResourceVersion: "7", Labels: map[string]string{Label: "true"},
-			Annotations: map[string]string{AnnotationIdleTimeout: "30m", AnnotationPort: "8080"}},
+		ObjectMeta: metav1.ObjectMeta{Name: "python", ResourceVersion: "7", Labels: map[string]string{keys.LabelTemplate: "true"},
+			Annotations: map[string]string{keys.TemplateIdleTimeout: "30m", keys.TemplatePort: "8080"}},
 		Template: corev1.PodTemplateSpec{
 			ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"team": "data"}},
 			Spec: corev1.PodSpec{
@@ -98,11 +99,11 @@ func TestFromPodTemplateRefuses(t *testing.T) {
 			p.Template.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeUnconfined}}
 		}, "template.spec.containers[0].securityContext.seccompProfile"},
 		{"no sandbox container", func(p *corev1.PodTemplate) { p.Template.Spec.Containers[0].Name = "main" }, "template.spec.containers"},
-		{"bad kind", func(p *corev1.PodTemplate) { p.Annotations[AnnotationKind] = "Deployment" }, "metadata.annotations[" + AnnotationKind + "]"},
-		{"lifetime over the maximum", func(p *corev1.PodTemplate) { p.Annotations[AnnotationMaxLifetime] = "480h" }, "metadata.annotations[" + AnnotationMaxLifetime + "]"},
-		{"port the NetworkPolicy does not admit", func(p *corev1.PodTemplate) { p.Annotations[AnnotationPort] = "9000" }, "metadata.annotations[" + AnnotationPort + "]"},
-		{"unknown setting", func(p *corev1.PodTemplate) { p.Annotations[annotationPrefix+"kinds"] = "Pod" }, "metadata.annotations[" + annotationPrefix + "kinds]"},
-		{"pause on a bare Pod", func(p *corev1.PodTemplate) { p.Annotations[AnnotationIdleAction] = IdlePause }, "metadata.annotations[" + AnnotationIdleAction + "]"},
+		{"bad kind", func(p *corev1.PodTemplate) { p.Annotations[keys.TemplateKind] = "Deployment" }, "metadata.annotations[" + keys.TemplateKind + "]"},
+		{"lifetime over the maximum", func(p *corev1.PodTemplate) { p.Annotations[keys.TemplateMaxLifetime] = "480h" }, "metadata.annotations[" + keys.TemplateMaxLifetime + "]"},
+		{"port the NetworkPolicy does not admit", func(p *corev1.PodTemplate) { p.Annotations[keys.TemplatePort] = "9000" }, "metadata.annotations[" + keys.TemplatePort + "]"},
+		{"unknown setting", func(p *corev1.PodTemplate) { p.Annotations[keys.Prefix+"kinds"] = "Pod" }, "metadata.annotations[" + keys.Prefix + "kinds]"},
+		{"pause on a bare Pod", func(p *corev1.PodTemplate) { p.Annotations[keys.TemplateIdleAction] = IdlePause }, "metadata.annotations[" + keys.TemplateIdleAction + "]"},
 		{"label the backend's ingress selects", func(p *corev1.PodTemplate) {
 			p.Template.Labels["app.kubernetes.io/name"] = "deer-flow-backend"
 		}, "template.metadata.labels[app.kubernetes.io/name]"},
@@ -263,14 +264,14 @@ func TestPoolSetting(t *testing.T) {
 		err         string // in PoolError; "" for none
 	}{
 		{"none", nil, 0, ""},
-		{"pooled", map[string]string{AnnotationPoolSize: "3", AnnotationDeerFlowMounts: "false"}, 3, ""},
-		{"zero", map[string]string{AnnotationPoolSize: "0"}, 0, ""},
-		{"at the cap", map[string]string{AnnotationPoolSize: "10", AnnotationDeerFlowMounts: "false"}, 10, ""},
-		{"above the cap", map[string]string{AnnotationPoolSize: "11", AnnotationDeerFlowMounts: "false"}, 0, "11 is above the operator's cap SANDBOX_MAX_POOL_SIZE=10"},
-		{"negative", map[string]string{AnnotationPoolSize: "-1", AnnotationDeerFlowMounts: "false"}, 0, `"-1": want a whole number from 0 to 10`},
-		{"not a number", map[string]string{AnnotationPoolSize: "many", AnnotationDeerFlowMounts: "false"}, 0, `"many": want a whole number from 0 to 10`},
-		{"per-request data", map[string]string{AnnotationPoolSize: "2"}, 0, "a pool on a template whose Pods need per-request data"},
-		{"ReplicaSet kind", map[string]string{AnnotationPoolSize: "2", AnnotationDeerFlowMounts: "false", AnnotationKind: KindReplicaSet}, 0, "a pool serves templates of"},
+		{"pooled", map[string]string{keys.TemplatePoolSize: "3", keys.TemplateDeerFlowMounts: "false"}, 3, ""},
+		{"zero", map[string]string{keys.TemplatePoolSize: "0"}, 0, ""},
+		{"at the cap", map[string]string{keys.TemplatePoolSize: "10", keys.TemplateDeerFlowMounts: "false"}, 10, ""},
+		{"above the cap", map[string]string{keys.TemplatePoolSize: "11", keys.TemplateDeerFlowMounts: "false"}, 0, "11 is above the operator's cap SANDBOX_MAX_POOL_SIZE=10"},
+		{"negative", map[string]string{keys.TemplatePoolSize: "-1", keys.TemplateDeerFlowMounts: "false"}, 0, `"-1": want a whole number from 0 to 10`},
+		{"not a number", map[string]string{keys.TemplatePoolSize: "many", keys.TemplateDeerFlowMounts: "false"}, 0, `"many": want a whole number from 0 to 10`},
+		{"per-request data", map[string]string{keys.TemplatePoolSize: "2"}, 0, "a pool on a template whose Pods need per-request data"},
+		{"ReplicaSet kind", map[string]string{keys.TemplatePoolSize: "2", keys.TemplateDeerFlowMounts: "false", keys.TemplateKind: KindReplicaSet}, 0, "a pool serves templates of"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

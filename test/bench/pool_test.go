@@ -22,8 +22,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
-	"github.com/deerflow-sandbox/provisioner/pkg/template"
 	"github.com/deerflow-sandbox/provisioner/test/cluster"
 	"github.com/deerflow-sandbox/provisioner/test/harness"
 	"github.com/deerflow-sandbox/provisioner/test/realnode"
@@ -95,8 +95,8 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 
 	const size, rounds = 8, 20
 	pt := &corev1.PodTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: "warm", Namespace: ns, Labels: map[string]string{template.Label: "true"},
-			Annotations: map[string]string{template.AnnotationPoolSize: fmt.Sprint(size), template.AnnotationDeerFlowMounts: "false"}},
+		ObjectMeta: metav1.ObjectMeta{Name: "warm", Namespace: ns, Labels: map[string]string{keys.LabelTemplate: "true"},
+			Annotations: map[string]string{keys.TemplatePoolSize: fmt.Sprint(size), keys.TemplateDeerFlowMounts: "false"}},
 		Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "sandbox", Image: image}}}},
 	}
 	if _, err := kc.Client.CoreV1().PodTemplates(ns).Create(ctx, pt, metav1.CreateOptions{}); err != nil {
@@ -107,7 +107,7 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 		b.Fatal(err)
 	}
 	pods := kc.Client.CoreV1().Pods(ns)
-	poolSel := sandbox.LabelPool + "=warm"
+	poolSel := keys.LabelPool + "=warm"
 	// rv "0" lists from the API server's watch cache, as a claim does
 	// (pool.Ready); "" is a consistent list, for waiting on the pool.
 	readyPooled := func(ctx context.Context, rv string) ([]corev1.Pod, error) {
@@ -117,7 +117,7 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 		}
 		var out []corev1.Pod
 		for _, p := range l.Items {
-			if p.DeletionTimestamp == nil && p.Labels[sandbox.LabelID] == "" && realnode.Ready(&p) {
+			if p.DeletionTimestamp == nil && p.Labels[keys.LabelID] == "" && realnode.Ready(&p) {
 				out = append(out, p)
 			}
 		}
@@ -196,10 +196,10 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 				uid := p.UID
 				for try := 0; try < 3 && p != nil; try++ {
 					patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": p.ResourceVersion, "ownerReferences": nil,
-						"labels": map[string]any{sandbox.LabelPool: nil, sandbox.LabelPoolHash: nil, sandbox.LabelID: id, sandbox.LabelPooled: "true"}}})
+						"labels": map[string]any{keys.LabelPool: nil, keys.LabelPoolHash: nil, keys.LabelID: id, keys.LabelPooled: "true"}}})
 					_, err := pods.Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 					if apierrors.IsConflict(err) {
-						if p, err = pods.Get(ctx, p.Name, metav1.GetOptions{}); err != nil || p.Labels[sandbox.LabelID] != "" {
+						if p, err = pods.Get(ctx, p.Name, metav1.GetOptions{}); err != nil || p.Labels[keys.LabelID] != "" {
 							p, taken[uid] = nil, true
 						}
 						continue
@@ -240,7 +240,7 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 	remove := func(ids []string) {
 		for _, id := range ids {
 			_ = kc.Client.CoreV1().Services(ns).Delete(ctx, sandbox.ServiceName(id), metav1.DeleteOptions{})
-			_ = pods.DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))}, metav1.ListOptions{LabelSelector: sandbox.LabelID + "=" + id})
+			_ = pods.DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))}, metav1.ListOptions{LabelSelector: keys.LabelID + "=" + id})
 		}
 	}
 	type result struct{ ours, floor []time.Duration }

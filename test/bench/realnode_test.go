@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 	"github.com/deerflow-sandbox/provisioner/test/cluster"
@@ -157,8 +158,8 @@ func realNodeEnv(b *testing.B, kc *cluster.Cluster, what string) (map[string]str
 func resumeToReady(b *testing.B, kc *cluster.Cluster, fn *harness.Function, n int) (ours, floor []time.Duration) {
 	ctx := context.Background()
 	pt := &corev1.PodTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: "rs", Namespace: ns, Labels: map[string]string{template.Label: "true"},
-			Annotations: map[string]string{template.AnnotationKind: template.KindReplicaSet}},
+		ObjectMeta: metav1.ObjectMeta{Name: "rs", Namespace: ns, Labels: map[string]string{keys.LabelTemplate: "true"},
+			Annotations: map[string]string{keys.TemplateKind: template.KindReplicaSet}},
 		Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: template.ContainerName, Image: realnode.SandboxImage}}}},
 	}
 	if _, err := kc.Client.CoreV1().PodTemplates(ns).Create(ctx, pt, metav1.CreateOptions{}); err != nil {

@@ -25,6 +25,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
@@ -242,7 +243,7 @@ func TestAdmissionAdmitsTheFunctionsObjects(t *testing.T) {
 	}
 	activity := func(at time.Time) []byte {
 		p, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
-			sandbox.AnnotationLastActivity: at.UTC().Format(time.RFC3339), sandbox.AnnotationExpiresAt: at.Add(time.Hour).UTC().Format(time.RFC3339)}}})
+			keys.AnnotationLastActivity: at.UTC().Format(time.RFC3339), keys.AnnotationExpiresAt: at.Add(time.Hour).UTC().Format(time.RFC3339)}}})
 		return p
 	}
 	for i, tc := range cases {

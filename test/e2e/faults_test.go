@@ -15,6 +15,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/test/harness"
 )
@@ -145,7 +146,7 @@ func checkInvariants(t *testing.T, f *harness.Function, ns string, l *ledger) {
 func idSet(items []corev1.Pod) map[string]bool {
 	out := map[string]bool{}
 	for _, it := range items {
-		out[it.Labels[sandbox.LabelID]] = true
+		out[it.Labels[keys.LabelID]] = true
 	}
 	return out
 }
@@ -153,7 +154,7 @@ func idSet(items []corev1.Pod) map[string]bool {
 func idSetSvc(items []corev1.Service) map[string]bool {
 	out := map[string]bool{}
 	for _, it := range items {
-		out[it.Labels[sandbox.LabelID]] = true
+		out[it.Labels[keys.LabelID]] = true
 	}
 	return out
 }

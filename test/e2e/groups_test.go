@@ -15,8 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/events"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/test/harness"
 )
 
@@ -55,8 +55,8 @@ func TestGroupedTriggersShareSandboxes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := pod.Annotations[sandbox.AnnotationPrincipal]; got != group {
-		t.Errorf("the sandbox's %s = %q, want the group %q", sandbox.AnnotationPrincipal, got, group)
+	if got := pod.Annotations[keys.AnnotationPrincipal]; got != group {
+		t.Errorf("the sandbox's %s = %q, want the group %q", keys.AnnotationPrincipal, got, group)
 	}
 
 	// Operations are judged by each member's own name, not the group's.

@@ -16,7 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/deerflow-sandbox/provisioner/pkg/template"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/test/harness"
 )
 
@@ -31,7 +31,7 @@ func pooledTemplate(name string, size int, spec corev1.PodSpec) *corev1.PodTempl
 	if len(spec.Containers) == 0 {
 		spec.Containers = []corev1.Container{{Name: "sandbox", Image: "sandbox:test"}}
 	}
-	return podTemplate(name, map[string]string{template.AnnotationPoolSize: fmt.Sprint(size), template.AnnotationDeerFlowMounts: "false"}, spec)
+	return podTemplate(name, map[string]string{keys.TemplatePoolSize: fmt.Sprint(size), keys.TemplateDeerFlowMounts: "false"}, spec)
 }
 
 // poolReady counts the unclaimed Ready Pods of template's pool.
@@ -325,7 +325,7 @@ func TestPoolBadSettings(t *testing.T) {
 	f := start(t, ns, map[string]string{"SANDBOX_MAX_POOL_SIZE": "3"})
 	putTemplate(t, ns, pooledTemplate("over", 4, corev1.PodSpec{}))
 	putTemplate(t, ns, pooledTemplate("negative", -1, corev1.PodSpec{}))
-	putTemplate(t, ns, podTemplate("mounts", map[string]string{template.AnnotationPoolSize: "2"},
+	putTemplate(t, ns, podTemplate("mounts", map[string]string{keys.TemplatePoolSize: "2"},
 		corev1.PodSpec{Containers: []corev1.Container{{Name: "sandbox", Image: "sandbox:test"}}}))
 	want := map[string]string{
 		"over":     "4 is above the operator's cap SANDBOX_MAX_POOL_SIZE=3",

@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/events"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 	"github.com/deerflow-sandbox/provisioner/test/harness"
@@ -55,7 +56,7 @@ func putTemplate(t *testing.T, ns string, pt *corev1.PodTemplate) {
 
 func podTemplate(name string, annotations map[string]string, spec corev1.PodSpec) *corev1.PodTemplate {
 	return &corev1.PodTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{template.Label: "true"}, Annotations: annotations},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{keys.LabelTemplate: "true"}, Annotations: annotations},
 		Template:   corev1.PodTemplateSpec{Spec: spec},
 	}
 }
@@ -172,7 +173,7 @@ const deerflowImage = "enterprise-public-cn-beijing.cr.volces.com/vefaas-public/
 func sandboxLabels(id string, extra map[string]string) map[string]string {
 	l := map[string]string{"app": "deer-flow-sandbox", "sandbox-id": id, "app.kubernetes.io/name": "deer-flow",
 		"app.kubernetes.io/component": "sandbox", "app.kubernetes.io/managed-by": "deerflow-sandbox-provisioner",
-		sandbox.LabelPrincipal: sandbox.PrincipalLabelValue("default")}
+		keys.LabelPrincipal: sandbox.PrincipalLabelValue("default")}
 	for k, v := range extra {
 		l[k] = v
 	}
@@ -303,7 +304,7 @@ func TestTemplateEditsAndRefusals(t *testing.T) {
 	hostPath := spec("x:1")
 	hostPath.Volumes = []corev1.Volume{{Name: "root", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}}}
 	putTemplate(t, ns, podTemplate("hostpath", nil, hostPath))
-	putTemplate(t, ns, podTemplate("badkind", map[string]string{template.AnnotationKind: "Deployment"}, spec("x:1")))
+	putTemplate(t, ns, podTemplate("badkind", map[string]string{keys.TemplateKind: "Deployment"}, spec("x:1")))
 	// The function's API keys live in the namespace's Secrets: a template
 	// reaches none of them.
 	secretVol := spec("x:1")
@@ -364,7 +365,7 @@ func TestTemplateEditsAndRefusals(t *testing.T) {
 // rsTemplate is a ReplicaSet template made in the test, with the given
 // idle action and timeouts.
 func rsTemplate(name, image string, annotations map[string]string) *corev1.PodTemplate {
-	a := map[string]string{template.AnnotationKind: template.KindReplicaSet}
+	a := map[string]string{keys.TemplateKind: template.KindReplicaSet}
 	for k, v := range annotations {
 		a[k] = v
 	}
@@ -520,7 +521,7 @@ func TestQuotaCountsBothKinds(t *testing.T) {
 func TestPauseAndResume(t *testing.T) {
 	ns := namespace(t)
 	applyTemplates(t, ns, "self-healing")
-	putTemplate(t, ns, rsTemplate("nap", "sandbox:test", map[string]string{template.AnnotationIdleTimeout: "2s", template.AnnotationIdleAction: template.IdlePause, template.AnnotationPausedTimeout: "2s"}))
+	putTemplate(t, ns, rsTemplate("nap", "sandbox:test", map[string]string{keys.TemplateIdleTimeout: "2s", keys.TemplateIdleAction: template.IdlePause, keys.TemplatePausedTimeout: "2s"}))
 	f := start(t, ns, map[string]string{"SANDBOX_ACTIVITY_THROTTLE": "0s"})
 	ctx := context.Background()
 	key := map[string]string{"X-API-Key": harness.Key}

@@ -26,8 +26,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
-	"github.com/deerflow-sandbox/provisioner/pkg/template"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/test/cluster"
 	"github.com/deerflow-sandbox/provisioner/test/harness"
 	"github.com/deerflow-sandbox/provisioner/test/realnode"
@@ -590,8 +589,8 @@ func warmPool(t *testing.T, local *harness.Function, name string) {
 	t.Helper()
 	ctx := context.Background()
 	pt := &corev1.PodTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{template.Label: "true"},
-			Annotations: map[string]string{template.AnnotationPoolSize: "1", template.AnnotationDeerFlowMounts: "false"}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{keys.LabelTemplate: "true"},
+			Annotations: map[string]string{keys.TemplatePoolSize: "1", keys.TemplateDeerFlowMounts: "false"}},
 		Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "sandbox", Image: "localhost/sandbox:e2e"}}}},
 	}
 	if _, err := kube.CoreV1().PodTemplates(ns).Create(ctx, pt, metav1.CreateOptions{}); err != nil {
@@ -605,7 +604,7 @@ func warmPool(t *testing.T, local *harness.Function, name string) {
 		t.Fatalf("GET /api/templates: %v %v", r, err)
 	}
 	eventually(t, 60*time.Second, "the warm pool of "+name+" stands one Ready Pod", func() (bool, error) {
-		l, err := kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: sandbox.LabelPool + "=" + name})
+		l, err := kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: keys.LabelPool + "=" + name})
 		if err != nil {
 			return false, err
 		}

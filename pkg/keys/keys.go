@@ -1,0 +1,110 @@
+// Package keys is the provisioner's vocabulary on Kubernetes objects: every
+// label and annotation key it reads or writes, each with the objects that
+// carry it. It imports nothing, so every package (templates and
+// configuration included) can share one spelling of each key.
+//
+// Objects, as the comments name them: the sandbox Pod (a bare Pod, or a Pod
+// of a ReplicaSet sandbox, or a Pod claimed from a warm pool), the sandbox
+// ReplicaSet, the sandbox Service, the pool ReplicaSet and its pooled Pods,
+// and the sandbox template (a PodTemplate).
+package keys
+
+// Prefix starts every key that is ours alone. Operators may not set keys
+// under it through templates or SANDBOX_TEMPLATE_ANNOTATIONS: they are the
+// provisioner's bookkeeping.
+const Prefix = "sandbox.deerflow.dev/"
+
+// DeerFlow's labels, on every sandbox Pod, ReplicaSet and Service (and on
+// pooled Pods, which carry no id until claimed). DeerFlow's own provisioner
+// writes the same four, so its tooling and ours see the same sandboxes.
+const (
+	LabelApp       = "app"
+	LabelAppValue  = "deer-flow-sandbox"
+	LabelID        = "sandbox-id"
+	LabelName      = "app.kubernetes.io/name"
+	LabelComponent = "app.kubernetes.io/component"
+)
+
+// Our labels on every sandbox Pod, ReplicaSet and Service.
+const (
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	ManagedByValue = "deerflow-sandbox-provisioner"
+	// LabelUser and LabelThread hold the user and thread id, or a hash of
+	// one that is no valid label value.
+	LabelUser   = Prefix + "user"
+	LabelThread = Prefix + "thread"
+	// LabelPrincipal is a hash of the creating principal (a username is no
+	// valid label value); list and the per-principal quota select on it.
+	LabelPrincipal = Prefix + "principal"
+)
+
+// Annotations on every sandbox workload (the bare Pod, or the ReplicaSet and
+// its Pods) and, for the principal, on the Service too.
+const (
+	// AnnotationPrincipal is the creating principal in clear.
+	AnnotationPrincipal        = Prefix + "principal"
+	AnnotationUserID           = Prefix + "user-id"
+	AnnotationThreadID         = Prefix + "thread-id"
+	AnnotationCreatedAt        = Prefix + "created-at"
+	AnnotationLastActivity     = Prefix + "last-activity"
+	AnnotationIdleTimeout      = Prefix + "idle-timeout-seconds"
+	AnnotationMaxLifetime      = Prefix + "max-lifetime-seconds"
+	AnnotationExpiresAt        = Prefix + "expires-at"
+	AnnotationMaxShellSessions = Prefix + "max-shell-sessions"
+	// AnnotationTemplate names the template a sandbox was made from.
+	AnnotationTemplate = Prefix + "template-name"
+)
+
+// On a sandbox ReplicaSet and its Pods.
+const (
+	// LabelWorkload marks the Pods of a ReplicaSet sandbox. The ReplicaSet
+	// selects on it, so it never adopts a bare sandbox Pod of the same id.
+	LabelWorkload           = Prefix + "workload"
+	WorkloadReplicaSetValue = "replicaset"
+	// AnnotationIdleAction is what the reap does to an idle sandbox: delete
+	// or pause. A sandbox ReplicaSet carries the value its template (a
+	// PodTemplate, where operators set it) gave it.
+	AnnotationIdleAction = Prefix + "idle-action"
+	// AnnotationPausedTimeout is how long a paused sandbox ReplicaSet may
+	// stay paused, in seconds; AnnotationPausedAt is since when it is.
+	AnnotationPausedTimeout = Prefix + "paused-timeout-seconds"
+	AnnotationPausedAt      = Prefix + "paused-at"
+)
+
+// Warm pools: on pool ReplicaSets, their pooled Pods, and claimed Pods.
+const (
+	// LabelPool marks an unclaimed pooled Pod with its template (as a label
+	// value); the pool's ReplicaSet selects on it, so a claim that removes
+	// it takes the Pod out of the ReplicaSet, whose controller makes another.
+	LabelPool = Prefix + "pool"
+	// LabelPoolHash is the hash of a pooled Pod's shape: only a create whose
+	// own Pod would have that shape may claim it.
+	LabelPoolHash = Prefix + "pool-hash"
+	// LabelPooled marks a sandbox Pod that was claimed from a pool.
+	LabelPooled = Prefix + "pooled"
+)
+
+// On sandbox templates (PodTemplates), set by operators.
+const (
+	// LabelTemplate marks a PodTemplate as a sandbox template (any value).
+	LabelTemplate = Prefix + "template"
+	// TemplateKind is the workload kind: Pod (the default) or ReplicaSet.
+	TemplateKind = Prefix + "kind"
+	// TemplateIdleTimeout and TemplateMaxLifetime are default lifetimes (Go
+	// durations, e.g. 30m) for the template's sandboxes.
+	TemplateIdleTimeout = Prefix + "idle-timeout"
+	TemplateMaxLifetime = Prefix + "max-lifetime"
+	// TemplateIdleAction is AnnotationIdleAction: the template sets it, its
+	// sandbox ReplicaSets carry it.
+	TemplateIdleAction = AnnotationIdleAction
+	// TemplatePausedTimeout is how long a sandbox may stay paused (a Go
+	// duration; its ReplicaSets carry it in seconds as AnnotationPausedTimeout).
+	TemplatePausedTimeout = Prefix + "paused-timeout"
+	// TemplatePort is the sandbox container's port.
+	TemplatePort = Prefix + "port"
+	// TemplateDeerFlowMounts says whether DeerFlow's skills and user-data
+	// mounts apply ("true", the default, or "false").
+	TemplateDeerFlowMounts = Prefix + "deerflow-mounts"
+	// TemplatePoolSize is how many Ready sandboxes of the template stand warm.
+	TemplatePoolSize = Prefix + "pool-size"
+)
