@@ -4,12 +4,13 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // validateTemplateAllowLists checks SANDBOX_TEMPLATE_TOLERATIONS,
 // SANDBOX_TEMPLATE_ANNOTATIONS and SANDBOX_TEMPLATE_PRIORITY_CLASSES.
-func (c *Config) validateTemplateAllowLists() []error {
+func (c *TemplatesConfig) validateTemplateAllowLists() []error {
 	var errs []error
 	if _, err := ParseTolerations(c.TemplateTolerations); err != nil {
 		errs = append(errs, fmt.Errorf("SANDBOX_TEMPLATE_TOLERATIONS: %w", err))
@@ -17,7 +18,7 @@ func (c *Config) validateTemplateAllowLists() []error {
 	for _, a := range c.TemplateAnnotations {
 		key := strings.TrimSuffix(a, "*")
 		switch {
-		case strings.HasPrefix(key, "sandbox.deerflow.dev/"):
+		case strings.HasPrefix(key, keys.Prefix):
 			errs = append(errs, fmt.Errorf("SANDBOX_TEMPLATE_ANNOTATIONS: %q: sandbox.deerflow.dev/ annotations are the provisioner's bookkeeping", a))
 		case key == "" || strings.Contains(key, "*") || strings.ContainsAny(key, " ,"):
 			errs = append(errs, fmt.Errorf("SANDBOX_TEMPLATE_ANNOTATIONS: %q must be an annotation key, or a prefix of one ending in *", a))
