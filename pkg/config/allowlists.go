@@ -10,7 +10,7 @@ import (
 
 // validateTemplateAllowLists checks SANDBOX_TEMPLATE_TOLERATIONS,
 // SANDBOX_TEMPLATE_ANNOTATIONS and SANDBOX_TEMPLATE_PRIORITY_CLASSES.
-func (c *Config) validateTemplateAllowLists() []error {
+func (c *TemplatesConfig) validateTemplateAllowLists() []error {
 	var errs []error
 	if _, err := ParseTolerations(c.TemplateTolerations); err != nil {
 		errs = append(errs, fmt.Errorf("SANDBOX_TEMPLATE_TOLERATIONS: %w", err))

@@ -1,0 +1,87 @@
+package config
+
+import (
+	"net"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// ServiceHeadless is the SANDBOX_SERVICE_TYPE of sandbox Services without a
+// virtual IP (clusterIP: None): the Service's DNS name resolves to the
+// sandbox Pod itself. For large fleets: the API server's ClusterIP
+// allocator costs more per Service the more there are, and kube-proxy
+// programs nothing for a headless Service on any node.
+const ServiceHeadless = "Headless"
+
+// IsolationConfig is how a sandbox is reached and what it may reach: its
+// Service (and the host in NodePort URLs), and the shared NetworkPolicy's
+// ingress, egress and DNS.
+type IsolationConfig struct {
+	ServiceType string `envconfig:"SANDBOX_SERVICE_TYPE" default:"NodePort"` // NodePort, ClusterIP or ServiceHeadless
+	NodeHost    string `envconfig:"NODE_HOST" default:"host.docker.internal"`
+	// One shared NetworkPolicy isolates every sandbox (see
+	// sandbox.BuildNetworkPolicy and config/701-networkpolicy-sandboxes.yaml).
+	// With SANDBOX_NETWORK_POLICY on, no sandbox is created until it exists.
+	NetworkPolicy        bool              `envconfig:"SANDBOX_NETWORK_POLICY" default:"true"`
+	NetworkPolicyName    string            `envconfig:"SANDBOX_NETWORK_POLICY_NAME" default:"deer-flow-sandbox-isolation"`
+	EnsureNetworkPolicy  bool              `envconfig:"SANDBOX_NETWORK_POLICY_ENSURE" default:"false"`
+	IngressFromPodLabels map[string]string `envconfig:"SANDBOX_INGRESS_FROM_POD_LABELS" default:"app.kubernetes.io/name:deer-flow-backend"`
+	IngressFromNamespace map[string]string `envconfig:"SANDBOX_INGRESS_FROM_NAMESPACE_LABELS"`
+	IngressNodeCIDRs     []string          `envconfig:"SANDBOX_INGRESS_NODE_CIDRS"`
+	EgressMode           string            `envconfig:"SANDBOX_EGRESS_MODE" default:"internet"`
+	EgressDenyCIDRs      []string          `envconfig:"SANDBOX_EGRESS_DENY_CIDRS" default:"10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,169.254.0.0/16,100.64.0.0/10,169.254.169.254/32,169.254.170.2/32,100.100.100.200/32,168.63.129.16/32,fc00::/7,fe80::/10,fd00:ec2::254/128"`
+	EgressAllowCIDRs     []string          `envconfig:"SANDBOX_EGRESS_ALLOW_CIDRS" default:"0.0.0.0/0,::/0"`
+	DNSNamespaceLabels   map[string]string `envconfig:"SANDBOX_DNS_NAMESPACE_LABELS" default:"kubernetes.io/metadata.name:kube-system"`
+	DNSPodLabels         map[string]string `envconfig:"SANDBOX_DNS_POD_LABELS" default:"k8s-app:kube-dns"`
+	// NetworkPolicyCheckTTL is how long a create trusts the last check of the
+	// shared NetworkPolicy (present, and what the function would build)
+	// before it reads the policy again: a deleted or altered policy stops
+	// creates this much later at most.
+	NetworkPolicyCheckTTL time.Duration `envconfig:"SANDBOX_NETWORK_POLICY_CHECK_TTL" default:"2s"`
+}
+
+// Validate checks the Service type, the host, the policy's name and
+// selectors, the egress mode and every CIDR.
+func (c *IsolationConfig) Validate() error {
+	var p problems
+	if c.ServiceType != "NodePort" && c.ServiceType != "ClusterIP" && c.ServiceType != ServiceHeadless {
+		p.bad("SANDBOX_SERVICE_TYPE", "%q must be NodePort, ClusterIP or %s", c.ServiceType, ServiceHeadless)
+	}
+	if c.EgressMode != "internet" && c.EgressMode != "deny-all" {
+		p.bad("SANDBOX_EGRESS_MODE", "%q must be internet or deny-all", c.EgressMode)
+	}
+	if c.NetworkPolicy && len(c.IngressFromPodLabels) == 0 {
+		p.bad("SANDBOX_INGRESS_FROM_POD_LABELS", "must select the agent backend's Pods (an empty selector would admit every Pod, sandboxes included)")
+	}
+	if c.IngressFromPodLabels["app"] == "deer-flow-sandbox" {
+		p.bad("SANDBOX_INGRESS_FROM_POD_LABELS", "selects sandboxes; a sandbox must never reach another")
+	}
+	if msgs := validation.IsDNS1123Subdomain(c.NetworkPolicyName); len(msgs) > 0 {
+		p.bad("SANDBOX_NETWORK_POLICY_NAME", "%q: %s", c.NetworkPolicyName, strings.Join(msgs, "; "))
+	}
+	if c.NetworkPolicyCheckTTL < 0 || c.NetworkPolicyCheckTTL > time.Minute {
+		p.bad("SANDBOX_NETWORK_POLICY_CHECK_TTL", "%s must be between 0 (read on every create) and 1m", c.NetworkPolicyCheckTTL)
+	}
+	for _, list := range []struct {
+		name  string
+		cidrs []string
+	}{{"SANDBOX_EGRESS_DENY_CIDRS", c.EgressDenyCIDRs}, {"SANDBOX_EGRESS_ALLOW_CIDRS", c.EgressAllowCIDRs}, {"SANDBOX_INGRESS_NODE_CIDRS", c.IngressNodeCIDRs}} {
+		for _, cidr := range list.cidrs {
+			ip, network, err := net.ParseCIDR(cidr)
+			switch {
+			case err != nil:
+				p.bad(list.name, "%q is not a CIDR such as 169.254.169.254/32", cidr)
+			case !ip.Equal(network.IP):
+				// The API server refuses a NetworkPolicy ipBlock with host
+				// bits set, so every create would fail later.
+				p.bad(list.name, "%q has host bits set; write the network, %s", cidr, network)
+			}
+		}
+	}
+	if c.NodeHost == "" || strings.ContainsAny(c.NodeHost, "/ @?#") {
+		p.bad("NODE_HOST", "%q must be a bare host name or address", c.NodeHost)
+	}
+	return p.err()
+}
