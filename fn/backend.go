@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/auth"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/eventlimit"
@@ -150,26 +151,26 @@ func (b *backend) manager() (*sandbox.Manager, error) {
 	if m := b.mgr.Load(); m != nil {
 		return m, nil
 	}
-	return nil, &sandbox.Error{Kind: sandbox.KindUnavailable, Detail: "not connected to the Kubernetes API server yet (" + b.lastErr.Load().(string) + "); retry shortly"}
+	return nil, &api.Error{Kind: api.KindUnavailable, Detail: "not connected to the Kubernetes API server yet (" + b.lastErr.Load().(string) + "); retry shortly"}
 }
 
-func (b *backend) Create(ctx context.Context, s sandbox.Spec, wait time.Duration) (sandbox.Sandbox, error) {
+func (b *backend) Create(ctx context.Context, s api.Spec, wait time.Duration) (api.Sandbox, error) {
 	m, err := b.manager()
 	if err != nil {
-		return sandbox.Sandbox{}, err
+		return api.Sandbox{}, err
 	}
 	return m.Create(ctx, s, wait)
 }
 
-func (b *backend) Get(ctx context.Context, id string, wait time.Duration) (sandbox.Sandbox, error) {
+func (b *backend) Get(ctx context.Context, id string, wait time.Duration) (api.Sandbox, error) {
 	m, err := b.manager()
 	if err != nil {
-		return sandbox.Sandbox{}, err
+		return api.Sandbox{}, err
 	}
 	return m.Get(ctx, id, wait)
 }
 
-func (b *backend) List(ctx context.Context) ([]sandbox.Sandbox, error) {
+func (b *backend) List(ctx context.Context) ([]api.Sandbox, error) {
 	m, err := b.manager()
 	if err != nil {
 		return nil, err
@@ -185,20 +186,20 @@ func (b *backend) Destroy(ctx context.Context, id string) error {
 	return m.Destroy(ctx, id)
 }
 
-func (b *backend) Reap(ctx context.Context) (sandbox.Reaped, error) {
+func (b *backend) Reap(ctx context.Context) (api.Reaped, error) {
 	m, err := b.manager()
 	if err != nil {
-		return sandbox.Reaped{}, err
+		return api.Reaped{}, err
 	}
 	return m.Reap(ctx)
 }
 
-func (b *backend) Pause(ctx context.Context, id string) (sandbox.Sandbox, error) {
-	return withManager(b, func(m *sandbox.Manager) (sandbox.Sandbox, error) { return m.Pause(ctx, id) })
+func (b *backend) Pause(ctx context.Context, id string) (api.Sandbox, error) {
+	return withManager(b, func(m *sandbox.Manager) (api.Sandbox, error) { return m.Pause(ctx, id) })
 }
 
-func (b *backend) Resume(ctx context.Context, id string, wait time.Duration) (sandbox.Sandbox, error) {
-	return withManager(b, func(m *sandbox.Manager) (sandbox.Sandbox, error) { return m.Resume(ctx, id, wait) })
+func (b *backend) Resume(ctx context.Context, id string, wait time.Duration) (api.Sandbox, error) {
+	return withManager(b, func(m *sandbox.Manager) (api.Sandbox, error) { return m.Resume(ctx, id, wait) })
 }
 
 func (b *backend) Templates(ctx context.Context) ([]template.Summary, error) {

@@ -18,13 +18,13 @@ import (
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 	"github.com/google/uuid"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/auth"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
 	"github.com/deerflow-sandbox/provisioner/pkg/problem"
 	"github.com/deerflow-sandbox/provisioner/pkg/readywait"
 	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 )
 
 // Request and reply types. A reply type never equals a request type, or a
@@ -74,13 +74,13 @@ var operations = map[string]operation{
 type Handler struct {
 	cfg     *config.Config
 	auth    *auth.Authenticator
-	ops     sandbox.Operations
+	ops     api.Operations
 	metrics *metrics.Metrics
 	source  string
 }
 
 // New returns the events front door over ops.
-func New(cfg *config.Config, authn *auth.Authenticator, ops sandbox.Operations, m *metrics.Metrics) *Handler {
+func New(cfg *config.Config, authn *auth.Authenticator, ops api.Operations, m *metrics.Metrics) *Handler {
 	svc := cfg.KService
 	if svc == "" {
 		svc = "local"
@@ -126,7 +126,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	op, ok := operations[ev.Type()]
 	if !ok {
 		code = writeDetail(w, http.StatusBadRequest, fmt.Sprintf("unsupported event type %q; this function accepts %s",
-			sandbox.Truncate(ev.Type()), strings.Join(RequestTypes, ", ")))
+			api.Truncate(ev.Type()), strings.Join(RequestTypes, ", ")))
 		log.Info("event refused", "status", code)
 		return
 	}
@@ -180,7 +180,7 @@ const eventsDisabled = "events are disabled on this provisioner (EVENTS_DISABLED
 // and answers can be told apart by sender in the logs.
 func (h *Handler) admit(ctx context.Context, r *http.Request, operation, source string, data []byte) (context.Context, int, string, string) {
 	if len(h.cfg.EventSourceAllowlist) > 0 && !slices.Contains(h.cfg.EventSourceAllowlist, source) {
-		return ctx, http.StatusForbidden, fmt.Sprintf("event source %q is not in EVENT_SOURCE_ALLOWLIST", sandbox.Truncate(source)), ""
+		return ctx, http.StatusForbidden, fmt.Sprintf("event source %q is not in EVENT_SOURCE_ALLOWLIST", api.Truncate(source)), ""
 	}
 	creds := auth.FromRequest(r)
 	if creds.Key == "" && creds.Token == "" {
@@ -190,7 +190,7 @@ func (h *Handler) admit(ctx context.Context, r *http.Request, operation, source 
 	if !d.Allowed() {
 		return ctx, d.Code, d.Detail, ""
 	}
-	return sandbox.WithCaller(ctx, sandbox.Caller{Principal: d.Principal.Name, Admin: d.Principal.Admin}), 0, "", d.Principal.Identity
+	return api.WithCaller(ctx, api.Caller{Principal: d.Principal.Name, Admin: d.Principal.Admin}), 0, "", d.Principal.Identity
 }
 
 // dataKey reads the api_key field of JSON data. It is never logged or
@@ -212,7 +212,7 @@ type idRequest struct {
 }
 
 func (h *Handler) create(ctx context.Context, data []byte, subject string) (any, string, error) {
-	req, err := sandbox.DecodeCreateRequest(data)
+	req, err := api.DecodeCreateRequest(data)
 	if err != nil {
 		return nil, "", asInvalid(err)
 	}
@@ -240,7 +240,7 @@ func (h *Handler) create(ctx context.Context, data []byte, subject string) (any,
 // byID is the run of an operation on the sandbox the data or the subject
 // names, under the deadline its wait (when it takes one: wait_seconds)
 // allows.
-func byID(waits bool, op func(ops sandbox.Operations, ctx context.Context, id string, wait time.Duration) (any, error)) func(*Handler, context.Context, []byte, string) (any, string, error) {
+func byID(waits bool, op func(ops api.Operations, ctx context.Context, id string, wait time.Duration) (any, error)) func(*Handler, context.Context, []byte, string) (any, string, error) {
 	return func(h *Handler, ctx context.Context, data []byte, subject string) (any, string, error) {
 		req, err := decodeID(data, subject)
 		if err != nil {
@@ -260,16 +260,16 @@ func byID(waits bool, op func(ops sandbox.Operations, ctx context.Context, id st
 }
 
 var (
-	getByID = byID(true, func(ops sandbox.Operations, ctx context.Context, id string, wait time.Duration) (any, error) {
+	getByID = byID(true, func(ops api.Operations, ctx context.Context, id string, wait time.Duration) (any, error) {
 		return ops.Get(ctx, id, wait)
 	})
-	destroyByID = byID(false, func(ops sandbox.Operations, ctx context.Context, id string, _ time.Duration) (any, error) {
-		return sandbox.DestroyResponse{OK: true, SandboxID: id}, ops.Destroy(ctx, id)
+	destroyByID = byID(false, func(ops api.Operations, ctx context.Context, id string, _ time.Duration) (any, error) {
+		return api.DestroyResponse{OK: true, SandboxID: id}, ops.Destroy(ctx, id)
 	})
-	pauseByID = byID(false, func(ops sandbox.Operations, ctx context.Context, id string, _ time.Duration) (any, error) {
+	pauseByID = byID(false, func(ops api.Operations, ctx context.Context, id string, _ time.Duration) (any, error) {
 		return ops.Pause(ctx, id)
 	})
-	resumeByID = byID(true, func(ops sandbox.Operations, ctx context.Context, id string, wait time.Duration) (any, error) {
+	resumeByID = byID(true, func(ops api.Operations, ctx context.Context, id string, wait time.Duration) (any, error) {
 		return ops.Resume(ctx, id, wait)
 	})
 )
@@ -278,7 +278,7 @@ func (h *Handler) list(ctx context.Context, _ []byte, _ string) (any, string, er
 	ctx, cancel := readywait.Deadline(ctx, h.cfg, 0)
 	defer cancel()
 	all, err := h.ops.List(ctx)
-	return sandbox.ListResponse{Sandboxes: all, Count: len(all)}, "", err
+	return api.ListResponse{Sandboxes: all, Count: len(all)}, "", err
 }
 
 func (h *Handler) reap(ctx context.Context, _ []byte, _ string) (any, string, error) {
@@ -293,24 +293,24 @@ func decodeID(data []byte, subject string) (idRequest, error) {
 	var req idRequest
 	if len(strings.TrimSpace(string(data))) > 0 {
 		if err := json.Unmarshal(data, &req); err != nil {
-			return req, sandbox.Invalidf("event data must be a JSON object like {\"sandbox_id\": \"...\"}: %v", err)
+			return req, api.Invalidf("event data must be a JSON object like {\"sandbox_id\": \"...\"}: %v", err)
 		}
 	}
 	if req.SandboxID == "" {
 		req.SandboxID = subject
 	}
 	if req.SandboxID == "" {
-		return req, sandbox.Invalidf("sandbox_id is required, in the data or as the event subject")
+		return req, api.Invalidf("sandbox_id is required, in the data or as the event subject")
 	}
-	return req, sandbox.ValidateID(req.SandboxID)
+	return req, api.ValidateID(req.SandboxID)
 }
 
 // asInvalid reports undecodable event data as invalid data (422): the event
 // itself was well-formed, its payload was not.
 func asInvalid(err error) error {
-	var e *sandbox.Error
-	if errors.As(err, &e) && e.Kind == sandbox.KindMalformed {
-		return &sandbox.Error{Kind: sandbox.KindInvalid, Detail: "event data: " + e.Detail}
+	var e *api.Error
+	if errors.As(err, &e) && e.Kind == api.KindMalformed {
+		return &api.Error{Kind: api.KindInvalid, Detail: "event data: " + e.Detail}
 	}
 	return err
 }

@@ -13,52 +13,52 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/auth"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
 	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
 // fakeOps records calls; the domain itself is tested against a real API server.
 type fakeOps struct {
 	calls  []string
-	caller sandbox.Caller // of the last create or get
+	caller api.Caller // of the last create or get
 }
 
-func (f *fakeOps) Create(ctx context.Context, s sandbox.Spec, _ time.Duration) (sandbox.Sandbox, error) {
+func (f *fakeOps) Create(ctx context.Context, s api.Spec, _ time.Duration) (api.Sandbox, error) {
 	f.calls = append(f.calls, "create "+s.ID)
-	f.caller, _ = sandbox.CallerFrom(ctx)
-	return sandbox.Sandbox{ID: s.ID, URL: "http://n:1", Status: "Pending"}, nil
+	f.caller, _ = api.CallerFrom(ctx)
+	return api.Sandbox{ID: s.ID, URL: "http://n:1", Status: "Pending"}, nil
 }
-func (f *fakeOps) Get(ctx context.Context, id string, _ time.Duration) (sandbox.Sandbox, error) {
+func (f *fakeOps) Get(ctx context.Context, id string, _ time.Duration) (api.Sandbox, error) {
 	f.calls = append(f.calls, "get "+id)
-	f.caller, _ = sandbox.CallerFrom(ctx)
+	f.caller, _ = api.CallerFrom(ctx)
 	if id == "missing" {
-		return sandbox.Sandbox{}, &sandbox.Error{Kind: sandbox.KindNotFound, Detail: "sandbox missing not found"}
+		return api.Sandbox{}, &api.Error{Kind: api.KindNotFound, Detail: "sandbox missing not found"}
 	}
-	return sandbox.Sandbox{ID: id, Status: "Running"}, nil
+	return api.Sandbox{ID: id, Status: "Running"}, nil
 }
-func (f *fakeOps) List(context.Context) ([]sandbox.Sandbox, error) {
+func (f *fakeOps) List(context.Context) ([]api.Sandbox, error) {
 	f.calls = append(f.calls, "list")
-	return []sandbox.Sandbox{}, nil
+	return []api.Sandbox{}, nil
 }
 func (f *fakeOps) Destroy(_ context.Context, id string) error {
 	f.calls = append(f.calls, "destroy "+id)
 	return nil
 }
-func (f *fakeOps) Reap(context.Context) (sandbox.Reaped, error) {
+func (f *fakeOps) Reap(context.Context) (api.Reaped, error) {
 	f.calls = append(f.calls, "reap")
-	return sandbox.Reaped{Removed: []sandbox.ReapedSandbox{}}, nil
+	return api.Reaped{Removed: []api.ReapedSandbox{}}, nil
 }
-func (f *fakeOps) Pause(_ context.Context, id string) (sandbox.Sandbox, error) {
+func (f *fakeOps) Pause(_ context.Context, id string) (api.Sandbox, error) {
 	f.calls = append(f.calls, "pause "+id)
-	return sandbox.Sandbox{ID: id, Status: sandbox.StatusPaused}, nil
+	return api.Sandbox{ID: id, Status: api.StatusPaused}, nil
 }
-func (f *fakeOps) Resume(_ context.Context, id string, _ time.Duration) (sandbox.Sandbox, error) {
+func (f *fakeOps) Resume(_ context.Context, id string, _ time.Duration) (api.Sandbox, error) {
 	f.calls = append(f.calls, "resume "+id)
-	return sandbox.Sandbox{ID: id, Status: "Pending"}, nil
+	return api.Sandbox{ID: id, Status: "Pending"}, nil
 }
 func (f *fakeOps) Templates(context.Context) ([]template.Summary, error) { return nil, nil }
 
@@ -342,7 +342,7 @@ func TestPrincipalsOnTheEventDoors(t *testing.T) {
 	}
 	type result struct {
 		Code   int
-		Caller sandbox.Caller
+		Caller api.Caller
 	}
 	tests := []struct {
 		name   string
@@ -354,12 +354,12 @@ func TestPrincipalsOnTheEventDoors(t *testing.T) {
 		{name: "reader creates by event", req: binaryEvent(TypeCreate, "", `{"sandbox_id":"abc"}`, reader), want: result{Code: 403}, detail: "reader may not run"},
 		{name: "reader creates by POST /", req: invoke(`{"operation":"create","sandbox_id":"abc"}`, reader), invoke: true, want: result{Code: 403}, detail: "reader may not run"},
 		{name: "reader creates with the key in the data", req: invoke(`{"operation":"create","sandbox_id":"abc","api_key":"`+readerKey+`"}`, nil), invoke: true, want: result{Code: 403}, detail: "PROVISIONER_PRINCIPAL_OPERATIONS"},
-		{name: "reader gets", req: binaryEvent(TypeGet, "abc", ``, reader), want: result{Code: 200, Caller: sandbox.Caller{Principal: "reader"}}},
-		{name: "the administrator creates", req: binaryEvent(TypeCreate, "", `{"sandbox_id":"abc"}`, withKey), want: result{Code: 200, Caller: sandbox.Caller{Principal: "default", Admin: true}}},
+		{name: "reader gets", req: binaryEvent(TypeGet, "abc", ``, reader), want: result{Code: 200, Caller: api.Caller{Principal: "reader"}}},
+		{name: "the administrator creates", req: binaryEvent(TypeCreate, "", `{"sandbox_id":"abc"}`, withKey), want: result{Code: 200, Caller: api.Caller{Principal: "default", Admin: true}}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			ops.caller, ops.calls = sandbox.Caller{}, nil
+			ops.caller, ops.calls = api.Caller{}, nil
 			w := httptest.NewRecorder()
 			if tc.invoke {
 				h.Invoke(w, tc.req)

@@ -11,9 +11,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/problem"
 	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 )
 
 // invokeOperations maps the "operation" of a POST / body to its event type.
@@ -67,7 +67,7 @@ func (h *Handler) Invoke(w http.ResponseWriter, r *http.Request) {
 	evType, ok := invokeOperations[envelope.Operation]
 	if !ok {
 		code = writeDetail(w, http.StatusBadRequest, fmt.Sprintf("unknown operation %q; use one of %s",
-			sandbox.Truncate(envelope.Operation), invokeNames))
+			api.Truncate(envelope.Operation), invokeNames))
 		return
 	}
 	op := operations[evType]

@@ -10,13 +10,13 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/auth"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
 	"github.com/deerflow-sandbox/provisioner/pkg/problem"
 	"github.com/deerflow-sandbox/provisioner/pkg/readywait"
 	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 )
 
 // Version is reported by /api/capabilities; the build sets it.
@@ -26,14 +26,14 @@ var Version = "dev"
 type API struct {
 	cfg     *config.Config
 	auth    *auth.Authenticator
-	ops     sandbox.Operations
+	ops     api.Operations
 	metrics *metrics.Metrics
 	now     func() time.Time
 	mux     *http.ServeMux
 }
 
 // New returns the HTTP front door over ops.
-func New(cfg *config.Config, authn *auth.Authenticator, ops sandbox.Operations, m *metrics.Metrics) *API {
+func New(cfg *config.Config, authn *auth.Authenticator, ops api.Operations, m *metrics.Metrics) *API {
 	a := &API{cfg: cfg, auth: authn, ops: ops, metrics: m, now: time.Now, mux: http.NewServeMux()}
 	a.mux.HandleFunc("GET /health", a.health)
 	a.mux.Handle("GET /metrics", m.Handler())
@@ -41,13 +41,13 @@ func New(cfg *config.Config, authn *auth.Authenticator, ops sandbox.Operations, 
 	a.route("POST /api/sandboxes", "create", a.create)
 	a.route("GET /api/sandboxes", "list", a.whole(func(ctx context.Context) (any, error) {
 		all, err := a.ops.List(ctx)
-		return sandbox.ListResponse{Sandboxes: all, Count: len(all)}, err
+		return api.ListResponse{Sandboxes: all, Count: len(all)}, err
 	}))
 	a.route("GET /api/sandboxes/{id}", "get", a.byID(true, func(ctx context.Context, id string, wait time.Duration) (any, error) {
 		return a.ops.Get(ctx, id, wait)
 	}))
 	a.route("DELETE /api/sandboxes/{id}", "destroy", a.byID(false, func(ctx context.Context, id string, _ time.Duration) (any, error) {
-		return sandbox.DestroyResponse{OK: true, SandboxID: id}, a.ops.Destroy(ctx, id)
+		return api.DestroyResponse{OK: true, SandboxID: id}, a.ops.Destroy(ctx, id)
 	}))
 	a.route("POST /api/sandboxes/{id}/pause", "pause", a.byID(false, func(ctx context.Context, id string, _ time.Duration) (any, error) {
 		return a.ops.Pause(ctx, id)
@@ -57,7 +57,7 @@ func New(cfg *config.Config, authn *auth.Authenticator, ops sandbox.Operations, 
 	}))
 	a.route("GET /api/templates", "templates", a.whole(func(ctx context.Context) (any, error) {
 		list, err := a.ops.Templates(ctx)
-		return sandbox.TemplatesResponse{Templates: list, Count: len(list)}, err
+		return api.TemplatesResponse{Templates: list, Count: len(list)}, err
 	}))
 	a.route("POST /api/reap", "reap", a.whole(func(ctx context.Context) (any, error) { return a.ops.Reap(ctx) }))
 	a.mux.HandleFunc("/", a.notFound)
@@ -94,7 +94,7 @@ func (a *API) authenticate(w http.ResponseWriter, r *http.Request, operation str
 		problem.WriteDetail(w, d.Code, d.Detail)
 		return r, "", d.Code
 	}
-	ctx := sandbox.WithCaller(r.Context(), sandbox.Caller{Principal: d.Principal.Name, Admin: d.Principal.Admin})
+	ctx := api.WithCaller(r.Context(), api.Caller{Principal: d.Principal.Name, Admin: d.Principal.Admin})
 	return r.WithContext(ctx), d.Principal.Name, 0
 }
 
@@ -171,9 +171,9 @@ func (a *API) create(w http.ResponseWriter, r *http.Request) int {
 			problem.WriteDetail(w, http.StatusRequestEntityTooLarge, "request body exceeds "+strconv.FormatInt(tooBig.Limit, 10)+" bytes; a create request is a small JSON object")
 			return http.StatusRequestEntityTooLarge
 		}
-		return problem.Write(w, sandbox.Malformedf("could not read the request body: %v", err))
+		return problem.Write(w, api.Malformedf("could not read the request body: %v", err))
 	}
-	req, err := sandbox.DecodeCreateRequest(body)
+	req, err := api.DecodeCreateRequest(body)
 	if err != nil {
 		return problem.Write(w, err)
 	}

@@ -10,30 +10,30 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/auth"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
 // unavailable is a domain that is always down, to check the status mapping.
 type unavailable struct{}
 
-func (unavailable) Create(context.Context, sandbox.Spec, time.Duration) (sandbox.Sandbox, error) {
-	return sandbox.Sandbox{}, &sandbox.Error{Kind: sandbox.KindUnavailable, Detail: "down"}
+func (unavailable) Create(context.Context, api.Spec, time.Duration) (api.Sandbox, error) {
+	return api.Sandbox{}, &api.Error{Kind: api.KindUnavailable, Detail: "down"}
 }
-func (unavailable) Get(context.Context, string, time.Duration) (sandbox.Sandbox, error) {
-	return sandbox.Sandbox{}, &sandbox.Error{Kind: sandbox.KindTimeout, Detail: "slow"}
+func (unavailable) Get(context.Context, string, time.Duration) (api.Sandbox, error) {
+	return api.Sandbox{}, &api.Error{Kind: api.KindTimeout, Detail: "slow"}
 }
-func (unavailable) List(context.Context) ([]sandbox.Sandbox, error) { return nil, nil }
-func (unavailable) Destroy(context.Context, string) error           { return nil }
-func (unavailable) Reap(context.Context) (sandbox.Reaped, error)    { return sandbox.Reaped{}, nil }
-func (unavailable) Pause(context.Context, string) (sandbox.Sandbox, error) {
-	return sandbox.Sandbox{}, nil
+func (unavailable) List(context.Context) ([]api.Sandbox, error) { return nil, nil }
+func (unavailable) Destroy(context.Context, string) error       { return nil }
+func (unavailable) Reap(context.Context) (api.Reaped, error)    { return api.Reaped{}, nil }
+func (unavailable) Pause(context.Context, string) (api.Sandbox, error) {
+	return api.Sandbox{}, nil
 }
-func (unavailable) Resume(context.Context, string, time.Duration) (sandbox.Sandbox, error) {
-	return sandbox.Sandbox{}, nil
+func (unavailable) Resume(context.Context, string, time.Duration) (api.Sandbox, error) {
+	return api.Sandbox{}, nil
 }
 func (unavailable) Templates(context.Context) ([]template.Summary, error) { return nil, nil }
 

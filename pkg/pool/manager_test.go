@@ -20,6 +20,7 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
@@ -37,7 +38,7 @@ func TestManagerServesFromThePool(t *testing.T) {
 	p := newPool(cfg, cs, &c, tmpl)
 	m := sandbox.NewManager(cfg, cs, sandbox.WithPool(p))
 	ctx := alice
-	spec := func(id string, mutate func(*sandbox.CreateRequest)) sandbox.Spec {
+	spec := func(id string, mutate func(*api.CreateRequest)) api.Spec {
 		return claimSpec(t, cfg, id, mutate)
 	}
 
@@ -53,11 +54,11 @@ func TestManagerServesFromThePool(t *testing.T) {
 		t.Fatalf("claimed Pod: %v %v; want it to record its principal alice", err, claimed.ObjectMeta)
 	}
 	// Another principal does not see it, nor can it take the id.
-	bob := sandbox.WithCaller(context.Background(), sandbox.Caller{Principal: "bob"})
-	if _, err := m.Get(bob, "abc", 0); sandbox.KindOf(err) != sandbox.KindNotFound {
+	bob := api.WithCaller(context.Background(), api.Caller{Principal: "bob"})
+	if _, err := m.Get(bob, "abc", 0); api.KindOf(err) != api.KindNotFound {
 		t.Errorf("get by another principal: %v; want not found", err)
 	}
-	if _, err := m.Create(bob, spec("abc", nil), 0); sandbox.KindOf(err) != sandbox.KindConflict {
+	if _, err := m.Create(bob, spec("abc", nil), 0); api.KindOf(err) != api.KindConflict {
 		t.Errorf("create of the id by another principal: %v; want a conflict", err)
 	}
 	svc, err := cs.CoreV1().Services(ns).Get(ctx, "sandbox-abc-svc", metav1.GetOptions{})
@@ -84,7 +85,7 @@ func TestManagerServesFromThePool(t *testing.T) {
 		t.Errorf("cold Pod: %v", err)
 	}
 	// A request the pool cannot serve: cold, counted as a miss.
-	shells, err := m.Create(ctx, spec("ghi", func(r *sandbox.CreateRequest) { n := 2; r.MaxShellSessions = &n }), 0)
+	shells, err := m.Create(ctx, spec("ghi", func(r *api.CreateRequest) { n := 2; r.MaxShellSessions = &n }), 0)
 	if err != nil || shells.Pooled {
 		t.Errorf("create with max_shell_sessions: %+v %v; want cold", shells, err)
 	}
@@ -94,7 +95,7 @@ func TestManagerServesFromThePool(t *testing.T) {
 	if _, err := cs.CoreV1().Pods(ns).Get(ctx, "sandbox-pool-warm-aaaaa", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("claimed Pod after destroy: %v; want gone", err)
 	}
-	if _, err := m.Get(ctx, "abc", 0); sandbox.KindOf(err) != sandbox.KindNotFound {
+	if _, err := m.Get(ctx, "abc", 0); api.KindOf(err) != api.KindNotFound {
 		t.Errorf("get after destroy: %v; want not found", err)
 	}
 	c.mu.Lock()
@@ -113,7 +114,7 @@ func TestClaimWhoseServiceFailsSpendsNoPod(t *testing.T) {
 		return true, nil, apierrors.NewServiceUnavailable("etcd is away")
 	})
 	m := sandbox.NewManager(cfg, cs, sandbox.WithPool(newPool(cfg, cs, &counts{}, tmpl)))
-	if _, err := m.Create(alice, claimSpec(t, cfg, "abc", nil), 0); sandbox.KindOf(err) != sandbox.KindUnavailable {
+	if _, err := m.Create(alice, claimSpec(t, cfg, "abc", nil), 0); api.KindOf(err) != api.KindUnavailable {
 		t.Fatalf("create with the Service refused: %v; want unavailable", err)
 	}
 	pod, err := cs.CoreV1().Pods(ns).Get(context.Background(), "sandbox-pool-warm-aaaaa", metav1.GetOptions{})
@@ -275,7 +276,7 @@ func TestQuotaRefusalSpendsNoPooledPod(t *testing.T) {
 	if _, err := m.Create(alice, claimSpec(t, cfg, "abc", nil), 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Create(alice, claimSpec(t, cfg, "def", nil), 0); sandbox.KindOf(err) != sandbox.KindQuota {
+	if _, err := m.Create(alice, claimSpec(t, cfg, "def", nil), 0); api.KindOf(err) != api.KindQuota {
 		t.Fatalf("second create over MAX_SANDBOXES=1: %v; want refused", err)
 	}
 	l, err := cs.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: keys.LabelPool})
@@ -322,7 +323,7 @@ func TestCreateMeetsAClaimInFlight(t *testing.T) {
 			}
 			// Asks for more CPU than a pooled Pod has: the cold way.
 			m := sandbox.NewManager(cfg, cs, sandbox.WithPool(newPool(cfg, cs, &counts{}, tmpl)))
-			sb, err := m.Create(alice, claimSpec(t, cfg, "abc", func(r *sandbox.CreateRequest) { r.CPU = "2" }), 0)
+			sb, err := m.Create(alice, claimSpec(t, cfg, "abc", func(r *api.CreateRequest) { r.CPU = "2" }), 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -356,7 +357,7 @@ func TestReapSparesAClaimInFlight(t *testing.T) {
 			cfg, tmpl, cs := claimCluster(t, true)
 			_, svc := inFlight(t, cfg, cs, claimSpec(t, cfg, "abc", nil), tt.age)
 			m := sandbox.NewManager(cfg, cs, sandbox.WithPool(newPool(cfg, cs, &counts{}, tmpl)))
-			r, err := m.Reap(sandbox.WithCaller(context.Background(), sandbox.Caller{Principal: "admin", Admin: true}))
+			r, err := m.Reap(api.WithCaller(context.Background(), api.Caller{Principal: "admin", Admin: true}))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -371,7 +372,7 @@ func TestReapSparesAClaimInFlight(t *testing.T) {
 // inFlight writes the Service a pooled create of s makes before its claim
 // (sandbox.claimService), age old, owned by the cluster's first pooled Pod,
 // which it returns unclaimed.
-func inFlight(t *testing.T, cfg *config.Config, cs *fake.Clientset, s sandbox.Spec, age time.Duration) (*corev1.Pod, *corev1.Service) {
+func inFlight(t *testing.T, cfg *config.Config, cs *fake.Clientset, s api.Spec, age time.Duration) (*corev1.Pod, *corev1.Service) {
 	t.Helper()
 	pod, err := cs.CoreV1().Pods(ns).Get(context.Background(), "sandbox-pool-warm-aaaaa", metav1.GetOptions{})
 	if err != nil {
@@ -385,7 +386,7 @@ func inFlight(t *testing.T, cfg *config.Config, cs *fake.Clientset, s sandbox.Sp
 	return pod, svc
 }
 
-var alice = sandbox.WithCaller(context.Background(), sandbox.Caller{Principal: "alice"})
+var alice = api.WithCaller(context.Background(), api.Caller{Principal: "alice"})
 
 // claimCluster is a cluster with the pooled template warm and a pooled
 // Pod per entry of ready (Ready or not), in ClusterIP mode without the
@@ -408,9 +409,9 @@ func claimCluster(t *testing.T, ready ...bool) (*config.Config, *template.Templa
 	return cfg, tmpl, clientset(objs...)
 }
 
-func claimSpec(t *testing.T, cfg *config.Config, id string, mutate func(*sandbox.CreateRequest)) sandbox.Spec {
+func claimSpec(t *testing.T, cfg *config.Config, id string, mutate func(*api.CreateRequest)) api.Spec {
 	t.Helper()
-	req := sandbox.CreateRequest{SandboxID: id, Template: "warm", UserID: ptr.To("u1")}
+	req := api.CreateRequest{SandboxID: id, Template: "warm", UserID: ptr.To("u1")}
 	if mutate != nil {
 		mutate(&req)
 	}

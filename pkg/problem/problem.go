@@ -6,7 +6,7 @@ import (
 	"encoding/json"
 	"net/http"
 
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 )
 
 // Body is the error body DeerFlow's client (FastAPI's convention) reads.
@@ -16,20 +16,20 @@ type Body struct {
 
 // Status maps an error kind to its HTTP status.
 func Status(err error) int {
-	switch sandbox.KindOf(err) {
-	case sandbox.KindMalformed:
+	switch api.KindOf(err) {
+	case api.KindMalformed:
 		return http.StatusBadRequest
-	case sandbox.KindInvalid:
+	case api.KindInvalid:
 		return http.StatusUnprocessableEntity
-	case sandbox.KindNotFound:
+	case api.KindNotFound:
 		return http.StatusNotFound
-	case sandbox.KindConflict:
+	case api.KindConflict:
 		return http.StatusConflict
-	case sandbox.KindQuota:
+	case api.KindQuota:
 		return http.StatusTooManyRequests
-	case sandbox.KindUnavailable:
+	case api.KindUnavailable:
 		return http.StatusServiceUnavailable
-	case sandbox.KindTimeout:
+	case api.KindTimeout:
 		return http.StatusGatewayTimeout
 	default:
 		return http.StatusInternalServerError
@@ -43,7 +43,7 @@ func Write(w http.ResponseWriter, err error) int {
 	if code == http.StatusServiceUnavailable || code == http.StatusTooManyRequests {
 		w.Header().Set("Retry-After", "1")
 	}
-	WriteDetail(w, code, sandbox.DetailOf(err))
+	WriteDetail(w, code, api.DetailOf(err))
 	return code
 }
 

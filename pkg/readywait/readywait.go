@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 )
 
 // FromQuery reads the HTTP API's ?wait=: seconds ("15") or a Go duration
@@ -24,7 +24,7 @@ func FromQuery(cfg *config.Config, v string) (time.Duration, error) {
 	if err != nil {
 		secs, convErr := strconv.ParseFloat(strings.TrimSpace(v), 64)
 		if convErr != nil {
-			return 0, sandbox.Invalidf("wait %q must be seconds (15) or a duration (15s), at most %g seconds", sandbox.Truncate(v), cfg.MaxReadyWait.Seconds())
+			return 0, api.Invalidf("wait %q must be seconds (15) or a duration (15s), at most %g seconds", api.Truncate(v), cfg.MaxReadyWait.Seconds())
 		}
 		return FromSeconds(cfg, &secs, "wait")
 	}
@@ -51,7 +51,7 @@ func bounded(cfg *config.Config, d time.Duration, field string) (time.Duration, 
 }
 
 func outOfRange(cfg *config.Config, field string) error {
-	return sandbox.Invalidf("%s must be between 0 and %g seconds (SANDBOX_MAX_READY_WAIT; the func runtime drops answers after 30 s)",
+	return api.Invalidf("%s must be between 0 and %g seconds (SANDBOX_MAX_READY_WAIT; the func runtime drops answers after 30 s)",
 		field, cfg.MaxReadyWait.Seconds())
 }
 

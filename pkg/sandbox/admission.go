@@ -7,6 +7,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 )
 
@@ -31,7 +32,7 @@ var (
 // host-path mode, an admission policy out of step with the settings, a
 // template) is the operator's (500, naming the setting). It returns nil for
 // anything that is not an admission refusal.
-func admissionRefusal(cfg *config.Config, err error, s Spec, kind string) error {
+func admissionRefusal(cfg *config.Config, err error, s api.Spec, kind string) error {
 	if !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) {
 		return nil
 	}
@@ -44,7 +45,7 @@ func admissionRefusal(cfg *config.Config, err error, s Spec, kind string) error 
 		if s.Template != "" {
 			detail += "; template " + s.Template + " may be what adds it"
 		}
-		return newError(KindInternal, err, "%s", detail)
+		return api.Errorf(api.KindInternal, err, "%s", detail)
 	}
 	switch {
 	case podSecurityRefusal.MatchString(msg):
@@ -64,12 +65,12 @@ func admissionRefusal(cfg *config.Config, err error, s Spec, kind string) error 
 	case limitRangeRefusal.MatchString(msg):
 		what := limitRangeRefusal.FindString(msg)
 		if s.Requested.CPU || s.Requested.Memory {
-			return newError(KindInvalid, err, "the namespace's LimitRange refuses the resources asked for (%s); ask for less cpu or memory", what)
+			return api.Errorf(api.KindInvalid, err, "the namespace's LimitRange refuses the resources asked for (%s); ask for less cpu or memory", what)
 		}
 		return operator("the namespace's LimitRange: %s; set SANDBOX_CPU_LIMIT, SANDBOX_MEMORY_LIMIT and SANDBOX_EPHEMERAL_STORAGE within it", what)
 	case quotaRefusal.MatchString(msg):
 		m := quotaRefusal.FindStringSubmatch(msg)
-		return newError(KindQuota, err, "the namespace's ResourceQuota %s is exhausted (%s); destroy sandboxes or raise it", m[1], m[2])
+		return api.Errorf(api.KindQuota, err, "the namespace's ResourceQuota %s is exhausted (%s); destroy sandboxes or raise it", m[1], m[2])
 	case apierrors.IsForbidden(err) && !rbacRefusal.MatchString(msg) && !strings.Contains(msg, "error looking up service account"):
 		return operator("the API server: %s", msg)
 	}

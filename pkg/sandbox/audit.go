@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
 )
 
@@ -29,20 +30,20 @@ func outcome(err error) string {
 	if err == nil {
 		return outcomeOK
 	}
-	switch KindOf(err) {
-	case KindMalformed:
+	switch api.KindOf(err) {
+	case api.KindMalformed:
 		return "malformed"
-	case KindInvalid:
+	case api.KindInvalid:
 		return "invalid"
-	case KindNotFound:
+	case api.KindNotFound:
 		return "not_found"
-	case KindConflict:
+	case api.KindConflict:
 		return "conflict"
-	case KindQuota:
+	case api.KindQuota:
 		return "over_quota"
-	case KindUnavailable:
+	case api.KindUnavailable:
 		return "unavailable"
-	case KindTimeout:
+	case api.KindTimeout:
 		return "timeout"
 	}
 	return "internal"
@@ -51,7 +52,7 @@ func outcome(err error) string {
 // audit writes one audit line. result is the outcome; err, when set, adds
 // its detail.
 func (m *Manager) audit(ctx context.Context, operation, id, result string, err error, attrs ...slog.Attr) {
-	c, _ := CallerFrom(ctx)
+	c, _ := api.CallerFrom(ctx)
 	all := append([]slog.Attr{
 		slog.String("audit", "sandbox"),
 		slog.String("principal", c.Principal),
@@ -62,7 +63,7 @@ func (m *Manager) audit(ctx context.Context, operation, id, result string, err e
 		slog.String("request_id", reqid.ID(ctx)),
 	}, attrs...)
 	if err != nil {
-		all = append(all, slog.String("detail", DetailOf(err)))
+		all = append(all, slog.String("detail", api.DetailOf(err)))
 	}
 	m.auditLog.LogAttrs(ctx, slog.LevelInfo, "audit", all...)
 }

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 )
@@ -33,8 +34,8 @@ func testConfig(t *testing.T, env map[string]string) *config.Config {
 	return c
 }
 
-func testSpec() Spec {
-	return Spec{
+func testSpec() api.Spec {
+	return api.Spec{
 		ID: "0123456789abcdef", ThreadID: "t1", UserID: "user-1",
 		IdleTimeout: time.Hour, MaxLifetime: 24 * time.Hour,
 		CPULimit: resource.MustParse("1"), MemoryLimit: resource.MustParse("1Gi"),
@@ -139,17 +140,17 @@ func TestBuildPod(t *testing.T) {
 	tests := []struct {
 		name string
 		env  map[string]string
-		spec func(*Spec)
+		spec func(*api.Spec)
 		want *corev1.Pod
 	}{{
 		name: "host-path mode",
 		want: wantPod(hostVolumes(), hostMounts(), nil),
 	}, {
 		name: "host-path mode, legacy skills, extra mounts replacing the built-in custom skills",
-		spec: func(s *Spec) {
+		spec: func(s *api.Spec) {
 			s.IncludeLegacySkills = true
 			s.MaxShellSessions = 4
-			s.Mounts = []Mount{
+			s.Mounts = []api.Mount{
 				{HostPath: "/.deer-flow/users/user-1/threads/t1/acp-workspace", ContainerPath: "/mnt/acp-workspace", ReadOnly: true},
 				{HostPath: "/.deer-flow/users/user-1/skills_view/custom", ContainerPath: "/mnt/skills/custom", ReadOnly: true},
 			}
@@ -163,8 +164,8 @@ func TestBuildPod(t *testing.T) {
 		}(),
 	}, {
 		name: "a shared path asked read-write is mounted read-only: no sandbox may poison every user's skills",
-		spec: func(s *Spec) {
-			s.Mounts = []Mount{
+		spec: func(s *api.Spec) {
+			s.Mounts = []api.Mount{
 				{HostPath: "/.deer-flow/skills_view/public/evil", ContainerPath: "/mnt/skills/integrations", ReadOnly: false},
 				{HostPath: "/.deer-flow/users/user-1/threads/t1/acp-workspace", ContainerPath: "/mnt/acp-workspace", ReadOnly: false},
 			}
@@ -175,7 +176,7 @@ func TestBuildPod(t *testing.T) {
 		), nil),
 	}, {
 		name: "request env after MAX_SHELL_SESSIONS, in name order, every $ literal",
-		spec: func(s *Spec) {
+		spec: func(s *api.Spec) {
 			s.MaxShellSessions = 2
 			s.Env = map[string]string{"ZED": "last", "API_KEY": "sk-$(HOME)$$x", "EMPTY": ""}
 		},
@@ -192,8 +193,8 @@ func TestBuildPod(t *testing.T) {
 	}, {
 		name: "PVC mode",
 		env:  map[string]string{"SKILLS_PVC_NAME": "skills", "USERDATA_PVC_NAME": "home", "SKILLS_PVC_SUBPATH_TEMPLATE": "skills/{user_id}/{thread_id}"},
-		spec: func(s *Spec) {
-			s.Mounts = []Mount{{HostPath: "/.deer-flow/users/user-1/threads/t1/acp-workspace", ContainerPath: "/mnt/acp-workspace", ReadOnly: true}}
+		spec: func(s *api.Spec) {
+			s.Mounts = []api.Mount{{HostPath: "/.deer-flow/users/user-1/threads/t1/acp-workspace", ContainerPath: "/mnt/acp-workspace", ReadOnly: true}}
 		},
 		want: wantPod(
 			[]corev1.Volume{

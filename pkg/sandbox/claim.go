@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
@@ -53,8 +54,8 @@ func WithPool(p Pool) Option { return func(m *Manager) { m.pool = p } }
 
 // PoolSpec is what a pooled Pod of t is built from: a create that asks for
 // t and nothing else.
-func PoolSpec(cfg *config.Config, t *template.Template) Spec {
-	s, _ := CreateRequest{SandboxID: "pool", Template: t.Name}.Validate(cfg, time.Time{}) // valid by construction
+func PoolSpec(cfg *config.Config, t *template.Template) api.Spec {
+	s, _ := api.CreateRequest{SandboxID: "pool", Template: t.Name}.Validate(cfg, time.Time{}) // valid by construction
 	return withTemplate(s, t)
 }
 
@@ -69,7 +70,7 @@ var poolIdentity = []string{keys.AnnotationUserID, keys.AnnotationThreadID, keys
 // hash make interchangeable Pods: that is the test of whether a request may
 // take a pooled Pod, so any field a request can set (mounts, env, shell
 // sessions, resources, Lark containers) sends it the cold way by itself.
-func PoolPodTemplate(cfg *config.Config, s Spec) corev1.PodTemplateSpec {
+func PoolPodTemplate(cfg *config.Config, s api.Spec) corev1.PodTemplateSpec {
 	pod := BuildPod(cfg, s)
 	for _, k := range []string{keys.LabelID, keys.LabelUser, keys.LabelThread} {
 		delete(pod.Labels, k)
@@ -87,15 +88,15 @@ func PoolPodTemplate(cfg *config.Config, s Spec) corev1.PodTemplateSpec {
 
 // createFromPool serves a create from its template's warm pool when it can;
 // handled false sends it the cold way, within the same request.
-func (m *Manager) createFromPool(ctx context.Context, s Spec, wait time.Duration) (sb Sandbox, handled bool, err error) {
+func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Duration) (sb api.Sandbox, handled bool, err error) {
 	t := s.Resolved
 	if m.pool == nil || t == nil || t.PoolSize == 0 {
-		return Sandbox{}, false, nil
+		return api.Sandbox{}, false, nil
 	}
 	hash := PoolPodTemplate(m.cfg, s).Labels[keys.LabelPoolHash]
 	if hash != PoolPodTemplate(m.cfg, PoolSpec(m.cfg, t)).Labels[keys.LabelPoolHash] {
 		m.pool.Missed(t)
-		return Sandbox{}, false, nil
+		return api.Sandbox{}, false, nil
 	}
 	// An id in use goes the cold way, which adopts or refuses it; but a
 	// sandbox claimed before (DeerFlow creates again on every reuse) is
@@ -136,29 +137,29 @@ func (m *Manager) createFromPool(ctx context.Context, s Spec, wait time.Duration
 	})
 	_ = g.Wait()
 	if isoErr != nil {
-		return Sandbox{}, true, isoErr
+		return api.Sandbox{}, true, isoErr
 	}
 	switch {
 	case podErr == nil:
-		return Sandbox{}, false, nil
+		return api.Sandbox{}, false, nil
 	case !apierrors.IsNotFound(podErr):
-		return Sandbox{}, true, classify(podErr, "read the sandbox Pod")
+		return api.Sandbox{}, true, classify(podErr, "read the sandbox Pod")
 	case apierrors.IsNotFound(svcErr):
 	case svcErr != nil:
-		return Sandbox{}, true, classify(svcErr, "read the sandbox Service")
+		return api.Sandbox{}, true, classify(svcErr, "read the sandbox Service")
 	default:
 		if !claimedOwner(svc, s.ID) {
-			return Sandbox{}, false, nil
+			return api.Sandbox{}, false, nil
 		}
 		f, err := m.fetch(ctx, s.ID)
 		if err != nil || f.pod == nil {
-			return Sandbox{}, err != nil, err // its Pod is gone: the cold way replaces the Service
+			return api.Sandbox{}, err != nil, err // its Pod is gone: the cold way replaces the Service
 		}
 		if err := checkOwner(f.pod, "Pod", s); err != nil {
-			return Sandbox{}, true, err
+			return api.Sandbox{}, true, err
 		}
 		if err := checkCapacity(f.pod, s); err != nil {
-			return Sandbox{}, true, err
+			return api.Sandbox{}, true, err
 		}
 		f.pod = touch(ctx, m, f.pod, m.client.CoreV1().Pods(m.cfg.Namespace).Patch)
 		return m.answer(ctx, s.ID, f, wait)
@@ -167,7 +168,7 @@ func (m *Manager) createFromPool(ctx context.Context, s Spec, wait time.Duration
 	recordPrincipal(meta, s)
 	meta.Labels[keys.LabelPooled] = "true"
 	if readyErr != nil {
-		return Sandbox{}, false, nil
+		return api.Sandbox{}, false, nil
 	}
 	cs := &claimService{m: m, s: s}
 	pod := m.pool.ClaimFrom(ctx, t, hash, ready, Claim{Labels: meta.Labels, Annotations: meta.Annotations,
@@ -200,7 +201,7 @@ func (m *Manager) createFromPool(ctx context.Context, s Spec, wait time.Duration
 // than claimLeftover (see ownerLives).
 type claimService struct {
 	m   *Manager
-	s   Spec
+	s   api.Spec
 	svc *corev1.Service // the Service this create made, owned by the Pod it tries
 	err error           // why a Prepare ended the claim
 }
@@ -250,13 +251,13 @@ func (c *claimService) prepare(ctx context.Context, pod *corev1.Pod) error {
 // racing create that holds the id, with the quota's refusal, or by the
 // cold way (handled false) when the pool had nothing to give. The Service
 // this create made goes first: no Pod of this id will carry it.
-func (c *claimService) giveUp(ctx context.Context, wait time.Duration) (Sandbox, bool, error) {
+func (c *claimService) giveUp(ctx context.Context, wait time.Duration) (api.Sandbox, bool, error) {
 	m, err := c.m, c.err
 	if errors.Is(err, errOtherKind) {
 		// A racing create of this id made its Service first: answer with its.
 		f, _, _, rerr := m.reuseOtherKind(ctx, c.s)
 		if rerr != nil {
-			return Sandbox{}, true, rerr
+			return api.Sandbox{}, true, rerr
 		}
 		return m.answer(ctx, c.s.ID, f, wait)
 	}
@@ -264,24 +265,24 @@ func (c *claimService) giveUp(ctx context.Context, wait time.Duration) (Sandbox,
 		derr := m.client.CoreV1().Services(m.cfg.Namespace).Delete(context.WithoutCancel(ctx), c.svc.Name,
 			metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(c.svc.UID))})
 		if derr != nil && !apierrors.IsNotFound(derr) && !apierrors.IsConflict(derr) {
-			return Sandbox{}, true, errors.Join(err, classify(derr, "remove the Service of a claim that got no Pod"))
+			return api.Sandbox{}, true, errors.Join(err, classify(derr, "remove the Service of a claim that got no Pod"))
 		}
 	}
 	var qe *quotaError
 	switch {
 	case err == nil:
-		return Sandbox{}, false, nil // the pool had nothing left: cold
+		return api.Sandbox{}, false, nil // the pool had nothing left: cold
 	case errors.As(err, &qe) && qe.contended:
-		return Sandbox{}, false, nil // the cold way retries a contended quota
+		return api.Sandbox{}, false, nil // the cold way retries a contended quota
 	case qe != nil:
 		m.observer.QuotaRefused(qe.scope)
 	}
-	return Sandbox{}, true, err
+	return api.Sandbox{}, true, err
 }
 
 // answer is a create's answer: the sandbox once Ready with wait > 0, at
 // once otherwise (in Headless mode both once its name resolves).
-func (m *Manager) answer(ctx context.Context, id string, f found, wait time.Duration) (Sandbox, bool, error) {
+func (m *Manager) answer(ctx context.Context, id string, f found, wait time.Duration) (api.Sandbox, bool, error) {
 	if wait > 0 {
 		sb, err := m.waitReady(ctx, id, f, wait)
 		return sb, true, err
@@ -306,7 +307,7 @@ func claimedOwner(svc *corev1.Service, id string) bool {
 }
 
 // withTemplate fills the bounded fields the request left unset from t.
-func withTemplate(s Spec, t *template.Template) Spec {
+func withTemplate(s api.Spec, t *template.Template) api.Spec {
 	s.Resolved = t
 	if t == nil {
 		return s

@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
@@ -29,20 +30,20 @@ func TestPoolShape(t *testing.T) {
 	pool := PoolPodTemplate(cfg, PoolSpec(cfg, tmpl)).Labels[keys.LabelPoolHash]
 	tests := []struct {
 		name     string
-		req      CreateRequest
+		req      api.CreateRequest
 		poolable bool
 	}{
-		{"the template alone", CreateRequest{}, true},
-		{"another user and thread", CreateRequest{UserID: ptr.To("alice"), ThreadID: ptr.To("t-9")}, true},
-		{"own lifetimes (written by the claim)", CreateRequest{IdleTimeoutSeconds: ptr.To[int64](60), MaxLifetimeSeconds: ptr.To[int64](600)}, true},
-		{"legacy skills, which a template without DeerFlow's mounts has none of", CreateRequest{IncludeLegacySkills: true}, true},
-		{"max_shell_sessions", CreateRequest{MaxShellSessions: ptr.To(4)}, false},
-		{"extra mounts", CreateRequest{ExtraMounts: []ExtraMount{{HostPath: "/.deer-flow/users/default/x", ContainerPath: "/mnt/acp-workspace"}}}, false},
-		{"other cpu", CreateRequest{CPU: "2"}, false},
-		{"other memory", CreateRequest{Memory: "2Gi"}, false},
-		{"the template's cpu, asked for", CreateRequest{CPU: cfg.CPULimit}, true},
-		{"lark runtime", CreateRequest{ProvisionLarkCLIRuntime: true}, false},
-		{"lark broker", CreateRequest{ProvisionLarkCLIBroker: true}, false},
+		{"the template alone", api.CreateRequest{}, true},
+		{"another user and thread", api.CreateRequest{UserID: ptr.To("alice"), ThreadID: ptr.To("t-9")}, true},
+		{"own lifetimes (written by the claim)", api.CreateRequest{IdleTimeoutSeconds: ptr.To[int64](60), MaxLifetimeSeconds: ptr.To[int64](600)}, true},
+		{"legacy skills, which a template without DeerFlow's mounts has none of", api.CreateRequest{IncludeLegacySkills: true}, true},
+		{"max_shell_sessions", api.CreateRequest{MaxShellSessions: ptr.To(4)}, false},
+		{"extra mounts", api.CreateRequest{ExtraMounts: []api.ExtraMount{{HostPath: "/.deer-flow/users/default/x", ContainerPath: "/mnt/acp-workspace"}}}, false},
+		{"other cpu", api.CreateRequest{CPU: "2"}, false},
+		{"other memory", api.CreateRequest{Memory: "2Gi"}, false},
+		{"the template's cpu, asked for", api.CreateRequest{CPU: cfg.CPULimit}, true},
+		{"lark runtime", api.CreateRequest{ProvisionLarkCLIRuntime: true}, false},
+		{"lark broker", api.CreateRequest{ProvisionLarkCLIBroker: true}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
@@ -28,10 +29,10 @@ const maxConvergeAttempts = 5
 // repaired. With wait > 0 it also waits (by watch) until the Pod is Ready.
 // The sandbox records the caller's principal; an existing one is handed
 // only to that principal (or an administrator).
-func (m *Manager) Create(ctx context.Context, s Spec, wait time.Duration) (Sandbox, error) {
+func (m *Manager) Create(ctx context.Context, s api.Spec, wait time.Duration) (api.Sandbox, error) {
 	c, err := callerOf(ctx)
 	if err != nil {
-		return Sandbox{}, err
+		return api.Sandbox{}, err
 	}
 	s.Caller = c
 	sb, err := m.create(ctx, s, wait)
@@ -39,14 +40,14 @@ func (m *Manager) Create(ctx context.Context, s Spec, wait time.Duration) (Sandb
 	return sb, err
 }
 
-func (m *Manager) create(ctx context.Context, s Spec, wait time.Duration) (Sandbox, error) {
+func (m *Manager) create(ctx context.Context, s api.Spec, wait time.Duration) (api.Sandbox, error) {
 	release, err := m.admitWait(wait)
 	if err != nil {
-		return Sandbox{}, err
+		return api.Sandbox{}, err
 	}
 	defer release()
 	if s, err = m.resolveTemplate(ctx, s); err != nil {
-		return Sandbox{}, err
+		return api.Sandbox{}, err
 	}
 	if sb, handled, err := m.createFromPool(ctx, s, wait); handled {
 		return sb, err
@@ -63,7 +64,7 @@ func (m *Manager) create(ctx context.Context, s Spec, wait time.Duration) (Sandb
 			// if a count shows room, so that a quota full of young sandboxes
 			// does not cost a workload created and deleted per round.
 			if err := sleepCtx(ctx, time.Duration(attempt)*time.Duration(50+rand.IntN(150))*time.Millisecond); err != nil {
-				return Sandbox{}, classify(err, "create the sandbox")
+				return api.Sandbox{}, classify(err, "create the sandbox")
 			}
 			err = m.checkQuota(ctx, s, nil)
 		}
@@ -78,7 +79,7 @@ func (m *Manager) create(ctx context.Context, s Spec, wait time.Duration) (Sandb
 			m.observer.QuotaRefused(qe.scope) // once per refused request, not per round
 		}
 		if err != nil {
-			return Sandbox{}, err
+			return api.Sandbox{}, err
 		}
 		obj := f.workload().(runtime.Object)
 		switch {
@@ -99,7 +100,7 @@ const maxQuotaRetries = 4
 // id already taken by a sandbox of the other kind (a paused ReplicaSet
 // sandbox that DeerFlow, sending no template, creates again; a bare Pod
 // sandbox from before templates) is answered with that sandbox.
-func (m *Manager) createOnce(ctx context.Context, s Spec) (found, bool, bool, error) {
+func (m *Manager) createOnce(ctx context.Context, s api.Spec) (found, bool, bool, error) {
 	if err := m.requireIsolation(ctx); err != nil {
 		return found{}, false, false, err
 	}
@@ -126,7 +127,7 @@ var errOtherKind = errors.New("the sandbox exists as the other workload kind")
 
 // reuseOtherKind answers a create with the sandbox that holds the id, as
 // DeerFlow's create reuses whatever exists (resuming it if paused).
-func (m *Manager) reuseOtherKind(ctx context.Context, s Spec) (found, bool, bool, error) {
+func (m *Manager) reuseOtherKind(ctx context.Context, s api.Spec) (found, bool, bool, error) {
 	f, err := m.fetch(ctx, s.ID)
 	if err != nil {
 		return found{}, false, false, err
@@ -163,7 +164,7 @@ func (m *Manager) reuseOtherKind(ctx context.Context, s Spec) (found, bool, bool
 			return found{}, false, false, err
 		}
 	default:
-		return found{}, false, false, &Error{Kind: KindConflict, Detail: "sandbox " + s.ID + " is being created and deleted concurrently; retry"}
+		return found{}, false, false, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " is being created and deleted concurrently; retry"}
 	}
 	return f, true, false, nil
 }
@@ -171,7 +172,7 @@ func (m *Manager) reuseOtherKind(ctx context.Context, s Spec) (found, bool, bool
 // createPodOnce makes one attempt: Pod first, then the Service and the
 // quota count concurrently. Isolation needs no write: the shared
 // NetworkPolicy selects the Pod by label from its first moment.
-func (m *Manager) createPodOnce(ctx context.Context, s Spec) (found, bool, bool, error) {
+func (m *Manager) createPodOnce(ctx context.Context, s api.Spec) (found, bool, bool, error) {
 	pod, existed, err := m.ensurePod(ctx, s)
 	if err != nil {
 		return found{}, false, false, err
@@ -185,7 +186,7 @@ func (m *Manager) createPodOnce(ctx context.Context, s Spec) (found, bool, bool,
 
 // createReplicaSetOnce is createPodOnce for the ReplicaSet kind. The Pod
 // comes from the ReplicaSet controller, after this returns.
-func (m *Manager) createReplicaSetOnce(ctx context.Context, s Spec) (found, bool, bool, error) {
+func (m *Manager) createReplicaSetOnce(ctx context.Context, s api.Spec) (found, bool, bool, error) {
 	rs, existed, err := m.ensureReplicaSet(ctx, s)
 	if err != nil {
 		return found{}, false, false, err
@@ -209,7 +210,7 @@ func (m *Manager) createReplicaSetOnce(ctx context.Context, s Spec) (found, bool
 // two writes and a look into the Service cache. A new workload that is
 // refused, whose count fails, or whose id turns out to be the other kind's
 // (errOtherKind) is removed again.
-func (m *Manager) serviceAndQuota(ctx context.Context, s Spec, workload workloadObject, owner metav1.OwnerReference, existed bool) (*corev1.Service, bool, error) {
+func (m *Manager) serviceAndQuota(ctx context.Context, s api.Spec, workload workloadObject, owner metav1.OwnerReference, existed bool) (*corev1.Service, bool, error) {
 	svc, repaired, svcErr := m.ensureService(ctx, s, owner, existed)
 	var quotaErr error
 	if svcErr == nil && !existed && limited(m.cfg) {
@@ -235,7 +236,7 @@ func (m *Manager) serviceAndQuota(ctx context.Context, s Spec, workload workload
 
 // ensurePod creates the Pod or adopts the existing one. A Pod that is being
 // deleted is not "already there": we wait for it to go, then create anew.
-func (m *Manager) ensurePod(ctx context.Context, s Spec) (*corev1.Pod, bool, error) {
+func (m *Manager) ensurePod(ctx context.Context, s api.Spec) (*corev1.Pod, bool, error) {
 	want := buildPod(m.cfg, s)
 	pods := m.client.CoreV1().Pods(m.cfg.Namespace)
 	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
@@ -267,15 +268,15 @@ func (m *Manager) ensurePod(ctx context.Context, s Spec) (*corev1.Pod, bool, err
 		}
 		return existing, true, nil
 	}
-	return nil, false, &Error{Kind: KindConflict, Detail: "sandbox " + s.ID + " is being created and deleted concurrently; retry"}
+	return nil, false, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " is being created and deleted concurrently; retry"}
 }
 
 // createFailed explains a failed create of the sandbox's kind of object;
 // a missing namespace is the operator's to fix, and a refusal by admission
 // names what refused it (see admissionRefusal).
-func (m *Manager) createFailed(err error, kind string, s Spec) error {
+func (m *Manager) createFailed(err error, kind string, s api.Spec) error {
 	if apierrors.IsNotFound(err) {
-		return &Error{Kind: KindInternal, Err: err,
+		return &api.Error{Kind: api.KindInternal, Err: err,
 			Detail: "namespace " + m.cfg.Namespace + " does not exist; create it (or set CREATE_NAMESPACE=true)"}
 	}
 	if refused := admissionRefusal(m.cfg, err, s, kind); refused != nil {
@@ -289,28 +290,28 @@ func (m *Manager) createFailed(err error, kind string, s Spec) error {
 // anyone who can create could pre-create another user's sandbox and receive
 // that user's agent traffic, or take over an existing one. The detail names
 // neither the owner nor the URL.
-func checkOwner(obj metav1.Object, kind string, s Spec) error {
+func checkOwner(obj metav1.Object, kind string, s api.Spec) error {
 	if !IsSandbox(obj, s.ID) {
-		return &Error{Kind: KindConflict, Detail: "a " + kind + " named " + obj.GetName() + " exists and is not a sandbox; choose another sandbox_id"}
+		return &api.Error{Kind: api.KindConflict, Detail: "a " + kind + " named " + obj.GetName() + " exists and is not a sandbox; choose another sandbox_id"}
 	}
-	if a := obj.GetAnnotations(); a[keys.AnnotationUserID] != s.UserID || a[keys.AnnotationThreadID] != s.ThreadID || !s.Caller.sees(obj) {
-		return &Error{Kind: KindConflict, Detail: "sandbox " + s.ID + " exists for another user or thread; choose another sandbox_id"}
+	if a := obj.GetAnnotations(); a[keys.AnnotationUserID] != s.UserID || a[keys.AnnotationThreadID] != s.ThreadID || !s.Caller.Sees(obj) {
+		return &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " exists for another user or thread; choose another sandbox_id"}
 	}
 	return nil
 }
 
 // checkCapacity refuses to reuse a Pod that was created for fewer shell
 // sessions than now requested, so DeerFlow's backend replaces it.
-func checkCapacity(obj metav1.Object, s Spec) error {
+func checkCapacity(obj metav1.Object, s api.Spec) error {
 	if s.MaxShellSessions == 0 {
 		return nil
 	}
 	have, err := strconv.Atoi(obj.GetAnnotations()[keys.AnnotationMaxShellSessions])
 	if err != nil {
-		return &Error{Kind: KindConflict, Detail: "sandbox " + s.ID + " exists but was created without max_shell_sessions; delete it and create it again to get " + strconv.Itoa(s.MaxShellSessions)}
+		return &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " exists but was created without max_shell_sessions; delete it and create it again to get " + strconv.Itoa(s.MaxShellSessions)}
 	}
 	if have < s.MaxShellSessions {
-		return &Error{Kind: KindConflict, Detail: "sandbox " + s.ID + " exists with capacity for " + strconv.Itoa(have) +
+		return &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " exists with capacity for " + strconv.Itoa(have) +
 			" shell sessions, fewer than the " + strconv.Itoa(s.MaxShellSessions) + " requested; delete it and create it again"}
 	}
 	return nil
@@ -322,7 +323,7 @@ func checkCapacity(obj metav1.Object, s Spec) error {
 // existed it reads first, since the Service most likely exists too
 // (DeerFlow creates on every reuse). A Service owned by a live workload of
 // the other kind is errOtherKind.
-func (m *Manager) ensureService(ctx context.Context, s Spec, owner metav1.OwnerReference, readFirst bool) (*corev1.Service, bool, error) {
+func (m *Manager) ensureService(ctx context.Context, s api.Spec, owner metav1.OwnerReference, readFirst bool) (*corev1.Service, bool, error) {
 	want := BuildService(m.cfg, s, owner)
 	svcs := m.client.CoreV1().Services(m.cfg.Namespace)
 	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
@@ -344,7 +345,7 @@ func (m *Manager) ensureService(ctx context.Context, s Spec, owner metav1.OwnerR
 			return nil, false, classify(err, "read the existing sandbox Service")
 		}
 		if !IsSandbox(existing, s.ID) {
-			return nil, false, &Error{Kind: KindConflict, Detail: "a Service named " + existing.Name + " exists and is not a sandbox's; choose another sandbox_id"}
+			return nil, false, &api.Error{Kind: api.KindConflict, Detail: "a Service named " + existing.Name + " exists and is not a sandbox's; choose another sandbox_id"}
 		}
 		current := sandboxOwner(existing.OwnerReferences)
 		switch {
@@ -384,10 +385,10 @@ func (m *Manager) ensureService(ctx context.Context, s Spec, owner metav1.OwnerR
 			}
 		}
 	}
-	return nil, false, &Error{Kind: KindConflict, Detail: "the Service of sandbox " + s.ID + " is changing concurrently; retry"}
+	return nil, false, &api.Error{Kind: api.KindConflict, Detail: "the Service of sandbox " + s.ID + " is changing concurrently; retry"}
 }
 
-func (m *Manager) adopt(ctx context.Context, svc *corev1.Service, owner metav1.OwnerReference, s Spec) (*corev1.Service, error) {
+func (m *Manager) adopt(ctx context.Context, svc *corev1.Service, owner metav1.OwnerReference, s api.Spec) (*corev1.Service, error) {
 	c := svc.DeepCopy()
 	c.OwnerReferences = append(c.OwnerReferences, owner)
 	recordPrincipal(c, s)

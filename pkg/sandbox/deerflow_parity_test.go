@@ -8,6 +8,7 @@ import (
 	"path"
 	"testing"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 )
@@ -342,7 +343,7 @@ func TestMountsMatchDeerFlow(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			req, err := DecodeCreateRequest(raw)
+			req, err := api.DecodeCreateRequest(raw)
 			if err != nil {
 				t.Fatal(err)
 			}

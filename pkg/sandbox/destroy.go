@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -35,7 +36,7 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 		}
 		m.audit(ctx, "destroy", id, result, err)
 	}()
-	if err := ValidateID(id); err != nil {
+	if err := api.ValidateID(id); err != nil {
 		return err
 	}
 	f, hidden, err := m.fetchVisible(ctx, id)

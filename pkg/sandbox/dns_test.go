@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -79,15 +80,15 @@ func TestCreateAnswersOnceItsNameResolves(t *testing.T) {
 			m := NewManager(testConfig(t, map[string]string{"SANDBOX_SERVICE_TYPE": mode, "SANDBOX_NETWORK_POLICY_ENSURE": "true"}), client)
 			// Not the bound that ends the wait here: the slice does.
 			m.nameWait = time.Minute
-			ctx, cancel := context.WithTimeout(WithCaller(context.Background(), Caller{Principal: "default"}), 30*time.Second)
+			ctx, cancel := context.WithTimeout(api.WithCaller(context.Background(), api.Caller{Principal: "default"}), 30*time.Second)
 			defer cancel()
 			type answer struct {
-				sb  Sandbox
+				sb  api.Sandbox
 				err error
 			}
 			answered := make(chan answer, 1)
 			go func() {
-				sb, err := m.Create(ctx, Spec{ID: "new1", UserID: "u", ThreadID: "t", IdleTimeout: time.Hour, MaxLifetime: time.Hour}, 0)
+				sb, err := m.Create(ctx, api.Spec{ID: "new1", UserID: "u", ThreadID: "t", IdleTimeout: time.Hour, MaxLifetime: time.Hour}, 0)
 				answered <- answer{sb, err}
 			}()
 			if mode != "Headless" {
@@ -189,11 +190,11 @@ func TestNameWaitFallsBackOrGivesUp(t *testing.T) {
 			})
 			m := NewManager(testConfig(t, map[string]string{"SANDBOX_SERVICE_TYPE": "Headless", "SANDBOX_NETWORK_POLICY_ENSURE": "true"}), client)
 			m.nameWait = time.Minute // far beyond the test's patience: only the fallback or the refusal ends it
-			ctx, cancel := context.WithTimeout(WithCaller(context.Background(), Caller{Principal: "default"}), 30*time.Second)
+			ctx, cancel := context.WithTimeout(api.WithCaller(context.Background(), api.Caller{Principal: "default"}), 30*time.Second)
 			defer cancel()
 			done := make(chan error, 1)
 			go func() {
-				_, err := m.Create(ctx, Spec{ID: "new1", UserID: "u", ThreadID: "t", IdleTimeout: time.Hour, MaxLifetime: time.Hour}, 0)
+				_, err := m.Create(ctx, api.Spec{ID: "new1", UserID: "u", ThreadID: "t", IdleTimeout: time.Hour, MaxLifetime: time.Hour}, 0)
 				done <- err
 			}()
 			select {

@@ -2,11 +2,13 @@ package sandbox
 
 import (
 	"fmt"
-	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"path"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -42,16 +44,16 @@ func FuzzCreateRequest(f *testing.F) {
 				panic(fmt.Sprintf("one input took over 5s: %q", body))
 			}
 		}()
-		req, err := DecodeCreateRequest(body)
+		req, err := api.DecodeCreateRequest(body)
 		if err != nil {
-			if k := KindOf(err); k != KindMalformed && k != KindInvalid {
+			if k := api.KindOf(err); k != api.KindMalformed && k != api.KindInvalid {
 				t.Fatalf("decode error of kind %v: %v", k, err)
 			}
 			return
 		}
 		s, err := req.Validate(cfg, created)
 		if err != nil {
-			if KindOf(err) != KindInvalid || DetailOf(err) == "" {
+			if api.KindOf(err) != api.KindInvalid || api.DetailOf(err) == "" {
 				t.Fatalf("validation error without kind or detail: %v", err)
 			}
 			return
@@ -64,7 +66,7 @@ func FuzzCreateRequest(f *testing.F) {
 	})
 }
 
-func checkInvariants(t *testing.T, base string, s Spec, pod *corev1.Pod) {
+func checkInvariants(t *testing.T, base string, s api.Spec, pod *corev1.Pod) {
 	t.Helper()
 	if msgs := validation.IsDNS1123Label(pod.Name); len(msgs) > 0 {
 		t.Fatalf("Pod name %q: %v", pod.Name, msgs)
@@ -115,7 +117,7 @@ func checkInvariants(t *testing.T, base string, s Spec, pod *corev1.Pod) {
 		}
 	}
 	for name := range s.Env {
-		if reservedEnv(name) != "" {
+		if api.ReservedEnv(name) != "" {
 			t.Fatalf("reserved env name %s accepted", name)
 		}
 	}
@@ -129,7 +131,7 @@ func FuzzValidateID(f *testing.F) {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, id string) {
-		if err := ValidateID(id); err != nil {
+		if err := api.ValidateID(id); err != nil {
 			return
 		}
 		for _, name := range []string{PodName(id), ServiceName(id)} {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"golang.org/x/sync/errgroup"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -13,10 +14,10 @@ import (
 // is "not found"; any failure to ask is a transient error, never a 404,
 // because DeerFlow deletes its record of a sandbox on 404. A Get counts as
 // activity. With wait > 0 it waits (by watch) until the Pod is Ready.
-func (m *Manager) Get(ctx context.Context, id string, wait time.Duration) (Sandbox, error) {
+func (m *Manager) Get(ctx context.Context, id string, wait time.Duration) (api.Sandbox, error) {
 	f, release, err := m.lookup(ctx, id, wait)
 	if err != nil {
-		return Sandbox{}, err
+		return api.Sandbox{}, err
 	}
 	defer release()
 	switch {
@@ -36,7 +37,7 @@ func (m *Manager) Get(ctx context.Context, id string, wait time.Duration) (Sandb
 // sandbox; nothing at all is "not found", and so is another principal's
 // sandbox (fetchVisible). The caller calls release.
 func (m *Manager) lookup(ctx context.Context, id string, wait time.Duration) (found, func(), error) {
-	if err := ValidateID(id); err != nil {
+	if err := api.ValidateID(id); err != nil {
 		return found{}, nil, err
 	}
 	release, err := m.admitWait(wait)
@@ -45,7 +46,7 @@ func (m *Manager) lookup(ctx context.Context, id string, wait time.Duration) (fo
 	}
 	f, _, err := m.fetchVisible(ctx, id)
 	if err == nil && f.pod == nil && f.rs == nil && f.svc == nil {
-		err = &Error{Kind: KindNotFound, Detail: "sandbox " + id + " not found"}
+		err = &api.Error{Kind: api.KindNotFound, Detail: "sandbox " + id + " not found"}
 	}
 	if err != nil {
 		release()

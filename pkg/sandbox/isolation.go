@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"golang.org/x/sync/singleflight"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -92,7 +93,7 @@ func (m *Manager) checkIsolation(ctx context.Context) error {
 		}
 	}
 	if apierrors.IsNotFound(err) {
-		verdict := &Error{Kind: KindUnavailable, Err: err, Detail: "the shared NetworkPolicy " + name +
+		verdict := &api.Error{Kind: api.KindUnavailable, Err: err, Detail: "the shared NetworkPolicy " + name +
 			" that isolates sandboxes does not exist, so no sandbox is created; apply config/701-networkpolicy-sandboxes.yaml (or set SANDBOX_NETWORK_POLICY_ENSURE=true)"}
 		m.isolation.store(verdict, "")
 		return verdict
@@ -106,7 +107,7 @@ func (m *Manager) checkIsolation(ctx context.Context) error {
 	}
 	var verdict error
 	if parts := specDiff(want.Spec, live.Spec); len(parts) > 0 {
-		verdict = &Error{Kind: KindUnavailable, Detail: fmt.Sprintf("the shared NetworkPolicy %s that isolates sandboxes is not what this function's settings make of it (its %s differ), so no sandbox is created; "+
+		verdict = &api.Error{Kind: api.KindUnavailable, Detail: fmt.Sprintf("the shared NetworkPolicy %s that isolates sandboxes is not what this function's settings make of it (its %s differ), so no sandbox is created; "+
 			"restore it (kubectl apply -f config/701-networkpolicy-sandboxes.yaml), or align the SANDBOX_* network settings with it", name, strings.Join(parts, ", "))}
 	}
 	m.isolation.store(verdict, live.ResourceVersion)

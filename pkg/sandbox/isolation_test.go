@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/google/go-cmp/cmp"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -79,8 +80,8 @@ func TestIsolationRechecked(t *testing.T) {
 			}
 			return
 		}
-		if KindOf(err) != KindUnavailable || !strings.Contains(DetailOf(err), "deer-flow/deer-flow-sandbox-isolation") || !strings.Contains(DetailOf(err), wantDetail) {
-			t.Fatalf("%s: %v (kind %v), want unavailable naming the policy and %q", what, err, KindOf(err), wantDetail)
+		if api.KindOf(err) != api.KindUnavailable || !strings.Contains(api.DetailOf(err), "deer-flow/deer-flow-sandbox-isolation") || !strings.Contains(api.DetailOf(err), wantDetail) {
+			t.Fatalf("%s: %v (kind %v), want unavailable naming the policy and %q", what, err, api.KindOf(err), wantDetail)
 		}
 	}
 	check("present", false, "")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sort"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"golang.org/x/sync/errgroup"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -15,7 +16,7 @@ import (
 // three API calls whatever the count: one list per kind (Pods, ReplicaSets,
 // Services), by label, issued concurrently. DeerFlow's provisioner made one
 // call per sandbox.
-func (m *Manager) List(ctx context.Context) ([]Sandbox, error) {
+func (m *Manager) List(ctx context.Context) ([]api.Sandbox, error) {
 	c, err := callerOf(ctx)
 	if err != nil {
 		return nil, err
@@ -27,12 +28,12 @@ func (m *Manager) List(ctx context.Context) ([]Sandbox, error) {
 	byID := all.byID()
 	ids := make([]string, 0, len(byID))
 	for id, f := range byID {
-		if c.seesSandbox(*f) {
+		if seesSandbox(c, *f) {
 			ids = append(ids, id)
 		}
 	}
 	sort.Strings(ids)
-	out := make([]Sandbox, 0, len(ids))
+	out := make([]api.Sandbox, 0, len(ids))
 	for _, id := range ids {
 		out = append(out, m.view(id, *byID[id]))
 	}

@@ -13,31 +13,11 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
-
-// Sandbox is what the provisioner reports about one sandbox. The first three
-// fields are DeerFlow's SandboxResponse; the rest are extra, which DeerFlow ignores.
-type Sandbox struct {
-	ID               string   `json:"sandbox_id"`
-	URL              string   `json:"sandbox_url"`
-	Status           string   `json:"status"`
-	MaxShellSessions *int     `json:"max_shell_sessions,omitempty"`
-	Ready            bool     `json:"ready"`
-	ExpiresAt        string   `json:"expires_at,omitempty"`
-	Missing          []string `json:"missing,omitempty"`
-	// WaitTimedOut and Reason are set when a caller asked to wait for
-	// readiness and the wait ended first; Reason says what the Pod is stuck on.
-	WaitTimedOut bool   `json:"wait_timed_out,omitempty"`
-	Reason       string `json:"reason,omitempty"`
-	// Pooled says that the sandbox's Pod was claimed from a warm pool.
-	Pooled bool `json:"pooled,omitempty"`
-}
-
-// StatusNotFound is DeerFlow's status for a sandbox whose Pod is gone.
-const StatusNotFound = "NotFound"
 
 // Recorder is the subset of client-go's record.EventRecorder we use.
 type Recorder interface {
@@ -120,7 +100,7 @@ func (m *Manager) admitWait(wait time.Duration) (release func(), err error) {
 	case m.waits <- struct{}{}:
 		return func() { <-m.waits }, nil
 	default:
-		return nil, &Error{Kind: KindQuota, Detail: fmt.Sprintf(
+		return nil, &api.Error{Kind: api.KindQuota, Detail: fmt.Sprintf(
 			"this replica is already waiting for %d sandboxes (MAX_CONCURRENT_WAITS); retry, or ask without a wait", cap(m.waits))}
 	}
 }
@@ -136,8 +116,8 @@ func (nopObserver) Reaped(string)               {}
 func (nopObserver) QuotaRefused(string)         {}
 
 // view joins what exists of a sandbox into a Sandbox.
-func (m *Manager) view(id string, f found) Sandbox {
-	sb := Sandbox{ID: id, Status: StatusNotFound}
+func (m *Manager) view(id string, f found) api.Sandbox {
+	sb := api.Sandbox{ID: id, Status: api.StatusNotFound}
 	if f.svc != nil {
 		sb.URL = m.url(f.svc)
 	} else {
@@ -151,7 +131,7 @@ func (m *Manager) view(id string, f found) Sandbox {
 	}
 	switch {
 	case f.rs != nil && paused(f.rs):
-		sb.Status = StatusPaused
+		sb.Status = api.StatusPaused
 		return sb
 	case f.rs != nil && f.pod == nil:
 		// The ReplicaSet is (re)creating its Pod.

@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/utils/ptr"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
@@ -109,7 +110,7 @@ func hasVolume(vs []corev1.Volume, name string) bool {
 //     THREADS_HOST_PATH/<thread>/user-data;
 //   - extra mounts, less those the Lark init container or broker provide;
 //   - the Lark runtime emptyDir, read-only, when either is on.
-func sandboxMounts(cfg *config.Config, s Spec) mountTable {
+func sandboxMounts(cfg *config.Config, s api.Spec) mountTable {
 	var t mountTable
 	if s.Resolved == nil || s.Resolved.DeerFlowMounts {
 		if cfg.SkillsPVCName != "" {
@@ -144,7 +145,7 @@ func sandboxMounts(cfg *config.Config, s Spec) mountTable {
 // broker holds the runtime shim and every credential directory (so the
 // sandbox never sees plaintext credentials); the init container only the
 // runtime.
-func larkSuperseded(s Spec) map[string]bool {
+func larkSuperseded(s api.Spec) map[string]bool {
 	switch {
 	case s.LarkCLIBroker:
 		return map[string]bool{mountLarkRuntime: true, mountLarkConfig: true, mountLarkLocks: true, mountLarkData: true}
@@ -156,7 +157,7 @@ func larkSuperseded(s Spec) map[string]bool {
 
 // brokerMounts are the broker sidecar's: the credential extra mounts the
 // request carried, at the sidecar's own paths.
-func brokerMounts(cfg *config.Config, s Spec) mountTable {
+func brokerMounts(cfg *config.Config, s api.Spec) mountTable {
 	var t mountTable
 	for _, p := range []struct{ from, to string }{
 		{mountLarkConfig, brokerConfigDir}, {mountLarkLocks, brokerLocksDir}, {mountLarkData, brokerDataDir},
@@ -175,7 +176,7 @@ func brokerMounts(cfg *config.Config, s Spec) mountTable {
 // DeerFlow does; otherwise from the node. A path outside the requester's
 // own tree is shared with other tenants and is read-only whatever the
 // request says.
-func extraEntry(cfg *config.Config, at string, m Mount) mountEntry {
+func extraEntry(cfg *config.Config, at string, m api.Mount) mountEntry {
 	readOnly := m.ReadOnly || hostRootOf(cfg, m.HostPath).shared
 	if cfg.UserdataPVCName != "" {
 		return mountEntry{path: at, volume: pvcVolume(userDataVolume, cfg.UserdataPVCName, false),
@@ -193,7 +194,7 @@ func claimSubPath(cfg *config.Config, hostPath string) string {
 
 // skillsClaimSubPath formats SKILLS_PVC_SUBPATH_TEMPLATE as DeerFlow does
 // (str.format with user_id and thread_id); empty mounts the whole claim.
-func skillsClaimSubPath(cfg *config.Config, s Spec) string {
+func skillsClaimSubPath(cfg *config.Config, s api.Spec) string {
 	return strings.NewReplacer("{user_id}", s.UserID, "{thread_id}", s.ThreadID).Replace(cfg.SkillsPVCSubpathTemplate)
 }
 
@@ -268,7 +269,7 @@ func sharedVolumeName(top, root string) string {
 // (pattern B) supersedes the init container (pattern A): its image installs
 // a shim into the runtime directory, and its sidecar holds the user's
 // credentials, which the sandbox container never mounts.
-func addLarkContainers(cfg *config.Config, s Spec, pod *corev1.Pod) {
+func addLarkContainers(cfg *config.Config, s api.Spec, pod *corev1.Pod) {
 	none := []string{}
 	runtimeRW := []corev1.VolumeMount{{Name: larkRuntimeVolume, MountPath: mountLarkRuntime}}
 	runtimeEnv := []corev1.EnvVar{{Name: "LARK_CLI_RUNTIME_DEST", Value: mountLarkRuntime}}

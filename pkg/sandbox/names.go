@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -75,7 +76,7 @@ func LabelValue(v string) string {
 	return "h-" + hex.EncodeToString(sum[:])[:40]
 }
 
-func labels(s Spec) map[string]string {
+func labels(s api.Spec) map[string]string {
 	return map[string]string{
 		keys.LabelApp:       keys.LabelAppValue,
 		keys.LabelID:        s.ID,

@@ -13,13 +13,14 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 )
 
 // BuildPod returns the sandbox Pod for spec. It is a pure function of its
 // arguments, which is what the builder tests pin.
-func BuildPod(cfg *config.Config, s Spec) *corev1.Pod {
+func BuildPod(cfg *config.Config, s api.Spec) *corev1.Pod {
 	var env []corev1.EnvVar
 	if s.MaxShellSessions > 0 {
 		env = append(env, corev1.EnvVar{Name: "MAX_SHELL_SESSIONS", Value: strconv.Itoa(s.MaxShellSessions)})
@@ -103,7 +104,7 @@ func requestEnv(in map[string]string) []corev1.EnvVar {
 	return env
 }
 
-func annotations(s Spec) map[string]string {
+func annotations(s api.Spec) map[string]string {
 	a := map[string]string{
 		keys.AnnotationUserID:       s.UserID,
 		keys.AnnotationThreadID:     s.ThreadID,
@@ -184,7 +185,7 @@ func containerSecurityContext(cfg *config.Config, add []string) *corev1.Security
 
 // memoryRequest is the limit itself by default, so that the scheduler
 // reserves all a sandbox may use and no sandbox can overcommit its node.
-func memoryRequest(cfg *config.Config, s Spec) resource.Quantity {
+func memoryRequest(cfg *config.Config, s api.Spec) resource.Quantity {
 	if cfg.MemoryRequestEqualsLimit {
 		return s.MemoryLimit
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/google/go-cmp/cmp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,7 +20,7 @@ import (
 // server (it filters lists by label as the real one does); test/e2e runs
 // the same behaviour against a real one, through both doors.
 
-func ownerSpec(id string) Spec {
+func ownerSpec(id string) api.Spec {
 	s := testSpec()
 	s.ID, s.Now = id, time.Now()
 	return s
@@ -55,9 +56,9 @@ func TestPrincipalsSeeOnlyTheirOwn(t *testing.T) {
 	m := NewManager(testConfig(t, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "true"}), client,
 		WithAuditLog(slog.New(slog.NewJSONHandler(&buf, nil))))
 	bg := context.Background()
-	alice := WithCaller(bg, Caller{Principal: "alice"})
-	bob := WithCaller(bg, Caller{Principal: "system:serviceaccount:deer-flow:bob"})
-	admin := WithCaller(bg, Caller{Principal: "ops", Admin: true})
+	alice := api.WithCaller(bg, api.Caller{Principal: "alice"})
+	bob := api.WithCaller(bg, api.Caller{Principal: "system:serviceaccount:deer-flow:bob"})
+	admin := api.WithCaller(bg, api.Caller{Principal: "ops", Admin: true})
 	for _, c := range []struct {
 		ctx context.Context
 		id  string
@@ -99,16 +100,16 @@ func TestPrincipalsSeeOnlyTheirOwn(t *testing.T) {
 	}
 	// The sandbox from before principals is the default key's, the one
 	// credential that could make it then.
-	deflt := WithCaller(bg, Caller{Principal: LegacyPrincipal})
+	deflt := api.WithCaller(bg, api.Caller{Principal: api.LegacyPrincipal})
 	if diff := cmp.Diff(map[string][]string{"alice": {"a1"}, "bob": {"b1"}, "admin": {"a1", "b1", "old1"}, "default": {"old1"}},
 		map[string][]string{"alice": listed(alice), "bob": listed(bob), "admin": listed(admin), "default": listed(deflt)}); diff != "" {
 		t.Errorf("lists (-want +got):\n%s", diff)
 	}
 
-	kinds := map[string]Kind{}
+	kinds := map[string]api.Kind{}
 	record := func(name string, err error) {
 		if err != nil {
-			kinds[name] = KindOf(err)
+			kinds[name] = api.KindOf(err)
 		} else {
 			kinds[name] = -1
 		}
@@ -133,10 +134,10 @@ func TestPrincipalsSeeOnlyTheirOwn(t *testing.T) {
 	record("alice gets a1", err)
 	_, err = m.Get(bg, "a1", 0)
 	record("nobody gets a1", err)
-	want := map[string]Kind{
-		"bob gets a1": KindNotFound, "bob pauses a1": KindNotFound, "bob resumes a1": KindNotFound,
-		"bob destroys a1": -1, "bob destroys never1": -1, "bob creates a1": KindConflict,
-		"alice gets old1": KindNotFound, "default gets old1": -1, "admin gets a1": -1, "alice gets a1": -1, "nobody gets a1": KindInternal,
+	want := map[string]api.Kind{
+		"bob gets a1": api.KindNotFound, "bob pauses a1": api.KindNotFound, "bob resumes a1": api.KindNotFound,
+		"bob destroys a1": -1, "bob destroys never1": -1, "bob creates a1": api.KindConflict,
+		"alice gets old1": api.KindNotFound, "default gets old1": -1, "admin gets a1": -1, "alice gets a1": -1, "nobody gets a1": api.KindInternal,
 	}
 	if diff := cmp.Diff(want, kinds); diff != "" {
 		t.Errorf("error kinds, -1 for none (-want +got):\n%s", diff)
@@ -182,9 +183,9 @@ func TestPerPrincipalQuota(t *testing.T) {
 		WithAuditLog(slog.New(slog.NewJSONHandler(&buf, nil))))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	alice := WithCaller(ctx, Caller{Principal: "alice"})
-	bob := WithCaller(ctx, Caller{Principal: "bob"})
-	got := map[string]Kind{}
+	alice := api.WithCaller(ctx, api.Caller{Principal: "alice"})
+	bob := api.WithCaller(ctx, api.Caller{Principal: "bob"})
+	got := map[string]api.Kind{}
 	for _, c := range []struct {
 		name string
 		ctx  context.Context
@@ -193,13 +194,13 @@ func TestPerPrincipalQuota(t *testing.T) {
 		_, err := m.Create(c.ctx, ownerSpec(c.id), 0)
 		got[c.name] = -1
 		if err != nil {
-			got[c.name] = KindOf(err)
-			if !strings.Contains(DetailOf(err), "MAX_SANDBOXES_PER_PRINCIPAL") {
-				t.Errorf("%s: detail %q does not name MAX_SANDBOXES_PER_PRINCIPAL", c.name, DetailOf(err))
+			got[c.name] = api.KindOf(err)
+			if !strings.Contains(api.DetailOf(err), "MAX_SANDBOXES_PER_PRINCIPAL") {
+				t.Errorf("%s: detail %q does not name MAX_SANDBOXES_PER_PRINCIPAL", c.name, api.DetailOf(err))
 			}
 		}
 	}
-	if diff := cmp.Diff(map[string]Kind{"alice a1": -1, "alice a2": KindQuota, "alice a1 again": -1, "bob b1": -1}, got); diff != "" {
+	if diff := cmp.Diff(map[string]api.Kind{"alice a1": -1, "alice a2": api.KindQuota, "alice a1 again": -1, "bob b1": -1}, got); diff != "" {
 		t.Errorf("error kinds, -1 for none (-want +got):\n%s", diff)
 	}
 	pods, err := client.CoreV1().Pods("deer-flow").List(ctx, metav1.ListOptions{})

@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 )
@@ -17,7 +18,7 @@ import (
 // quotaError is a quota refusal; contended says whether racing creates (not
 // long-lived sandboxes) fill the limit, so that another round may succeed.
 type quotaError struct {
-	err       *Error
+	err       *api.Error
 	scope     string // total, user or principal
 	contended bool
 }
@@ -78,7 +79,7 @@ func limited(cfg *config.Config) bool {
 // again: the sandbox the retry would create counts as one more, and a
 // sandbox of this id that someone else created meanwhile means room (it is
 // never refused).
-func (m *Manager) checkQuota(ctx context.Context, s Spec, own *corev1.Service) error {
+func (m *Manager) checkQuota(ctx context.Context, s api.Spec, own *corev1.Service) error {
 	prospective := 0
 	if own == nil {
 		prospective = 1
@@ -150,15 +151,15 @@ func (m *Manager) checkQuota(ctx context.Context, s Spec, own *corev1.Service) e
 		t = tally(svcs, own, user, principal, prospective, gone)
 	}
 	if m.cfg.MaxSandboxes > 0 && t.total > m.cfg.MaxSandboxes {
-		return &quotaError{scope: "total", contended: t.settledTotal < m.cfg.MaxSandboxes, err: &Error{Kind: KindQuota, Detail: fmt.Sprintf(
+		return &quotaError{scope: "total", contended: t.settledTotal < m.cfg.MaxSandboxes, err: &api.Error{Kind: api.KindQuota, Detail: fmt.Sprintf(
 			"the provisioner's limit of %d sandboxes in total is reached; destroy a sandbox or raise MAX_SANDBOXES", m.cfg.MaxSandboxes)}}
 	}
 	if m.cfg.MaxSandboxesPerUser > 0 && t.mine > m.cfg.MaxSandboxesPerUser {
-		return &quotaError{scope: "user", contended: t.settledMine < m.cfg.MaxSandboxesPerUser, err: &Error{Kind: KindQuota, Detail: fmt.Sprintf(
+		return &quotaError{scope: "user", contended: t.settledMine < m.cfg.MaxSandboxesPerUser, err: &api.Error{Kind: api.KindQuota, Detail: fmt.Sprintf(
 			"user %s has reached the limit of %d sandboxes per user; destroy one or raise MAX_SANDBOXES_PER_USER", s.UserID, m.cfg.MaxSandboxesPerUser)}}
 	}
 	if m.cfg.MaxSandboxesPerPrincipal > 0 && t.ours > m.cfg.MaxSandboxesPerPrincipal {
-		return &quotaError{scope: "principal", contended: t.settledOurs < m.cfg.MaxSandboxesPerPrincipal, err: &Error{Kind: KindQuota, Detail: fmt.Sprintf(
+		return &quotaError{scope: "principal", contended: t.settledOurs < m.cfg.MaxSandboxesPerPrincipal, err: &api.Error{Kind: api.KindQuota, Detail: fmt.Sprintf(
 			"%s has reached the limit of %d sandboxes per principal; destroy one or raise MAX_SANDBOXES_PER_PRINCIPAL", s.Caller.Principal, m.cfg.MaxSandboxesPerPrincipal)}}
 	}
 	return nil

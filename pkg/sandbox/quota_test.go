@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -25,8 +26,8 @@ import (
 // real one is in test/e2e): a create whose count was refused or failed
 // removes its Pod and Service, so nothing lingers that no count admitted.
 func TestCreateLeavesNothingWhenTheCountFails(t *testing.T) {
-	olderPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: PodName("older"), Namespace: "deer-flow", UID: "pod-older", Labels: labels(Spec{ID: "older"})}}
-	olderSvc := BuildService(testConfig(t, nil), Spec{ID: "older"}, PodOwnerRef(olderPod))
+	olderPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: PodName("older"), Namespace: "deer-flow", UID: "pod-older", Labels: labels(api.Spec{ID: "older"})}}
+	olderSvc := BuildService(testConfig(t, nil), api.Spec{ID: "older"}, PodOwnerRef(olderPod))
 	olderSvc.CreationTimestamp = metav1.NewTime(time.Now().Add(-time.Hour))
 	existing := []runtime.Object{olderPod, olderSvc}
 	tests := []struct {
@@ -35,16 +36,16 @@ func TestCreateLeavesNothingWhenTheCountFails(t *testing.T) {
 		objects  []runtime.Object
 		cache    bool   // the Service cache runs (Manager.Run)
 		failList string // the resource whose list fails
-		wantKind Kind
+		wantKind api.Kind
 	}{
-		{name: "without the cache, the Services list fails", failList: "services", wantKind: KindUnavailable},
-		{name: "without the cache, refused", env: map[string]string{"MAX_SANDBOXES": "1"}, objects: existing, wantKind: KindQuota},
+		{name: "without the cache, the Services list fails", failList: "services", wantKind: api.KindUnavailable},
+		{name: "without the cache, refused", env: map[string]string{"MAX_SANDBOXES": "1"}, objects: existing, wantKind: api.KindQuota},
 		{name: "refused from the cache, which lists nothing more", env: map[string]string{"MAX_SANDBOXES": "1"}, objects: existing, cache: true,
-			wantKind: KindQuota},
+			wantKind: api.KindQuota},
 		{name: "at the limit, the ended Pods list fails", env: map[string]string{"MAX_SANDBOXES": "1"}, objects: existing, cache: true,
-			failList: "pods", wantKind: KindUnavailable},
+			failList: "pods", wantKind: api.KindUnavailable},
 		{name: "per user, refused from the cache", env: map[string]string{"MAX_SANDBOXES_PER_USER": "1"}, objects: []runtime.Object{
-			olderPod, func() *corev1.Service { s := olderSvc.DeepCopy(); s.Labels[keys.LabelUser] = "u"; return s }()}, cache: true, wantKind: KindQuota},
+			olderPod, func() *corev1.Service { s := olderSvc.DeepCopy(); s.Labels[keys.LabelUser] = "u"; return s }()}, cache: true, wantKind: api.KindQuota},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -64,7 +65,7 @@ func TestCreateLeavesNothingWhenTheCountFails(t *testing.T) {
 				return false, nil, nil
 			})
 			m := NewManager(testConfig(t, env), client)
-			ctx, cancel := context.WithTimeout(WithCaller(context.Background(), Caller{Principal: "default"}), 10*time.Second)
+			ctx, cancel := context.WithTimeout(api.WithCaller(context.Background(), api.Caller{Principal: "default"}), 10*time.Second)
 			defer cancel()
 			if tc.cache {
 				m.Run(ctx)
@@ -85,9 +86,9 @@ func TestCreateLeavesNothingWhenTheCountFails(t *testing.T) {
 				}
 				return false, nil, nil
 			})
-			_, err := m.Create(ctx, Spec{ID: "new1", UserID: "u", ThreadID: "t", IdleTimeout: time.Hour, MaxLifetime: time.Hour}, 0)
-			if KindOf(err) != tc.wantKind {
-				t.Fatalf("create: %v (kind %v), want kind %v", err, KindOf(err), tc.wantKind)
+			_, err := m.Create(ctx, api.Spec{ID: "new1", UserID: "u", ThreadID: "t", IdleTimeout: time.Hour, MaxLifetime: time.Hour}, 0)
+			if api.KindOf(err) != tc.wantKind {
+				t.Fatalf("create: %v (kind %v), want kind %v", err, api.KindOf(err), tc.wantKind)
 			}
 			pods, perr := client.Tracker().List(corev1.SchemeGroupVersion.WithResource("pods"), corev1.SchemeGroupVersion.WithKind("Pod"), "deer-flow")
 			svcs, serr := client.Tracker().List(corev1.SchemeGroupVersion.WithResource("services"), corev1.SchemeGroupVersion.WithKind("Service"), "deer-flow")

@@ -15,24 +15,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
-
-// Reaped says what one reap removed.
-type Reaped struct {
-	Removed []ReapedSandbox `json:"removed"`
-	Count   int             `json:"count"`
-	// Paused lists the idle sandboxes paused instead of removed (templates
-	// with idle-action pause).
-	Paused []ReapedSandbox `json:"paused,omitempty"`
-}
-
-// ReapedSandbox is one removed sandbox and why.
-type ReapedSandbox struct {
-	ID     string `json:"sandbox_id"`
-	Reason string `json:"reason"` // idle, lifetime, ended, paused-timeout, orphaned-service
-}
 
 // Reap deletes every expired sandbox and every ended Pod (Succeeded/Failed,
 // e.g. after activeDeadlineSeconds), with their Services. It runs on demand
@@ -40,7 +26,7 @@ type ReapedSandbox struct {
 // process scales to zero. Each delete carries the UID and resourceVersion it
 // judged, so a sandbox touched since, or reaped by a concurrent reaper, is
 // left alone and counted once.
-func (m *Manager) Reap(ctx context.Context) (Reaped, error) {
+func (m *Manager) Reap(ctx context.Context) (api.Reaped, error) {
 	r, err := m.reap(ctx)
 	ids := make([]string, 0, len(r.Removed))
 	for _, s := range r.Removed {
@@ -57,10 +43,10 @@ func (m *Manager) Reap(ctx context.Context) (Reaped, error) {
 // reap is Reap without the audit line. Expiry is the operator's policy,
 // not the caller's: it judges every sandbox, whoever created it (the
 // operation itself is gated per principal, PROVISIONER_PRINCIPAL_OPERATIONS).
-func (m *Manager) reap(ctx context.Context) (Reaped, error) {
+func (m *Manager) reap(ctx context.Context) (api.Reaped, error) {
 	all, err := m.listAll(ctx, selectorAll)
 	if err != nil {
-		return Reaped{}, err
+		return api.Reaped{}, err
 	}
 	pods, svcs := all.pods, all.svcs
 	now := time.Now()
@@ -139,7 +125,7 @@ func (m *Manager) reap(ctx context.Context) (Reaped, error) {
 
 	var (
 		mu   sync.Mutex
-		out  = Reaped{Removed: []ReapedSandbox{}}
+		out  = api.Reaped{Removed: []api.ReapedSandbox{}}
 		errs []error
 		wg   sync.WaitGroup
 		sem  = make(chan struct{}, 16)
@@ -154,14 +140,14 @@ func (m *Manager) reap(ctx context.Context) (Reaped, error) {
 			defer mu.Unlock()
 			switch {
 			case err == nil && v.pause:
-				out.Paused = append(out.Paused, ReapedSandbox{ID: v.id, Reason: v.reason})
+				out.Paused = append(out.Paused, api.ReapedSandbox{ID: v.id, Reason: v.reason})
 				m.observer.Reaped("paused")
 				m.recorder.Eventf(v.obj, corev1.EventTypeNormal, "SandboxPaused", "Paused idle sandbox %s", v.id)
 			case err == nil:
-				out.Removed = append(out.Removed, ReapedSandbox{ID: v.id, Reason: v.reason})
+				out.Removed = append(out.Removed, api.ReapedSandbox{ID: v.id, Reason: v.reason})
 				m.observer.Reaped(v.reason)
 				m.recorder.Eventf(v.obj, corev1.EventTypeNormal, "SandboxReaped", "Reaped sandbox %s: %s", v.id, v.reason)
-			case apierrors.IsNotFound(err) || apierrors.IsConflict(err) || KindOf(err) == KindConflict:
+			case apierrors.IsNotFound(err) || apierrors.IsConflict(err) || api.KindOf(err) == api.KindConflict:
 				// Reaped by another replica, or touched since we looked: not ours to remove.
 			default:
 				errs = append(errs, err)

@@ -15,14 +15,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
-
-// StatusPaused is the status of a sandbox scaled to zero: no Pod, its
-// Service (and so its URL) and its data kept.
-const StatusPaused = "Paused"
 
 // found is what exists of one sandbox: its Service and either a bare Pod or
 // a ReplicaSet and (unless paused or between Pods) its current Pod.
@@ -54,7 +51,7 @@ func paused(rs *appsv1.ReplicaSet) bool { return rs.Spec.Replicas != nil && *rs.
 // activeDeadlineSeconds: a Pod ended by its deadline would only be replaced,
 // so expiry is the reap deleting the ReplicaSet. Lifecycle annotations live
 // on the ReplicaSet, which outlives its Pods.
-func BuildReplicaSet(cfg *config.Config, s Spec) *appsv1.ReplicaSet {
+func BuildReplicaSet(cfg *config.Config, s api.Spec) *appsv1.ReplicaSet {
 	pod := buildPod(cfg, s)
 	pod.Spec.ActiveDeadlineSeconds = nil
 	rsAnnotations := maps.Clone(pod.Annotations)
@@ -93,7 +90,7 @@ func replicaSetSelector(id string) map[string]string {
 // ensureReplicaSet creates the ReplicaSet or adopts the existing one (for
 // the same user and thread); a paused one is resumed, so DeerFlow's create
 // on a paused sandbox brings it back.
-func (m *Manager) ensureReplicaSet(ctx context.Context, s Spec) (*appsv1.ReplicaSet, bool, error) {
+func (m *Manager) ensureReplicaSet(ctx context.Context, s api.Spec) (*appsv1.ReplicaSet, bool, error) {
 	want := BuildReplicaSet(m.cfg, s)
 	rss := m.client.AppsV1().ReplicaSets(m.cfg.Namespace)
 	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
@@ -114,17 +111,17 @@ func (m *Manager) ensureReplicaSet(ctx context.Context, s Spec) (*appsv1.Replica
 		existing, err = m.reuseReplicaSet(ctx, existing, s)
 		return existing, true, err
 	}
-	return nil, false, &Error{Kind: KindConflict, Detail: "sandbox " + s.ID + " is being created and deleted concurrently; retry"}
+	return nil, false, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " is being created and deleted concurrently; retry"}
 }
 
 // reuseReplicaSet hands an existing ReplicaSet sandbox to a create: only to
 // its own user and thread, with enough capacity, resumed if paused.
-func (m *Manager) reuseReplicaSet(ctx context.Context, rs *appsv1.ReplicaSet, s Spec) (*appsv1.ReplicaSet, error) {
+func (m *Manager) reuseReplicaSet(ctx context.Context, rs *appsv1.ReplicaSet, s api.Spec) (*appsv1.ReplicaSet, error) {
 	if err := checkOwner(rs, "ReplicaSet", s); err != nil {
 		return nil, err
 	}
 	if rs.DeletionTimestamp != nil {
-		return nil, &Error{Kind: KindConflict, Detail: "sandbox " + s.ID + " is being deleted; retry in a moment"}
+		return nil, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " is being deleted; retry in a moment"}
 	}
 	if err := checkCapacity(rs, s); err != nil {
 		return nil, err
@@ -159,7 +156,7 @@ func (m *Manager) scale(ctx context.Context, rs *appsv1.ReplicaSet, replicas int
 	out, err := m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Patch(ctx, rs.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 	if err != nil {
 		if apierrors.IsConflict(err) {
-			return nil, &Error{Kind: KindConflict, Err: err, Detail: "sandbox " + rs.Labels[keys.LabelID] + " changed while being paused or resumed; retry"}
+			return nil, &api.Error{Kind: api.KindConflict, Err: err, Detail: "sandbox " + rs.Labels[keys.LabelID] + " changed while being paused or resumed; retry"}
 		}
 		return nil, classify(err, "scale the sandbox ReplicaSet")
 	}
@@ -200,7 +197,7 @@ func (m *Manager) podsOf(ctx context.Context, rs *appsv1.ReplicaSet) (*corev1.Po
 
 // Pause scales a ReplicaSet sandbox to zero: its Pod goes, its Service, URL
 // and data stay, and it reports Paused. Pausing a paused sandbox is a no-op.
-func (m *Manager) Pause(ctx context.Context, id string) (Sandbox, error) {
+func (m *Manager) Pause(ctx context.Context, id string) (api.Sandbox, error) {
 	sb, err := m.setPaused(ctx, id, true, 0)
 	m.audit(ctx, "pause", id, outcome(err), err)
 	return sb, err
@@ -208,23 +205,23 @@ func (m *Manager) Pause(ctx context.Context, id string) (Sandbox, error) {
 
 // Resume scales a paused ReplicaSet sandbox back to one Pod, at the same
 // URL. With wait > 0 it waits for the Pod to be Ready.
-func (m *Manager) Resume(ctx context.Context, id string, wait time.Duration) (Sandbox, error) {
+func (m *Manager) Resume(ctx context.Context, id string, wait time.Duration) (api.Sandbox, error) {
 	sb, err := m.setPaused(ctx, id, false, wait)
 	m.audit(ctx, "resume", id, outcome(err), err)
 	return sb, err
 }
 
-func (m *Manager) setPaused(ctx context.Context, id string, pause bool, wait time.Duration) (Sandbox, error) {
+func (m *Manager) setPaused(ctx context.Context, id string, pause bool, wait time.Duration) (api.Sandbox, error) {
 	f, release, err := m.lookup(ctx, id, wait)
 	if err != nil {
-		return Sandbox{}, err
+		return api.Sandbox{}, err
 	}
 	defer release()
 	switch {
 	case f.rs == nil && f.pod != nil:
-		return Sandbox{}, &Error{Kind: KindConflict, Detail: "sandbox " + id + " is a bare Pod, which cannot be paused or resumed; create sandboxes from a template of kind ReplicaSet for that"}
+		return api.Sandbox{}, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + id + " is a bare Pod, which cannot be paused or resumed; create sandboxes from a template of kind ReplicaSet for that"}
 	case f.rs == nil:
-		return Sandbox{}, &Error{Kind: KindConflict, Detail: "sandbox " + id + " has only its Service left, nothing to pause or resume; create it again"}
+		return api.Sandbox{}, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + id + " has only its Service left, nothing to pause or resume; create it again"}
 	}
 	if paused(f.rs) != pause {
 		replicas, verb, event := int32(1), "resumed", "SandboxResumed"
@@ -232,7 +229,7 @@ func (m *Manager) setPaused(ctx context.Context, id string, pause bool, wait tim
 			replicas, verb, event = 0, "paused", "SandboxPaused"
 		}
 		if f.rs, err = m.scale(ctx, f.rs, replicas, false); err != nil {
-			return Sandbox{}, err
+			return api.Sandbox{}, err
 		}
 		m.recorder.Eventf(f.rs, corev1.EventTypeNormal, event, "Sandbox %s %s", id, verb)
 	}

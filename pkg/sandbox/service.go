@@ -6,6 +6,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 )
@@ -19,7 +20,7 @@ import (
 // A ReplicaSet's Service carries keys.LabelWorkload too: the quota counts
 // ReplicaSet sandboxes through their Services on the hot path (see
 // checkQuota).
-func BuildService(cfg *config.Config, s Spec, owner metav1.OwnerReference) *corev1.Service {
+func BuildService(cfg *config.Config, s api.Spec, owner metav1.OwnerReference) *corev1.Service {
 	l := labels(s)
 	if owner.Kind == "ReplicaSet" {
 		l[keys.LabelWorkload] = keys.WorkloadReplicaSetValue

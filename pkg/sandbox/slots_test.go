@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -37,7 +38,7 @@ func TestSlotsBoundedBy(t *testing.T) {
 			var objs []runtime.Object
 			for i := range tt.cached {
 				id := fmt.Sprintf("s%d", i)
-				objs = append(objs, BuildService(testConfig(t, nil), Spec{ID: id}, PodOwnerRef(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: PodName(id)}})))
+				objs = append(objs, BuildService(testConfig(t, nil), api.Spec{ID: id}, PodOwnerRef(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: PodName(id)}})))
 			}
 			s := newSlots(fake.NewClientset(objs...), "deer-flow")
 			ctx, cancel := context.WithCancel(context.Background())

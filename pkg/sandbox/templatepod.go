@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
@@ -17,42 +18,23 @@ import (
 // fields the request left unset from it: request over template over the
 // provisioner's defaults. An absent or refused template is the caller's to
 // fix (422 naming it); a failure to read it is transient.
-func (m *Manager) resolveTemplate(ctx context.Context, s Spec) (Spec, error) {
+func (m *Manager) resolveTemplate(ctx context.Context, s api.Spec) (api.Spec, error) {
 	t, err := m.templates.Get(ctx, s.Template)
 	var te *template.Error
 	switch {
 	case errors.Is(err, template.ErrNotFound):
-		return s, &Error{Kind: KindInvalid, Detail: err.Error()}
+		return s, &api.Error{Kind: api.KindInvalid, Detail: err.Error()}
 	case errors.As(err, &te):
-		return s, &Error{Kind: KindInvalid, Detail: te.Error() + "; fix the PodTemplate with kubectl edit podtemplate " + te.Template}
+		return s, &api.Error{Kind: api.KindInvalid, Detail: te.Error() + "; fix the PodTemplate with kubectl edit podtemplate " + te.Template}
 	case err != nil:
 		return s, classify(err, "read the sandbox template")
 	}
 	if t != nil {
-		if err := checkEnvAgainstTemplate(t, s.Env); err != nil {
+		if err := api.CheckEnvAgainstTemplate(t, s.Env); err != nil {
 			return s, err
 		}
 	}
 	return withTemplate(s, t), nil
-}
-
-// checkEnvAgainstTemplate refuses a request env entry that the template's
-// sandbox container sets in its env: the operator's value (a proxy, a
-// licence server) is not the request's to replace. Names a template loads
-// through envFrom cannot be known here; Kubernetes lets env win over them,
-// so a template that must pin a variable lists it under env.
-func checkEnvAgainstTemplate(t *template.Template, env map[string]string) error {
-	for _, c := range t.Pod.Spec.Containers {
-		if c.Name != template.ContainerName {
-			continue
-		}
-		for _, e := range c.Env {
-			if _, ok := env[e.Name]; ok {
-				return Invalidf("env.%s is set by sandbox template %q and cannot be replaced by a request; choose another name", e.Name, t.Name)
-			}
-		}
-	}
-	return nil
 }
 
 // applyTemplate lays the template's Pod shape under the Pod the provisioner

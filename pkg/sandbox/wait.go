@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -100,7 +101,7 @@ func (m *Manager) waitGone(ctx context.Context, pod *corev1.Pod) error {
 		return classify(ctx.Err(), "wait for the old sandbox Pod to terminate")
 	}
 	if wctx.Err() != nil {
-		return &Error{Kind: KindConflict, Detail: fmt.Sprintf(
+		return &api.Error{Kind: api.KindConflict, Detail: fmt.Sprintf(
 			"sandbox %s is still terminating after %s; retry when it is gone", pod.Labels[keys.LabelID], m.cfg.TerminatingWait)}
 	}
 	return err
@@ -109,7 +110,7 @@ func (m *Manager) waitGone(ctx context.Context, pod *corev1.Pod) error {
 // waitReady waits up to wait for the sandbox's Pod to become Ready. When
 // the wait ends first it still answers, with the reason the Pod is not
 // ready. A paused sandbox is answered at once: there is no Pod to wait for.
-func (m *Manager) waitReady(ctx context.Context, id string, f found, wait time.Duration) (Sandbox, error) {
+func (m *Manager) waitReady(ctx context.Context, id string, f found, wait time.Duration) (api.Sandbox, error) {
 	if wait > m.cfg.MaxReadyWait {
 		wait = m.cfg.MaxReadyWait
 	}
@@ -135,10 +136,10 @@ func (m *Manager) waitReady(ctx context.Context, id string, f found, wait time.D
 		last, err = m.watchPod(wctx, f.pod, settled)
 	}
 	if err != nil && wctx.Err() == nil {
-		return Sandbox{}, err
+		return api.Sandbox{}, err
 	}
 	if ctx.Err() != nil {
-		return Sandbox{}, classify(ctx.Err(), "wait for the sandbox to become ready")
+		return api.Sandbox{}, classify(ctx.Err(), "wait for the sandbox to become ready")
 	}
 	f.pod = last
 	sb := m.view(id, f)

@@ -29,6 +29,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/test/cluster"
@@ -185,7 +186,7 @@ func (f floor) create(ctx context.Context, id string) error {
 
 // make creates the sandbox's Pod and Service.
 func (f floor) make(ctx context.Context, id string) (*corev1.Pod, *corev1.Service, error) {
-	spec, err := sandbox.CreateRequest{SandboxID: id}.Validate(f.cfg, time.Now())
+	spec, err := api.CreateRequest{SandboxID: id}.Validate(f.cfg, time.Now())
 	if err != nil {
 		return nil, nil, err
 	}

@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
@@ -151,7 +152,7 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 	// the floor's racing claims never lose a write to each other: the
 	// floor is the cost of claims that are perfectly spread.
 	floorClaimService := func(id string, i int) (*corev1.Service, error) {
-		spec, err := sandbox.CreateRequest{SandboxID: id, Template: "warm"}.Validate(fl.cfg, time.Now())
+		spec, err := api.CreateRequest{SandboxID: id, Template: "warm"}.Validate(fl.cfg, time.Now())
 		if err != nil {
 			return nil, err
 		}

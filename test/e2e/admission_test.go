@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
@@ -157,9 +158,9 @@ func newAdmission(t *testing.T, ns string, env map[string]string) admission {
 	return admission{t: t, cfg: cfg}
 }
 
-func (a admission) spec(id string, req *sandbox.CreateRequest, tmpl string) sandbox.Spec {
+func (a admission) spec(id string, req *api.CreateRequest, tmpl string) api.Spec {
 	a.t.Helper()
-	r := sandbox.CreateRequest{SandboxID: id}
+	r := api.CreateRequest{SandboxID: id}
 	if req != nil {
 		r = *req
 		r.SandboxID = id
@@ -182,11 +183,11 @@ func (a admission) spec(id string, req *sandbox.CreateRequest, tmpl string) sand
 }
 
 // pod is the Pod the function builds for id (with req's options).
-func (a admission) pod(id string, req *sandbox.CreateRequest) *corev1.Pod {
+func (a admission) pod(id string, req *api.CreateRequest) *corev1.Pod {
 	return sandbox.BuildPod(a.cfg, a.spec(id, req, ""))
 }
 
-func (a admission) replicaSet(id string, req *sandbox.CreateRequest) *appsv1.ReplicaSet {
+func (a admission) replicaSet(id string, req *api.CreateRequest) *appsv1.ReplicaSet {
 	return sandbox.BuildReplicaSet(a.cfg, a.spec(id, req, ""))
 }
 
@@ -206,13 +207,13 @@ func TestAdmissionAdmitsTheFunctionsObjects(t *testing.T) {
 	ns, sa := serviceAccountNamespace(t)
 	ctx := context.Background()
 	user, thread := "u1", "t1"
-	mount := func(host, at string, ro bool) sandbox.ExtraMount {
-		return sandbox.ExtraMount{HostPath: host, ContainerPath: at, ReadOnly: ptr.To(ro)}
+	mount := func(host, at string, ro bool) api.ExtraMount {
+		return api.ExtraMount{HostPath: host, ContainerPath: at, ReadOnly: ptr.To(ro)}
 	}
 	// DeerFlow's Lark request: both containers, the credential mounts in the
 	// user's tree, the shared runtime, a workspace of the user's own.
-	lark := &sandbox.CreateRequest{ThreadID: &thread, UserID: &user, ProvisionLarkCLIRuntime: true, ProvisionLarkCLIBroker: true,
-		IncludeLegacySkills: true, MaxShellSessions: ptr.To(3), ExtraMounts: []sandbox.ExtraMount{
+	lark := &api.CreateRequest{ThreadID: &thread, UserID: &user, ProvisionLarkCLIRuntime: true, ProvisionLarkCLIBroker: true,
+		IncludeLegacySkills: true, MaxShellSessions: ptr.To(3), ExtraMounts: []api.ExtraMount{
 			mount("/.deer-flow/users/u1/integrations/lark-cli/config", "/mnt/integrations/lark-cli/config", true),
 			mount("/.deer-flow/users/u1/integrations/lark-cli/config/locks", "/mnt/integrations/lark-cli/config/locks", false),
 			mount("/.deer-flow/users/u1/integrations/lark-cli/data", "/mnt/integrations/lark-cli/data", false),
@@ -221,13 +222,13 @@ func TestAdmissionAdmitsTheFunctionsObjects(t *testing.T) {
 		}}
 	// A shared directory asked for read-write: the function mounts it
 	// read-only, which the policy demands.
-	initOnly := &sandbox.CreateRequest{ThreadID: &thread, UserID: &user, ProvisionLarkCLIRuntime: true, ExtraMounts: []sandbox.ExtraMount{
+	initOnly := &api.CreateRequest{ThreadID: &thread, UserID: &user, ProvisionLarkCLIRuntime: true, ExtraMounts: []api.ExtraMount{
 		mount("/.deer-flow/integrations/skills", "/mnt/skills/integrations", false)}}
 	host, pvc := newAdmission(t, ns, nil), newAdmission(t, ns, map[string]string{"pvc": "true"})
 	cases := []struct {
 		name string
 		a    admission
-		req  *sandbox.CreateRequest
+		req  *api.CreateRequest
 		tmpl string
 		rs   bool
 	}{

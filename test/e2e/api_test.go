@@ -18,7 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/test/harness"
 )
 
@@ -296,17 +296,17 @@ func TestHalfPresentSandboxRepaired(t *testing.T) {
 		t.Fatal(err)
 	}
 	l = mustDo(t, f, "GET", "/api/sandboxes", nil)
-	var listed sandbox.ListResponse
+	var listed api.ListResponse
 	if err := json.Unmarshal(l.Raw, &listed); err != nil {
 		t.Fatal(err)
 	}
-	var half2 *sandbox.Sandbox
+	var half2 *api.Sandbox
 	for i := range listed.Sandboxes {
 		if listed.Sandboxes[i].ID == "half2" {
 			half2 = &listed.Sandboxes[i]
 		}
 	}
-	if half2 == nil || half2.Status != sandbox.StatusNotFound {
+	if half2 == nil || half2.Status != api.StatusNotFound {
 		t.Fatalf("list does not show the Pod-less sandbox as NotFound: %s", l.Raw)
 	}
 	r = mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "half2"})
@@ -433,7 +433,7 @@ func TestAPIServerDownIsUnavailableNotNotFound(t *testing.T) {
 			body = map[string]any{"sandbox_id": "out2"}
 		}
 		r := mustDo(t, f, rq.method, rq.path, body)
-		if r.Code < 500 || r.Detail() == "" || strings.Contains(string(r.Raw), sandbox.StatusNotFound) {
+		if r.Code < 500 || r.Detail() == "" || strings.Contains(string(r.Raw), api.StatusNotFound) {
 			t.Errorf("%s %s during outage: %d %s; want a 5xx with a detail and no NotFound", rq.method, rq.path, r.Code, r.Raw)
 		}
 	}

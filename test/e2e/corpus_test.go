@@ -14,6 +14,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 )
@@ -43,7 +44,7 @@ func TestFuzzCorpusAcceptedByAPIServer(t *testing.T) {
 		if !ok {
 			continue
 		}
-		req, err := sandbox.DecodeCreateRequest(body)
+		req, err := api.DecodeCreateRequest(body)
 		if err != nil {
 			continue
 		}

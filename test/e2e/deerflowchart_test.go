@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/rest"
 	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/test/cluster"
@@ -320,7 +321,7 @@ func TestDeerFlowChartOverlay(t *testing.T) {
 	rc.Impersonate = rest.ImpersonationConfig{UserName: sa}
 	asSA := kubernetes.NewForConfigOrDie(rc)
 	eventually(t, 30*time.Second, "the overlay's admission policy in force", func() (bool, error) {
-		spec, err := sandbox.CreateRequest{SandboxID: "probe"}.Validate(cfg, time.Now())
+		spec, err := api.CreateRequest{SandboxID: "probe"}.Validate(cfg, time.Now())
 		if err != nil {
 			return false, err
 		}

@@ -15,8 +15,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/test/harness"
 )
 
@@ -223,7 +223,7 @@ func TestAPIServerStoppedMidLoad(t *testing.T) {
 				if err != nil {
 					continue
 				}
-				if r.Code == 404 || strings.Contains(string(r.Raw), sandbox.StatusNotFound) || (r.Code >= 500 && r.Detail() == "") {
+				if r.Code == 404 || strings.Contains(string(r.Raw), api.StatusNotFound) || (r.Code >= 500 && r.Detail() == "") {
 					bad.Add(1)
 					t.Errorf("during load/outage: %d %s", r.Code, r.Raw)
 				}

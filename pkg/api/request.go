@@ -1,4 +1,4 @@
-package sandbox
+package api
 
 import (
 	"bytes"
@@ -119,11 +119,14 @@ type Mount struct {
 	ReadOnly      bool
 }
 
+// DefaultUserID is the user_id of a create that sends none, as in DeerFlow.
+const DefaultUserID = "default"
+
 const (
 	maxExtraMounts     = 10
 	maxMaxShellSession = 1024
-	// maxIDLen keeps "sandbox-<id>-svc" within the 63 characters of a DNS label.
-	maxIDLen = 63 - len("sandbox-") - len("-svc")
+	// MaxIDLen keeps "sandbox-<id>-svc" within the 63 characters of a DNS label.
+	MaxIDLen = 63 - len("sandbox-") - len("-svc")
 )
 
 var (
@@ -137,8 +140,8 @@ func ValidateID(id string) error {
 	switch {
 	case id == "":
 		return Invalidf("sandbox_id is required")
-	case len(id) > maxIDLen:
-		return Invalidf("sandbox_id %q is %d characters; at most %d fit the Service name sandbox-<id>-svc", Truncate(id), len(id), maxIDLen)
+	case len(id) > MaxIDLen:
+		return Invalidf("sandbox_id %q is %d characters; at most %d fit the Service name sandbox-<id>-svc", Truncate(id), len(id), MaxIDLen)
 	case !idPattern.MatchString(id):
 		return Invalidf("sandbox_id %q must be lowercase letters, digits and '-', starting and ending with a letter or digit", Truncate(id))
 	}
@@ -195,7 +198,7 @@ func (r CreateRequest) Validate(cfg *config.Config, now time.Time) (Spec, error)
 	s := Spec{
 		ID:                  r.SandboxID,
 		ThreadID:            r.SandboxID, // DeerFlow: a null thread_id means "use sandbox_id"
-		UserID:              "default",
+		UserID:              DefaultUserID,
 		IncludeLegacySkills: r.IncludeLegacySkills,
 		LarkCLIRuntime:      r.ProvisionLarkCLIRuntime && cfg.LarkCLIInitImage != "",
 		LarkCLIBroker:       r.ProvisionLarkCLIBroker && cfg.LarkCLIBrokerImage != "",
@@ -265,14 +268,14 @@ const (
 
 var envNamePattern = regexp.MustCompile(`^[A-Z_][A-Z0-9_]*$`)
 
-// reservedEnv says why a request may not set name, or "" if it may. Refused
+// ReservedEnv says why a request may not set name, or "" if it may. Refused
 // are the names the provisioner sets (MAX_SHELL_SESSIONS, DeerFlow's and the
 // Lark CLI's), the names Kubernetes injects (KUBERNETES_*, and the service
 // link variables *_SERVICE_HOST/_PORT, off in sandboxes but not to be faked),
 // and the few that change how the sandbox's own server starts (PATH,
 // HOSTNAME, the dynamic loader's LD_*). A template's own env is checked
 // against the request later (resolveTemplate).
-func reservedEnv(name string) string {
+func ReservedEnv(name string) string {
 	switch {
 	case name == "MAX_SHELL_SESSIONS" || strings.HasPrefix(name, "DEERFLOW_") || strings.HasPrefix(name, "DEER_FLOW_") || strings.HasPrefix(name, "LARK_CLI_"):
 		return "the provisioner sets it"
@@ -301,8 +304,8 @@ func validateEnv(env map[string]string) (map[string]string, error) {
 			return nil, Invalidf("env name %q is %d bytes; at most %d are allowed", Truncate(name), len(name), maxEnvNameBytes)
 		case !envNamePattern.MatchString(name):
 			return nil, Invalidf("env name %q must be upper-case letters, digits and '_', not starting with a digit", Truncate(name))
-		case reservedEnv(name) != "":
-			return nil, Invalidf("env.%s is reserved (%s); choose another name", name, reservedEnv(name))
+		case ReservedEnv(name) != "":
+			return nil, Invalidf("env.%s is reserved (%s); choose another name", name, ReservedEnv(name))
 		case len(value) > maxEnvValueBytes:
 			return nil, Invalidf("env.%s is %d bytes; at most %d are allowed", name, len(value), maxEnvValueBytes)
 		case strings.ContainsRune(value, 0):
@@ -429,4 +432,23 @@ func Truncate(s string) string {
 		return s[:max] + "…"
 	}
 	return s
+}
+
+// CheckEnvAgainstTemplate refuses a request env entry that the template's
+// sandbox container sets in its env: the operator's value (a proxy, a
+// licence server) is not the request's to replace. Names a template loads
+// through envFrom cannot be known here; Kubernetes lets env win over them,
+// so a template that must pin a variable lists it under env.
+func CheckEnvAgainstTemplate(t *template.Template, env map[string]string) error {
+	for _, c := range t.Pod.Spec.Containers {
+		if c.Name != template.ContainerName {
+			continue
+		}
+		for _, e := range c.Env {
+			if _, ok := env[e.Name]; ok {
+				return Invalidf("env.%s is set by sandbox template %q and cannot be replaced by a request; choose another name", e.Name, t.Name)
+			}
+		}
+	}
+	return nil
 }

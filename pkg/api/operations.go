@@ -1,4 +1,4 @@
-package sandbox
+package api
 
 import (
 	"context"
@@ -20,8 +20,6 @@ type Operations interface {
 	Templates(ctx context.Context) ([]template.Summary, error)
 }
 
-var _ Operations = (*Manager)(nil)
-
 // ListResponse is DeerFlow's list body.
 type ListResponse struct {
 	Sandboxes []Sandbox `json:"sandboxes"`
@@ -38,4 +36,19 @@ type DestroyResponse struct {
 type TemplatesResponse struct {
 	Templates []template.Summary `json:"templates"`
 	Count     int                `json:"count"`
+}
+
+// Reaped says what one reap removed.
+type Reaped struct {
+	Removed []ReapedSandbox `json:"removed"`
+	Count   int             `json:"count"`
+	// Paused lists the idle sandboxes paused instead of removed (templates
+	// with idle-action pause).
+	Paused []ReapedSandbox `json:"paused,omitempty"`
+}
+
+// ReapedSandbox is one removed sandbox and why.
+type ReapedSandbox struct {
+	ID     string `json:"sandbox_id"`
+	Reason string `json:"reason"` // idle, lifetime, ended, paused-timeout, orphaned-service
 }

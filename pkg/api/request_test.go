@@ -1,4 +1,4 @@
-package sandbox
+package api
 
 import (
 	"encoding/json"
@@ -207,19 +207,6 @@ func TestValidateCreateRequest(t *testing.T) {
 	}
 }
 
-func TestValidateIDBoundary(t *testing.T) {
-	ok := strings.Repeat("a", maxIDLen)
-	if err := ValidateID(ok); err != nil {
-		t.Errorf("ValidateID(%d chars) = %v", len(ok), err)
-	}
-	if got := len(ServiceName(ok)); got != 63 {
-		t.Errorf("longest id gives a Service name of %d characters, want 63", got)
-	}
-	if err := ValidateID(ok + "a"); err == nil {
-		t.Errorf("ValidateID accepted %d characters", len(ok)+1)
-	}
-}
-
 // envMap is n entries whose names are nameLen bytes and values valueLen.
 func envMap(n, nameLen, valueLen int) map[string]string {
 	env := map[string]string{}
@@ -252,7 +239,7 @@ func TestEnvAgainstTemplate(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err := checkEnvAgainstTemplate(tpl, tc.env)
+			err := CheckEnvAgainstTemplate(tpl, tc.env)
 			if tc.wantErr == "" {
 				if err != nil {
 					t.Fatalf("unexpected error: %v", err)

@@ -1,0 +1,26 @@
+package api
+
+// Sandbox is what the provisioner reports about one sandbox. The first three
+// fields are DeerFlow's SandboxResponse; the rest are extra, which DeerFlow ignores.
+type Sandbox struct {
+	ID               string   `json:"sandbox_id"`
+	URL              string   `json:"sandbox_url"`
+	Status           string   `json:"status"`
+	MaxShellSessions *int     `json:"max_shell_sessions,omitempty"`
+	Ready            bool     `json:"ready"`
+	ExpiresAt        string   `json:"expires_at,omitempty"`
+	Missing          []string `json:"missing,omitempty"`
+	// WaitTimedOut and Reason are set when a caller asked to wait for
+	// readiness and the wait ended first; Reason says what the Pod is stuck on.
+	WaitTimedOut bool   `json:"wait_timed_out,omitempty"`
+	Reason       string `json:"reason,omitempty"`
+	// Pooled says that the sandbox's Pod was claimed from a warm pool.
+	Pooled bool `json:"pooled,omitempty"`
+}
+
+// StatusNotFound is DeerFlow's status for a sandbox whose Pod is gone.
+const StatusNotFound = "NotFound"
+
+// StatusPaused is the status of a sandbox scaled to zero: no Pod, its
+// Service (and so its URL) and its data kept.
+const StatusPaused = "Paused"
