@@ -27,7 +27,7 @@ type PodSecurityConfig struct {
 // AllowedCapabilities are the only capabilities a sandbox may be given: the
 // file-ownership and process ones a package manager or a shell needs (the
 // container runtime's defaults, less NET_RAW, MKNOD, SYS_CHROOT, SETFCAP,
-// SETPCAP and AUDIT_WRITE). The README says why each is there. Anything else
+// SETPCAP and AUDIT_WRITE). docs/configuration.md says why each is there. Anything else
 // (NET_ADMIN, BPF, SYS_RAWIO, DAC_READ_SEARCH, SYS_ADMIN, ...) is refused at
 // start-up, and the admission policy in config/ refuses it again.
 var AllowedCapabilities = []string{"CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "NET_BIND_SERVICE", "SETGID", "SETUID"}

@@ -25,6 +25,22 @@ func variableNames(t *testing.T) []string {
 	return names
 }
 
+// variableDefaults maps every variable's name to its declared default ("" for
+// none), as envconfig reads it from the tags.
+func variableDefaults(t *testing.T) map[string]string {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := envconfig.Usagef("", &Config{}, &buf, "{{range .}}{{usage_key .}}\t{{usage_default .}}\n{{end}}"); err != nil {
+		t.Fatal(err)
+	}
+	defaults := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSuffix(buf.String(), "\n"), "\n") {
+		name, def, _ := strings.Cut(line, "\t")
+		defaults[name] = def
+	}
+	return defaults
+}
+
 // TestVariableNames pins the set of variable names: deployments set them, so
 // a field moved or renamed in Config must not rename one. A variable added on
 // purpose is added to testdata/variables.txt (sorted, one per line).

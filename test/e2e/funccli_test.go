@@ -27,11 +27,11 @@ func funcCLI(t *testing.T) string {
 	return bin
 }
 
-// readmeInvocations returns the `kn func invoke` lines of the README's
+// readmeInvocations returns the `kn func invoke` lines of docs/api.md's
 // "kn func invoke" section, in order.
 func readmeInvocations(t *testing.T) []string {
 	t.Helper()
-	f, err := os.Open(filepath.Join("..", "..", "README.md"))
+	f, err := os.Open(filepath.Join("..", "..", "docs", "api.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +44,7 @@ func readmeInvocations(t *testing.T) []string {
 		}
 	}
 	if len(lines) == 0 {
-		t.Fatal("the README lists no `kn func invoke` lines")
+		t.Fatal("docs/api.md lists no `kn func invoke` lines")
 	}
 	return lines
 }
@@ -76,7 +76,7 @@ func parseFuncOutput(t *testing.T, out string) funcReply {
 	return r
 }
 
-// TestFuncInvokeReadme runs every `kn func invoke` line of the README, as
+// TestFuncInvokeReadme runs every `kn func invoke` line of docs/api.md, as
 // written, with the real func CLI (the standalone binary is `func`; `kn func`
 // is the same CLI as a kn plugin), against the function served by func-go,
 // and checks each answer.
@@ -95,7 +95,7 @@ func TestFuncInvokeReadme(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// What each README line must answer, by operation and format.
+	// What each docs/api.md line must answer, by operation and format.
 	type want struct {
 		ceType string
 		check  func(map[string]any) bool
@@ -131,7 +131,7 @@ func TestFuncInvokeReadme(t *testing.T) {
 			}
 		}
 		if op == "" {
-			t.Errorf("README line names no operation: %s", line)
+			t.Errorf("docs/api.md line names no operation: %s", line)
 			continue
 		}
 		format := "http"
@@ -140,7 +140,7 @@ func TestFuncInvokeReadme(t *testing.T) {
 		}
 		formats[format]++
 		t.Run(format+"/"+op, func(t *testing.T) {
-			// The README's line, as written; only the target is this test's
+			// docs/api.md's line, as written; only the target is this test's
 			// function and $K its key.
 			script := `kn() { [ "$1" = func ] && shift; "$FUNC" "$@"; }` + "\n" + strings.ReplaceAll(line, "http://127.0.0.1:8080", f.URL)
 			cmd := exec.Command("bash", "-c", script)
@@ -161,7 +161,7 @@ func TestFuncInvokeReadme(t *testing.T) {
 		})
 	}
 	if formats["http"] != 5 || formats["cloudevent"] != 5 {
-		t.Errorf("README invocations by format: %v, want all five operations in both", formats)
+		t.Errorf("docs/api.md invocations by format: %v, want all five operations in both", formats)
 	}
 
 	// What a func user sees for refusals: func prints only the status for
