@@ -17,7 +17,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/events"
 	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
-	"github.com/deerflow-sandbox/provisioner/test/harness"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 )
 
 // TestGroupedTriggersShareSandboxes: what config/ does for the Broker's
@@ -143,7 +143,7 @@ func TestGroupedTriggersShareSandboxes(t *testing.T) {
 }
 
 // logRecordsOf reads every JSON line of the function's log.
-func logRecordsOf(t *testing.T, f *harness.Function) []map[string]any {
+func logRecordsOf(t *testing.T, f *function.Instance) []map[string]any {
 	t.Helper()
 	file, err := os.Open(f.LogPath)
 	if err != nil {

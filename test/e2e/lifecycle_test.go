@@ -19,10 +19,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/events"
-	"github.com/deerflow-sandbox/provisioner/test/harness"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 )
 
-func create(t *testing.T, f *harness.Function, body map[string]any) harness.Response {
+func create(t *testing.T, f *function.Instance, body map[string]any) function.Response {
 	t.Helper()
 	r := mustDo(t, f, "POST", "/api/sandboxes", body)
 	expectCode(t, r, 200, fmt.Sprintf("create %v", body["sandbox_id"]))
@@ -67,7 +67,7 @@ func TestExpiryAndReaping(t *testing.T) {
 	sleepUntil(t0.Add(6500 * time.Millisecond))
 	expectCode(t, mustDo(t, f, "GET", "/api/sandboxes/old-c", nil), 200, "keep old-c active")
 	sleepUntil(t0.Add(7500 * time.Millisecond))
-	reply, code := send(t, f, false, events.TypePing, "", nil, map[string]string{"X-API-Key": harness.Key})
+	reply, code := send(t, f, false, events.TypePing, "", nil, map[string]string{"X-API-Key": function.Key})
 	if code != 200 {
 		t.Fatalf("reap by PingSource event: %d", code)
 	}
@@ -104,7 +104,7 @@ func TestConcurrentReapsRemoveEachOnce(t *testing.T) {
 	create(t, f, map[string]any{"sandbox_id": "keep", "idle_timeout_seconds": 600})
 	time.Sleep(2500 * time.Millisecond)
 	var wg sync.WaitGroup
-	results := make([]harness.Response, 4)
+	results := make([]function.Response, 4)
 	for i := range results {
 		wg.Add(1)
 		go func() {
@@ -205,8 +205,8 @@ func TestQuotaUnderConcurrency(t *testing.T) {
 		t.Run(fmt.Sprintf("limit %d", tt.limit), func(t *testing.T) {
 			ns := namespace(t)
 			env := map[string]string{"MAX_SANDBOXES": fmt.Sprint(tt.limit)}
-			replicas := []*harness.Function{start(t, ns, env), start(t, ns, env)}
-			admitted := raceCreates(t, tt.n, func(i int) (*harness.Function, map[string]any) {
+			replicas := []*function.Instance{start(t, ns, env), start(t, ns, env)}
+			admitted := raceCreates(t, tt.n, func(i int) (*function.Instance, map[string]any) {
 				return replicas[i%2], map[string]any{"sandbox_id": fmt.Sprintf("c%02d", i)}
 			})
 			live := liveSandboxes(t, ns)
@@ -303,7 +303,7 @@ func TestMaxShellSessions(t *testing.T) {
 
 // scrape returns the samples of /metrics whose name starts with prefix,
 // keyed by the sample line's name and labels.
-func scrape(t *testing.T, f *harness.Function, prefix string) map[string]float64 {
+func scrape(t *testing.T, f *function.Instance, prefix string) map[string]float64 {
 	t.Helper()
 	resp, err := f.Client.Get(f.URL + "/metrics")
 	if err != nil {
@@ -382,7 +382,7 @@ func TestMetricsFollowCalls(t *testing.T) {
 // precondition, so its delayed deletes are let land before the caller
 // counts what lives. An overshoot shows in the answers, which kwok cannot
 // change.
-func raceCreates(t *testing.T, n int, req func(i int) (*harness.Function, map[string]any)) (admitted int) {
+func raceCreates(t *testing.T, n int, req func(i int) (*function.Instance, map[string]any)) (admitted int) {
 	t.Helper()
 	codes := make([]int, n)
 	var wg sync.WaitGroup

@@ -29,15 +29,16 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/deerflow-sandbox/provisioner/test/cluster"
-	"github.com/deerflow-sandbox/provisioner/test/harness"
-	"github.com/deerflow-sandbox/provisioner/test/realnode"
+	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
+	"github.com/deerflow-sandbox/provisioner/test/framework/knative"
+	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
 )
 
 const ns = "deer-flow"
 
 var (
-	env *Env
+	env *knative.Env
 	// upErr says why the cluster or the deploy could not be had; every test
 	// then stops through unavailable.
 	upErr error
@@ -69,7 +70,7 @@ func run(m *testing.M) int {
 			kube, upErr = kubernetes.NewForConfig(cfg)
 		}
 	} else {
-		env, upErr = Up(ctx, "knative-e2e", root, Settings{ScaleToZeroGracePeriod: "6s"}, logf)
+		env, upErr = knative.Up(ctx, "knative-e2e", root, knative.Settings{ScaleToZeroGracePeriod: "6s"}, logf)
 		if upErr == nil {
 			defer env.Down()
 			logf("Knative cluster up in %s (%v)", time.Since(start).Round(time.Second), env.Timings)
@@ -86,7 +87,7 @@ func run(m *testing.M) int {
 
 	// Deploy exactly as make deploy-local does, on a registry port of its
 	// own so a developer's registry on the default port is left alone.
-	addr, err := harness.FreeAddr()
+	addr, err := function.FreeAddr()
 	if err != nil {
 		upErr = err
 		return m.Run()
@@ -156,12 +157,12 @@ func need(t *testing.T) {
 
 // fn is the deployed function, reached at FUNCTION_URL exactly as printed:
 // no extra headers, through the KIngress.
-func fn() *harness.Function {
-	return &harness.Function{URL: fnURL, Client: &http.Client{Timeout: 90 * time.Second}}
+func fn() *function.Instance {
+	return &function.Instance{URL: fnURL, Client: &http.Client{Timeout: 90 * time.Second}}
 }
 
 // call sends a request with the deployed function's key.
-func call(t *testing.T, method, path string, body any) harness.Response {
+func call(t *testing.T, method, path string, body any) function.Response {
 	t.Helper()
 	r, err := fn().DoWithHeaders(method, path, body, map[string]string{"X-API-Key": apiKey})
 	if err != nil {
@@ -170,7 +171,7 @@ func call(t *testing.T, method, path string, body any) harness.Response {
 	return r
 }
 
-func expectCode(t *testing.T, r harness.Response, want int, what string) {
+func expectCode(t *testing.T, r function.Response, want int, what string) {
 	t.Helper()
 	if r.Code != want {
 		t.Fatalf("%s: status %d, want %d; body %s", what, r.Code, want, r.Raw)
@@ -180,7 +181,7 @@ func expectCode(t *testing.T, r harness.Response, want int, what string) {
 // eventually polls cond (bounded by timeout) until it holds.
 func eventually(t testing.TB, timeout time.Duration, what string, cond func() (bool, error)) {
 	t.Helper()
-	harness.Eventually(t, timeout, 250*time.Millisecond, what, cond)
+	function.Eventually(t, timeout, 250*time.Millisecond, what, cond)
 }
 
 // destroy deletes a sandbox through the route, at the end of a test.

@@ -45,7 +45,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
-	"github.com/deerflow-sandbox/provisioner/test/cluster"
+	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
 )
 
 const (
@@ -191,8 +191,8 @@ type Cluster struct {
 }
 
 // Options change the node for a cluster whose workloads all run on it
-// (the Knative cluster, package test/knative). The zero value is the e2e
-// suite's node.
+// (the Knative cluster, package test/framework/knative). The zero value is
+// the e2e suite's node.
 type Options struct {
 	// Untainted registers the node without TaintKey, so workloads that know
 	// nothing of it (Knative's, CoreDNS, the function's revision) land on
