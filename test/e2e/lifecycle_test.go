@@ -17,6 +17,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/events"
 	"github.com/deerflow-sandbox/provisioner/test/framework/function"
@@ -78,16 +79,33 @@ func TestExpiryAndReaping(t *testing.T) {
 	eventually(t, 30*time.Second, "reaped Pods and Services gone", func() (bool, error) {
 		return len(pods(t, ns, "app=deer-flow-sandbox")) == 0 && len(services(t, ns, "app=deer-flow-sandbox")) == 0, nil
 	})
-	evs, err := client().CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{})
-	if err != nil {
+	// Kubernetes Events are written asynchronously: the Manager's recorder
+	// hands each to client-go's EventBroadcaster, whose own goroutine writes
+	// it to the API server (retrying a failed write after up to 10 s), so
+	// the answers above come before the Events exist; the test waits for
+	// them (bounded). None may be missing, though: the function's budget
+	// (pkg/eventlimit, K8S_EVENTS_BURST=10 at K8S_EVENTS_QPS=1 by default,
+	// one budget per replica) passes all six Events this test causes (three
+	// SandboxCreated, three SandboxReaped; the touching create of old-c
+	// records none), and client-go's spam filter keys on the involved
+	// object, with a burst of 25: each sandbox's Pod carries two here.
+	reasons := map[string]int{}
+	err = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		evs, err := client().CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		reasons = map[string]int{}
+		for _, e := range evs.Items {
+			reasons[e.Reason]++
+		}
+		return reasons["SandboxCreated"] >= 3 && reasons["SandboxReaped"] >= 3, nil
+	})
+	if err != nil && !wait.Interrupted(err) {
 		t.Fatal(err)
 	}
-	reasons := map[string]int{}
-	for _, e := range evs.Items {
-		reasons[e.Reason]++
-	}
 	if reasons["SandboxCreated"] < 3 || reasons["SandboxReaped"] < 3 {
-		t.Errorf("Kubernetes Events by reason: %v, want SandboxCreated and SandboxReaped for each sandbox", reasons)
+		t.Errorf("Kubernetes Events by reason after waiting up to 30 s: %v, want SandboxCreated and SandboxReaped for each sandbox", reasons)
 	}
 }
 

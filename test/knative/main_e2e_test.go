@@ -24,6 +24,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -219,4 +220,19 @@ func functionLogs(t testing.TB) string {
 		b.Write(raw)
 	}
 	return b.String()
+}
+
+// functionLogsNaming reads the function's logs until they contain s
+// (bounded by timeout) and returns the last read. Pod logs are
+// asynchronous: a line reaches the API server through the container
+// runtime's log file, and some lines (an event's "event handled") are
+// written after the answer. The caller judges what it returns.
+func functionLogsNaming(t testing.TB, s string, timeout time.Duration) string {
+	t.Helper()
+	var logs string
+	_ = wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		logs = functionLogs(t)
+		return strings.Contains(logs, s), nil
+	})
+	return logs
 }
