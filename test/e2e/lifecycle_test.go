@@ -358,7 +358,7 @@ func TestMetricsFollowCalls(t *testing.T) {
 	if reapedIDs(t, r.Body)["m1"] != "idle" {
 		t.Fatalf("reap: %s", r.Raw)
 	}
-	after := scrape(t, f, "sandbox_provisioner_")
+	var after map[string]float64
 	delta := func(key string) float64 { return after[key] - before[key] }
 	wants := map[string]float64{
 		`sandbox_provisioner_requests_total{code="200",operation="create",transport="http"}`:      1,
@@ -372,6 +372,19 @@ func TestMetricsFollowCalls(t *testing.T) {
 		`sandbox_provisioner_create_to_ready_seconds_count`:                                       1,
 		`sandbox_provisioner_request_duration_seconds_count{operation="create",transport="http"}`: 3,
 	}
+	// A request is counted after its answer is written (pkg/httpapi's
+	// route), so the reap's own count may land after the test has the
+	// answer: scrape until every count has its value (bounded; they only
+	// grow, so one past it never comes back), then judge the last scrape.
+	_ = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		after = scrape(t, f, "sandbox_provisioner_")
+		for key, want := range wants {
+			if delta(key) != want {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
 	var got []string
 	for key, want := range wants {
 		if d := delta(key); d != want {
