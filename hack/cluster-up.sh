@@ -38,11 +38,12 @@ else
     rm -rf "$KWOK_WORKDIR/clusters/$CLUSTER_NAME"
   fi
   log "creating cluster $CLUSTER_NAME (kube $KUBE_VERSION, binary runtime)"
-  # As the test clusters (test/cluster): kwok fakes only its own nodes, never
-  # a real one joined with `make run NODE=real`; each component's first
-  # --extra-args comes before any component's second (kwokctl v0.7.0 panics
-  # otherwise); NodePorts stay below the ports kwokctl hands its components,
-  # which a real node's kube-proxy would otherwise take over on 127.0.0.1.
+  # As the test clusters (test/framework/cluster): kwok fakes only its own
+  # nodes, never a real one joined with `make run NODE=real`; each
+  # component's first --extra-args comes before any component's second
+  # (kwokctl v0.7.0 panics otherwise); NodePorts stay below the ports kwokctl
+  # hands its components, which a real node's kube-proxy would otherwise take
+  # over on 127.0.0.1.
   kwok create cluster --runtime binary \
     --kube-apiserver-binary "$KUBE_BIN_DIR/kube-apiserver" \
     --kube-scheduler-binary "$KUBE_BIN_DIR/kube-scheduler" \

@@ -3,8 +3,9 @@
 # Eventing, Traefik's KIngress, CoreDNS; hack/install-knative.sh) and brings
 # up the local Knative cluster: a kwok control plane whose kwok nodes are
 # tainted, the real node on this machine that runs every Pod, and Knative
-# installed from its upstream manifests (test/knative). The cluster stays up
-# in the background until `make knative-down`. Prints KUBECONFIG=… on stdout.
+# installed from its upstream manifests (test/framework/knative). The cluster
+# stays up in the background until `make knative-down`. Prints KUBECONFIG=…
+# on stdout.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 [[ $EUID -eq 0 ]] || die "the Knative cluster's real node runs containers, network namespaces and iptables: run as root"
@@ -23,7 +24,7 @@ KUBE_COMPONENTS="kube-apiserver kube-scheduler kube-controller-manager kubectl" 
 "$REPO_ROOT/hack/install-knative.sh"
 
 log "building the Knative cluster's launcher"
-(cd "$REPO_ROOT" && go build -o "$state/knative-up" ./test/knative/cmd/knative-up)
+(cd "$REPO_ROOT" && go build -o "$state/knative-up" ./test/framework/knative/cmd/knative-up)
 rm -f "$state/kubeconfig-path"
 log "bringing up the Knative cluster (log: $state/knative-up.log)"
 setsid nohup "$state/knative-up" -state "$state" -repo "$REPO_ROOT" >"$state/knative-up.log" 2>&1 </dev/null &

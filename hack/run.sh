@@ -48,7 +48,7 @@ if [[ "$NODE" == real ]]; then
   envfile="$state/function.env"
   rm -f "$envfile"
   log "building the real node's launcher"
-  (cd "$REPO_ROOT" && go build -o "$state/realnode-up" ./test/realnode/cmd/realnode-up)
+  (cd "$REPO_ROOT" && go build -o "$state/realnode-up" ./test/framework/realnode/cmd/realnode-up)
   args=(-kubeconfig "$KUBECONFIG" -pki-dir "$(dirname "$KUBECONFIG")/pki" -host-base "$state/deer-flow" -env-file "$envfile")
   if [[ -n "${SANDBOX_IMAGE_TAR:-}" ]]; then
     [[ -n "${SANDBOX_IMAGE:-}" ]] || die "SANDBOX_IMAGE_TAR needs SANDBOX_IMAGE, the reference of the image inside it"

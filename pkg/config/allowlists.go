@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
@@ -17,7 +18,7 @@ func (c *TemplatesConfig) validateTemplateAllowLists() []error {
 	for _, a := range c.TemplateAnnotations {
 		key := strings.TrimSuffix(a, "*")
 		switch {
-		case strings.HasPrefix(key, "sandbox.deerflow.dev/"):
+		case strings.HasPrefix(key, keys.Prefix):
 			errs = append(errs, fmt.Errorf("SANDBOX_TEMPLATE_ANNOTATIONS: %q: sandbox.deerflow.dev/ annotations are the provisioner's bookkeeping", a))
 		case key == "" || strings.Contains(key, "*") || strings.ContainsAny(key, " ,"):
 			errs = append(errs, fmt.Errorf("SANDBOX_TEMPLATE_ANNOTATIONS: %q must be an annotation key, or a prefix of one ending in *", a))

@@ -32,8 +32,8 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
-	"github.com/deerflow-sandbox/provisioner/test/cluster"
-	"github.com/deerflow-sandbox/provisioner/test/harness"
+	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 )
 
 const ns = "bench"
@@ -278,7 +278,7 @@ func (f floor) delete(ctx context.Context, id string) error {
 	return f.client.CoreV1().Pods(ns).Delete(ctx, sandbox.PodName(id), metav1.DeleteOptions{})
 }
 
-func ours(fn *harness.Function, method, path string, body any) error {
+func ours(fn *function.Instance, method, path string, body any) error {
 	r, err := fn.Do(method, path, body)
 	if err != nil {
 		return err
@@ -343,7 +343,7 @@ func useNamespace(b *testing.B, kc *cluster.Cluster) {
 // binary is the function as the tests run it (cmd/provisioner on func-go).
 func binary(b *testing.B) string {
 	b.Helper()
-	bin, err := harness.Binary()
+	bin, err := function.Binary()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -355,7 +355,7 @@ func binary(b *testing.B) string {
 // what a user runs. The floor's client is cluster.Up's (500/1000), as
 // unhindered as plain client-go calls can be here.
 func benchEnv(kc *cluster.Cluster) map[string]string {
-	env := harness.BaseEnv(kc.Kubeconfig, ns)
+	env := function.BaseEnv(kc.Kubeconfig, ns)
 	delete(env, "K8S_CLIENT_QPS")
 	delete(env, "K8S_CLIENT_BURST")
 	// The floor lists every sandbox; so does an administrator (a principal
@@ -366,9 +366,9 @@ func benchEnv(kc *cluster.Cluster) map[string]string {
 
 // startWithFloor starts the function with env and returns it with the floor
 // for the same configuration.
-func startWithFloor(b *testing.B, kc *cluster.Cluster, bin string, env map[string]string, dir string) (*harness.Function, floor) {
+func startWithFloor(b *testing.B, kc *cluster.Cluster, bin string, env map[string]string, dir string) (*function.Instance, floor) {
 	b.Helper()
-	fn, err := harness.StartBinary(bin, env, filepath.Join(dir, "fn.log"))
+	fn, err := function.StartBinary(bin, env, filepath.Join(dir, "fn.log"))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -413,7 +413,7 @@ func BenchmarkProvisioner(b *testing.B) {
 	}
 	// creates measures the floor's creates against those through target, at
 	// concurrency c; the ids are <prefix>f<c>-<i> and <prefix>o<c>-<i>.
-	creates := func(target *harness.Function, prefix string, c int) (sample, sample) {
+	creates := func(target *function.Instance, prefix string, c int) (sample, sample) {
 		n, chunks := sizes(c)
 		return alternate(n, c, chunks,
 			func(i int) error { return fl.create(ctx, fmt.Sprintf("%sf%d-%d", prefix, c, i)) },
@@ -448,7 +448,7 @@ func BenchmarkProvisioner(b *testing.B) {
 			lenv[k] = v
 		}
 	}
-	lean, err := harness.StartBinary(bin, lenv, filepath.Join(dir, "lean.log"))
+	lean, err := function.StartBinary(bin, lenv, filepath.Join(dir, "lean.log"))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -466,7 +466,7 @@ func BenchmarkProvisioner(b *testing.B) {
 	// process, so that the figure is what 1,000 creates cost, not what the
 	// phases above happened to leave on the heap.
 	fn.Stop()
-	fresh, err := harness.StartBinary(bin, env, filepath.Join(dir, "fresh.log"))
+	fresh, err := function.StartBinary(bin, env, filepath.Join(dir, "fresh.log"))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -549,11 +549,11 @@ func loadConfig(env map[string]string) (*config.Config, error) {
 // on /health (the process serves) and on /health/readiness (it reached the
 // API server: what Knative waits for), then the idle RSS.
 func coldStart(bin string, env map[string]string, logPath string) (ms, readyMs, rss float64, err error) {
-	addr, err := harness.FreeAddr()
+	addr, err := function.FreeAddr()
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	f, err := harness.StartProcess(bin, env, addr, logPath)
+	f, err := function.StartProcess(bin, env, addr, logPath)
 	if err != nil {
 		return 0, 0, 0, err
 	}

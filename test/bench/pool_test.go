@@ -25,9 +25,9 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
-	"github.com/deerflow-sandbox/provisioner/test/cluster"
-	"github.com/deerflow-sandbox/provisioner/test/harness"
-	"github.com/deerflow-sandbox/provisioner/test/realnode"
+	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
+	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
 )
 
 // poolRowName is the row item 7 of issue 20 names.
@@ -358,7 +358,7 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 
 // unnamed counts the function's Headless creates answered before their
 // name resolved (its log says so for each).
-func unnamed(fn *harness.Function) int {
+func unnamed(fn *function.Instance) int {
 	lines := logLines(fn, sandbox.LogAnsweredUnnamed)
 	if lines == "" {
 		return 0
@@ -368,7 +368,7 @@ func unnamed(fn *harness.Function) int {
 
 // logLines is the function's log lines that mention any of subs: why a
 // claim went the cold way.
-func logLines(fn *harness.Function, subs ...string) string {
+func logLines(fn *function.Instance, subs ...string) string {
 	data, err := os.ReadFile(fn.LogPath)
 	if err != nil {
 		return err.Error()

@@ -20,9 +20,9 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
-	"github.com/deerflow-sandbox/provisioner/test/cluster"
-	"github.com/deerflow-sandbox/provisioner/test/harness"
-	"github.com/deerflow-sandbox/provisioner/test/realnode"
+	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
+	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
 )
 
 // BenchmarkRealNodeCreateToReady measures on the real node, printing the
@@ -155,7 +155,7 @@ func realNodeEnv(b *testing.B, kc *cluster.Cluster, what string) (map[string]str
 // the function (POST …/resume?wait=20s, answered when its new Pod is Ready)
 // and, alternating, with the floor's client-go calls (scale the same
 // ReplicaSet to 1, watch its Pod until Ready).
-func resumeToReady(b *testing.B, kc *cluster.Cluster, fn *harness.Function, n int) (ours, floor []time.Duration) {
+func resumeToReady(b *testing.B, kc *cluster.Cluster, fn *function.Instance, n int) (ours, floor []time.Duration) {
 	ctx := context.Background()
 	pt := &corev1.PodTemplate{
 		ObjectMeta: metav1.ObjectMeta{Name: "rs", Namespace: ns, Labels: map[string]string{keys.LabelTemplate: "true"},

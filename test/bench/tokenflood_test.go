@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/deerflow-sandbox/provisioner/test/harness"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 )
 
 // floodAudience is the audience the function accepts tokens for here.
@@ -47,7 +47,7 @@ type flood struct {
 	codes         map[int]int
 }
 
-func (f *flood) run(fn *harness.Function, rate, inflight int, max int64, stop <-chan struct{}) {
+func (f *flood) run(fn *function.Instance, rate, inflight int, max int64, stop <-chan struct{}) {
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: inflight}}
 	slots := make(chan struct{}, inflight)
 	tick := time.NewTicker(time.Second / time.Duration(rate))
@@ -90,7 +90,7 @@ func (f *flood) run(fn *harness.Function, rate, inflight int, max int64, stop <-
 
 // tokenReviews reads how many TokenReviews the function sent, from its
 // own metrics.
-func tokenReviews(fn *harness.Function) (int, error) {
+func tokenReviews(fn *function.Instance) (int, error) {
 	resp, err := fn.Client.Get(fn.URL + "/metrics")
 	if err != nil {
 		return 0, err
@@ -125,11 +125,11 @@ func BenchmarkCreateUnderTokenFlood(b *testing.B) {
 	kc := benchCluster(b, "flood", 2)
 	defer kc.Down()
 	useNamespace(b, kc)
-	env := harness.BaseEnv(kc.Kubeconfig, ns)
+	env := function.BaseEnv(kc.Kubeconfig, ns)
 	env["MAX_SANDBOXES"] = "5000"
 	env["AUTH_TOKEN_AUDIENCE"] = floodAudience
 	env["AUTH_ALLOWED_SUBJECTS"] = "system:serviceaccount:" + ns + ":trigger"
-	fn, err := harness.StartBinary(binary(b), env, filepath.Join(b.TempDir(), "fn.log"))
+	fn, err := function.StartBinary(binary(b), env, filepath.Join(b.TempDir(), "fn.log"))
 	if err != nil {
 		b.Fatal(err)
 	}

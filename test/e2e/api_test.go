@@ -19,17 +19,17 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
-	"github.com/deerflow-sandbox/provisioner/test/harness"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 )
 
 var nodePortURL = regexp.MustCompile(`^http://127\.0\.0\.1:(3[0-2][0-9]{3})$`)
 
 // TestDeerFlowContract replays the requests DeerFlow's backend really sends.
 // recorded is one request DeerFlow's backend really sent.
-type recorded = harness.Recorded
+type recorded = function.Recorded
 
 // goldenRequests reads the recording of DeerFlow's client (contract/).
-func goldenRequests(t *testing.T) []recorded { return harness.GoldenRequests(t) }
+func goldenRequests(t *testing.T) []recorded { return function.GoldenRequests(t) }
 
 func TestDeerFlowContract(t *testing.T) {
 	ns := namespace(t)
@@ -45,7 +45,7 @@ func TestDeerFlowContract(t *testing.T) {
 		// function accepts; DeerFlow sends whatever key it is configured
 		// with, so the replay sends ours in its place.
 		if _, hasKey := r.Headers["X-API-Key"]; hasKey {
-			r.Headers["X-API-Key"] = harness.Key
+			r.Headers["X-API-Key"] = function.Key
 		}
 		resp, err := f.DoWithHeaders(r.Method, r.Path, body, r.Headers)
 		if err != nil {
@@ -397,7 +397,7 @@ func TestBadInputsRefusedWithDetail(t *testing.T) {
 			}
 			headers := tc.headers
 			if headers == nil {
-				headers = map[string]string{"X-API-Key": harness.Key}
+				headers = map[string]string{"X-API-Key": function.Key}
 			}
 			r, err := f.DoWithHeaders(method, path, tc.body, headers)
 			if err != nil {

@@ -18,8 +18,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
-	"github.com/deerflow-sandbox/provisioner/test/harness"
-	"github.com/deerflow-sandbox/provisioner/test/realnode"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
+	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
 )
 
 // TestAttacksFromInsideASandbox runs, from inside a sandbox, what hostile
@@ -113,16 +113,16 @@ func attackFromInside(t *testing.T, mode string) {
 	f := start(t, ns, env)
 
 	// The provisioner itself, listening where the Pod network can reach it.
-	bin, err := harness.Binary()
+	bin, err := function.Binary()
 	if err != nil {
 		t.Fatal(err)
 	}
-	port, err := harness.FreeAddr()
+	port, err := function.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, p, _ := net.SplitHostPort(port)
-	prov, err := harness.StartProcess(bin, env, net.JoinHostPort(rn.HostIP, p), filepath.Join(t.TempDir(), "exposed.log"))
+	prov, err := function.StartProcess(bin, env, net.JoinHostPort(rn.HostIP, p), filepath.Join(t.TempDir(), "exposed.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +167,7 @@ func attackFromInside(t *testing.T, mode string) {
 	backendIP, bystanderIP := ips["backend"], ips["bystander"]
 
 	// The cluster's DNS: the sandbox's resolv.conf names the kube-dns
-	// Service, which a stand-in for CoreDNS serves (test/realnode).
+	// Service, which a stand-in for CoreDNS serves (test/framework/realnode).
 	ok, conf := execIn(t, attacker.Status.PodIP, map[string]any{"op": "read", "path": "/etc/resolv.conf"})
 	if !ok || !strings.Contains(conf, "nameserver "+realnode.ClusterDNSIP) {
 		t.Fatalf("the sandbox's resolv.conf does not name the cluster's DNS %s: %v %q", realnode.ClusterDNSIP, ok, conf)

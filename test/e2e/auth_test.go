@@ -21,7 +21,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/events"
-	"github.com/deerflow-sandbox/provisioner/test/harness"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 )
 
 const audience = "sandbox-provisioner-e2e"
@@ -90,7 +90,7 @@ func doors(id string) []door {
 	return d
 }
 
-func (d door) send(t *testing.T, f *harness.Function, headers map[string]string) harness.Response {
+func (d door) send(t *testing.T, f *function.Instance, headers map[string]string) function.Response {
 	t.Helper()
 	h := map[string]string{}
 	if d.body != "" {
@@ -241,7 +241,7 @@ func TestSandboxBoundToItsOwner(t *testing.T) {
 		{map[string]any{"sandbox_id": "shared1", "user_id": "alice", "thread_id": "t1", "template": "heal"}, bob},
 		{map[string]any{"sandbox_id": "shared1", "user_id": "alice", "thread_id": "t1", "operation": "create"}, bob},
 	} {
-		headers := map[string]string{"X-API-Key": harness.Key}
+		headers := map[string]string{"X-API-Key": function.Key}
 		if other.headers != nil {
 			headers = other.headers
 		}
@@ -305,14 +305,14 @@ func TestSandboxBoundToItsOwner(t *testing.T) {
 func TestConcurrentWaitsAreCapped(t *testing.T) {
 	ns := namespace(t)
 	const cap, n = 20, 200
-	bin, err := harness.Binary()
+	bin, err := function.Binary()
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := harness.BaseEnv(kubeconfig, ns)
+	env := function.BaseEnv(kubeconfig, ns)
 	env["MAX_CONCURRENT_WAITS"] = strconv.Itoa(cap)
 	env["SANDBOX_NODE_SELECTOR"] = "pool:nowhere" // never scheduled, so never ready: every wait runs its course
-	f, err := harness.StartBinary(bin, env, filepath.Join(t.TempDir(), "log"))
+	f, err := function.StartBinary(bin, env, filepath.Join(t.TempDir(), "log"))
 	if err != nil {
 		t.Fatal(err)
 	}

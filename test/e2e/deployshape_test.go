@@ -22,7 +22,7 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
-	"github.com/deerflow-sandbox/provisioner/test/harness"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 )
 
 // bindClaims makes each claim in ns and a volume bound to it. kwok mounts
@@ -114,7 +114,7 @@ func TestDeerFlowCreateInTheShapeConfigDeploys(t *testing.T) {
 	t.Cleanup(func() { _, _ = f.Do("DELETE", "/api/sandboxes/0123456789abcdef", nil) })
 
 	create := goldenRequests(t)[0]
-	create.Headers["X-API-Key"] = harness.Key
+	create.Headers["X-API-Key"] = function.Key
 	r, err := f.DoWithHeaders(create.Method, create.Path, []byte(create.Body), create.Headers)
 	if err != nil {
 		t.Fatal(err)
@@ -262,7 +262,7 @@ func TestAdmissionRefusalsSaySo(t *testing.T) {
 	})
 }
 
-func refusedSaying(t *testing.T, r harness.Response, code int, parts ...string) {
+func refusedSaying(t *testing.T, r function.Response, code int, parts ...string) {
 	t.Helper()
 	detail, _ := r.Body["detail"].(string)
 	if r.Code != code {

@@ -16,12 +16,12 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/events"
-	"github.com/deerflow-sandbox/provisioner/test/harness"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 )
 
 // send delivers one event with the sdk-go client and returns the reply (nil
 // on an error result) and the HTTP status.
-func send(t *testing.T, f *harness.Function, structured bool, typ, subject string, data any, headers map[string]string) (*cloudevents.Event, int) {
+func send(t *testing.T, f *function.Instance, structured bool, typ, subject string, data any, headers map[string]string) (*cloudevents.Event, int) {
 	t.Helper()
 	c, err := cloudevents.NewClientHTTP(cloudevents.WithTarget(f.URL))
 	if err != nil {
@@ -79,7 +79,7 @@ func TestCloudEventsEveryType(t *testing.T) {
 		t.Run(mode.name, func(t *testing.T) {
 			ns := namespace(t)
 			f := start(t, ns, nil)
-			key := map[string]string{"X-API-Key": harness.Key}
+			key := map[string]string{"X-API-Key": function.Key}
 			id := "ev-" + mode.name
 
 			reply, code := send(t, f, mode.structured, events.TypeCreate, "", map[string]any{"sandbox_id": id, "thread_id": "t1"}, key)
@@ -181,9 +181,9 @@ func TestKnFuncInvokeReplay(t *testing.T) {
 	// travels as the api_key field of the data.
 	withKey := func(data string) string {
 		if data == "{}" {
-			return `{"api_key":"` + harness.Key + `"}`
+			return `{"api_key":"` + function.Key + `"}`
 		}
-		return strings.Replace(data, "{", `{"api_key":"`+harness.Key+`",`, 1)
+		return strings.Replace(data, "{", `{"api_key":"`+function.Key+`",`, 1)
 	}
 	kn := map[string]string{"User-Agent": "Go-http-client/1.1", "Content-Type": "application/json"}
 	knEvent := func(typ string) map[string]string {

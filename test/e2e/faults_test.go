@@ -17,7 +17,7 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
-	"github.com/deerflow-sandbox/provisioner/test/harness"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 )
 
 // ledger records what the provisioner promised: ids whose create answered
@@ -46,7 +46,7 @@ func (l *ledger) note(id, what string, code int) {
 
 // load runs workers that create and delete distinct sandboxes until stop is
 // closed (bounded by max iterations), through whichever function target holds.
-func load(t *testing.T, target *atomic.Pointer[harness.Function], workers, maxIter int, stop <-chan struct{}, l *ledger, prefix string) *sync.WaitGroup {
+func load(t *testing.T, target *atomic.Pointer[function.Instance], workers, maxIter int, stop <-chan struct{}, l *ledger, prefix string) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
@@ -85,7 +85,7 @@ func load(t *testing.T, target *atomic.Pointer[harness.Function], workers, maxIt
 // checkInvariants asserts the ledger against the cluster: every sandbox whose
 // last answer was a successful create is whole, every successful delete is
 // gone, and a half-present sandbox is mended by one create or one reap.
-func checkInvariants(t *testing.T, f *harness.Function, ns string, l *ledger) {
+func checkInvariants(t *testing.T, f *function.Instance, ns string, l *ledger) {
 	t.Helper()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -162,17 +162,17 @@ func idSetSvc(items []corev1.Service) map[string]bool {
 func TestFunctionKilledMidLoad(t *testing.T) {
 	ns := namespace(t)
 	dir := t.TempDir()
-	bin, err := harness.Binary()
+	bin, err := function.Binary()
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := harness.BaseEnv(kubeconfig, ns)
-	f, err := harness.StartBinary(bin, env, filepath.Join(dir, "fn.log"))
+	env := function.BaseEnv(kubeconfig, ns)
+	f, err := function.StartBinary(bin, env, filepath.Join(dir, "fn.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Stop()
-	var target atomic.Pointer[harness.Function]
+	var target atomic.Pointer[function.Instance]
 	target.Store(f)
 	l := newLedger()
 	stop := make(chan struct{})
@@ -180,7 +180,7 @@ func TestFunctionKilledMidLoad(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond)
 	f.Kill() // SIGKILL: no drain, requests cut mid-flight
 	time.Sleep(300 * time.Millisecond)
-	g, err := harness.StartBinary(bin, env, filepath.Join(dir, "fn2.log"))
+	g, err := function.StartBinary(bin, env, filepath.Join(dir, "fn2.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +198,7 @@ func TestFunctionKilledMidLoad(t *testing.T) {
 func TestAPIServerStoppedMidLoad(t *testing.T) {
 	ns := namespace(t)
 	f := start(t, ns, map[string]string{"REQUEST_TIMEOUT": "3s"})
-	var target atomic.Pointer[harness.Function]
+	var target atomic.Pointer[function.Instance]
 	target.Store(f)
 	l := newLedger()
 	stop := make(chan struct{})
@@ -277,7 +277,7 @@ func TestSlowAPIServerEndsWithinDeadline(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var r harness.Response
+			var r function.Response
 			var err error
 			began := time.Now()
 			switch i % 4 {

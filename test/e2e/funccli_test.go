@@ -11,8 +11,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/deerflow-sandbox/provisioner/test/cluster"
-	"github.com/deerflow-sandbox/provisioner/test/harness"
+	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 )
 
 // funcCLI is the func CLI hack/install-func.sh builds (pinned, from the
@@ -145,7 +145,7 @@ func TestFuncInvokeReadme(t *testing.T) {
 			script := `kn() { [ "$1" = func ] && shift; "$FUNC" "$@"; }` + "\n" + strings.ReplaceAll(line, "http://127.0.0.1:8080", f.URL)
 			cmd := exec.Command("bash", "-c", script)
 			cmd.Dir = dir
-			cmd.Env = append(os.Environ(), "FUNC="+fn, "K="+harness.Key)
+			cmd.Env = append(os.Environ(), "FUNC="+fn, "K="+function.Key)
 			out, err := cmd.CombinedOutput()
 			if err != nil {
 				t.Fatalf("%s: %v\n%s", line, err, out)
@@ -176,7 +176,7 @@ func TestFuncInvokeReadme(t *testing.T) {
 	if err == nil || !strings.Contains(out, "HTTP 401") {
 		t.Errorf("http invoke without a key: err %v, output %q; want a failure naming HTTP 401", err, out)
 	}
-	out, err = run("--format", "cloudevent", "--type", "dev.deerflow.sandbox.get", "--data", `{"sandbox_id":"nope1234","api_key":"`+harness.Key+`"}`)
+	out, err = run("--format", "cloudevent", "--type", "dev.deerflow.sandbox.get", "--data", `{"sandbox_id":"nope1234","api_key":"`+function.Key+`"}`)
 	if err != nil || strings.Contains(out, "Context Attributes") {
 		t.Errorf("cloudevent invoke of an unknown sandbox: err %v, output %q; want success with no event printed", err, out)
 	}

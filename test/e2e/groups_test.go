@@ -13,11 +13,12 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/events"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
-	"github.com/deerflow-sandbox/provisioner/test/harness"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 )
 
 // TestGroupedTriggersShareSandboxes: what config/ does for the Broker's
@@ -111,11 +112,30 @@ func TestGroupedTriggersShareSandboxes(t *testing.T) {
 	type want struct {
 		what, requestID, identity, auditPrincipal, outcome string
 	}
-	for _, w := range []want{
+	wants := []want{
 		{"create", created.Header.Get(reqid.Header), creator, group, "ok"},
 		{"destroy", destroyed.Header.Get(reqid.Header), destroyer, group, "ok"},
 		{"destroy", hidden.Header.Get(reqid.Header), outsider, outsider, "hidden"},
-	} {
+	}
+	// The audit line is written before the answer, but an event's "event
+	// handled" line after it (pkg/events), so it may reach the log after
+	// the test has the answer: wait (bounded) until each event's line is
+	// there. On a timeout the checks below say what is missing.
+	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		logged := map[any]bool{}
+		for _, rec := range logRecordsOf(t, f) {
+			if rec["msg"] == "event handled" {
+				logged[rec["request_id"]] = true
+			}
+		}
+		for _, w := range wants {
+			if w.requestID != "" && !logged[w.requestID] {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	for _, w := range wants {
 		if w.requestID == "" {
 			t.Errorf("the %s event's answer has no %s", w.what, reqid.Header)
 			continue
@@ -143,7 +163,7 @@ func TestGroupedTriggersShareSandboxes(t *testing.T) {
 }
 
 // logRecordsOf reads every JSON line of the function's log.
-func logRecordsOf(t *testing.T, f *harness.Function) []map[string]any {
+func logRecordsOf(t *testing.T, f *function.Instance) []map[string]any {
 	t.Helper()
 	file, err := os.Open(f.LogPath)
 	if err != nil {

@@ -31,9 +31,9 @@ import (
 	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/deerflow-sandbox/provisioner/test/cluster"
-	"github.com/deerflow-sandbox/provisioner/test/harness"
-	"github.com/deerflow-sandbox/provisioner/test/realnode"
+	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
+	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
 )
 
 // imageSizeBudget is the most the linux/amd64 image may weigh, compressed
@@ -223,8 +223,8 @@ func TestImage(t *testing.T) {
 
 	// Run the image's own binary: readiness, then the API.
 	ns := namespace(t)
-	env := harness.BaseEnv(kubeconfig, ns)
-	f, err := harness.StartBinary(bin, env, filepath.Join(t.TempDir(), "image-fn.log"))
+	env := function.BaseEnv(kubeconfig, ns)
+	f, err := function.StartBinary(bin, env, filepath.Join(t.TempDir(), "image-fn.log"))
 	if err != nil {
 		t.Fatalf("the image's binary did not become ready: %v", err)
 	}
@@ -242,11 +242,11 @@ func TestImage(t *testing.T) {
 	// closing note, not an assertion (timings vary on shared machines).
 	var ms []float64
 	for i := 0; i < 15; i++ {
-		addr, err := harness.FreeAddr()
+		addr, err := function.FreeAddr()
 		if err != nil {
 			t.Fatal(err)
 		}
-		g, err := harness.StartProcess(bin, env, addr, filepath.Join(t.TempDir(), "cold.log"))
+		g, err := function.StartProcess(bin, env, addr, filepath.Join(t.TempDir(), "cold.log"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -270,7 +270,7 @@ func TestPushedImageIsWhatDeployNames(t *testing.T) {
 	if _, err := os.Stat(registry); err != nil {
 		unavailable(t, "no registry binary at %s: hack/install-registry.sh builds it (make test-e2e does so first): %v", registry, err)
 	}
-	addr, err := harness.FreeAddr()
+	addr, err := function.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -395,7 +395,7 @@ func TestImageRunsInCluster(t *testing.T) {
 		_, err := client().CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
 		return err == nil, err
 	})
-	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-provisioner", Namespace: ns}, StringData: map[string]string{"api-key": harness.Key}}
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-provisioner", Namespace: ns}, StringData: map[string]string{"api-key": function.Key}}
 	if _, err := client().CoreV1().Secrets(ns).Create(ctx, secret, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
@@ -428,7 +428,7 @@ func TestImageRunsInCluster(t *testing.T) {
 	defer client().CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{})
 	// Ready is the function's readiness: connected to the API server.
 	ip := waitReady(t, "the image's Pod", podNamed(ns, pod.Name)).Status.PodIP
-	f := &harness.Function{URL: "http://" + net.JoinHostPort(ip, "8080"), Client: &http.Client{Timeout: 30 * time.Second}}
+	f := &function.Instance{URL: "http://" + net.JoinHostPort(ip, "8080"), Client: &http.Client{Timeout: 30 * time.Second}}
 	expectCode(t, mustDo(t, f, "GET", "/api/capabilities", nil), 200, "capabilities from the Pod")
 	r := mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "incluster1", "thread_id": "t1", "user_id": "u1"})
 	if r.Code != 200 || r.Body["sandbox_url"] != "http://sandbox-incluster1-svc.deer-flow.svc.cluster.local:8080" {

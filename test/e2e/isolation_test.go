@@ -15,7 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/deerflow-sandbox/provisioner/test/harness"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 )
 
 // shippedNetworkPolicy is config/701-networkpolicy-sandboxes.yaml as it is
@@ -130,7 +130,7 @@ func TestIsolationPolicyRechecked(t *testing.T) {
 	}
 	f := start(t, ns, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "false"})
 	n, admitted := 0, 0
-	createOnce := func() harness.Response {
+	createOnce := func() function.Response {
 		n++
 		r := mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": fmt.Sprintf("recheck%d", n)})
 		if r.Code == 200 {
@@ -142,9 +142,9 @@ func TestIsolationPolicyRechecked(t *testing.T) {
 
 	// until creates until one answers as want says, and reports how long
 	// that took after the change.
-	until := func(what string, changed time.Time, want func(harness.Response) bool) {
+	until := func(what string, changed time.Time, want func(function.Response) bool) {
 		t.Helper()
-		var last harness.Response
+		var last function.Response
 		eventually(t, 6*time.Second, what, func() (bool, error) {
 			last = createOnce()
 			return want(last), fmt.Errorf("%d %s", last.Code, last.Raw)
@@ -154,12 +154,12 @@ func TestIsolationPolicyRechecked(t *testing.T) {
 			t.Errorf("%s took %s, want within a few seconds (TTL 2 s)", what, d)
 		}
 	}
-	refused := func(detail string) func(harness.Response) bool {
-		return func(r harness.Response) bool {
+	refused := func(detail string) func(function.Response) bool {
+		return func(r function.Response) bool {
 			return r.Code == 503 && strings.Contains(r.Detail(), "NetworkPolicy "+ns+"/deer-flow-sandbox-isolation") && strings.Contains(r.Detail(), detail)
 		}
 	}
-	ok := func(r harness.Response) bool { return r.Code == 200 }
+	ok := func(r function.Response) bool { return r.Code == 200 }
 
 	if err := nps.Delete(ctx, shipped.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)

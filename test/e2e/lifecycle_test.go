@@ -17,12 +17,13 @@ import (
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/events"
-	"github.com/deerflow-sandbox/provisioner/test/harness"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 )
 
-func create(t *testing.T, f *harness.Function, body map[string]any) harness.Response {
+func create(t *testing.T, f *function.Instance, body map[string]any) function.Response {
 	t.Helper()
 	r := mustDo(t, f, "POST", "/api/sandboxes", body)
 	expectCode(t, r, 200, fmt.Sprintf("create %v", body["sandbox_id"]))
@@ -67,7 +68,7 @@ func TestExpiryAndReaping(t *testing.T) {
 	sleepUntil(t0.Add(6500 * time.Millisecond))
 	expectCode(t, mustDo(t, f, "GET", "/api/sandboxes/old-c", nil), 200, "keep old-c active")
 	sleepUntil(t0.Add(7500 * time.Millisecond))
-	reply, code := send(t, f, false, events.TypePing, "", nil, map[string]string{"X-API-Key": harness.Key})
+	reply, code := send(t, f, false, events.TypePing, "", nil, map[string]string{"X-API-Key": function.Key})
 	if code != 200 {
 		t.Fatalf("reap by PingSource event: %d", code)
 	}
@@ -78,16 +79,33 @@ func TestExpiryAndReaping(t *testing.T) {
 	eventually(t, 30*time.Second, "reaped Pods and Services gone", func() (bool, error) {
 		return len(pods(t, ns, "app=deer-flow-sandbox")) == 0 && len(services(t, ns, "app=deer-flow-sandbox")) == 0, nil
 	})
-	evs, err := client().CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{})
-	if err != nil {
+	// Kubernetes Events are written asynchronously: the Manager's recorder
+	// hands each to client-go's EventBroadcaster, whose own goroutine writes
+	// it to the API server (retrying a failed write after up to 10 s), so
+	// the answers above come before the Events exist; the test waits for
+	// them (bounded). None may be missing, though: the function's budget
+	// (pkg/eventlimit, K8S_EVENTS_BURST=10 at K8S_EVENTS_QPS=1 by default,
+	// one budget per replica) passes all six Events this test causes (three
+	// SandboxCreated, three SandboxReaped; the touching create of old-c
+	// records none), and client-go's spam filter keys on the involved
+	// object, with a burst of 25: each sandbox's Pod carries two here.
+	reasons := map[string]int{}
+	err = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		evs, err := client().CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		reasons = map[string]int{}
+		for _, e := range evs.Items {
+			reasons[e.Reason]++
+		}
+		return reasons["SandboxCreated"] >= 3 && reasons["SandboxReaped"] >= 3, nil
+	})
+	if err != nil && !wait.Interrupted(err) {
 		t.Fatal(err)
 	}
-	reasons := map[string]int{}
-	for _, e := range evs.Items {
-		reasons[e.Reason]++
-	}
 	if reasons["SandboxCreated"] < 3 || reasons["SandboxReaped"] < 3 {
-		t.Errorf("Kubernetes Events by reason: %v, want SandboxCreated and SandboxReaped for each sandbox", reasons)
+		t.Errorf("Kubernetes Events by reason after waiting up to 30 s: %v, want SandboxCreated and SandboxReaped for each sandbox", reasons)
 	}
 }
 
@@ -104,7 +122,7 @@ func TestConcurrentReapsRemoveEachOnce(t *testing.T) {
 	create(t, f, map[string]any{"sandbox_id": "keep", "idle_timeout_seconds": 600})
 	time.Sleep(2500 * time.Millisecond)
 	var wg sync.WaitGroup
-	results := make([]harness.Response, 4)
+	results := make([]function.Response, 4)
 	for i := range results {
 		wg.Add(1)
 		go func() {
@@ -205,8 +223,8 @@ func TestQuotaUnderConcurrency(t *testing.T) {
 		t.Run(fmt.Sprintf("limit %d", tt.limit), func(t *testing.T) {
 			ns := namespace(t)
 			env := map[string]string{"MAX_SANDBOXES": fmt.Sprint(tt.limit)}
-			replicas := []*harness.Function{start(t, ns, env), start(t, ns, env)}
-			admitted := raceCreates(t, tt.n, func(i int) (*harness.Function, map[string]any) {
+			replicas := []*function.Instance{start(t, ns, env), start(t, ns, env)}
+			admitted := raceCreates(t, tt.n, func(i int) (*function.Instance, map[string]any) {
 				return replicas[i%2], map[string]any{"sandbox_id": fmt.Sprintf("c%02d", i)}
 			})
 			live := liveSandboxes(t, ns)
@@ -303,7 +321,7 @@ func TestMaxShellSessions(t *testing.T) {
 
 // scrape returns the samples of /metrics whose name starts with prefix,
 // keyed by the sample line's name and labels.
-func scrape(t *testing.T, f *harness.Function, prefix string) map[string]float64 {
+func scrape(t *testing.T, f *function.Instance, prefix string) map[string]float64 {
 	t.Helper()
 	resp, err := f.Client.Get(f.URL + "/metrics")
 	if err != nil {
@@ -340,7 +358,7 @@ func TestMetricsFollowCalls(t *testing.T) {
 	if reapedIDs(t, r.Body)["m1"] != "idle" {
 		t.Fatalf("reap: %s", r.Raw)
 	}
-	after := scrape(t, f, "sandbox_provisioner_")
+	var after map[string]float64
 	delta := func(key string) float64 { return after[key] - before[key] }
 	wants := map[string]float64{
 		`sandbox_provisioner_requests_total{code="200",operation="create",transport="http"}`:      1,
@@ -354,6 +372,19 @@ func TestMetricsFollowCalls(t *testing.T) {
 		`sandbox_provisioner_create_to_ready_seconds_count`:                                       1,
 		`sandbox_provisioner_request_duration_seconds_count{operation="create",transport="http"}`: 3,
 	}
+	// A request is counted after its answer is written (pkg/httpapi's
+	// route), so the reap's own count may land after the test has the
+	// answer: scrape until every count has its value (bounded; they only
+	// grow, so one past it never comes back), then judge the last scrape.
+	_ = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		after = scrape(t, f, "sandbox_provisioner_")
+		for key, want := range wants {
+			if delta(key) != want {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
 	var got []string
 	for key, want := range wants {
 		if d := delta(key); d != want {
@@ -382,7 +413,7 @@ func TestMetricsFollowCalls(t *testing.T) {
 // precondition, so its delayed deletes are let land before the caller
 // counts what lives. An overshoot shows in the answers, which kwok cannot
 // change.
-func raceCreates(t *testing.T, n int, req func(i int) (*harness.Function, map[string]any)) (admitted int) {
+func raceCreates(t *testing.T, n int, req func(i int) (*function.Instance, map[string]any)) (admitted int) {
 	t.Helper()
 	codes := make([]int, n)
 	var wg sync.WaitGroup

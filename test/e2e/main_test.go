@@ -16,10 +16,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/deerflow-sandbox/provisioner/test/apiproxy"
-	"github.com/deerflow-sandbox/provisioner/test/cluster"
-	"github.com/deerflow-sandbox/provisioner/test/harness"
-	"github.com/deerflow-sandbox/provisioner/test/realnode"
+	"github.com/deerflow-sandbox/provisioner/test/framework/apiproxy"
+	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
+	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
 )
 
 var (
@@ -117,19 +117,19 @@ func namespace(t *testing.T) string {
 }
 
 // start runs a function for ns, with extra settings over the base ones.
-func start(t *testing.T, ns string, extra map[string]string) *harness.Function {
+func start(t *testing.T, ns string, extra map[string]string) *function.Instance {
 	t.Helper()
-	env := harness.BaseEnv(kubeconfig, ns)
+	env := function.BaseEnv(kubeconfig, ns)
 	for k, v := range extra {
 		env[k] = v
 	}
-	return harness.Start(t, env)
+	return function.Start(t, env)
 }
 
 // eventually polls cond (bounded by timeout) until it holds.
 func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, error)) {
 	t.Helper()
-	harness.Eventually(t, timeout, 100*time.Millisecond, what, cond)
+	function.Eventually(t, timeout, 100*time.Millisecond, what, cond)
 }
 
 func pods(t *testing.T, ns, selector string) []corev1.Pod {
@@ -151,7 +151,7 @@ func services(t *testing.T, ns, selector string) []corev1.Service {
 }
 
 // mustDo sends a request and fails the test on a transport error.
-func mustDo(t *testing.T, f *harness.Function, method, path string, body any) harness.Response {
+func mustDo(t *testing.T, f *function.Instance, method, path string, body any) function.Response {
 	t.Helper()
 	r, err := f.Do(method, path, body)
 	if err != nil {
@@ -160,7 +160,7 @@ func mustDo(t *testing.T, f *harness.Function, method, path string, body any) ha
 	return r
 }
 
-func expectCode(t *testing.T, r harness.Response, want int, what string) {
+func expectCode(t *testing.T, r function.Response, want int, what string) {
 	t.Helper()
 	if r.Code != want {
 		t.Fatalf("%s: status %d, want %d; body %s", what, r.Code, want, r.Raw)
@@ -189,7 +189,7 @@ func outage(t *testing.T) (restore func()) {
 }
 
 // waitReadiness polls the function's readiness probe until it answers code.
-func waitReadiness(t *testing.T, f *harness.Function, code int) {
+func waitReadiness(t *testing.T, f *function.Instance, code int) {
 	t.Helper()
 	eventually(t, 30*time.Second, fmt.Sprintf("readiness %d", code), func() (bool, error) {
 		resp, err := f.Client.Get(f.URL + "/health/readiness")

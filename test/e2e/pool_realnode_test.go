@@ -8,7 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/deerflow-sandbox/provisioner/test/realnode"
+	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
 )
 
 // TestRealPoolClaimAnswers: on the real node, a pooled Pod stands Ready

@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
-	"github.com/deerflow-sandbox/provisioner/test/harness"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 )
 
 const (
@@ -100,7 +100,7 @@ func ready(p *corev1.Pod) bool {
 }
 
 // templatePool is the pool entry of one template in GET /api/templates.
-func templatePool(t *testing.T, f *harness.Function, name string) map[string]any {
+func templatePool(t *testing.T, f *function.Instance, name string) map[string]any {
 	t.Helper()
 	l := mustDo(t, f, "GET", "/api/templates", nil)
 	expectCode(t, l, 200, "list templates")
@@ -116,7 +116,7 @@ func templatePool(t *testing.T, f *harness.Function, name string) map[string]any
 
 // warmUp applies a pooled template, asks GET /api/templates to make its
 // pool and waits until all of it stands Ready.
-func warmUp(t *testing.T, f *harness.Function, ns, name string, size int) {
+func warmUp(t *testing.T, f *function.Instance, ns, name string, size int) {
 	t.Helper()
 	putTemplate(t, ns, pooledTemplate(name, size, corev1.PodSpec{}))
 	if p := templatePool(t, f, name); p == nil || p["size"] != float64(size) || p["error"] != nil {
@@ -394,7 +394,7 @@ func TestPoolAndColdCreatesOfOneIDRace(t *testing.T) {
 		id := fmt.Sprintf("race-%d", i)
 		var (
 			wg  sync.WaitGroup
-			got [2]harness.Response
+			got [2]function.Response
 		)
 		for k, body := range []map[string]any{
 			{"sandbox_id": id, "template": "warm", "user_id": "u1"},

@@ -16,7 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/events"
-	"github.com/deerflow-sandbox/provisioner/test/harness"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 )
 
 const (
@@ -26,7 +26,7 @@ const (
 )
 
 // as sends one request through a door with the given credential headers.
-func as(t *testing.T, f *harness.Function, headers map[string]string, d door) harness.Response {
+func as(t *testing.T, f *function.Instance, headers map[string]string, d door) function.Response {
 	t.Helper()
 	return d.send(t, f, headers)
 }
@@ -55,7 +55,7 @@ func byIDDoors(id string) map[string]door {
 }
 
 // listedIDs lists through the HTTP door, or through a list event.
-func listedIDs(t *testing.T, f *harness.Function, headers map[string]string, event bool) []string {
+func listedIDs(t *testing.T, f *function.Instance, headers map[string]string, event bool) []string {
 	t.Helper()
 	d := door{name: "list", method: "GET", path: "/api/sandboxes"}
 	if event {
@@ -210,7 +210,7 @@ func TestPrincipalsCannotSeeEachOther(t *testing.T) {
 }
 
 // auditRecords reads the audit lines of the function's log.
-func auditRecords(t *testing.T, f *harness.Function) []map[string]any {
+func auditRecords(t *testing.T, f *function.Instance) []map[string]any {
 	t.Helper()
 	file, err := os.Open(f.LogPath)
 	if err != nil {

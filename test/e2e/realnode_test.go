@@ -26,9 +26,9 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
-	"github.com/deerflow-sandbox/provisioner/test/cluster"
-	"github.com/deerflow-sandbox/provisioner/test/harness"
-	"github.com/deerflow-sandbox/provisioner/test/realnode"
+	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
+	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
 )
 
 // needRealNode skips, saying why, when the real node could not start.
@@ -49,7 +49,7 @@ func needRealNode(t *testing.T) *realnode.Node {
 func realEnv(t *testing.T, ns string, extra map[string]string) map[string]string {
 	t.Helper()
 	rn := needRealNode(t)
-	t.Setenv("PROVISIONER_API_KEY", harness.Key) // config.Load needs one; only the defaults are read
+	t.Setenv("PROVISIONER_API_KEY", function.Key) // config.Load needs one; only the defaults are read
 	defaults, err := config.Load()
 	if err != nil {
 		t.Fatal(err)
@@ -58,7 +58,7 @@ func realEnv(t *testing.T, ns string, extra map[string]string) map[string]string
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := harness.BaseEnv(kubeconfig, ns)
+	env := function.BaseEnv(kubeconfig, ns)
 	for k, v := range realnode.FunctionEnv(hostBase(t)) {
 		env[k] = v
 	}
@@ -469,13 +469,13 @@ func TestDeerFlowContractOnRealNode(t *testing.T) {
 	env := realEnv(t, ns, map[string]string{"SANDBOX_SERVICE_TYPE": "NodePort", "SANDBOX_INGRESS_NODE_CIDRS": "10.88.0.1/32"})
 	base := env["DEER_FLOW_HOST_BASE_DIR"]
 	f := start(t, ns, env)
-	send := func(r recorded) harness.Response {
+	send := func(r recorded) function.Response {
 		var body any
 		if string(r.Body) != "null" {
 			body = []byte(strings.ReplaceAll(string(r.Body), `"/.deer-flow/`, `"`+base+`/`))
 		}
 		if _, hasKey := r.Headers["X-API-Key"]; hasKey {
-			r.Headers["X-API-Key"] = harness.Key
+			r.Headers["X-API-Key"] = function.Key
 		}
 		resp, err := f.DoWithHeaders(r.Method, r.Path, body, r.Headers)
 		if err != nil {

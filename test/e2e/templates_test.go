@@ -21,7 +21,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
-	"github.com/deerflow-sandbox/provisioner/test/harness"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 )
 
 // applyTemplates applies config/templates/<name>.yaml, as shipped, into ns.
@@ -337,7 +337,7 @@ func TestTemplateEditsAndRefusals(t *testing.T) {
 				r := mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": id, "template": tc.template})
 				code, detail = r.Code, r.Detail()
 			} else {
-				r, _ := f.DoWithHeaders("POST", "/", map[string]any{"operation": "create", "sandbox_id": id, "template": tc.template}, map[string]string{"X-API-Key": harness.Key})
+				r, _ := f.DoWithHeaders("POST", "/", map[string]any{"operation": "create", "sandbox_id": id, "template": tc.template}, map[string]string{"X-API-Key": function.Key})
 				code, detail = r.Code, r.Detail()
 			}
 			if code != 422 || !strings.Contains(detail, tc.detail) {
@@ -497,9 +497,9 @@ func TestQuotaCountsBothKinds(t *testing.T) {
 	ns = namespace(t)
 	applyTemplates(t, ns, "self-healing")
 	env := map[string]string{"MAX_SANDBOXES": "5"}
-	replicas := []*harness.Function{start(t, ns, env), start(t, ns, env)}
+	replicas := []*function.Instance{start(t, ns, env), start(t, ns, env)}
 	const n = 24
-	admitted := raceCreates(t, n, func(i int) (*harness.Function, map[string]any) {
+	admitted := raceCreates(t, n, func(i int) (*function.Instance, map[string]any) {
 		body := map[string]any{"sandbox_id": fmt.Sprintf("m%02d", i)}
 		if i%2 == 1 {
 			body["template"] = "self-healing"
@@ -524,7 +524,7 @@ func TestPauseAndResume(t *testing.T) {
 	putTemplate(t, ns, rsTemplate("nap", "sandbox:test", map[string]string{keys.TemplateIdleTimeout: "2s", keys.TemplateIdleAction: template.IdlePause, keys.TemplatePausedTimeout: "2s"}))
 	f := start(t, ns, map[string]string{"SANDBOX_ACTIVITY_THROTTLE": "0s"})
 	ctx := context.Background()
-	key := map[string]string{"X-API-Key": harness.Key}
+	key := map[string]string{"X-API-Key": function.Key}
 
 	body := map[string]any{"sandbox_id": "p1", "thread_id": "t1", "user_id": "u1", "template": "self-healing"}
 	url := create(t, f, body).Body["sandbox_url"]

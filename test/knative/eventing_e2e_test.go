@@ -235,7 +235,7 @@ func TestTriggersCarryOIDCTokens(t *testing.T) {
 	// The function saw the Trigger's identity (the principal of the
 	// audit line), not a key.
 	listSubject := "system:serviceaccount:" + ns + ":sandbox-provisioner-list-oidc-eventing.knative.dev-trigger"
-	if logs := functionLogs(t); !strings.Contains(logs, listSubject) {
+	if logs := functionLogsNaming(t, listSubject, 30*time.Second); !strings.Contains(logs, listSubject) {
 		t.Errorf("the function's log never names the list Trigger's identity %s", listSubject)
 	}
 
@@ -329,7 +329,7 @@ func TestPingSourceReaps(t *testing.T) {
 		return len(l.Items) == 0, fmt.Errorf("%d Pods left", len(l.Items))
 	})
 	pinger := "system:serviceaccount:" + ns + ":sandbox-reaper-oidc-sources.knative.dev-pingsource"
-	if logs := functionLogs(t); !strings.Contains(logs, pinger) {
+	if logs := functionLogsNaming(t, pinger, 30*time.Second); !strings.Contains(logs, pinger) {
 		t.Errorf("the function's log never names the PingSource's identity %s", pinger)
 	}
 }

@@ -24,20 +24,22 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/deerflow-sandbox/provisioner/test/cluster"
-	"github.com/deerflow-sandbox/provisioner/test/harness"
-	"github.com/deerflow-sandbox/provisioner/test/realnode"
+	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
+	"github.com/deerflow-sandbox/provisioner/test/framework/knative"
+	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
 )
 
 const ns = "deer-flow"
 
 var (
-	env *Env
+	env *knative.Env
 	// upErr says why the cluster or the deploy could not be had; every test
 	// then stops through unavailable.
 	upErr error
@@ -69,7 +71,7 @@ func run(m *testing.M) int {
 			kube, upErr = kubernetes.NewForConfig(cfg)
 		}
 	} else {
-		env, upErr = Up(ctx, "knative-e2e", root, Settings{ScaleToZeroGracePeriod: "6s"}, logf)
+		env, upErr = knative.Up(ctx, "knative-e2e", root, knative.Settings{ScaleToZeroGracePeriod: "6s"}, logf)
 		if upErr == nil {
 			defer env.Down()
 			logf("Knative cluster up in %s (%v)", time.Since(start).Round(time.Second), env.Timings)
@@ -86,7 +88,7 @@ func run(m *testing.M) int {
 
 	// Deploy exactly as make deploy-local does, on a registry port of its
 	// own so a developer's registry on the default port is left alone.
-	addr, err := harness.FreeAddr()
+	addr, err := function.FreeAddr()
 	if err != nil {
 		upErr = err
 		return m.Run()
@@ -156,12 +158,12 @@ func need(t *testing.T) {
 
 // fn is the deployed function, reached at FUNCTION_URL exactly as printed:
 // no extra headers, through the KIngress.
-func fn() *harness.Function {
-	return &harness.Function{URL: fnURL, Client: &http.Client{Timeout: 90 * time.Second}}
+func fn() *function.Instance {
+	return &function.Instance{URL: fnURL, Client: &http.Client{Timeout: 90 * time.Second}}
 }
 
 // call sends a request with the deployed function's key.
-func call(t *testing.T, method, path string, body any) harness.Response {
+func call(t *testing.T, method, path string, body any) function.Response {
 	t.Helper()
 	r, err := fn().DoWithHeaders(method, path, body, map[string]string{"X-API-Key": apiKey})
 	if err != nil {
@@ -170,7 +172,7 @@ func call(t *testing.T, method, path string, body any) harness.Response {
 	return r
 }
 
-func expectCode(t *testing.T, r harness.Response, want int, what string) {
+func expectCode(t *testing.T, r function.Response, want int, what string) {
 	t.Helper()
 	if r.Code != want {
 		t.Fatalf("%s: status %d, want %d; body %s", what, r.Code, want, r.Raw)
@@ -180,7 +182,7 @@ func expectCode(t *testing.T, r harness.Response, want int, what string) {
 // eventually polls cond (bounded by timeout) until it holds.
 func eventually(t testing.TB, timeout time.Duration, what string, cond func() (bool, error)) {
 	t.Helper()
-	harness.Eventually(t, timeout, 250*time.Millisecond, what, cond)
+	function.Eventually(t, timeout, 250*time.Millisecond, what, cond)
 }
 
 // destroy deletes a sandbox through the route, at the end of a test.
@@ -218,4 +220,19 @@ func functionLogs(t testing.TB) string {
 		b.Write(raw)
 	}
 	return b.String()
+}
+
+// functionLogsNaming reads the function's logs until they contain s
+// (bounded by timeout) and returns the last read. Pod logs are
+// asynchronous: a line reaches the API server through the container
+// runtime's log file, and some lines (an event's "event handled") are
+// written after the answer. The caller judges what it returns.
+func functionLogsNaming(t testing.TB, s string, timeout time.Duration) string {
+	t.Helper()
+	var logs string
+	_ = wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		logs = functionLogs(t)
+		return strings.Contains(logs, s), nil
+	})
+	return logs
 }

@@ -27,9 +27,9 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
-	"github.com/deerflow-sandbox/provisioner/test/cluster"
-	"github.com/deerflow-sandbox/provisioner/test/harness"
-	"github.com/deerflow-sandbox/provisioner/test/realnode"
+	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
+	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
 )
 
 var (
@@ -131,8 +131,8 @@ func TestConfigAdmittedAndReady(t *testing.T) {
 // through the sandboxes' NetworkPolicy.
 func TestDeerFlowThroughTheRoute(t *testing.T) {
 	need(t)
-	reqs := harness.GoldenRequests(t)
-	send := func(r harness.Recorded, query string) map[string]any {
+	reqs := function.GoldenRequests(t)
+	send := func(r function.Recorded, query string) map[string]any {
 		t.Helper()
 		var body any
 		if string(r.Body) != "null" {
@@ -585,7 +585,7 @@ func TestHeadlessSandboxAnswersDeerFlowsPoll(t *testing.T) {
 
 // warmPool makes a template named name with a warm pool of one Pod,
 // through local's GET /api/templates, and waits until that Pod is Ready.
-func warmPool(t *testing.T, local *harness.Function, name string) {
+func warmPool(t *testing.T, local *function.Instance, name string) {
 	t.Helper()
 	ctx := context.Background()
 	pt := &corev1.PodTemplate{
@@ -622,13 +622,13 @@ func warmPool(t *testing.T, local *harness.Function, name string) {
 // beside the deployed one, whose mode is ClusterIP (a second revision in
 // Headless mode would disturb the suite's other tests); it makes the same
 // objects.
-func headlessFunction(t *testing.T) *harness.Function {
+func headlessFunction(t *testing.T) *function.Instance {
 	t.Helper()
-	bin, err := harness.Binary()
+	bin, err := function.Binary()
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := harness.BaseEnv(kubeconfigPath, ns)
+	env := function.BaseEnv(kubeconfigPath, ns)
 	env["SANDBOX_SERVICE_TYPE"] = config.ServiceHeadless
 	env["SANDBOX_IMAGE"] = "localhost/sandbox:e2e"
 	env["SANDBOX_USER_NAMESPACE"] = "false"
@@ -637,7 +637,7 @@ func headlessFunction(t *testing.T) *harness.Function {
 	env["SKILLS_PVC_NAME"], env["USERDATA_PVC_NAME"] = "deer-flow-skills", "deer-flow-user-data"
 	// config/ applied the shared NetworkPolicy: this function only checks it.
 	env["SANDBOX_NETWORK_POLICY_ENSURE"] = "false"
-	local, err := harness.StartBinary(bin, env, filepath.Join(t.TempDir(), "headless.log"))
+	local, err := function.StartBinary(bin, env, filepath.Join(t.TempDir(), "headless.log"))
 	if err != nil {
 		t.Fatal(err)
 	}

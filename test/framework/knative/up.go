@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/deerflow-sandbox/provisioner/test/cluster"
-	"github.com/deerflow-sandbox/provisioner/test/realnode"
+	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
+	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
 )
 
 // Env is a running Knative cluster: a kwok control plane whose kwok nodes

@@ -1,8 +1,8 @@
-// Package harness starts the function for tests and benchmarks the way it is
+// Package function starts the function for tests and benchmarks the way it is
 // deployed: cmd/provisioner, the main `func build` scaffolds, serving the
 // function through the func Go runtime (knative.dev/func-go/http) in its own
 // process. It talks to it over real HTTP.
-package harness
+package function
 
 import (
 	"bytes"
@@ -24,8 +24,8 @@ import (
 // refuses it).
 const Key = "e2e-test-key-0123456789"
 
-// Function is a running function instance.
-type Function struct {
+// Instance is a running function instance.
+type Instance struct {
 	URL    string
 	Client *http.Client
 	cmd    *exec.Cmd
@@ -72,7 +72,7 @@ func Binary() (string, error) {
 
 // Start runs the function binary with env and waits until it is ready; it is
 // stopped (SIGTERM, as the kubelet does) when the test ends.
-func Start(t testing.TB, env map[string]string) *Function {
+func Start(t testing.TB, env map[string]string) *Instance {
 	t.Helper()
 	bin, err := Binary()
 	if err != nil {
@@ -88,7 +88,7 @@ func Start(t testing.TB, env map[string]string) *Function {
 
 // Stop ends the function as the kubelet does: SIGTERM, so the runtime
 // drains, then SIGKILL after 15 s.
-func (f *Function) Stop() {
+func (f *Instance) Stop() {
 	if f.cmd == nil || f.cmd.Process == nil {
 		return
 	}
@@ -105,7 +105,7 @@ func (f *Function) Stop() {
 }
 
 // WaitReady polls /health/readiness (bounded) until it answers 200.
-func (f *Function) WaitReady(timeout time.Duration) error {
+func (f *Instance) WaitReady(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		resp, err := f.Client.Get(f.URL + "/health/readiness")
@@ -135,12 +135,12 @@ func (r Response) Detail() string { s, _ := r.Body["detail"].(string); return s 
 
 // Do sends a request with the test API key. body may be nil, a string
 // (sent as is) or any value (sent as JSON).
-func (f *Function) Do(method, path string, body any) (Response, error) {
+func (f *Instance) Do(method, path string, body any) (Response, error) {
 	return f.DoWithHeaders(method, path, body, map[string]string{"X-API-Key": Key})
 }
 
 // DoWithHeaders sends a request with exactly the given headers.
-func (f *Function) DoWithHeaders(method, path string, body any, headers map[string]string) (Response, error) {
+func (f *Instance) DoWithHeaders(method, path string, body any, headers map[string]string) (Response, error) {
 	var rd io.Reader
 	switch b := body.(type) {
 	case nil:
@@ -201,7 +201,7 @@ func FreeAddr() (string, error) {
 
 // StartBinary runs the built binary as a separate process with env and
 // waits until it is ready. Logs go to logPath.
-func StartBinary(bin string, env map[string]string, logPath string) (*Function, error) {
+func StartBinary(bin string, env map[string]string, logPath string) (*Instance, error) {
 	addr, err := FreeAddr()
 	if err != nil {
 		return nil, err
@@ -218,7 +218,7 @@ func StartBinary(bin string, env map[string]string, logPath string) (*Function, 
 }
 
 // StartProcess starts the binary listening on addr and returns at once.
-func StartProcess(bin string, env map[string]string, addr, logPath string) (*Function, error) {
+func StartProcess(bin string, env map[string]string, addr, logPath string) (*Instance, error) {
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(), "LISTEN_ADDRESS="+addr)
 	for k, v := range env {
@@ -234,11 +234,11 @@ func StartProcess(bin string, env map[string]string, addr, logPath string) (*Fun
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	return &Function{URL: "http://" + addr, Client: &http.Client{Timeout: 60 * time.Second}, cmd: cmd, Started: started, LogPath: logPath}, nil
+	return &Instance{URL: "http://" + addr, Client: &http.Client{Timeout: 60 * time.Second}, cmd: cmd, Started: started, LogPath: logPath}, nil
 }
 
 // Kill ends a binary function with SIGKILL: no drain, no cleanup.
-func (f *Function) Kill() {
+func (f *Instance) Kill() {
 	if f.cmd != nil && f.cmd.Process != nil {
 		_ = f.cmd.Process.Kill()
 		_ = f.cmd.Wait()
@@ -247,7 +247,7 @@ func (f *Function) Kill() {
 }
 
 // PID returns the process id of a binary function.
-func (f *Function) PID() int {
+func (f *Instance) PID() int {
 	if f.cmd == nil || f.cmd.Process == nil {
 		return 0
 	}

@@ -24,8 +24,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/deerflow-sandbox/provisioner/test/cluster"
-	"github.com/deerflow-sandbox/provisioner/test/realnode"
+	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
+	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
 )
 
 func main() {

@@ -1,4 +1,4 @@
-package harness
+package function
 
 import (
 	"bufio"
@@ -24,7 +24,7 @@ type Recorded struct {
 func GoldenRequests(t testing.TB) []Recorded {
 	t.Helper()
 	_, here, _, _ := runtime.Caller(0)
-	file, err := os.Open(filepath.Join(filepath.Dir(here), "..", "e2e", "testdata", "deerflow-client-requests.jsonl"))
+	file, err := os.Open(filepath.Join(filepath.Dir(here), "..", "..", "e2e", "testdata", "deerflow-client-requests.jsonl"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,7 @@
 // Command knative-up brings up the local Knative cluster for `make knative`
-// (package test/knative): a kwok control plane, the real node on this
-// machine, CoreDNS, Traefik, Knative Serving and Eventing. Once it is up it
-// writes the kubeconfig's path to <state>/kubeconfig-path, then holds the
+// (package test/framework/knative): a kwok control plane, the real node on
+// this machine, CoreDNS, Traefik, Knative Serving and Eventing. Once it is up
+// it writes the kubeconfig's path to <state>/kubeconfig-path, then holds the
 // node until SIGINT or SIGTERM (make knative-down) and takes it all down.
 //
 // It is a test cluster, not a production installer: one node, this
@@ -19,7 +19,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/deerflow-sandbox/provisioner/test/knative"
+	"github.com/deerflow-sandbox/provisioner/test/framework/knative"
 )
 
 func main() {

@@ -14,7 +14,7 @@ import (
 func repoRoot(t *testing.T) string {
 	t.Helper()
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
+	return filepath.Join(filepath.Dir(file), "..", "..", "..")
 }
 
 // TestRenderChangesOnlyImagesAndNamedSettings renders the upstream
