@@ -5,8 +5,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 fuzztime=${1:-1m}
 cd "$REPO_ROOT"
 targets=(
-  "./pkg/sandbox FuzzCreateRequest"
-  "./pkg/sandbox FuzzValidateID"
+  "./pkg/sandbox/resources FuzzCreateRequest"
+  "./pkg/sandbox/resources FuzzValidateID"
   "./pkg/events FuzzEvent"
   "./pkg/config FuzzConfig"
 )

@@ -24,6 +24,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
@@ -50,7 +51,7 @@ func TestManagerServesFromThePool(t *testing.T) {
 		t.Fatalf("create: %+v; want a pooled, Running sandbox with a URL", sb)
 	}
 	claimed, err := cs.CoreV1().Pods(ns).Get(ctx, "sandbox-pool-warm-aaaaa", metav1.GetOptions{})
-	if err != nil || claimed.Annotations[keys.AnnotationPrincipal] != "alice" || claimed.Labels[keys.LabelPrincipal] != sandbox.PrincipalLabelValue("alice") {
+	if err != nil || claimed.Annotations[keys.AnnotationPrincipal] != "alice" || claimed.Labels[keys.LabelPrincipal] != resources.PrincipalLabelValue("alice") {
 		t.Fatalf("claimed Pod: %v %v; want it to record its principal alice", err, claimed.ObjectMeta)
 	}
 	// Another principal does not see it, nor can it take the id.
@@ -314,7 +315,7 @@ func TestCreateMeetsAClaimInFlight(t *testing.T) {
 					// flight would, for the same user and thread).
 					patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
 						"labels": map[string]any{keys.LabelPool: nil, keys.LabelID: "abc", keys.LabelPooled: "true",
-							keys.LabelPrincipal: sandbox.PrincipalLabelValue("alice")},
+							keys.LabelPrincipal: resources.PrincipalLabelValue("alice")},
 						"annotations": map[string]any{keys.AnnotationPrincipal: "alice", keys.AnnotationUserID: s.UserID, keys.AnnotationThreadID: s.ThreadID}}})
 					if _, err := cs.CoreV1().Pods(ns).Patch(context.Background(), pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 						t.Error(err)
@@ -378,7 +379,7 @@ func inFlight(t *testing.T, cfg *config.Config, cs *fake.Clientset, s api.Spec, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc := sandbox.BuildService(cfg, s, sandbox.PodOwnerRef(pod))
+	svc := resources.BuildService(cfg, s, resources.PodOwnerRef(pod))
 	svc.UID, svc.CreationTimestamp = "svc-uid", metav1.NewTime(time.Now().Add(-age))
 	if _, err := cs.CoreV1().Services(ns).Create(context.Background(), svc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

@@ -37,6 +37,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
@@ -115,9 +116,9 @@ func Name(tmpl string) string {
 // stable hash of it.
 func poolValue(tmpl string) string {
 	if len(tmpl) > 40 {
-		return sandbox.LabelValue("pool/" + tmpl)
+		return resources.LabelValue("pool/" + tmpl)
 	}
-	return sandbox.LabelValue(tmpl)
+	return resources.LabelValue(tmpl)
 }
 
 // Build returns the pool ReplicaSet of t under cfg: t.PoolSize Pods shaped
@@ -125,7 +126,7 @@ func poolValue(tmpl string) string {
 // sandboxes (for the NetworkPolicy) without an id, and owned by the
 // PodTemplate, so deleting the template deletes its pool.
 func Build(cfg *config.Config, t *template.Template) *appsv1.ReplicaSet {
-	tpl := sandbox.PoolPodTemplate(cfg, sandbox.PoolSpec(cfg, t))
+	tpl := resources.PoolPodTemplate(cfg, resources.PoolSpec(cfg, t))
 	lv := poolValue(t.Name)
 	tpl.Labels[keys.LabelPool] = lv
 	rs := &appsv1.ReplicaSet{
@@ -383,7 +384,7 @@ func claimPatch(pod *corev1.Pod, c sandbox.Claim, now time.Time) ([]byte, error)
 func (p *Pool) ensureSoon(t *template.Template) {
 	key := t.ResourceVersion
 	if t.PoolSize > 0 {
-		key += "/" + sandbox.PoolPodTemplate(p.cfg, sandbox.PoolSpec(p.cfg, t)).Labels[keys.LabelPoolHash]
+		key += "/" + resources.PoolPodTemplate(p.cfg, resources.PoolSpec(p.cfg, t)).Labels[keys.LabelPoolHash]
 	}
 	p.mu.Lock()
 	e, ok := p.ensured[t.Name]

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -29,7 +30,9 @@ func lifetimeOf(obj metav1.Object) (lifetime, bool) {
 	return lifetime{created: created, lastActivity: last, idle: time.Duration(idle) * time.Second, max: time.Duration(max) * time.Second}, true
 }
 
-func (l lifetime) expiresAt() time.Time { return expiresAt(l.created, l.lastActivity, l.idle, l.max) }
+func (l lifetime) expiresAt() time.Time {
+	return resources.ExpiresAt(l.created, l.lastActivity, l.idle, l.max)
+}
 
 // touch records activity on a sandbox's workload (its bare Pod or its
 // ReplicaSet, through patch, that kind's typed Patch), at most once per

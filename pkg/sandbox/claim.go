@@ -2,9 +2,6 @@ package sandbox
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"time"
 
@@ -16,6 +13,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
@@ -52,40 +50,6 @@ type Claim struct {
 // WithPool serves creates of pooled templates from warm pools.
 func WithPool(p Pool) Option { return func(m *Manager) { m.pool = p } }
 
-// PoolSpec is what a pooled Pod of t is built from: a create that asks for
-// t and nothing else.
-func PoolSpec(cfg *config.Config, t *template.Template) api.Spec {
-	s, _ := api.CreateRequest{SandboxID: "pool", Template: t.Name}.Validate(cfg, time.Time{}) // valid by construction
-	return withTemplate(s, t)
-}
-
-// poolIdentity are the annotations that make a Pod one sandbox; a claim
-// writes them, a pooled Pod has none.
-var poolIdentity = []string{keys.AnnotationUserID, keys.AnnotationThreadID, keys.AnnotationCreatedAt, keys.AnnotationLastActivity,
-	keys.AnnotationIdleTimeout, keys.AnnotationMaxLifetime, keys.AnnotationExpiresAt}
-
-// PoolPodTemplate is the Pod a create of s would make, without what makes
-// it one sandbox (name, id, user and thread labels, lifecycle annotations,
-// deadline), labelled with the hash of all that is left. Two specs with one
-// hash make interchangeable Pods: that is the test of whether a request may
-// take a pooled Pod, so any field a request can set (mounts, env, shell
-// sessions, resources, Lark containers) sends it the cold way by itself.
-func PoolPodTemplate(cfg *config.Config, s api.Spec) corev1.PodTemplateSpec {
-	pod := BuildPod(cfg, s)
-	for _, k := range []string{keys.LabelID, keys.LabelUser, keys.LabelThread} {
-		delete(pod.Labels, k)
-	}
-	for _, k := range poolIdentity {
-		delete(pod.Annotations, k)
-	}
-	pod.Spec.ActiveDeadlineSeconds = nil
-	tpl := corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: pod.Labels, Annotations: pod.Annotations}, Spec: pod.Spec}
-	data, _ := json.Marshal(tpl)
-	sum := sha256.Sum256(data)
-	tpl.Labels[keys.LabelPoolHash] = hex.EncodeToString(sum[:])[:16]
-	return tpl
-}
-
 // createFromPool serves a create from its template's warm pool when it can;
 // handled false sends it the cold way, within the same request.
 func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Duration) (sb api.Sandbox, handled bool, err error) {
@@ -93,8 +57,8 @@ func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Dura
 	if m.pool == nil || t == nil || t.PoolSize == 0 {
 		return api.Sandbox{}, false, nil
 	}
-	hash := PoolPodTemplate(m.cfg, s).Labels[keys.LabelPoolHash]
-	if hash != PoolPodTemplate(m.cfg, PoolSpec(m.cfg, t)).Labels[keys.LabelPoolHash] {
+	hash := resources.PoolPodTemplate(m.cfg, s).Labels[keys.LabelPoolHash]
+	if hash != resources.PoolPodTemplate(m.cfg, resources.PoolSpec(m.cfg, t)).Labels[keys.LabelPoolHash] {
 		m.pool.Missed(t)
 		return api.Sandbox{}, false, nil
 	}
@@ -128,11 +92,11 @@ func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Dura
 		return nil
 	})
 	g.Go(func() error {
-		svc, svcErr = m.client.CoreV1().Services(m.cfg.Namespace).Get(gctx, ServiceName(s.ID), metav1.GetOptions{ResourceVersion: "0"})
+		svc, svcErr = m.client.CoreV1().Services(m.cfg.Namespace).Get(gctx, resources.ServiceName(s.ID), metav1.GetOptions{ResourceVersion: "0"})
 		return nil
 	})
 	g.Go(func() error {
-		_, podErr = m.client.CoreV1().Pods(m.cfg.Namespace).Get(gctx, PodName(s.ID), metav1.GetOptions{ResourceVersion: "0"})
+		_, podErr = m.client.CoreV1().Pods(m.cfg.Namespace).Get(gctx, resources.PodName(s.ID), metav1.GetOptions{ResourceVersion: "0"})
 		return nil
 	})
 	_ = g.Wait()
@@ -164,8 +128,8 @@ func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Dura
 		f.pod = touch(ctx, m, f.pod, m.client.CoreV1().Pods(m.cfg.Namespace).Patch)
 		return m.answer(ctx, s.ID, f, wait)
 	}
-	meta := &metav1.ObjectMeta{Labels: labels(s), Annotations: annotations(s)}
-	recordPrincipal(meta, s)
+	meta := &metav1.ObjectMeta{Labels: resources.Labels(s), Annotations: resources.Annotations(s)}
+	resources.RecordPrincipal(meta, s)
 	meta.Labels[keys.LabelPooled] = "true"
 	if readyErr != nil {
 		return api.Sandbox{}, false, nil
@@ -210,7 +174,7 @@ type claimService struct {
 // before the first Pod, handed over to each next Pod the claim tries when
 // the one before was taken by another claim.
 func (c *claimService) prepare(ctx context.Context, pod *corev1.Pod) error {
-	owner := PodOwnerRef(pod)
+	owner := resources.PodOwnerRef(pod)
 	svcs := c.m.client.CoreV1().Services(c.m.cfg.Namespace)
 	if c.svc != nil {
 		if ownerUID(c.svc.OwnerReferences) == pod.UID {
@@ -287,7 +251,7 @@ func (m *Manager) answer(ctx context.Context, id string, f found, wait time.Dura
 		sb, err := m.waitReady(ctx, id, f, wait)
 		return sb, true, err
 	}
-	if m.cfg.ServiceType == config.ServiceHeadless && (f.rs == nil || !paused(f.rs)) {
+	if m.cfg.ServiceType == config.ServiceHeadless && (f.rs == nil || !resources.Paused(f.rs)) {
 		// The name's wait holds a watch, as a wait for Ready does: it takes
 		// one of this replica's wait tokens, and is left out when none is
 		// free rather than refusing a create that asked for no wait.
@@ -303,26 +267,5 @@ func (m *Manager) answer(ctx context.Context, id string, f found, wait time.Dura
 // a Pod that keeps the name its pool gave it, not sandbox-<id>.
 func claimedOwner(svc *corev1.Service, id string) bool {
 	ref := sandboxOwner(svc.OwnerReferences)
-	return ref != nil && ref.Kind == "Pod" && ref.Name != PodName(id)
-}
-
-// withTemplate fills the bounded fields the request left unset from t.
-func withTemplate(s api.Spec, t *template.Template) api.Spec {
-	s.Resolved = t
-	if t == nil {
-		return s
-	}
-	if !s.Requested.IdleTimeout && t.IdleTimeout > 0 {
-		s.IdleTimeout = t.IdleTimeout
-	}
-	if !s.Requested.MaxLifetime && t.MaxLifetime > 0 {
-		s.MaxLifetime = t.MaxLifetime
-	}
-	if !s.Requested.CPU && t.CPULimit != nil {
-		s.CPULimit = *t.CPULimit
-	}
-	if !s.Requested.Memory && t.MemoryLimit != nil {
-		s.MemoryLimit = *t.MemoryLimit
-	}
-	return s
+	return ref != nil && ref.Kind == "Pod" && ref.Name != resources.PodName(id)
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
@@ -153,7 +154,7 @@ func (m *Manager) reuseOtherKind(ctx context.Context, s api.Spec) (found, bool, 
 		if f.rs, err = m.reuseReplicaSet(ctx, f.rs, s); err != nil {
 			return found{}, false, false, err
 		}
-		if paused(f.rs) {
+		if resources.Paused(f.rs) {
 			f.pod = nil
 		}
 	case f.pod != nil:
@@ -180,7 +181,7 @@ func (m *Manager) createPodOnce(ctx context.Context, s api.Spec) (found, bool, b
 	if existed {
 		pod = touch(ctx, m, pod, m.client.CoreV1().Pods(m.cfg.Namespace).Patch)
 	}
-	svc, repaired, err := m.serviceAndQuota(ctx, s, pod, PodOwnerRef(pod), existed)
+	svc, repaired, err := m.serviceAndQuota(ctx, s, pod, resources.PodOwnerRef(pod), existed)
 	return found{pod: pod, svc: svc}, existed, repaired, err
 }
 
@@ -194,9 +195,9 @@ func (m *Manager) createReplicaSetOnce(ctx context.Context, s api.Spec) (found, 
 	if existed {
 		rs = touch(ctx, m, rs, m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Patch)
 	}
-	svc, repaired, err := m.serviceAndQuota(ctx, s, rs, replicaSetOwnerRef(rs), existed)
+	svc, repaired, err := m.serviceAndQuota(ctx, s, rs, resources.ReplicaSetOwnerRef(rs), existed)
 	f := found{rs: rs, svc: svc}
-	if err == nil && existed && !paused(rs) {
+	if err == nil && existed && !resources.Paused(rs) {
 		if f.pod, err = m.podsOf(ctx, rs); err != nil {
 			return found{}, false, false, err
 		}
@@ -237,7 +238,7 @@ func (m *Manager) serviceAndQuota(ctx context.Context, s api.Spec, workload work
 // ensurePod creates the Pod or adopts the existing one. A Pod that is being
 // deleted is not "already there": we wait for it to go, then create anew.
 func (m *Manager) ensurePod(ctx context.Context, s api.Spec) (*corev1.Pod, bool, error) {
-	want := buildPod(m.cfg, s)
+	want := resources.BuildPodFor(m.cfg, s)
 	pods := m.client.CoreV1().Pods(m.cfg.Namespace)
 	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
 		created, err := pods.Create(ctx, want, metav1.CreateOptions{})
@@ -291,7 +292,7 @@ func (m *Manager) createFailed(err error, kind string, s api.Spec) error {
 // that user's agent traffic, or take over an existing one. The detail names
 // neither the owner nor the URL.
 func checkOwner(obj metav1.Object, kind string, s api.Spec) error {
-	if !IsSandbox(obj, s.ID) {
+	if !resources.IsSandbox(obj, s.ID) {
 		return &api.Error{Kind: api.KindConflict, Detail: "a " + kind + " named " + obj.GetName() + " exists and is not a sandbox; choose another sandbox_id"}
 	}
 	if a := obj.GetAnnotations(); a[keys.AnnotationUserID] != s.UserID || a[keys.AnnotationThreadID] != s.ThreadID || !s.Caller.Sees(obj) {
@@ -324,7 +325,7 @@ func checkCapacity(obj metav1.Object, s api.Spec) error {
 // (DeerFlow creates on every reuse). A Service owned by a live workload of
 // the other kind is errOtherKind.
 func (m *Manager) ensureService(ctx context.Context, s api.Spec, owner metav1.OwnerReference, readFirst bool) (*corev1.Service, bool, error) {
-	want := BuildService(m.cfg, s, owner)
+	want := resources.BuildService(m.cfg, s, owner)
 	svcs := m.client.CoreV1().Services(m.cfg.Namespace)
 	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
 		if !readFirst {
@@ -344,7 +345,7 @@ func (m *Manager) ensureService(ctx context.Context, s api.Spec, owner metav1.Ow
 		if err != nil {
 			return nil, false, classify(err, "read the existing sandbox Service")
 		}
-		if !IsSandbox(existing, s.ID) {
+		if !resources.IsSandbox(existing, s.ID) {
 			return nil, false, &api.Error{Kind: api.KindConflict, Detail: "a Service named " + existing.Name + " exists and is not a sandbox's; choose another sandbox_id"}
 		}
 		current := sandboxOwner(existing.OwnerReferences)
@@ -391,7 +392,7 @@ func (m *Manager) ensureService(ctx context.Context, s api.Spec, owner metav1.Ow
 func (m *Manager) adopt(ctx context.Context, svc *corev1.Service, owner metav1.OwnerReference, s api.Spec) (*corev1.Service, error) {
 	c := svc.DeepCopy()
 	c.OwnerReferences = append(c.OwnerReferences, owner)
-	recordPrincipal(c, s)
+	resources.RecordPrincipal(c, s)
 	if owner.Kind == "ReplicaSet" {
 		if c.Labels == nil {
 			c.Labels = map[string]string{}
@@ -456,7 +457,7 @@ func (m *Manager) ownerLives(ctx context.Context, ref metav1.OwnerReference, svc
 	if obj.GetUID() != ref.UID || obj.GetDeletionTimestamp() != nil {
 		return false, nil
 	}
-	if pod, ok := obj.(*corev1.Pod); ok && podID(pod) != id {
+	if pod, ok := obj.(*corev1.Pod); ok && resources.PodID(pod) != id {
 		return time.Since(svc.CreationTimestamp.Time) < claimLeftover, nil
 	}
 	return true, nil

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -108,7 +109,7 @@ func TestCreateAnswersOnceItsNameResolves(t *testing.T) {
 			case a := <-answered:
 				t.Fatalf("answered (%+v, %v) before watching the Service's EndpointSlices", a.sb, a.err)
 			}
-			pod, err := client.CoreV1().Pods("deer-flow").Get(ctx, PodName("new1"), metav1.GetOptions{})
+			pod, err := client.CoreV1().Pods("deer-flow").Get(ctx, resources.PodName("new1"), metav1.GetOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -116,8 +117,12 @@ func TestCreateAnswersOnceItsNameResolves(t *testing.T) {
 			// Neither another Service's slice nor one without the Pod's
 			// address lets the name resolve.
 			for _, s := range []*discoveryv1.EndpointSlice{
-				slice(ServiceName("other"), endpointOf(pod.UID, "10.88.0.7")),
-				func() *discoveryv1.EndpointSlice { s := slice(ServiceName("new1")); s.Name += "-empty"; return s }(),
+				slice(resources.ServiceName("other"), endpointOf(pod.UID, "10.88.0.7")),
+				func() *discoveryv1.EndpointSlice {
+					s := slice(resources.ServiceName("new1"))
+					s.Name += "-empty"
+					return s
+				}(),
 			} {
 				if _, err := slices.Create(ctx, s, metav1.CreateOptions{}); err != nil {
 					t.Fatal(err)
@@ -128,7 +133,7 @@ func TestCreateAnswersOnceItsNameResolves(t *testing.T) {
 				t.Fatalf("answered (%+v, %v) before a slice of its Service listed its Pod", a.sb, a.err)
 			case <-time.After(200 * time.Millisecond):
 			}
-			if _, err := slices.Create(ctx, slice(ServiceName("new1"), endpointOf(pod.UID, "10.88.0.5")), metav1.CreateOptions{}); err != nil {
+			if _, err := slices.Create(ctx, slice(resources.ServiceName("new1"), endpointOf(pod.UID, "10.88.0.5")), metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			select {
@@ -172,11 +177,11 @@ func TestNameWaitFallsBackOrGivesUp(t *testing.T) {
 					return true, nil, tt.watchErr
 				}
 				if tt.writeSlice {
-					pod, err := client.Tracker().Get(corev1.SchemeGroupVersion.WithResource("pods"), "deer-flow", PodName("new1"))
+					pod, err := client.Tracker().Get(corev1.SchemeGroupVersion.WithResource("pods"), "deer-flow", resources.PodName("new1"))
 					if err != nil {
 						return true, nil, err
 					}
-					s := slice(ServiceName("new1"), endpointOf(pod.(*corev1.Pod).UID, "10.88.0.5"))
+					s := slice(resources.ServiceName("new1"), endpointOf(pod.(*corev1.Pod).UID, "10.88.0.5"))
 					if err := client.Tracker().Add(s); err != nil {
 						return true, nil, err
 					}

@@ -46,13 +46,3 @@ func TestExpiryReason(t *testing.T) {
 		t.Errorf("expiryReason (-want +got):\n%s", diff)
 	}
 }
-
-func TestExpiresAtIsTheEarlierDeadline(t *testing.T) {
-	c := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	if got := expiresAt(c, c.Add(50*time.Minute), 20*time.Minute, time.Hour); !got.Equal(c.Add(time.Hour)) {
-		t.Errorf("lifetime cap not applied: %s", got)
-	}
-	if got := expiresAt(c, c.Add(10*time.Minute), 20*time.Minute, time.Hour); !got.Equal(c.Add(30 * time.Minute)) {
-		t.Errorf("idle deadline not applied: %s", got)
-	}
-}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"golang.org/x/sync/errgroup"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -66,16 +67,16 @@ func (m *Manager) fetch(ctx context.Context, id string) (found, error) {
 	var f found
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		pod, err := m.client.CoreV1().Pods(m.cfg.Namespace).Get(gctx, PodName(id), metav1.GetOptions{})
-		if apierrors.IsNotFound(err) || (err == nil && (pod.DeletionTimestamp != nil || !IsSandbox(pod, id))) {
+		pod, err := m.client.CoreV1().Pods(m.cfg.Namespace).Get(gctx, resources.PodName(id), metav1.GetOptions{})
+		if apierrors.IsNotFound(err) || (err == nil && (pod.DeletionTimestamp != nil || !resources.IsSandbox(pod, id))) {
 			return nil // a terminating Pod is already gone to our callers
 		}
 		f.pod = pod
 		return classify(err, "read the sandbox Pod")
 	})
 	g.Go(func() error {
-		svc, err := m.client.CoreV1().Services(m.cfg.Namespace).Get(gctx, ServiceName(id), metav1.GetOptions{})
-		if apierrors.IsNotFound(err) || (err == nil && !IsSandbox(svc, id)) {
+		svc, err := m.client.CoreV1().Services(m.cfg.Namespace).Get(gctx, resources.ServiceName(id), metav1.GetOptions{})
+		if apierrors.IsNotFound(err) || (err == nil && !resources.IsSandbox(svc, id)) {
 			return nil
 		}
 		f.svc = svc
@@ -87,7 +88,7 @@ func (m *Manager) fetch(ctx context.Context, id string) (found, error) {
 	if f.pod == nil && f.svc != nil && claimedOwner(f.svc, id) {
 		// Claimed from a warm pool: its Pod keeps the name the pool gave it.
 		pod, err := m.client.CoreV1().Pods(m.cfg.Namespace).Get(ctx, sandboxOwner(f.svc.OwnerReferences).Name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) || (err == nil && (pod.DeletionTimestamp != nil || podID(pod) != id)) {
+		if apierrors.IsNotFound(err) || (err == nil && (pod.DeletionTimestamp != nil || resources.PodID(pod) != id)) {
 			return f, nil
 		}
 		if err != nil {
@@ -99,8 +100,8 @@ func (m *Manager) fetch(ctx context.Context, id string) (found, error) {
 	if f.pod != nil && ownerKind(f.svc) != "ReplicaSet" {
 		return f, nil
 	}
-	rs, err := m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Get(ctx, PodName(id), metav1.GetOptions{})
-	if apierrors.IsNotFound(err) || (err == nil && (rs.DeletionTimestamp != nil || !IsSandbox(rs, id))) {
+	rs, err := m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Get(ctx, resources.PodName(id), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) || (err == nil && (rs.DeletionTimestamp != nil || !resources.IsSandbox(rs, id))) {
 		return f, nil
 	}
 	if err != nil {
@@ -109,7 +110,7 @@ func (m *Manager) fetch(ctx context.Context, id string) (found, error) {
 	// A bare Pod beside a ReplicaSet (creates of both kinds racing) is not
 	// this sandbox's Pod; destroy removes it too.
 	f.rs, f.stray, f.pod = rs, f.pod, nil
-	if !paused(rs) {
+	if !resources.Paused(rs) {
 		if f.pod, err = m.podsOf(ctx, rs); err != nil {
 			return found{}, err
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"golang.org/x/sync/singleflight"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -84,7 +85,7 @@ func (m *Manager) requireIsolation(ctx context.Context) error {
 func (m *Manager) checkIsolation(ctx context.Context) error {
 	name := m.cfg.Namespace + "/" + m.cfg.NetworkPolicyName
 	nps := m.client.NetworkingV1().NetworkPolicies(m.cfg.Namespace)
-	want := BuildNetworkPolicy(m.cfg)
+	want := resources.BuildNetworkPolicy(m.cfg)
 	live, err := nps.Get(ctx, m.cfg.NetworkPolicyName, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) && m.cfg.EnsureNetworkPolicy {
 		live, err = nps.Create(ctx, want, metav1.CreateOptions{})

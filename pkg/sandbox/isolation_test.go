@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/google/go-cmp/cmp"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,7 +20,7 @@ import (
 // the protocol left to the API server's default, is the same policy; a
 // dropped rule, a widened range or a lost policy type is not.
 func TestSpecDiffIsSemantic(t *testing.T) {
-	want := BuildNetworkPolicy(testConfig(t, nil)).Spec
+	want := resources.BuildNetworkPolicy(testConfig(t, nil)).Spec
 	tests := []struct {
 		name   string
 		mutate func(*networkingv1.NetworkPolicySpec)
@@ -62,7 +63,7 @@ func TestSpecDiffIsSemantic(t *testing.T) {
 // against a real one.
 func TestIsolationRechecked(t *testing.T) {
 	cfg := testConfig(t, map[string]string{"SANDBOX_NETWORK_POLICY_CHECK_TTL": "0s"})
-	client := fake.NewClientset(BuildNetworkPolicy(cfg))
+	client := fake.NewClientset(resources.BuildNetworkPolicy(cfg))
 	gets := 0
 	client.PrependReactor("get", "networkpolicies", func(k8stesting.Action) (bool, runtime.Object, error) {
 		gets++
@@ -89,11 +90,11 @@ func TestIsolationRechecked(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("deleted", true, "does not exist")
-	if _, err := nps.Create(ctx, BuildNetworkPolicy(cfg), metav1.CreateOptions{}); err != nil {
+	if _, err := nps.Create(ctx, resources.BuildNetworkPolicy(cfg), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	check("restored", false, "")
-	altered := BuildNetworkPolicy(cfg)
+	altered := resources.BuildNetworkPolicy(cfg)
 	altered.Spec.Egress = altered.Spec.Egress[:1]
 	altered.ResourceVersion = "altered"
 	if _, err := nps.Update(ctx, altered, metav1.UpdateOptions{}); err != nil {

@@ -5,6 +5,7 @@ import (
 	"sort"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"golang.org/x/sync/errgroup"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -58,17 +59,17 @@ func (e everything) byID() map[string]*found {
 		return out[id]
 	}
 	for i := range e.svcs {
-		if id := serviceID(&e.svcs[i]); id != "" {
+		if id := resources.ServiceID(&e.svcs[i]); id != "" {
 			get(id).svc = &e.svcs[i]
 		}
 	}
 	for i := range e.rss {
-		if id := replicaSetID(&e.rss[i]); id != "" && e.rss[i].DeletionTimestamp == nil {
+		if id := resources.ReplicaSetID(&e.rss[i]); id != "" && e.rss[i].DeletionTimestamp == nil {
 			get(id).rs = &e.rss[i]
 		}
 	}
 	for i := range e.pods {
-		if id := podID(&e.pods[i]); id != "" && e.pods[i].DeletionTimestamp == nil {
+		if id := resources.PodID(&e.pods[i]); id != "" && e.pods[i].DeletionTimestamp == nil {
 			if f := get(id); f.rs == nil {
 				f.pod = &e.pods[i]
 			} else {
@@ -77,7 +78,7 @@ func (e everything) byID() map[string]*found {
 		}
 	}
 	for _, f := range out {
-		if f.rs != nil && !paused(f.rs) {
+		if f.rs != nil && !resources.Paused(f.rs) {
 			f.pod = replicaSetPod(f.rs, e.pods)
 		}
 	}

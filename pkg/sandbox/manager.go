@@ -16,6 +16,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
@@ -130,7 +131,7 @@ func (m *Manager) view(id string, f found) api.Sandbox {
 		sb.ExpiresAt = w.GetAnnotations()[keys.AnnotationExpiresAt]
 	}
 	switch {
-	case f.rs != nil && paused(f.rs):
+	case f.rs != nil && resources.Paused(f.rs):
 		sb.Status = api.StatusPaused
 		return sb
 	case f.rs != nil && f.pod == nil:

@@ -2,15 +2,10 @@ package sandbox
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
-	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 )
 
 // A sandbox records the principal that created it: an API key's name or a
@@ -30,14 +25,6 @@ func callerOf(ctx context.Context) (api.Caller, error) {
 	return c, nil
 }
 
-// PrincipalLabelValue is the label value for a principal: always a hash, so
-// that every name (a username has ':') maps to one form, and no key name can
-// pose as another principal's hash.
-func PrincipalLabelValue(principal string) string {
-	sum := sha256.Sum256([]byte(principal))
-	return "p-" + hex.EncodeToString(sum[:])[:40]
-}
-
 // seesSandbox judges a sandbox by what carries its identity: its workload,
 // or, when only its Service is left, the Service.
 func seesSandbox(c api.Caller, f found) bool {
@@ -45,31 +32,6 @@ func seesSandbox(c api.Caller, f found) bool {
 		return c.Sees(w)
 	}
 	return f.svc != nil && c.Sees(f.svc)
-}
-
-// recordPrincipal writes the creating principal onto an object being built.
-func recordPrincipal(obj metav1.Object, s api.Spec) {
-	if s.Caller.Principal == "" {
-		return
-	}
-	l, a := obj.GetLabels(), obj.GetAnnotations()
-	if l == nil {
-		l = map[string]string{}
-	}
-	if a == nil {
-		a = map[string]string{}
-	}
-	l[keys.LabelPrincipal] = PrincipalLabelValue(s.Caller.Principal)
-	a[keys.AnnotationPrincipal] = s.Caller.Principal
-	obj.SetLabels(l)
-	obj.SetAnnotations(a)
-}
-
-// buildPod is BuildPod with the creating principal recorded.
-func buildPod(cfg *config.Config, s api.Spec) *corev1.Pod {
-	pod := BuildPod(cfg, s)
-	recordPrincipal(pod, s)
-	return pod
 }
 
 // fetchVisible is fetch as the caller sees it: another principal's sandbox
@@ -99,7 +61,7 @@ func (m *Manager) fetchVisible(ctx context.Context, id string) (f found, hidden 
 // lists every sandbox and List keeps what it sees.
 func listSelector(c api.Caller) string {
 	if c.Admin || c.Principal == api.LegacyPrincipal {
-		return selectorAll
+		return resources.SelectorAll
 	}
-	return selectorAll + "," + keys.LabelPrincipal + "=" + PrincipalLabelValue(c.Principal)
+	return resources.SelectorAll + "," + keys.LabelPrincipal + "=" + resources.PrincipalLabelValue(c.Principal)
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/google/go-cmp/cmp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -68,20 +69,20 @@ func TestPrincipalsSeeOnlyTheirOwn(t *testing.T) {
 		}
 	}
 	// A sandbox from before principals: no annotation, no label.
-	legacy := BuildPod(m.cfg, ownerSpec("old1"))
+	legacy := resources.BuildPod(m.cfg, ownerSpec("old1"))
 	if _, err := client.CoreV1().Pods("deer-flow").Create(bg, legacy, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	pod, err := client.CoreV1().Pods("deer-flow").Get(bg, PodName("a1"), metav1.GetOptions{})
+	pod, err := client.CoreV1().Pods("deer-flow").Get(bg, resources.PodName("a1"), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := client.CoreV1().Services("deer-flow").Get(bg, ServiceName("a1"), metav1.GetOptions{})
+	svc, err := client.CoreV1().Services("deer-flow").Get(bg, resources.ServiceName("a1"), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, o := range []metav1.Object{pod, svc} {
-		if o.GetAnnotations()[keys.AnnotationPrincipal] != "alice" || o.GetLabels()[keys.LabelPrincipal] != PrincipalLabelValue("alice") {
+		if o.GetAnnotations()[keys.AnnotationPrincipal] != "alice" || o.GetLabels()[keys.LabelPrincipal] != resources.PrincipalLabelValue("alice") {
 			t.Errorf("%s does not record its principal: %v %v", o.GetName(), o.GetLabels(), o.GetAnnotations())
 		}
 	}
@@ -142,7 +143,7 @@ func TestPrincipalsSeeOnlyTheirOwn(t *testing.T) {
 	if diff := cmp.Diff(want, kinds); diff != "" {
 		t.Errorf("error kinds, -1 for none (-want +got):\n%s", diff)
 	}
-	if after, err := client.CoreV1().Pods("deer-flow").Get(bg, PodName("a1"), metav1.GetOptions{}); err != nil || after.UID != pod.UID {
+	if after, err := client.CoreV1().Pods("deer-flow").Get(bg, resources.PodName("a1"), metav1.GetOptions{}); err != nil || after.UID != pod.UID {
 		t.Errorf("bob's destroy touched alice's sandbox: %v", err)
 	}
 	wantAudit := []map[string]any{
@@ -213,22 +214,5 @@ func TestPerPrincipalQuota(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"sandbox-a1", "sandbox-b1"}, names); diff != "" {
 		t.Errorf("Pods (-want +got):\n%s", diff)
-	}
-}
-
-func TestPrincipalLabelValue(t *testing.T) {
-	got := map[string]string{}
-	for _, p := range []string{"default", "system:serviceaccount:deer-flow:x"} {
-		v := PrincipalLabelValue(p)
-		got[p] = v[:2]
-		if len(v) != 42 || v != PrincipalLabelValue(p) {
-			t.Errorf("PrincipalLabelValue(%q) = %q: not 42 stable characters", p, v)
-		}
-	}
-	if PrincipalLabelValue("a") == PrincipalLabelValue("b") {
-		t.Error("two principals share a label value")
-	}
-	if diff := cmp.Diff(map[string]string{"default": "p-", "system:serviceaccount:deer-flow:x": "p-"}, got); diff != "" {
-		t.Error(diff)
 	}
 }

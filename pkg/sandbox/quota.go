@@ -13,6 +13,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 )
 
 // quotaError is a quota refusal; contended says whether racing creates (not
@@ -101,7 +102,7 @@ func (m *Manager) checkQuota(ctx context.Context, s api.Spec, own *corev1.Servic
 			cached = m.slots.seen(ctx, own, slotWait)
 		}
 	}
-	user, principal := LabelValue(s.UserID), PrincipalLabelValue(s.Caller.Principal)
+	user, principal := resources.LabelValue(s.UserID), resources.PrincipalLabelValue(s.Caller.Principal)
 	switch {
 	case cached && m.cfg.MaxSandboxesPerUser == 0 && m.cfg.MaxSandboxesPerPrincipal == 0 && m.slots.size()+prospective <= m.cfg.MaxSandboxes:
 		return nil // the cache holds no more Services than the limit: neither can the sandboxes be over it
@@ -114,7 +115,7 @@ func (m *Manager) checkQuota(ctx context.Context, s api.Spec, own *corev1.Servic
 		if own != nil {
 			after = own
 		}
-		l, err := listFresh(ctx, after, metav1.ListOptions{LabelSelector: selectorAll}, m.client.CoreV1().Services(m.cfg.Namespace).List)
+		l, err := listFresh(ctx, after, metav1.ListOptions{LabelSelector: resources.SelectorAll}, m.client.CoreV1().Services(m.cfg.Namespace).List)
 		if err != nil {
 			return classify(err, "count sandboxes for the quota")
 		}
@@ -137,7 +138,7 @@ func (m *Manager) checkQuota(ctx context.Context, s api.Spec, own *corev1.Servic
 	// good, so a stale list only misses some (counting too many, never too
 	// few): any version the API server's cache holds will do.
 	ended, err := m.client.CoreV1().Pods(m.cfg.Namespace).List(ctx, metav1.ListOptions{
-		LabelSelector: selectorAll, FieldSelector: endedPhases, ResourceVersion: "0"})
+		LabelSelector: resources.SelectorAll, FieldSelector: endedPhases, ResourceVersion: "0"})
 	if err != nil {
 		return classify(err, "count sandboxes for the quota")
 	}
@@ -181,7 +182,7 @@ func tally(svcs []metav1.Object, own *corev1.Service, user, principal string, pr
 	cutoff := time.Now().Add(-settled)
 	for _, o := range svcs {
 		svc, ok := o.(*corev1.Service)
-		if !ok || serviceID(svc) == "" || svc.DeletionTimestamp != nil || gone[ownerUID(svc.OwnerReferences)] {
+		if !ok || resources.ServiceID(svc) == "" || svc.DeletionTimestamp != nil || gone[ownerUID(svc.OwnerReferences)] {
 			continue
 		}
 		old := (own == nil || svc.UID != own.UID) && svc.CreationTimestamp.Time.Before(cutoff)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
@@ -44,7 +45,7 @@ func (m *Manager) Reap(ctx context.Context) (api.Reaped, error) {
 // not the caller's: it judges every sandbox, whoever created it (the
 // operation itself is gated per principal, PROVISIONER_PRINCIPAL_OPERATIONS).
 func (m *Manager) reap(ctx context.Context) (api.Reaped, error) {
-	all, err := m.listAll(ctx, selectorAll)
+	all, err := m.listAll(ctx, resources.SelectorAll)
 	if err != nil {
 		return api.Reaped{}, err
 	}
@@ -66,13 +67,13 @@ func (m *Manager) reap(ctx context.Context) (api.Reaped, error) {
 	}
 	svcByID := map[string]*corev1.Service{}
 	for i := range svcs {
-		if id := serviceID(&svcs[i]); id != "" {
+		if id := resources.ServiceID(&svcs[i]); id != "" {
 			svcByID[id] = &svcs[i]
 		}
 	}
 	for i := range all.rss {
 		rs := &all.rss[i]
-		id := replicaSetID(rs)
+		id := resources.ReplicaSetID(rs)
 		if id == "" {
 			continue
 		}
@@ -97,7 +98,7 @@ func (m *Manager) reap(ctx context.Context) (api.Reaped, error) {
 		p := &pods[i]
 		id := p.Labels[keys.LabelID]
 		live[id] = true
-		if p.Labels[keys.LabelManagedBy] != keys.ManagedByValue || p.DeletionTimestamp != nil || podID(p) == "" {
+		if p.Labels[keys.LabelManagedBy] != keys.ManagedByValue || p.DeletionTimestamp != nil || resources.PodID(p) == "" {
 			continue
 		}
 		reason := expiryReason(p, now)
@@ -109,7 +110,7 @@ func (m *Manager) reap(ctx context.Context) (api.Reaped, error) {
 	for i := range svcs {
 		s := &svcs[i]
 		id := s.Labels[keys.LabelID]
-		if live[id] || s.Labels[keys.LabelManagedBy] != keys.ManagedByValue || s.DeletionTimestamp != nil || serviceID(s) == "" {
+		if live[id] || s.Labels[keys.LabelManagedBy] != keys.ManagedByValue || s.DeletionTimestamp != nil || resources.ServiceID(s) == "" {
 			continue
 		}
 		if claimedOwner(s, id) && now.Sub(s.CreationTimestamp.Time) < claimLeftover {
@@ -209,7 +210,7 @@ func replicaSetExpiry(rs *appsv1.ReplicaSet, now time.Time) (string, bool) {
 	switch {
 	case !now.Before(lt.created.Add(lt.max)):
 		return "lifetime", false
-	case paused(rs):
+	case resources.Paused(rs):
 		at, err1 := time.Parse(time.RFC3339, a[keys.AnnotationPausedAt])
 		limit, err2 := strconv.ParseInt(a[keys.AnnotationPausedTimeout], 10, 64)
 		if err1 == nil && err2 == nil && !now.Before(at.Add(time.Duration(limit)*time.Second)) {

@@ -3,9 +3,7 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
-	"maps"
 	"sort"
-	"strconv"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -13,12 +11,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
-	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
-	"github.com/deerflow-sandbox/provisioner/pkg/template"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 )
 
 // found is what exists of one sandbox: its Service and either a bare Pod or
@@ -43,55 +39,11 @@ func (f found) workload() metav1.Object {
 	return nil
 }
 
-func paused(rs *appsv1.ReplicaSet) bool { return rs.Spec.Replicas != nil && *rs.Spec.Replicas == 0 }
-
-// BuildReplicaSet returns the sandbox of a ReplicaSet template: a ReplicaSet
-// sandbox-<id> of one Pod, which the ReplicaSet controller recreates when it
-// is deleted or evicted. The Pod is BuildPod's, without
-// activeDeadlineSeconds: a Pod ended by its deadline would only be replaced,
-// so expiry is the reap deleting the ReplicaSet. Lifecycle annotations live
-// on the ReplicaSet, which outlives its Pods.
-func BuildReplicaSet(cfg *config.Config, s api.Spec) *appsv1.ReplicaSet {
-	pod := buildPod(cfg, s)
-	pod.Spec.ActiveDeadlineSeconds = nil
-	rsAnnotations := maps.Clone(pod.Annotations)
-	idleAction, pausedTimeout := template.IdleDelete, time.Duration(0)
-	if s.Resolved != nil {
-		idleAction, pausedTimeout = s.Resolved.IdleAction, s.Resolved.PausedTimeout
-	}
-	rsAnnotations[keys.AnnotationIdleAction] = idleAction
-	if idleAction == template.IdlePause {
-		rsAnnotations[keys.AnnotationPausedTimeout] = strconv.FormatInt(int64(pausedTimeout/time.Second), 10)
-	}
-	podAnnotations := maps.Clone(pod.Annotations)
-	delete(podAnnotations, keys.AnnotationLastActivity)
-	delete(podAnnotations, keys.AnnotationExpiresAt)
-	pod.Labels[keys.LabelWorkload] = keys.WorkloadReplicaSetValue
-	rs := &appsv1.ReplicaSet{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "ReplicaSet"},
-		ObjectMeta: metav1.ObjectMeta{Name: PodName(s.ID), Namespace: cfg.Namespace, Labels: labels(s), Annotations: rsAnnotations},
-		Spec: appsv1.ReplicaSetSpec{
-			Replicas: ptr.To(int32(1)),
-			Selector: &metav1.LabelSelector{MatchLabels: replicaSetSelector(s.ID)},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: pod.Labels, Annotations: podAnnotations},
-				Spec:       pod.Spec,
-			},
-		},
-	}
-	recordPrincipal(rs, s)
-	return rs
-}
-
-func replicaSetSelector(id string) map[string]string {
-	return map[string]string{keys.LabelApp: keys.LabelAppValue, keys.LabelID: id, keys.LabelWorkload: keys.WorkloadReplicaSetValue}
-}
-
 // ensureReplicaSet creates the ReplicaSet or adopts the existing one (for
 // the same user and thread); a paused one is resumed, so DeerFlow's create
 // on a paused sandbox brings it back.
 func (m *Manager) ensureReplicaSet(ctx context.Context, s api.Spec) (*appsv1.ReplicaSet, bool, error) {
-	want := BuildReplicaSet(m.cfg, s)
+	want := resources.BuildReplicaSet(m.cfg, s)
 	rss := m.client.AppsV1().ReplicaSets(m.cfg.Namespace)
 	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
 		created, err := rss.Create(ctx, want, metav1.CreateOptions{})
@@ -126,7 +78,7 @@ func (m *Manager) reuseReplicaSet(ctx context.Context, rs *appsv1.ReplicaSet, s 
 	if err := checkCapacity(rs, s); err != nil {
 		return nil, err
 	}
-	if paused(rs) {
+	if resources.Paused(rs) {
 		return m.scale(ctx, rs, 1, false)
 	}
 	return rs, nil
@@ -156,7 +108,7 @@ func (m *Manager) scale(ctx context.Context, rs *appsv1.ReplicaSet, replicas int
 	out, err := m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Patch(ctx, rs.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 	if err != nil {
 		if apierrors.IsConflict(err) {
-			return nil, &api.Error{Kind: api.KindConflict, Err: err, Detail: "sandbox " + rs.Labels[keys.LabelID] + " changed while being paused or resumed; retry"}
+			return nil, &api.Error{Kind: api.KindConflict, Err: err, Detail: "sandbox " + rs.Labels[keys.LabelID] + " changed while being resources.Paused or resumed; retry"}
 		}
 		return nil, classify(err, "scale the sandbox ReplicaSet")
 	}
@@ -188,7 +140,7 @@ func replicaSetPod(rs *appsv1.ReplicaSet, pods []corev1.Pod) *corev1.Pod {
 // podsOf lists the Pods of one ReplicaSet sandbox (one call, by label).
 func (m *Manager) podsOf(ctx context.Context, rs *appsv1.ReplicaSet) (*corev1.Pod, error) {
 	list, err := m.client.CoreV1().Pods(m.cfg.Namespace).List(ctx, metav1.ListOptions{
-		LabelSelector: metav1.FormatLabelSelector(&metav1.LabelSelector{MatchLabels: replicaSetSelector(rs.Labels[keys.LabelID])})})
+		LabelSelector: metav1.FormatLabelSelector(&metav1.LabelSelector{MatchLabels: resources.ReplicaSetSelector(rs.Labels[keys.LabelID])})})
 	if err != nil {
 		return nil, classify(err, "list the sandbox's Pods")
 	}
@@ -219,11 +171,11 @@ func (m *Manager) setPaused(ctx context.Context, id string, pause bool, wait tim
 	defer release()
 	switch {
 	case f.rs == nil && f.pod != nil:
-		return api.Sandbox{}, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + id + " is a bare Pod, which cannot be paused or resumed; create sandboxes from a template of kind ReplicaSet for that"}
+		return api.Sandbox{}, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + id + " is a bare Pod, which cannot be resources.Paused or resumed; create sandboxes from a template of kind ReplicaSet for that"}
 	case f.rs == nil:
 		return api.Sandbox{}, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + id + " has only its Service left, nothing to pause or resume; create it again"}
 	}
-	if paused(f.rs) != pause {
+	if resources.Paused(f.rs) != pause {
 		replicas, verb, event := int32(1), "resumed", "SandboxResumed"
 		if pause {
 			replicas, verb, event = 0, "paused", "SandboxPaused"
@@ -239,9 +191,4 @@ func (m *Manager) setPaused(ctx context.Context, id string, pause bool, wait tim
 		return m.waitReady(ctx, id, f, wait)
 	}
 	return m.view(id, f), nil
-}
-
-// replicaSetOwnerRef makes the ReplicaSet the owner of the sandbox's Service.
-func replicaSetOwnerRef(rs *appsv1.ReplicaSet) metav1.OwnerReference {
-	return metav1.OwnerReference{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: rs.Name, UID: rs.UID, BlockOwnerDeletion: ptr.To(false)}
 }

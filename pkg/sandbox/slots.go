@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -39,7 +40,7 @@ const indexByUser = "user"
 // newSlots makes the cache of namespace's sandbox Services; run starts it.
 func newSlots(client kubernetes.Interface, namespace string) *slots {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selectorAll }))
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = resources.SelectorAll }))
 	informer := factory.Core().V1().Services().Informer()
 	s := &slots{informer: informer, changed: make(chan struct{})}
 	// The count reads names, labels, owners and timestamps: the rest of
@@ -175,7 +176,7 @@ func (s *slots) size() int { return len(s.informer.GetStore().ListKeys()) }
 // owner is the cached Service of sandbox id and the UID of its workload,
 // if the cache holds them.
 func (s *slots) owner(id string, namespace string) (*corev1.Service, types.UID, bool) {
-	obj, ok, err := s.informer.GetStore().GetByKey(namespace + "/" + ServiceName(id))
+	obj, ok, err := s.informer.GetStore().GetByKey(namespace + "/" + resources.ServiceName(id))
 	if err != nil || !ok {
 		return nil, "", false
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -38,7 +39,7 @@ func TestSlotsBoundedBy(t *testing.T) {
 			var objs []runtime.Object
 			for i := range tt.cached {
 				id := fmt.Sprintf("s%d", i)
-				objs = append(objs, BuildService(testConfig(t, nil), api.Spec{ID: id}, PodOwnerRef(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: PodName(id)}})))
+				objs = append(objs, resources.BuildService(testConfig(t, nil), api.Spec{ID: id}, resources.PodOwnerRef(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: resources.PodName(id)}})))
 			}
 			s := newSlots(fake.NewClientset(objs...), "deer-flow")
 			ctx, cancel := context.WithCancel(context.Background())

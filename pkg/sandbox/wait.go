@@ -8,6 +8,7 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -114,7 +115,7 @@ func (m *Manager) waitReady(ctx context.Context, id string, f found, wait time.D
 	if wait > m.cfg.MaxReadyWait {
 		wait = m.cfg.MaxReadyWait
 	}
-	if f.rs != nil && paused(f.rs) {
+	if f.rs != nil && resources.Paused(f.rs) {
 		return m.view(id, f), nil
 	}
 	if f.pod != nil && podReady(f.pod) {
@@ -161,7 +162,7 @@ func (m *Manager) waitReady(ctx context.Context, id string, f found, wait time.D
 // watch, by label) until its current Pod satisfies done or ctx ends. A
 // deleted Pod is not the end: the ReplicaSet makes another.
 func (m *Manager) watchReplicaSetPod(ctx context.Context, rs *appsv1.ReplicaSet, done func(*corev1.Pod) bool) (*corev1.Pod, error) {
-	selector := metav1.FormatLabelSelector(&metav1.LabelSelector{MatchLabels: replicaSetSelector(rs.Labels[keys.LabelID])})
+	selector := metav1.FormatLabelSelector(&metav1.LabelSelector{MatchLabels: resources.ReplicaSetSelector(rs.Labels[keys.LabelID])})
 	pods := m.client.CoreV1().Pods(m.cfg.Namespace)
 	lw := &cache.ListWatch{
 		ListFunc: func(o metav1.ListOptions) (runtime.Object, error) {

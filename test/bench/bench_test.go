@@ -32,6 +32,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
 	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 )
@@ -190,11 +191,11 @@ func (f floor) make(ctx context.Context, id string) (*corev1.Pod, *corev1.Servic
 	if err != nil {
 		return nil, nil, err
 	}
-	pod, err := f.client.CoreV1().Pods(ns).Create(ctx, sandbox.BuildPod(f.cfg, spec), metav1.CreateOptions{})
+	pod, err := f.client.CoreV1().Pods(ns).Create(ctx, resources.BuildPod(f.cfg, spec), metav1.CreateOptions{})
 	if err != nil {
 		return nil, nil, err
 	}
-	svc, err := f.client.CoreV1().Services(ns).Create(ctx, sandbox.BuildService(f.cfg, spec, sandbox.PodOwnerRef(pod)), metav1.CreateOptions{})
+	svc, err := f.client.CoreV1().Services(ns).Create(ctx, resources.BuildService(f.cfg, spec, resources.PodOwnerRef(pod)), metav1.CreateOptions{})
 	return pod, svc, err
 }
 
@@ -255,10 +256,10 @@ func (f floor) watchSlices(ctx context.Context, svc *corev1.Service, bound time.
 }
 
 func (f floor) get(ctx context.Context, id string) error {
-	if _, err := f.client.CoreV1().Pods(ns).Get(ctx, sandbox.PodName(id), metav1.GetOptions{}); err != nil {
+	if _, err := f.client.CoreV1().Pods(ns).Get(ctx, resources.PodName(id), metav1.GetOptions{}); err != nil {
 		return err
 	}
-	_, err := f.client.CoreV1().Services(ns).Get(ctx, sandbox.ServiceName(id), metav1.GetOptions{})
+	_, err := f.client.CoreV1().Services(ns).Get(ctx, resources.ServiceName(id), metav1.GetOptions{})
 	return err
 }
 
@@ -272,10 +273,10 @@ func (f floor) list(ctx context.Context) error {
 }
 
 func (f floor) delete(ctx context.Context, id string) error {
-	if err := f.client.CoreV1().Services(ns).Delete(ctx, sandbox.ServiceName(id), metav1.DeleteOptions{}); err != nil {
+	if err := f.client.CoreV1().Services(ns).Delete(ctx, resources.ServiceName(id), metav1.DeleteOptions{}); err != nil {
 		return err
 	}
-	return f.client.CoreV1().Pods(ns).Delete(ctx, sandbox.PodName(id), metav1.DeleteOptions{})
+	return f.client.CoreV1().Pods(ns).Delete(ctx, resources.PodName(id), metav1.DeleteOptions{})
 }
 
 func ours(fn *function.Instance, method, path string, body any) error {

@@ -25,6 +25,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
 	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
@@ -177,10 +178,10 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 				if taken[p.UID] {
 					continue
 				}
-				owner := sandbox.PodOwnerRef(p)
+				owner := resources.PodOwnerRef(p)
 				switch {
 				case svc == nil:
-					if svc, err = svcs.Create(ctx, sandbox.BuildService(fl.cfg, spec, owner), metav1.CreateOptions{}); err == nil {
+					if svc, err = svcs.Create(ctx, resources.BuildService(fl.cfg, spec, owner), metav1.CreateOptions{}); err == nil {
 						fl.waitSlice(ctx, svc)
 					}
 				case svc.OwnerReferences[0].UID != p.UID:
@@ -240,7 +241,7 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 	// one), so the node has room for the refill.
 	remove := func(ids []string) {
 		for _, id := range ids {
-			_ = kc.Client.CoreV1().Services(ns).Delete(ctx, sandbox.ServiceName(id), metav1.DeleteOptions{})
+			_ = kc.Client.CoreV1().Services(ns).Delete(ctx, resources.ServiceName(id), metav1.DeleteOptions{})
 			_ = pods.DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0))}, metav1.ListOptions{LabelSelector: keys.LabelID + "=" + id})
 		}
 	}

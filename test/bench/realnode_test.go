@@ -18,7 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
 	"github.com/deerflow-sandbox/provisioner/test/framework/function"
@@ -41,7 +41,7 @@ func BenchmarkRealNodeCreateToReady(b *testing.B) {
 	defer fn.Stop()
 
 	floorReady := func(id string) error {
-		w, err := kc.Client.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", sandbox.PodName(id)).String()})
+		w, err := kc.Client.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", resources.PodName(id)).String()})
 		if err != nil {
 			return err
 		}
@@ -194,7 +194,7 @@ func resumeToReady(b *testing.B, kc *cluster.Cluster, fn *function.Instance, n i
 			return err
 		}
 		defer w.Stop()
-		if _, err := rsets.Patch(ctx, sandbox.PodName(id), types.MergePatchType, []byte(`{"spec":{"replicas":1}}`), metav1.PatchOptions{}); err != nil {
+		if _, err := rsets.Patch(ctx, resources.PodName(id), types.MergePatchType, []byte(`{"spec":{"replicas":1}}`), metav1.PatchOptions{}); err != nil {
 			return err
 		}
 		timeout := time.After(30 * time.Second)

@@ -27,7 +27,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
@@ -101,7 +101,7 @@ func serviceAccountNamespace(t *testing.T) (string, kubernetes.Interface) {
 		if _, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, rs, dry); !refusedBy(err, rsPolicy, "") {
 			return false, err
 		}
-		svc := a.service("probe", corev1.ServiceTypeNodePort, sandbox.PodOwnerRef(pod))
+		svc := a.service("probe", corev1.ServiceTypeNodePort, resources.PodOwnerRef(pod))
 		svc.OwnerReferences = nil
 		svc.Spec.Type = corev1.ServiceTypeLoadBalancer
 		_, err := sa.CoreV1().Services(ns).Create(ctx, svc, dry)
@@ -184,17 +184,17 @@ func (a admission) spec(id string, req *api.CreateRequest, tmpl string) api.Spec
 
 // pod is the Pod the function builds for id (with req's options).
 func (a admission) pod(id string, req *api.CreateRequest) *corev1.Pod {
-	return sandbox.BuildPod(a.cfg, a.spec(id, req, ""))
+	return resources.BuildPod(a.cfg, a.spec(id, req, ""))
 }
 
 func (a admission) replicaSet(id string, req *api.CreateRequest) *appsv1.ReplicaSet {
-	return sandbox.BuildReplicaSet(a.cfg, a.spec(id, req, ""))
+	return resources.BuildReplicaSet(a.cfg, a.spec(id, req, ""))
 }
 
 func (a admission) service(id string, typ corev1.ServiceType, owner metav1.OwnerReference) *corev1.Service {
 	cfg := *a.cfg
 	cfg.ServiceType = string(typ)
-	return sandbox.BuildService(&cfg, a.spec(id, nil, ""), owner)
+	return resources.BuildService(&cfg, a.spec(id, nil, ""), owner)
 }
 
 // TestAdmissionAdmitsTheFunctionsObjects is the positive control: what the
@@ -253,7 +253,7 @@ func TestAdmissionAdmitsTheFunctionsObjects(t *testing.T) {
 			s := tc.a.spec(id, tc.req, tc.tmpl)
 			var owner metav1.OwnerReference
 			if tc.rs {
-				rs, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, sandbox.BuildReplicaSet(tc.a.cfg, s), metav1.CreateOptions{})
+				rs, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, resources.BuildReplicaSet(tc.a.cfg, s), metav1.CreateOptions{})
 				if err != nil {
 					t.Fatalf("the ReplicaSet the function builds is refused: %v", err)
 				}
@@ -264,11 +264,11 @@ func TestAdmissionAdmitsTheFunctionsObjects(t *testing.T) {
 					}
 				}
 			} else {
-				pod, err := sa.CoreV1().Pods(ns).Create(ctx, sandbox.BuildPod(tc.a.cfg, s), metav1.CreateOptions{})
+				pod, err := sa.CoreV1().Pods(ns).Create(ctx, resources.BuildPod(tc.a.cfg, s), metav1.CreateOptions{})
 				if err != nil {
 					t.Fatalf("the Pod the function builds is refused: %v", err)
 				}
-				owner = sandbox.PodOwnerRef(pod)
+				owner = resources.PodOwnerRef(pod)
 				// Another controller (a CNI, say) annotates the Pod; the
 				// function's activity patch still passes.
 				if _, err := client().CoreV1().Pods(ns).Patch(ctx, pod.Name, types.MergePatchType,
@@ -280,7 +280,7 @@ func TestAdmissionAdmitsTheFunctionsObjects(t *testing.T) {
 				}
 			}
 			for _, typ := range []corev1.ServiceType{corev1.ServiceTypeNodePort, corev1.ServiceTypeClusterIP} {
-				svc := sandbox.BuildService(withServiceType(tc.a.cfg, typ), s, owner)
+				svc := resources.BuildService(withServiceType(tc.a.cfg, typ), s, owner)
 				created, err := sa.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
 				if err != nil {
 					t.Fatalf("the %s Service the function builds is refused: %v", typ, err)
@@ -556,7 +556,7 @@ func TestAdmissionPolicyRefusesServiceEscapes(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the function's Pod is refused: %v", err)
 	}
-	owner := sandbox.PodOwnerRef(pod)
+	owner := resources.PodOwnerRef(pod)
 	live, err := sa.CoreV1().Services(ns).Create(ctx, a.service("svc", corev1.ServiceTypeNodePort, owner), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("the function's Service is refused: %v", err)

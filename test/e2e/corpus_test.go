@@ -16,7 +16,7 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 )
 
 // TestFuzzCorpusAcceptedByAPIServer replays the create-request fuzz corpus:
@@ -32,7 +32,7 @@ func TestFuzzCorpusAcceptedByAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.LarkCLIInitImage, cfg.LarkCLIBrokerImage = "lark-init:1", "lark-broker:1"
-	files, err := filepath.Glob(filepath.Join("..", "..", "pkg", "sandbox", "testdata", "fuzz", "FuzzCreateRequest", "*"))
+	files, err := filepath.Glob(filepath.Join("..", "..", "pkg", "sandbox", "resources", "testdata", "fuzz", "FuzzCreateRequest", "*"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no corpus: %v", err)
 	}
@@ -53,13 +53,13 @@ func TestFuzzCorpusAcceptedByAPIServer(t *testing.T) {
 			continue
 		}
 		accepted++
-		pod, err := sa.CoreV1().Pods(ns).Create(ctx, sandbox.BuildPod(cfg, spec), dry)
+		pod, err := sa.CoreV1().Pods(ns).Create(ctx, resources.BuildPod(cfg, spec), dry)
 		if err != nil {
 			t.Errorf("%s: the API server refuses the Pod built from an accepted request: %v", filepath.Base(file), err)
 			continue
 		}
 		pod.UID = "00000000-0000-0000-0000-000000000001" // dry run assigns none; the owner reference needs one
-		if _, err := sa.CoreV1().Services(ns).Create(ctx, sandbox.BuildService(cfg, spec, sandbox.PodOwnerRef(pod)), dry); err != nil {
+		if _, err := sa.CoreV1().Services(ns).Create(ctx, resources.BuildService(cfg, spec, resources.PodOwnerRef(pod)), dry); err != nil {
 			t.Errorf("%s: the API server refuses the Service: %v", filepath.Base(file), err)
 		}
 	}

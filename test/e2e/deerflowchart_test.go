@@ -24,7 +24,7 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
 )
 
@@ -301,7 +301,7 @@ func TestDeerFlowChartOverlay(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the function refuses the rendered settings: %v", err)
 	}
-	if diff := cmp.Diff(sandbox.BuildNetworkPolicy(cfg), &sandboxPolicy); diff != "" {
+	if diff := cmp.Diff(resources.BuildNetworkPolicy(cfg), &sandboxPolicy); diff != "" {
 		t.Errorf("the rendered sandbox policy differs from what the function builds with the rendered settings (-built +rendered):\n%s", diff)
 	}
 
@@ -325,7 +325,7 @@ func TestDeerFlowChartOverlay(t *testing.T) {
 		if err != nil {
 			return false, err
 		}
-		p := sandbox.BuildPod(cfg, spec)
+		p := resources.BuildPod(cfg, spec)
 		delete(p.Labels, "app")
 		_, err = asSA.CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		return refusedBy(err, podPolicy, ""), err

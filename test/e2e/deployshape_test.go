@@ -22,6 +22,7 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 )
 
@@ -208,11 +209,11 @@ func TestHeadlessCreateUnderTheRole(t *testing.T) {
 	t.Cleanup(func() { _, _ = f.Do("DELETE", "/api/sandboxes/"+id, nil) })
 	r := mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": id, "thread_id": "t1"})
 	expectCode(t, r, 200, "a Headless create as the ServiceAccount")
-	pod, err := client().CoreV1().Pods(ns).Get(ctx, sandbox.PodName(id), metav1.GetOptions{})
+	pod, err := client().CoreV1().Pods(ns).Get(ctx, resources.PodName(id), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc := sandbox.ServiceName(id)
+	svc := resources.ServiceName(id)
 	l, err := client().DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + svc})
 	if err != nil {
 		t.Fatal(err)

@@ -19,7 +19,7 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/events"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 )
@@ -173,7 +173,7 @@ const deerflowImage = "enterprise-public-cn-beijing.cr.volces.com/vefaas-public/
 func sandboxLabels(id string, extra map[string]string) map[string]string {
 	l := map[string]string{"app": "deer-flow-sandbox", "sandbox-id": id, "app.kubernetes.io/name": "deer-flow",
 		"app.kubernetes.io/component": "sandbox", "app.kubernetes.io/managed-by": "deerflow-sandbox-provisioner",
-		keys.LabelPrincipal: sandbox.PrincipalLabelValue("default")}
+		keys.LabelPrincipal: resources.PrincipalLabelValue("default")}
 	for k, v := range extra {
 		l[k] = v
 	}

@@ -30,7 +30,7 @@ import (
 	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 )
 
 // decode reads the one object in a config/ file.
@@ -234,8 +234,8 @@ func TestSharedNetworkPolicyIsWhatTheFunctionBuilds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(sandbox.BuildNetworkPolicy(cfg), &shipped); diff != "" {
-		t.Errorf("config/701-networkpolicy-sandboxes.yaml differs from sandbox.BuildNetworkPolicy's defaults (-built +shipped):\n%s", diff)
+	if diff := cmp.Diff(resources.BuildNetworkPolicy(cfg), &shipped); diff != "" {
+		t.Errorf("config/701-networkpolicy-sandboxes.yaml differs from resources.BuildNetworkPolicy's defaults (-built +shipped):\n%s", diff)
 	}
 }
 

@@ -1,4 +1,4 @@
-package sandbox
+package resources
 
 import (
 	"crypto/sha256"
@@ -33,38 +33,38 @@ func IsSandbox(obj metav1.Object, id string) bool {
 	return l[keys.LabelApp] == keys.LabelAppValue && l[keys.LabelID] == id
 }
 
-// podID is the id of the sandbox whose Pod p is (labelled as a sandbox and
+// PodID is the id of the sandbox whose Pod p is (labelled as a sandbox and
 // named for its id, or claimed from a warm pool, whose name it keeps), or ""
 // when p is no sandbox's Pod: a ReplicaSet sandbox's, or an unclaimed pooled
 // one (no id).
-func podID(p *corev1.Pod) string {
+func PodID(p *corev1.Pod) string {
 	if id := p.Labels[keys.LabelID]; id != "" && (p.Name == PodName(id) || p.Labels[keys.LabelPooled] == "true") && IsSandbox(p, id) {
 		return id
 	}
 	return ""
 }
 
-// serviceID is podID for Services.
-func serviceID(s *corev1.Service) string {
+// ServiceID is PodID for Services.
+func ServiceID(s *corev1.Service) string {
 	if id := s.Labels[keys.LabelID]; id != "" && s.Name == ServiceName(id) && IsSandbox(s, id) {
 		return id
 	}
 	return ""
 }
 
-// replicaSetID is podID for ReplicaSets, which share the Pod's name.
-func replicaSetID(rs *appsv1.ReplicaSet) string {
+// ReplicaSetID is PodID for ReplicaSets, which share the Pod's name.
+func ReplicaSetID(rs *appsv1.ReplicaSet) string {
 	if id := rs.Labels[keys.LabelID]; id != "" && rs.Name == PodName(id) && IsSandbox(rs, id) {
 		return id
 	}
 	return ""
 }
 
-// selectorAll selects every sandbox, ours and DeerFlow's, so list adopts leftovers.
-var selectorAll = keys.LabelApp + "=" + keys.LabelAppValue
+// SelectorAll selects every sandbox, ours and DeerFlow's, so list adopts leftovers.
+var SelectorAll = keys.LabelApp + "=" + keys.LabelAppValue
 
-// selectorReplicaSetServices selects the Services of ReplicaSet sandboxes.
-var selectorReplicaSetServices = selectorAll + "," + keys.LabelWorkload + "=" + keys.WorkloadReplicaSetValue
+// SelectorReplicaSetServices selects the Services of ReplicaSet sandboxes.
+var SelectorReplicaSetServices = SelectorAll + "," + keys.LabelWorkload + "=" + keys.WorkloadReplicaSetValue
 
 // LabelValue returns v if it is a valid label value, otherwise a stable hash
 // of it: user and thread ids may be 64 characters or start with '_'.
@@ -76,7 +76,7 @@ func LabelValue(v string) string {
 	return "h-" + hex.EncodeToString(sum[:])[:40]
 }
 
-func labels(s api.Spec) map[string]string {
+func Labels(s api.Spec) map[string]string {
 	return map[string]string{
 		keys.LabelApp:       keys.LabelAppValue,
 		keys.LabelID:        s.ID,

@@ -1,4 +1,4 @@
-package sandbox
+package resources
 
 import (
 	"bufio"
@@ -17,8 +17,8 @@ import (
 // repository's shared/contract holds the original, and when it is beside
 // this checkout the test checks the copy is still the same.
 const (
-	contractFile   = "../../test/e2e/testdata/deerflow-client-requests.jsonl"
-	contractSource = "../../../shared/contract/deerflow-client-requests.jsonl"
+	contractFile   = "../../../test/e2e/testdata/deerflow-client-requests.jsonl"
+	contractSource = "../../../../shared/contract/deerflow-client-requests.jsonl"
 )
 
 // recordedCreates returns the bodies of the creates DeerFlow's backend sent,

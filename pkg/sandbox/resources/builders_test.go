@@ -1,9 +1,11 @@
-package sandbox
+package resources
 
 import (
 	"maps"
 	"testing"
 	"time"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/config/configtest"
 
 	"github.com/google/go-cmp/cmp"
 	appsv1 "k8s.io/api/apps/v1"
@@ -11,28 +13,16 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
-	"github.com/deerflow-sandbox/provisioner/pkg/config"
-	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 )
 
 var created = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
-func testConfig(t *testing.T, env map[string]string) *config.Config {
-	t.Helper()
-	for k, v := range env {
-		t.Setenv(k, v)
-	}
-	c, err := config.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
+// testConfig is the configuration the environment gives, with env set first.
+var testConfig = configtest.Load
 
 func testSpec() api.Spec {
 	return api.Spec{
@@ -261,7 +251,7 @@ func TestBuildService(t *testing.T) {
 		t.Errorf("PodOwnerRef (-want +got):\n%s", diff)
 	}
 	rs := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-0123456789abcdef", UID: "uid-2"}}
-	rsOwner := replicaSetOwnerRef(rs)
+	rsOwner := ReplicaSetOwnerRef(rs)
 	want := func(typ corev1.ServiceType, owner metav1.OwnerReference, extra map[string]string) *corev1.Service {
 		l := wantLabels()
 		maps.Copy(l, extra)
@@ -312,81 +302,6 @@ func TestBuildService(t *testing.T) {
 			cfg := testConfig(t, tc.env)
 			if diff := cmp.Diff(tc.want, BuildService(cfg, testSpec(), tc.owner)); diff != "" {
 				t.Errorf("BuildService (-want +got):\n%s", diff)
-			}
-		})
-	}
-}
-
-func TestTally(t *testing.T) {
-	old := metav1.NewTime(time.Now().Add(-time.Minute))
-	young := metav1.NewTime(time.Now())
-	svc := func(id, user string, created metav1.Time, ownerUID types.UID) *corev1.Service {
-		return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: ServiceName(id), UID: types.UID("svc-" + id), CreationTimestamp: created,
-			Labels:          map[string]string{keys.LabelApp: keys.LabelAppValue, keys.LabelID: id, keys.LabelUser: user},
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", UID: ownerUID}}}}
-	}
-	deleting := svc("d", "alice", old, "pod-d")
-	deleting.DeletionTimestamp = &old
-	notSandbox := svc("n", "alice", old, "pod-n")
-	notSandbox.Name = "something-else"
-	own := svc("own", "alice", young, "pod-own")
-	all := []metav1.Object{svc("a1", "alice", old, "pod-a1"), svc("a2", "alice", young, "pod-a2"), svc("b1", "bob", old, "pod-b1"),
-		svc("ended", "alice", old, "pod-ended"), deleting, notSandbox, own}
-	tests := []struct {
-		name        string
-		own         *corev1.Service
-		prospective int
-		gone        map[types.UID]bool
-		want        counted
-	}{
-		{name: "after the create: own counts, but not as settled", own: own, want: counted{total: 5, mine: 4, settledTotal: 3, settledMine: 2}},
-		{name: "the Service of an ended Pod does not count", own: own, gone: map[types.UID]bool{"pod-ended": true},
-			want: counted{total: 4, mine: 3, settledTotal: 2, settledMine: 1}},
-		{name: "a look for room counts the create to come", prospective: 1, want: counted{total: 6, mine: 5, ours: 1, settledTotal: 3, settledMine: 2}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			got := tally(all, tc.own, "alice", "nobody", tc.prospective, tc.gone)
-			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(counted{})); diff != "" {
-				t.Errorf("tally (-want +got):\n%s", diff)
-			}
-		})
-	}
-}
-
-func TestSandboxURL(t *testing.T) {
-	tests := []struct {
-		name string
-		env  map[string]string
-		svc  corev1.Service
-		want string
-	}{{
-		name: "NodePort on NODE_HOST",
-		env:  map[string]string{"NODE_HOST": "10.0.0.5"},
-		svc:  corev1.Service{Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Ports: []corev1.ServicePort{{NodePort: 31234}}}},
-		want: "http://10.0.0.5:31234",
-	}, {
-		name: "NodePort on an IPv6 NODE_HOST",
-		env:  map[string]string{"NODE_HOST": "fd00::5"},
-		svc:  corev1.Service{Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Ports: []corev1.ServicePort{{NodePort: 31234}}}},
-		want: "http://[fd00::5]:31234",
-	}, {
-		name: "ClusterIP by DNS name",
-		env:  map[string]string{"SANDBOX_SERVICE_TYPE": "ClusterIP"},
-		svc:  corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-a-svc", Namespace: "deer-flow"}, Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP}},
-		want: "http://sandbox-a-svc.deer-flow.svc.cluster.local:8080",
-	}, {
-		name: "Headless by the same DNS name",
-		env:  map[string]string{"SANDBOX_SERVICE_TYPE": "Headless"},
-		svc: corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-a-svc", Namespace: "deer-flow"},
-			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, ClusterIP: corev1.ClusterIPNone}},
-		want: "http://sandbox-a-svc.deer-flow.svc.cluster.local:8080",
-	}}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			m := NewManager(testConfig(t, tc.env), nil)
-			if got := m.url(&tc.svc); got != tc.want {
-				t.Errorf("url = %q, want %q", got, tc.want)
 			}
 		})
 	}

@@ -1,4 +1,4 @@
-package sandbox
+package resources
 
 import (
 	corev1 "k8s.io/api/core/v1"
@@ -21,7 +21,7 @@ import (
 // ReplicaSet sandboxes through their Services on the hot path (see
 // checkQuota).
 func BuildService(cfg *config.Config, s api.Spec, owner metav1.OwnerReference) *corev1.Service {
-	l := labels(s)
+	l := Labels(s)
 	if owner.Kind == "ReplicaSet" {
 		l[keys.LabelWorkload] = keys.WorkloadReplicaSetValue
 	}
@@ -59,7 +59,7 @@ func BuildService(cfg *config.Config, s api.Spec, owner metav1.OwnerReference) *
 		svc.Spec.Type, svc.Spec.ClusterIP = corev1.ServiceTypeClusterIP, corev1.ClusterIPNone
 		svc.Spec.PublishNotReadyAddresses = true
 	}
-	recordPrincipal(svc, s)
+	RecordPrincipal(svc, s)
 	return svc
 }
 

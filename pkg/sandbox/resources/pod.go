@@ -1,4 +1,4 @@
-package sandbox
+package resources
 
 import (
 	"maps"
@@ -34,8 +34,8 @@ func BuildPod(cfg *config.Config, s api.Spec) *corev1.Pod {
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        PodName(s.ID),
 			Namespace:   cfg.Namespace,
-			Labels:      labels(s),
-			Annotations: annotations(s),
+			Labels:      Labels(s),
+			Annotations: Annotations(s),
 		},
 		Spec: corev1.PodSpec{
 			Containers: []corev1.Container{{
@@ -104,7 +104,7 @@ func requestEnv(in map[string]string) []corev1.EnvVar {
 	return env
 }
 
-func annotations(s api.Spec) map[string]string {
+func Annotations(s api.Spec) map[string]string {
 	a := map[string]string{
 		keys.AnnotationUserID:       s.UserID,
 		keys.AnnotationThreadID:     s.ThreadID,
@@ -112,7 +112,7 @@ func annotations(s api.Spec) map[string]string {
 		keys.AnnotationLastActivity: s.Now.Format(time.RFC3339),
 		keys.AnnotationIdleTimeout:  strconv.FormatInt(int64(s.IdleTimeout/time.Second), 10),
 		keys.AnnotationMaxLifetime:  strconv.FormatInt(int64(s.MaxLifetime/time.Second), 10),
-		keys.AnnotationExpiresAt:    expiresAt(s.Now, s.Now, s.IdleTimeout, s.MaxLifetime).Format(time.RFC3339),
+		keys.AnnotationExpiresAt:    ExpiresAt(s.Now, s.Now, s.IdleTimeout, s.MaxLifetime).Format(time.RFC3339),
 	}
 	if s.MaxShellSessions > 0 {
 		a[keys.AnnotationMaxShellSessions] = strconv.Itoa(s.MaxShellSessions)
@@ -121,7 +121,7 @@ func annotations(s api.Spec) map[string]string {
 }
 
 // expiresAt is the earlier of the idle deadline and the lifetime cap.
-func expiresAt(created, lastActivity time.Time, idle, lifetime time.Duration) time.Time {
+func ExpiresAt(created, lastActivity time.Time, idle, lifetime time.Duration) time.Time {
 	idleEnd, hardEnd := lastActivity.Add(idle), created.Add(lifetime)
 	if idleEnd.Before(hardEnd) {
 		return idleEnd

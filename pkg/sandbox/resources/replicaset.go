@@ -1,0 +1,66 @@
+package resources
+
+import (
+	"maps"
+	"strconv"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/template"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+func Paused(rs *appsv1.ReplicaSet) bool { return rs.Spec.Replicas != nil && *rs.Spec.Replicas == 0 }
+
+// BuildReplicaSet returns the sandbox of a ReplicaSet template: a ReplicaSet
+// sandbox-<id> of one Pod, which the ReplicaSet controller recreates when it
+// is deleted or evicted. The Pod is BuildPod's, without
+// activeDeadlineSeconds: a Pod ended by its deadline would only be replaced,
+// so expiry is the reap deleting the ReplicaSet. Lifecycle annotations live
+// on the ReplicaSet, which outlives its Pods.
+func BuildReplicaSet(cfg *config.Config, s api.Spec) *appsv1.ReplicaSet {
+	pod := BuildPodFor(cfg, s)
+	pod.Spec.ActiveDeadlineSeconds = nil
+	rsAnnotations := maps.Clone(pod.Annotations)
+	idleAction, pausedTimeout := template.IdleDelete, time.Duration(0)
+	if s.Resolved != nil {
+		idleAction, pausedTimeout = s.Resolved.IdleAction, s.Resolved.PausedTimeout
+	}
+	rsAnnotations[keys.AnnotationIdleAction] = idleAction
+	if idleAction == template.IdlePause {
+		rsAnnotations[keys.AnnotationPausedTimeout] = strconv.FormatInt(int64(pausedTimeout/time.Second), 10)
+	}
+	podAnnotations := maps.Clone(pod.Annotations)
+	delete(podAnnotations, keys.AnnotationLastActivity)
+	delete(podAnnotations, keys.AnnotationExpiresAt)
+	pod.Labels[keys.LabelWorkload] = keys.WorkloadReplicaSetValue
+	rs := &appsv1.ReplicaSet{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "ReplicaSet"},
+		ObjectMeta: metav1.ObjectMeta{Name: PodName(s.ID), Namespace: cfg.Namespace, Labels: Labels(s), Annotations: rsAnnotations},
+		Spec: appsv1.ReplicaSetSpec{
+			Replicas: ptr.To(int32(1)),
+			Selector: &metav1.LabelSelector{MatchLabels: ReplicaSetSelector(s.ID)},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: pod.Labels, Annotations: podAnnotations},
+				Spec:       pod.Spec,
+			},
+		},
+	}
+	RecordPrincipal(rs, s)
+	return rs
+}
+
+func ReplicaSetSelector(id string) map[string]string {
+	return map[string]string{keys.LabelApp: keys.LabelAppValue, keys.LabelID: id, keys.LabelWorkload: keys.WorkloadReplicaSetValue}
+}
+
+// replicaSetOwnerRef makes the ReplicaSet the owner of the sandbox's Service.
+func ReplicaSetOwnerRef(rs *appsv1.ReplicaSet) metav1.OwnerReference {
+	return metav1.OwnerReference{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: rs.Name, UID: rs.UID, BlockOwnerDeletion: ptr.To(false)}
+}
