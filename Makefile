@@ -117,7 +117,7 @@ fuzz:
 
 ##@ Verify
 
-## verify: check formatting, vet, go.mod tidiness, the sandbox templates under config/templates and that no build output is tracked
+## verify: check formatting, vet, go.mod tidiness, the sandbox templates under config/templates, the layout (pure builders, one-way imports, package size) and that no build output is tracked
 .PHONY: verify
 verify:
 	hack/verify-hygiene.sh
@@ -125,6 +125,7 @@ verify:
 	hack/verify-govet.sh
 	hack/verify-gomod.sh
 	hack/verify-templates.sh
+	hack/verify-layout.sh
 
 ## update: apply gofmt and go mod tidy
 .PHONY: update

@@ -6,8 +6,13 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 )
 
 // Kind classifies a domain error. The front doors map kinds to HTTP statuses;
@@ -78,4 +83,42 @@ func DetailOf(err error) string {
 		return e.Detail
 	}
 	return "internal error"
+}
+
+// Classify turns an error from the API server into a domain error. Its main
+// job is the rule DeerFlow depends on: a transient failure must never look
+// like "not found", or the backend throws away a healthy sandbox.
+func Classify(err error, action string) error {
+	if err == nil {
+		return nil
+	}
+	var de *Error
+	if errors.As(err, &de) {
+		return err
+	}
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err):
+		return Errorf(KindTimeout, err, "the Kubernetes API server did not answer in time while trying to %s; retry", action)
+	case errors.Is(err, context.Canceled):
+		return Errorf(KindUnavailable, err, "the request was cancelled while trying to %s", action)
+	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "error looking up service account"):
+		// A namespace seconds old has no default ServiceAccount yet.
+		return Errorf(KindUnavailable, err, "the namespace's ServiceAccount does not exist yet, so the API server refused to %s; retry", action)
+	case apierrors.IsForbidden(err):
+		return Errorf(KindInternal, err, "the provisioner's ServiceAccount is not allowed to %s; check its Role", action)
+	case apierrors.IsInvalid(err):
+		return Errorf(KindInvalid, err, "the Kubernetes API server rejected the objects built to %s: %s", action, apierrors.ReasonForError(err))
+	case apierrors.IsTooManyRequests(err) || apierrors.IsServiceUnavailable(err) || apierrors.IsInternalError(err) || apierrors.IsUnexpectedServerError(err):
+		return Errorf(KindUnavailable, err, "the Kubernetes API server is overloaded or unavailable while trying to %s; retry", action)
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) {
+		return Errorf(KindUnavailable, err, "the Kubernetes API server is unreachable while trying to %s; retry", action)
+	}
+	if _, ok := err.(apierrors.APIStatus); ok {
+		return Errorf(KindInternal, err, "the Kubernetes API server refused to %s", action)
+	}
+	// Anything we cannot recognise is treated as transient: retrying a 503 is
+	// harmless, mistaking an outage for "gone" is not.
+	return Errorf(KindUnavailable, err, "could not %s", action)
 }

@@ -92,7 +92,7 @@ func TestAdmissionRefusalNamesWhatRefused(t *testing.T) {
 				if got != nil {
 					t.Fatalf("admissionRefusal = %v, want nil", got)
 				}
-				if d := api.DetailOf(classify(tc.err, "create the sandbox Pod")); strings.Contains(tc.err.Error(), "cannot create") && !strings.Contains(d, "check its Role") {
+				if d := api.DetailOf(api.Classify(tc.err, "create the sandbox Pod")); strings.Contains(tc.err.Error(), "cannot create") && !strings.Contains(d, "check its Role") {
 					t.Errorf("classify detail %q, want RBAC's", d)
 				}
 				return

@@ -13,6 +13,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/quota"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
@@ -84,7 +85,7 @@ func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Dura
 	)
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		isoErr = m.requireIsolation(gctx)
+		isoErr = m.isolation.Require(gctx)
 		return nil
 	})
 	g.Go(func() error {
@@ -107,10 +108,10 @@ func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Dura
 	case podErr == nil:
 		return api.Sandbox{}, false, nil
 	case !apierrors.IsNotFound(podErr):
-		return api.Sandbox{}, true, classify(podErr, "read the sandbox Pod")
+		return api.Sandbox{}, true, api.Classify(podErr, "read the sandbox Pod")
 	case apierrors.IsNotFound(svcErr):
 	case svcErr != nil:
-		return api.Sandbox{}, true, classify(svcErr, "read the sandbox Service")
+		return api.Sandbox{}, true, api.Classify(svcErr, "read the sandbox Service")
 	default:
 		if !claimedOwner(svc, s.ID) {
 			return api.Sandbox{}, false, nil
@@ -177,7 +178,7 @@ func (c *claimService) prepare(ctx context.Context, pod *corev1.Pod) error {
 	owner := resources.PodOwnerRef(pod)
 	svcs := c.m.client.CoreV1().Services(c.m.cfg.Namespace)
 	if c.svc != nil {
-		if ownerUID(c.svc.OwnerReferences) == pod.UID {
+		if resources.OwnerUID(c.svc.OwnerReferences) == pod.UID {
 			return nil
 		}
 		upd := c.svc.DeepCopy()
@@ -188,7 +189,7 @@ func (c *claimService) prepare(ctx context.Context, pod *corev1.Pod) error {
 			c.svc = svc
 			return nil
 		case !apierrors.IsNotFound(err):
-			c.err = classify(err, "hand the sandbox Service to another pooled Pod")
+			c.err = api.Classify(err, "hand the sandbox Service to another pooled Pod")
 			return c.err
 		}
 		// Removed with the Pod it named (the garbage collector follows a
@@ -201,8 +202,8 @@ func (c *claimService) prepare(ctx context.Context, pod *corev1.Pod) error {
 		return err
 	}
 	c.svc = svc
-	if limited(c.m.cfg) {
-		if err := c.m.checkQuota(ctx, c.s, svc); err != nil {
+	if quota.Limited(c.m.cfg) {
+		if err := c.m.quota.Check(ctx, c.s, svc); err != nil {
 			c.err = err
 			return err
 		}
@@ -229,17 +230,17 @@ func (c *claimService) giveUp(ctx context.Context, wait time.Duration) (api.Sand
 		derr := m.client.CoreV1().Services(m.cfg.Namespace).Delete(context.WithoutCancel(ctx), c.svc.Name,
 			metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(c.svc.UID))})
 		if derr != nil && !apierrors.IsNotFound(derr) && !apierrors.IsConflict(derr) {
-			return api.Sandbox{}, true, errors.Join(err, classify(derr, "remove the Service of a claim that got no Pod"))
+			return api.Sandbox{}, true, errors.Join(err, api.Classify(derr, "remove the Service of a claim that got no Pod"))
 		}
 	}
-	var qe *quotaError
+	var qe *quota.Error
 	switch {
 	case err == nil:
 		return api.Sandbox{}, false, nil // the pool had nothing left: cold
-	case errors.As(err, &qe) && qe.contended:
+	case errors.As(err, &qe) && qe.Contended:
 		return api.Sandbox{}, false, nil // the cold way retries a contended quota
 	case qe != nil:
-		m.observer.QuotaRefused(qe.scope)
+		m.observer.QuotaRefused(qe.Scope)
 	}
 	return api.Sandbox{}, true, err
 }
@@ -266,6 +267,6 @@ func (m *Manager) answer(ctx context.Context, id string, f found, wait time.Dura
 // claimedOwner reports whether svc belongs to a Pod claimed from a pool:
 // a Pod that keeps the name its pool gave it, not sandbox-<id>.
 func claimedOwner(svc *corev1.Service, id string) bool {
-	ref := sandboxOwner(svc.OwnerReferences)
+	ref := resources.SandboxOwner(svc.OwnerReferences)
 	return ref != nil && ref.Kind == "Pod" && ref.Name != resources.PodName(id)
 }

@@ -11,11 +11,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/quota"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
@@ -65,19 +65,19 @@ func (m *Manager) create(ctx context.Context, s api.Spec, wait time.Duration) (a
 			// if a count shows room, so that a quota full of young sandboxes
 			// does not cost a workload created and deleted per round.
 			if err := sleepCtx(ctx, time.Duration(attempt)*time.Duration(50+rand.IntN(150))*time.Millisecond); err != nil {
-				return api.Sandbox{}, classify(err, "create the sandbox")
+				return api.Sandbox{}, api.Classify(err, "create the sandbox")
 			}
-			err = m.checkQuota(ctx, s, nil)
+			err = m.quota.Check(ctx, s, nil)
 		}
 		if err == nil {
 			f, existed, repaired, err = m.createOnce(ctx, s)
 		}
-		var qe *quotaError
-		if errors.As(err, &qe) && qe.contended && attempt < maxQuotaRetries {
+		var qe *quota.Error
+		if errors.As(err, &qe) && qe.Contended && attempt < maxQuotaRetries {
 			continue
 		}
 		if qe != nil {
-			m.observer.QuotaRefused(qe.scope) // once per refused request, not per round
+			m.observer.QuotaRefused(qe.Scope) // once per refused request, not per round
 		}
 		if err != nil {
 			return api.Sandbox{}, err
@@ -102,7 +102,7 @@ const maxQuotaRetries = 4
 // sandbox that DeerFlow, sending no template, creates again; a bare Pod
 // sandbox from before templates) is answered with that sandbox.
 func (m *Manager) createOnce(ctx context.Context, s api.Spec) (found, bool, bool, error) {
-	if err := m.requireIsolation(ctx); err != nil {
+	if err := m.isolation.Require(ctx); err != nil {
 		return found{}, false, false, err
 	}
 	var (
@@ -146,7 +146,7 @@ func (m *Manager) reuseOtherKind(ctx context.Context, s api.Spec) (found, bool, 
 			return found{}, false, false, err
 		}
 		if perr != nil && ctx.Err() != nil {
-			return found{}, false, false, classify(ctx.Err(), "wait for a racing create of the sandbox")
+			return found{}, false, false, api.Classify(ctx.Err(), "wait for a racing create of the sandbox")
 		}
 	}
 	switch {
@@ -207,15 +207,15 @@ func (m *Manager) createReplicaSetOnce(ctx context.Context, s api.Spec) (found, 
 
 // serviceAndQuota ensures the Service owned by the workload and, for a new
 // workload, counts the quota once the Service is written: the Service is
-// the sandbox's slot (see checkQuota), so a create costs the bare floor's
+// the sandbox's slot (see quota.Counter.Check), so a create costs the bare floor's
 // two writes and a look into the Service cache. A new workload that is
 // refused, whose count fails, or whose id turns out to be the other kind's
 // (errOtherKind) is removed again.
 func (m *Manager) serviceAndQuota(ctx context.Context, s api.Spec, workload workloadObject, owner metav1.OwnerReference, existed bool) (*corev1.Service, bool, error) {
 	svc, repaired, svcErr := m.ensureService(ctx, s, owner, existed)
 	var quotaErr error
-	if svcErr == nil && !existed && limited(m.cfg) {
-		quotaErr = m.checkQuota(ctx, s, svc)
+	if svcErr == nil && !existed && quota.Limited(m.cfg) {
+		quotaErr = m.quota.Check(ctx, s, svc)
 	}
 	undo := !existed && (quotaErr != nil || errors.Is(svcErr, errOtherKind))
 	if undo {
@@ -253,7 +253,7 @@ func (m *Manager) ensurePod(ctx context.Context, s api.Spec) (*corev1.Pod, bool,
 			continue // deleted between our create and get: try again
 		}
 		if err != nil {
-			return nil, false, classify(err, "read the existing sandbox Pod")
+			return nil, false, api.Classify(err, "read the existing sandbox Pod")
 		}
 		if err := checkOwner(existing, "Pod", s); err != nil {
 			return nil, false, err
@@ -283,7 +283,7 @@ func (m *Manager) createFailed(err error, kind string, s api.Spec) error {
 	if refused := admissionRefusal(m.cfg, err, s, kind); refused != nil {
 		return refused
 	}
-	return classify(err, "create the sandbox "+kind)
+	return api.Classify(err, "create the sandbox "+kind)
 }
 
 // checkOwner refuses to hand a sandbox to anyone but the user and thread it
@@ -334,7 +334,7 @@ func (m *Manager) ensureService(ctx context.Context, s api.Spec, owner metav1.Ow
 				return created, true, nil
 			}
 			if !apierrors.IsAlreadyExists(err) {
-				return nil, false, classify(err, "create the sandbox Service")
+				return nil, false, api.Classify(err, "create the sandbox Service")
 			}
 		}
 		readFirst = false
@@ -343,12 +343,12 @@ func (m *Manager) ensureService(ctx context.Context, s api.Spec, owner metav1.Ow
 			continue
 		}
 		if err != nil {
-			return nil, false, classify(err, "read the existing sandbox Service")
+			return nil, false, api.Classify(err, "read the existing sandbox Service")
 		}
 		if !resources.IsSandbox(existing, s.ID) {
 			return nil, false, &api.Error{Kind: api.KindConflict, Detail: "a Service named " + existing.Name + " exists and is not a sandbox's; choose another sandbox_id"}
 		}
-		current := sandboxOwner(existing.OwnerReferences)
+		current := resources.SandboxOwner(existing.OwnerReferences)
 		switch {
 		case current != nil && current.UID == owner.UID && existing.DeletionTimestamp == nil:
 			return existing, false, nil
@@ -366,10 +366,10 @@ func (m *Manager) ensureService(ctx context.Context, s api.Spec, owner metav1.Ow
 			// it anyway): remove it now so the new one gets its Service.
 			err := svcs.Delete(ctx, existing.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(existing.UID))})
 			if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-				return nil, false, classify(err, "replace a stale sandbox Service")
+				return nil, false, api.Classify(err, "replace a stale sandbox Service")
 			}
 			if err := sleepCtx(ctx, time.Duration(attempt+1)*100*time.Millisecond); err != nil {
-				return nil, false, classify(err, "replace a stale sandbox Service")
+				return nil, false, api.Classify(err, "replace a stale sandbox Service")
 			}
 		case existing.DeletionTimestamp == nil:
 			// Made by DeerFlow's provisioner, which sets no owner: adopt it and
@@ -382,7 +382,7 @@ func (m *Manager) ensureService(ctx context.Context, s api.Spec, owner metav1.Ow
 		default:
 			// Being deleted without an owner: wait for it to go.
 			if err := sleepCtx(ctx, time.Duration(attempt+1)*100*time.Millisecond); err != nil {
-				return nil, false, classify(err, "replace a stale sandbox Service")
+				return nil, false, api.Classify(err, "replace a stale sandbox Service")
 			}
 		}
 	}
@@ -401,37 +401,9 @@ func (m *Manager) adopt(ctx context.Context, svc *corev1.Service, owner metav1.O
 	}
 	updated, err := m.client.CoreV1().Services(m.cfg.Namespace).Update(ctx, c, metav1.UpdateOptions{})
 	if err != nil {
-		return nil, classify(err, "adopt the existing sandbox Service")
+		return nil, api.Classify(err, "adopt the existing sandbox Service")
 	}
 	return updated, nil
-}
-
-// sandboxOwner is the workload a sandbox Service belongs to, if any.
-func sandboxOwner(refs []metav1.OwnerReference) *metav1.OwnerReference {
-	for i, r := range refs {
-		if r.Kind == "Pod" && r.APIVersion == "v1" || r.Kind == "ReplicaSet" && r.APIVersion == "apps/v1" {
-			return &refs[i]
-		}
-	}
-	return nil
-}
-
-// ownerKind is the kind of the workload that owns svc ("" for none or nil).
-func ownerKind(svc *corev1.Service) string {
-	if svc == nil {
-		return ""
-	}
-	if r := sandboxOwner(svc.OwnerReferences); r != nil {
-		return r.Kind
-	}
-	return ""
-}
-
-func ownerUID(refs []metav1.OwnerReference) types.UID {
-	if r := sandboxOwner(refs); r != nil {
-		return r.UID
-	}
-	return ""
 }
 
 // ownerLives reports whether the workload ref names still exists (same UID,
@@ -452,7 +424,7 @@ func (m *Manager) ownerLives(ctx context.Context, ref metav1.OwnerReference, svc
 		return false, nil
 	}
 	if err != nil {
-		return false, classify(err, "read the workload of the sandbox Service")
+		return false, api.Classify(err, "read the workload of the sandbox Service")
 	}
 	if obj.GetUID() != ref.UID || obj.GetDeletionTimestamp() != nil {
 		return false, nil

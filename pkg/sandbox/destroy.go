@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -54,13 +55,13 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 		err := m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, f.svc.Name, metav1.DeleteOptions{
 			Preconditions: metav1.NewUIDPreconditions(string(f.svc.UID))})
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-			return classify(err, "delete sandbox "+id)
+			return api.Classify(err, "delete sandbox "+id)
 		}
 	}
 	// The ReplicaSet first, so that it does not replace the Pod deleted next.
 	if f.rs != nil {
 		if err := runAll([]func() error{m.deleteWorkload(ctx, f.rs, nil, false)}); err != nil {
-			return classify(err, "delete sandbox "+id)
+			return api.Classify(err, "delete sandbox "+id)
 		}
 	}
 	// A bare Pod, or the ReplicaSet's current one: deleted now rather than
@@ -71,7 +72,7 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 			deletes = append(deletes, m.deleteWorkload(ctx, p, nil, false))
 		}
 	}
-	return classify(runAll(deletes), "delete sandbox "+id)
+	return api.Classify(runAll(deletes), "delete sandbox "+id)
 }
 
 // workloadObject is a sandbox's Pod or ReplicaSet.
@@ -106,12 +107,12 @@ func (m *Manager) undoCreate(ctx context.Context, workload workloadObject, svc *
 	// No grace period: the Pod never served anyone, and a retry of this
 	// create must not wait for it to terminate.
 	deletes := []func() error{m.deleteWorkload(ctx, workload, ptr.To(int64(0)), false)}
-	if svc != nil && ownerUID(svc.OwnerReferences) == workload.GetUID() {
+	if svc != nil && resources.OwnerUID(svc.OwnerReferences) == workload.GetUID() {
 		deletes = append(deletes, func() error {
 			return m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, svc.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(svc.UID))})
 		})
 	}
-	return classify(runAll(deletes), "remove what a refused or failed create made")
+	return api.Classify(runAll(deletes), "remove what a refused or failed create made")
 }
 
 // runAll runs deletes concurrently. An object already gone, or replaced by a

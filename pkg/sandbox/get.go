@@ -72,7 +72,7 @@ func (m *Manager) fetch(ctx context.Context, id string) (found, error) {
 			return nil // a terminating Pod is already gone to our callers
 		}
 		f.pod = pod
-		return classify(err, "read the sandbox Pod")
+		return api.Classify(err, "read the sandbox Pod")
 	})
 	g.Go(func() error {
 		svc, err := m.client.CoreV1().Services(m.cfg.Namespace).Get(gctx, resources.ServiceName(id), metav1.GetOptions{})
@@ -80,24 +80,24 @@ func (m *Manager) fetch(ctx context.Context, id string) (found, error) {
 			return nil
 		}
 		f.svc = svc
-		return classify(err, "read the sandbox Service")
+		return api.Classify(err, "read the sandbox Service")
 	})
 	if err := g.Wait(); err != nil {
 		return found{}, err
 	}
 	if f.pod == nil && f.svc != nil && claimedOwner(f.svc, id) {
 		// Claimed from a warm pool: its Pod keeps the name the pool gave it.
-		pod, err := m.client.CoreV1().Pods(m.cfg.Namespace).Get(ctx, sandboxOwner(f.svc.OwnerReferences).Name, metav1.GetOptions{})
+		pod, err := m.client.CoreV1().Pods(m.cfg.Namespace).Get(ctx, resources.SandboxOwner(f.svc.OwnerReferences).Name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) || (err == nil && (pod.DeletionTimestamp != nil || resources.PodID(pod) != id)) {
 			return f, nil
 		}
 		if err != nil {
-			return found{}, classify(err, "read the sandbox Pod")
+			return found{}, api.Classify(err, "read the sandbox Pod")
 		}
 		f.pod = pod
 		return f, nil
 	}
-	if f.pod != nil && ownerKind(f.svc) != "ReplicaSet" {
+	if f.pod != nil && resources.OwnerKind(f.svc) != "ReplicaSet" {
 		return f, nil
 	}
 	rs, err := m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Get(ctx, resources.PodName(id), metav1.GetOptions{})
@@ -105,7 +105,7 @@ func (m *Manager) fetch(ctx context.Context, id string) (found, error) {
 		return f, nil
 	}
 	if err != nil {
-		return found{}, classify(err, "read the sandbox ReplicaSet")
+		return found{}, api.Classify(err, "read the sandbox ReplicaSet")
 	}
 	// A bare Pod beside a ReplicaSet (creates of both kinds racing) is not
 	// this sandbox's Pod; destroy removes it too.

@@ -92,7 +92,7 @@ func (m *Manager) listAll(ctx context.Context, selector string) (everything, err
 	g.Go(func() error {
 		l, err := m.client.CoreV1().Pods(m.cfg.Namespace).List(gctx, opts)
 		if err != nil {
-			return classify(err, "list sandbox Pods")
+			return api.Classify(err, "list sandbox Pods")
 		}
 		e.pods = l.Items
 		return nil
@@ -100,7 +100,7 @@ func (m *Manager) listAll(ctx context.Context, selector string) (everything, err
 	g.Go(func() error {
 		l, err := m.client.AppsV1().ReplicaSets(m.cfg.Namespace).List(gctx, opts)
 		if err != nil {
-			return classify(err, "list sandbox ReplicaSets")
+			return api.Classify(err, "list sandbox ReplicaSets")
 		}
 		e.rss = l.Items
 		return nil
@@ -108,7 +108,7 @@ func (m *Manager) listAll(ctx context.Context, selector string) (everything, err
 	g.Go(func() error {
 		l, err := m.client.CoreV1().Services(m.cfg.Namespace).List(gctx, opts)
 		if err != nil {
-			return classify(err, "list sandbox Services")
+			return api.Classify(err, "list sandbox Services")
 		}
 		e.svcs = l.Items
 		return nil

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -15,7 +14,9 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/isolation"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/quota"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
@@ -43,14 +44,12 @@ type Manager struct {
 	// waits holds one token per request of this replica that is waiting for
 	// readiness (each holds an API watch); MAX_CONCURRENT_WAITS bounds it.
 	waits     chan struct{}
-	isolation isolation
+	isolation *isolation.Checker
 	templates *template.Store
 	pool      Pool
 	auditLog  *slog.Logger
-	// slots caches the sandbox Services for the quota (nil without a
-	// quota); slotsRunning says Run started it.
-	slots        *slots
-	slotsRunning atomic.Bool
+	// quota counts sandboxes for the limits (package quota).
+	quota *quota.Counter
 	// nameWait bounds a create's wait for its name (awaitName) when it
 	// asked for no wait for Ready.
 	nameWait time.Duration
@@ -73,21 +72,18 @@ func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option)
 	for _, o := range opts {
 		o(m)
 	}
-	if limited(cfg) {
-		m.slots = newSlots(client, cfg.Namespace)
-	}
+	m.quota = quota.New(cfg, client)
+	m.isolation = isolation.New(cfg, client)
 	return m
 }
 
 // Run starts the Manager's background work, until ctx ends: the watch of
 // the sandbox templates (see template.Store) and the quota's Service cache
-// (a watch, not a loop: see slots). Without it, templates are read on
+// (a watch, not a loop: see package quota). Without it, templates are read on
 // demand and every quota count lists the Services.
 func (m *Manager) Run(ctx context.Context) {
 	m.templates.Run(ctx)
-	if m.slots != nil && m.slotsRunning.CompareAndSwap(false, true) {
-		go m.slots.run(ctx)
-	}
+	m.quota.Run(ctx)
 }
 
 // admitWait takes a wait token, or refuses at once when this replica already
@@ -193,5 +189,9 @@ func (m *Manager) Templates(ctx context.Context) ([]template.Summary, error) {
 	if err == nil && m.pool != nil {
 		m.pool.Describe(ctx, list, valid)
 	}
-	return list, classify(err, "list sandbox templates")
+	return list, api.Classify(err, "list sandbox templates")
 }
+
+// EnsureIsolation checks now that the shared NetworkPolicy is in force (see
+// isolation.Checker.Ensure); it runs at start-up.
+func (m *Manager) EnsureIsolation(ctx context.Context) error { return m.isolation.Ensure(ctx) }

@@ -158,7 +158,7 @@ func (m *Manager) reap(ctx context.Context) (api.Reaped, error) {
 	wg.Wait()
 	out.Count = len(out.Removed)
 	if err := errors.Join(errs...); err != nil {
-		return out, classify(err, "reap expired sandboxes")
+		return out, api.Classify(err, "reap expired sandboxes")
 	}
 	return out, nil
 }
@@ -185,7 +185,7 @@ func expiryReason(p *corev1.Pod, now time.Time) string {
 // The GC would remove it too, but only eventually: a later reap must not
 // find it and report this sandbox again.
 func (m *Manager) deleteOwnedService(ctx context.Context, err error, svc *corev1.Service, owner types.UID) error {
-	if err != nil || svc == nil || ownerUID(svc.OwnerReferences) != owner {
+	if err != nil || svc == nil || resources.OwnerUID(svc.OwnerReferences) != owner {
 		return err
 	}
 	err = m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, svc.Name, metav1.DeleteOptions{

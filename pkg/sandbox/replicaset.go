@@ -58,7 +58,7 @@ func (m *Manager) ensureReplicaSet(ctx context.Context, s api.Spec) (*appsv1.Rep
 			continue
 		}
 		if err != nil {
-			return nil, false, classify(err, "read the existing sandbox ReplicaSet")
+			return nil, false, api.Classify(err, "read the existing sandbox ReplicaSet")
 		}
 		existing, err = m.reuseReplicaSet(ctx, existing, s)
 		return existing, true, err
@@ -110,7 +110,7 @@ func (m *Manager) scale(ctx context.Context, rs *appsv1.ReplicaSet, replicas int
 		if apierrors.IsConflict(err) {
 			return nil, &api.Error{Kind: api.KindConflict, Err: err, Detail: "sandbox " + rs.Labels[keys.LabelID] + " changed while being resources.Paused or resumed; retry"}
 		}
-		return nil, classify(err, "scale the sandbox ReplicaSet")
+		return nil, api.Classify(err, "scale the sandbox ReplicaSet")
 	}
 	return out, nil
 }
@@ -142,7 +142,7 @@ func (m *Manager) podsOf(ctx context.Context, rs *appsv1.ReplicaSet) (*corev1.Po
 	list, err := m.client.CoreV1().Pods(m.cfg.Namespace).List(ctx, metav1.ListOptions{
 		LabelSelector: metav1.FormatLabelSelector(&metav1.LabelSelector{MatchLabels: resources.ReplicaSetSelector(rs.Labels[keys.LabelID])})})
 	if err != nil {
-		return nil, classify(err, "list the sandbox's Pods")
+		return nil, api.Classify(err, "list the sandbox's Pods")
 	}
 	return replicaSetPod(rs, list.Items), nil
 }

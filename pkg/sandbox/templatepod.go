@@ -22,7 +22,7 @@ func (m *Manager) resolveTemplate(ctx context.Context, s api.Spec) (api.Spec, er
 	case errors.As(err, &te):
 		return s, &api.Error{Kind: api.KindInvalid, Detail: te.Error() + "; fix the PodTemplate with kubectl edit podtemplate " + te.Template}
 	case err != nil:
-		return s, classify(err, "read the sandbox template")
+		return s, api.Classify(err, "read the sandbox template")
 	}
 	if t != nil {
 		if err := api.CheckEnvAgainstTemplate(t, s.Env); err != nil {

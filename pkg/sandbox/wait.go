@@ -36,7 +36,7 @@ func (m *Manager) watchPod(ctx context.Context, pod *corev1.Pod, done func(*core
 			if ctx.Err() != nil {
 				return current, ctx.Err()
 			}
-			return current, classify(err, "watch the sandbox Pod")
+			return current, api.Classify(err, "watch the sandbox Pod")
 		}
 		expired := false
 		for !expired {
@@ -59,7 +59,7 @@ func (m *Manager) watchPod(ctx context.Context, pod *corev1.Pod, done func(*core
 							return nil, nil
 						}
 					} else if err != nil {
-						return current, classify(err, "read the sandbox Pod")
+						return current, api.Classify(err, "read the sandbox Pod")
 					} else {
 						current, rv = fresh, fresh.ResourceVersion
 						if done(current) {
@@ -99,7 +99,7 @@ func (m *Manager) waitGone(ctx context.Context, pod *corev1.Pod) error {
 		return nil
 	}
 	if ctx.Err() != nil {
-		return classify(ctx.Err(), "wait for the old sandbox Pod to terminate")
+		return api.Classify(ctx.Err(), "wait for the old sandbox Pod to terminate")
 	}
 	if wctx.Err() != nil {
 		return &api.Error{Kind: api.KindConflict, Detail: fmt.Sprintf(
@@ -140,7 +140,7 @@ func (m *Manager) waitReady(ctx context.Context, id string, f found, wait time.D
 		return api.Sandbox{}, err
 	}
 	if ctx.Err() != nil {
-		return api.Sandbox{}, classify(ctx.Err(), "wait for the sandbox to become ready")
+		return api.Sandbox{}, api.Classify(ctx.Err(), "wait for the sandbox to become ready")
 	}
 	f.pod = last
 	sb := m.view(id, f)
@@ -193,7 +193,7 @@ func (m *Manager) watchReplicaSetPod(ctx context.Context, rs *appsv1.ReplicaSet,
 		return check(watch.Event{})
 	}, check)
 	if err != nil && ctx.Err() == nil {
-		return current, classify(err, "watch the sandbox's Pods")
+		return current, api.Classify(err, "watch the sandbox's Pods")
 	}
 	return current, err
 }

@@ -3,6 +3,7 @@ package resources
 import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
@@ -19,7 +20,7 @@ import (
 //
 // A ReplicaSet's Service carries keys.LabelWorkload too: the quota counts
 // ReplicaSet sandboxes through their Services on the hot path (see
-// checkQuota).
+// quota.Counter.Check).
 func BuildService(cfg *config.Config, s api.Spec, owner metav1.OwnerReference) *corev1.Service {
 	l := Labels(s)
 	if owner.Kind == "ReplicaSet" {
@@ -70,4 +71,33 @@ func PodOwnerRef(pod *corev1.Pod) metav1.OwnerReference {
 		APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID,
 		BlockOwnerDeletion: ptr.To(false),
 	}
+}
+
+// SandboxOwner is the workload a sandbox Service belongs to, if any.
+func SandboxOwner(refs []metav1.OwnerReference) *metav1.OwnerReference {
+	for i, r := range refs {
+		if r.Kind == "Pod" && r.APIVersion == "v1" || r.Kind == "ReplicaSet" && r.APIVersion == "apps/v1" {
+			return &refs[i]
+		}
+	}
+	return nil
+}
+
+// OwnerKind is the kind of the workload that owns svc ("" for none or nil).
+func OwnerKind(svc *corev1.Service) string {
+	if svc == nil {
+		return ""
+	}
+	if r := SandboxOwner(svc.OwnerReferences); r != nil {
+		return r.Kind
+	}
+	return ""
+}
+
+// OwnerUID is the UID of the workload a sandbox Service belongs to ("" for none).
+func OwnerUID(refs []metav1.OwnerReference) types.UID {
+	if r := SandboxOwner(refs); r != nil {
+		return r.UID
+	}
+	return ""
 }

@@ -1,4 +1,4 @@
-package sandbox
+package quota
 
 import (
 	"context"
@@ -181,5 +181,5 @@ func (s *slots) owner(id string, namespace string) (*corev1.Service, types.UID, 
 		return nil, "", false
 	}
 	svc := obj.(*corev1.Service)
-	return svc, ownerUID(svc.OwnerReferences), true
+	return svc, resources.OwnerUID(svc.OwnerReferences), true
 }

@@ -1,4 +1,8 @@
-package sandbox
+// Package isolation checks, before any sandbox is created, that the shared
+// NetworkPolicy which isolates every sandbox is in force and means what the
+// settings make of it (resources.BuildNetworkPolicy). It fails closed: while
+// the policy is missing or altered, creates are refused.
+package isolation
 
 import (
 	"context"
@@ -9,7 +13,10 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/client-go/kubernetes"
+
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"golang.org/x/sync/singleflight"
 	corev1 "k8s.io/api/core/v1"
@@ -19,13 +26,15 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// isolation is the last verdict on the shared NetworkPolicy. Nothing runs
+// Checker keeps the last verdict on the shared NetworkPolicy. Nothing runs
 // between requests (the function scales to zero): a create that finds the
 // verdict older than SANDBOX_NETWORK_POLICY_CHECK_TTL reads the policy again
 // (one GET, shared by the creates that arrive meanwhile), so a policy that
 // is deleted or altered stops creates within the TTL, and creates resume as
 // soon after it is restored.
-type isolation struct {
+type Checker struct {
+	cfg     *config.Config
+	client  kubernetes.Interface
 	group   singleflight.Group
 	mu      sync.Mutex
 	checked time.Time // zero: never checked
@@ -33,77 +42,82 @@ type isolation struct {
 	rv      string    // the resourceVersion the verdict is about
 }
 
-func (i *isolation) last() (checked time.Time, rv string, verdict error) {
-	i.mu.Lock()
-	defer i.mu.Unlock()
-	return i.checked, i.rv, i.verdict
+func (c *Checker) last() (checked time.Time, rv string, verdict error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.checked, c.rv, c.verdict
 }
 
-func (i *isolation) store(verdict error, rv string) {
-	i.mu.Lock()
-	defer i.mu.Unlock()
-	i.checked, i.verdict, i.rv = time.Now(), verdict, rv
+func (c *Checker) store(verdict error, rv string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.checked, c.verdict, c.rv = time.Now(), verdict, rv
 }
 
-// EnsureIsolation checks now that the shared NetworkPolicy exists and is
+// New returns the checker of cfg's shared NetworkPolicy; it has no verdict yet.
+func New(cfg *config.Config, client kubernetes.Interface) *Checker {
+	return &Checker{cfg: cfg, client: client}
+}
+
+// Ensure checks now that the shared NetworkPolicy exists and is
 // what BuildNetworkPolicy makes of the settings; when
 // SANDBOX_NETWORK_POLICY_ENSURE is on (local clusters) it creates a missing
 // one. It runs at start-up; creates run it again when the last verdict is
 // older than the TTL, and are refused (503 naming the policy) while it fails.
-func (m *Manager) EnsureIsolation(ctx context.Context) error {
-	if !m.cfg.NetworkPolicy {
+func (c *Checker) Ensure(ctx context.Context) error {
+	if !c.cfg.NetworkPolicy {
 		return nil
 	}
 	// One check at a time per replica; a caller that gives up does not
 	// cancel the check the others wait for.
-	ch := m.isolation.group.DoChan("check", func() (any, error) {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.RequestTimeout)
+	ch := c.group.DoChan("check", func() (any, error) {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.RequestTimeout)
 		defer cancel()
-		return nil, m.checkIsolation(cctx)
+		return nil, c.check(cctx)
 	})
 	select {
 	case r := <-ch:
 		return r.Err
 	case <-ctx.Done():
-		return classify(ctx.Err(), "check the shared sandbox NetworkPolicy")
+		return api.Classify(ctx.Err(), "check the shared sandbox NetworkPolicy")
 	}
 }
 
-// requireIsolation fails closed: no sandbox runs unconfined.
-func (m *Manager) requireIsolation(ctx context.Context) error {
-	if !m.cfg.NetworkPolicy {
+// Require is the check a create makes; it fails closed: no sandbox runs unconfined.
+func (c *Checker) Require(ctx context.Context) error {
+	if !c.cfg.NetworkPolicy {
 		return nil
 	}
-	if checked, _, verdict := m.isolation.last(); !checked.IsZero() && time.Since(checked) < m.cfg.NetworkPolicyCheckTTL {
+	if checked, _, verdict := c.last(); !checked.IsZero() && time.Since(checked) < c.cfg.NetworkPolicyCheckTTL {
 		return verdict
 	}
-	return m.EnsureIsolation(ctx)
+	return c.Ensure(ctx)
 }
 
-// checkIsolation reads the policy and records the verdict. A failure to
+// check reads the policy and records the verdict. A failure to
 // read it is transient and not recorded: the next create reads again.
-func (m *Manager) checkIsolation(ctx context.Context) error {
-	name := m.cfg.Namespace + "/" + m.cfg.NetworkPolicyName
-	nps := m.client.NetworkingV1().NetworkPolicies(m.cfg.Namespace)
-	want := resources.BuildNetworkPolicy(m.cfg)
-	live, err := nps.Get(ctx, m.cfg.NetworkPolicyName, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) && m.cfg.EnsureNetworkPolicy {
+func (c *Checker) check(ctx context.Context) error {
+	name := c.cfg.Namespace + "/" + c.cfg.NetworkPolicyName
+	nps := c.client.NetworkingV1().NetworkPolicies(c.cfg.Namespace)
+	want := resources.BuildNetworkPolicy(c.cfg)
+	live, err := nps.Get(ctx, c.cfg.NetworkPolicyName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) && c.cfg.EnsureNetworkPolicy {
 		live, err = nps.Create(ctx, want, metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {
-			live, err = nps.Get(ctx, m.cfg.NetworkPolicyName, metav1.GetOptions{})
+			live, err = nps.Get(ctx, c.cfg.NetworkPolicyName, metav1.GetOptions{})
 		}
 	}
 	if apierrors.IsNotFound(err) {
 		verdict := &api.Error{Kind: api.KindUnavailable, Err: err, Detail: "the shared NetworkPolicy " + name +
 			" that isolates sandboxes does not exist, so no sandbox is created; apply config/701-networkpolicy-sandboxes.yaml (or set SANDBOX_NETWORK_POLICY_ENSURE=true)"}
-		m.isolation.store(verdict, "")
+		c.store(verdict, "")
 		return verdict
 	}
 	if err != nil {
-		return classify(err, "check the shared sandbox NetworkPolicy")
+		return api.Classify(err, "check the shared sandbox NetworkPolicy")
 	}
-	if _, rv, verdict := m.isolation.last(); rv != "" && rv == live.ResourceVersion {
-		m.isolation.store(verdict, rv) // unchanged since it was judged
+	if _, rv, verdict := c.last(); rv != "" && rv == live.ResourceVersion {
+		c.store(verdict, rv) // unchanged since it was judged
 		return verdict
 	}
 	var verdict error
@@ -111,7 +125,7 @@ func (m *Manager) checkIsolation(ctx context.Context) error {
 		verdict = &api.Error{Kind: api.KindUnavailable, Detail: fmt.Sprintf("the shared NetworkPolicy %s that isolates sandboxes is not what this function's settings make of it (its %s differ), so no sandbox is created; "+
 			"restore it (kubectl apply -f config/701-networkpolicy-sandboxes.yaml), or align the SANDBOX_* network settings with it", name, strings.Join(parts, ", "))}
 	}
-	m.isolation.store(verdict, live.ResourceVersion)
+	c.store(verdict, live.ResourceVersion)
 	return verdict
 }
 

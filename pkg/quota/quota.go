@@ -1,9 +1,18 @@
-package sandbox
+// Package quota keeps the sandbox limits (MAX_SANDBOXES, per user, per
+// principal) with zero overshoot across any number of replicas: a create
+// counts after its own Service is written, against every sandbox Service
+// committed before it (Check says why that is enough). The count comes from
+// a watch of the sandbox Services kept in memory (slots), not from a list
+// per create.
+package quota
 
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
+
+	"k8s.io/client-go/kubernetes"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -16,16 +25,48 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 )
 
-// quotaError is a quota refusal; contended says whether racing creates (not
+// Error is a quota refusal; Contended says whether racing creates (not
 // long-lived sandboxes) fill the limit, so that another round may succeed.
-type quotaError struct {
-	err       *api.Error
-	scope     string // total, user or principal
-	contended bool
+type Error struct {
+	Err       *api.Error
+	Scope     string // total, user or principal
+	Contended bool
 }
 
-func (e *quotaError) Error() string { return e.err.Error() }
-func (e *quotaError) Unwrap() error { return e.err }
+func (e *Error) Error() string { return e.Err.Error() }
+func (e *Error) Unwrap() error { return e.Err }
+
+// Counter counts sandboxes for the limits of one namespace.
+type Counter struct {
+	cfg    *config.Config
+	client kubernetes.Interface
+	// slots caches the sandbox Services (nil without a limit); running
+	// says Run started it.
+	slots   *slots
+	running atomic.Bool
+}
+
+// New returns the counter of cfg's limits. It watches nothing until Run.
+func New(cfg *config.Config, client kubernetes.Interface) *Counter {
+	c := &Counter{cfg: cfg, client: client}
+	if Limited(cfg) {
+		c.slots = newSlots(client, cfg.Namespace)
+	}
+	return c
+}
+
+// Run starts the Service cache (once; later calls do nothing) until ctx
+// ends. A counter that was never run lists instead.
+func (c *Counter) Run(ctx context.Context) {
+	if c.slots != nil && c.running.CompareAndSwap(false, true) {
+		go c.slots.run(ctx)
+	}
+}
+
+// Synced waits, at most within, until the Service cache has its first list.
+func (c *Counter) Synced(ctx context.Context, within time.Duration) bool {
+	return c.slots != nil && c.slots.synced(ctx, within)
+}
 
 // settled is how old a sandbox must be to count as a long-lived one rather
 // than a racing create that may yet withdraw.
@@ -39,12 +80,12 @@ const slotWait = 2 * time.Second
 // endedPhases selects the Pods that will never run again.
 const endedPhases = "status.phase!=Pending,status.phase!=Running,status.phase!=Unknown"
 
-// limited reports whether any quota is set, so that creates count.
-func limited(cfg *config.Config) bool {
+// Limited reports whether any quota is set, so that creates count.
+func Limited(cfg *config.Config) bool {
 	return cfg.MaxSandboxes > 0 || cfg.MaxSandboxesPerUser > 0 || cfg.MaxSandboxesPerPrincipal > 0
 }
 
-// checkQuota counts sandboxes after this call's workload and Service exist.
+// Check counts sandboxes after this call's workload and Service exist.
 //
 // What is counted: sandbox Services. Every sandbox, a bare Pod or a
 // ReplicaSet, running or paused, has exactly one, written by its create
@@ -76,11 +117,13 @@ func limited(cfg *config.Config) bool {
 // cold replica's first list, a broken watch), the count lists the Services
 // instead, as fresh as own.
 //
+// A refusal is an *Error; the API server's errors are classified (api.Classify).
+//
 // With own nil it is the look for room a retry makes before it creates
 // again: the sandbox the retry would create counts as one more, and a
 // sandbox of this id that someone else created meanwhile means room (it is
 // never refused).
-func (m *Manager) checkQuota(ctx context.Context, s api.Spec, own *corev1.Service) error {
+func (c *Counter) Check(ctx context.Context, s api.Spec, own *corev1.Service) error {
 	prospective := 0
 	if own == nil {
 		prospective = 1
@@ -89,35 +132,35 @@ func (m *Manager) checkQuota(ctx context.Context, s api.Spec, own *corev1.Servic
 		svcs   []metav1.Object
 		cached bool
 	)
-	if m.slots != nil && m.slotsRunning.Load() {
-		if own != nil && m.cfg.MaxSandboxesPerUser == 0 && m.cfg.MaxSandboxesPerPrincipal == 0 && m.slots.boundedBy(own, m.cfg.MaxSandboxes) {
+	if c.slots != nil && c.running.Load() {
+		if own != nil && c.cfg.MaxSandboxesPerUser == 0 && c.cfg.MaxSandboxesPerPrincipal == 0 && c.slots.boundedBy(own, c.cfg.MaxSandboxes) {
 			// Far enough below the limit that no write since the cache's
 			// state could fill it: no wait for own's watch event, which
 			// on a busy node comes milliseconds after own's create.
 			return nil
 		}
 		if own == nil {
-			cached = m.slots.synced(ctx, slotWait)
+			cached = c.slots.synced(ctx, slotWait)
 		} else {
-			cached = m.slots.seen(ctx, own, slotWait)
+			cached = c.slots.seen(ctx, own, slotWait)
 		}
 	}
 	user, principal := resources.LabelValue(s.UserID), resources.PrincipalLabelValue(s.Caller.Principal)
 	switch {
-	case cached && m.cfg.MaxSandboxesPerUser == 0 && m.cfg.MaxSandboxesPerPrincipal == 0 && m.slots.size()+prospective <= m.cfg.MaxSandboxes:
+	case cached && c.cfg.MaxSandboxesPerUser == 0 && c.cfg.MaxSandboxesPerPrincipal == 0 && c.slots.size()+prospective <= c.cfg.MaxSandboxes:
 		return nil // the cache holds no more Services than the limit: neither can the sandboxes be over it
-	case cached && m.cfg.MaxSandboxes == 0 && m.cfg.MaxSandboxesPerPrincipal == 0:
-		svcs = m.slots.services(user)
+	case cached && c.cfg.MaxSandboxes == 0 && c.cfg.MaxSandboxesPerPrincipal == 0:
+		svcs = c.slots.services(user)
 	case cached:
-		svcs = m.slots.services("")
+		svcs = c.slots.services("")
 	default:
 		var after metav1.Object
 		if own != nil {
 			after = own
 		}
-		l, err := listFresh(ctx, after, metav1.ListOptions{LabelSelector: resources.SelectorAll}, m.client.CoreV1().Services(m.cfg.Namespace).List)
+		l, err := listFresh(ctx, after, metav1.ListOptions{LabelSelector: resources.SelectorAll}, c.client.CoreV1().Services(c.cfg.Namespace).List)
 		if err != nil {
-			return classify(err, "count sandboxes for the quota")
+			return api.Classify(err, "count sandboxes for the quota")
 		}
 		for i := range l.Items {
 			svcs = append(svcs, &l.Items[i])
@@ -131,16 +174,16 @@ func (m *Manager) checkQuota(ctx context.Context, s api.Spec, own *corev1.Servic
 		}
 	}
 	t := tally(svcs, own, user, principal, prospective, nil)
-	if !t.over(m.cfg) {
+	if !t.over(c.cfg) {
 		return nil
 	}
 	// Over the limit: the Services of ended Pods do not count. Ending is for
 	// good, so a stale list only misses some (counting too many, never too
 	// few): any version the API server's cache holds will do.
-	ended, err := m.client.CoreV1().Pods(m.cfg.Namespace).List(ctx, metav1.ListOptions{
+	ended, err := c.client.CoreV1().Pods(c.cfg.Namespace).List(ctx, metav1.ListOptions{
 		LabelSelector: resources.SelectorAll, FieldSelector: endedPhases, ResourceVersion: "0"})
 	if err != nil {
-		return classify(err, "count sandboxes for the quota")
+		return api.Classify(err, "count sandboxes for the quota")
 	}
 	gone := map[types.UID]bool{}
 	for _, p := range ended.Items {
@@ -151,17 +194,17 @@ func (m *Manager) checkQuota(ctx context.Context, s api.Spec, own *corev1.Servic
 	if len(gone) > 0 {
 		t = tally(svcs, own, user, principal, prospective, gone)
 	}
-	if m.cfg.MaxSandboxes > 0 && t.total > m.cfg.MaxSandboxes {
-		return &quotaError{scope: "total", contended: t.settledTotal < m.cfg.MaxSandboxes, err: &api.Error{Kind: api.KindQuota, Detail: fmt.Sprintf(
-			"the provisioner's limit of %d sandboxes in total is reached; destroy a sandbox or raise MAX_SANDBOXES", m.cfg.MaxSandboxes)}}
+	if c.cfg.MaxSandboxes > 0 && t.total > c.cfg.MaxSandboxes {
+		return &Error{Scope: "total", Contended: t.settledTotal < c.cfg.MaxSandboxes, Err: &api.Error{Kind: api.KindQuota, Detail: fmt.Sprintf(
+			"the provisioner's limit of %d sandboxes in total is reached; destroy a sandbox or raise MAX_SANDBOXES", c.cfg.MaxSandboxes)}}
 	}
-	if m.cfg.MaxSandboxesPerUser > 0 && t.mine > m.cfg.MaxSandboxesPerUser {
-		return &quotaError{scope: "user", contended: t.settledMine < m.cfg.MaxSandboxesPerUser, err: &api.Error{Kind: api.KindQuota, Detail: fmt.Sprintf(
-			"user %s has reached the limit of %d sandboxes per user; destroy one or raise MAX_SANDBOXES_PER_USER", s.UserID, m.cfg.MaxSandboxesPerUser)}}
+	if c.cfg.MaxSandboxesPerUser > 0 && t.mine > c.cfg.MaxSandboxesPerUser {
+		return &Error{Scope: "user", Contended: t.settledMine < c.cfg.MaxSandboxesPerUser, Err: &api.Error{Kind: api.KindQuota, Detail: fmt.Sprintf(
+			"user %s has reached the limit of %d sandboxes per user; destroy one or raise MAX_SANDBOXES_PER_USER", s.UserID, c.cfg.MaxSandboxesPerUser)}}
 	}
-	if m.cfg.MaxSandboxesPerPrincipal > 0 && t.ours > m.cfg.MaxSandboxesPerPrincipal {
-		return &quotaError{scope: "principal", contended: t.settledOurs < m.cfg.MaxSandboxesPerPrincipal, err: &api.Error{Kind: api.KindQuota, Detail: fmt.Sprintf(
-			"%s has reached the limit of %d sandboxes per principal; destroy one or raise MAX_SANDBOXES_PER_PRINCIPAL", s.Caller.Principal, m.cfg.MaxSandboxesPerPrincipal)}}
+	if c.cfg.MaxSandboxesPerPrincipal > 0 && t.ours > c.cfg.MaxSandboxesPerPrincipal {
+		return &Error{Scope: "principal", Contended: t.settledOurs < c.cfg.MaxSandboxesPerPrincipal, Err: &api.Error{Kind: api.KindQuota, Detail: fmt.Sprintf(
+			"%s has reached the limit of %d sandboxes per principal; destroy one or raise MAX_SANDBOXES_PER_PRINCIPAL", s.Caller.Principal, c.cfg.MaxSandboxesPerPrincipal)}}
 	}
 	return nil
 }
@@ -182,7 +225,7 @@ func tally(svcs []metav1.Object, own *corev1.Service, user, principal string, pr
 	cutoff := time.Now().Add(-settled)
 	for _, o := range svcs {
 		svc, ok := o.(*corev1.Service)
-		if !ok || resources.ServiceID(svc) == "" || svc.DeletionTimestamp != nil || gone[ownerUID(svc.OwnerReferences)] {
+		if !ok || resources.ServiceID(svc) == "" || svc.DeletionTimestamp != nil || gone[resources.OwnerUID(svc.OwnerReferences)] {
 			continue
 		}
 		old := (own == nil || svc.UID != own.UID) && svc.CreationTimestamp.Time.Before(cutoff)

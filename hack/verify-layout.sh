@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Checks the shape of the house, which no compiler checks:
+#   - the object builders (pkg/sandbox/resources) and the vocabulary
+#     (pkg/keys) stay pure: no context, no client-go, no I/O;
+#   - the import graph flows one way, door → contract → operations →
+#     builders → keys, by the ranks below (a package imports only packages
+#     of a lower rank), so nothing climbs back up;
+#   - no package holds more than MAX_PACKAGE_LINES (2,500) non-test lines.
+# It has no update-layout.sh twin: what it finds is fixed by hand.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$REPO_ROOT"
+
+max_lines=${MAX_PACKAGE_LINES:-2500}
+module=$(go list -m)
+failed=0
+fail() { printf '  %s\n' "$*" >&2; failed=1; }
+
+# Ranks, lowest first. A package missing here is refused, so a new one is
+# placed on purpose.
+declare -A rank=(
+  [pkg/keys]=0 [pkg/reqid]=0 [pkg/metrics]=0 [pkg/eventlimit]=0
+  [pkg/config]=1
+  [pkg/config/configtest]=2 [pkg/template]=2 [pkg/kube]=2
+  [pkg/api]=3
+  [pkg/sandbox/resources]=4 [pkg/problem]=4 [pkg/readywait]=4 [pkg/auth]=4
+  [pkg/quota]=5 [pkg/isolation]=5
+  [pkg/sandbox]=6
+  [pkg/pool]=7
+  [pkg/httpapi]=8 [pkg/events]=8
+  [fn]=9
+  [.]=10 [cmd/provisioner]=10 [cmd/check-templates]=10
+)
+pure=(pkg/keys pkg/sandbox/resources)
+
+while read -r pkg imports; do
+  rel=${pkg#"$module"}; rel=${rel#/}; rel=${rel:-.}
+  r=${rank[$rel]:-}
+  if [[ -z "$r" ]]; then
+    fail "$rel has no rank in hack/verify-layout.sh: place it in the import graph"
+    continue
+  fi
+  for imp in $imports; do
+    case "$imp" in
+      "$module"/*)
+        dep=${imp#"$module/"}
+        d=${rank[$dep]:-}
+        [[ -n "$d" && "$d" -lt "$r" ]] || fail "$rel (rank $r) imports $dep (rank ${d:-none}): the graph flows door → contract → operations → builders"
+        ;;
+    esac
+  done
+  for p in "${pure[@]}"; do
+    [[ "$rel" == "$p" ]] || continue
+    for imp in $imports; do
+      case "$imp" in
+        context | net/http | net/http/* | os | os/exec | k8s.io/client-go | k8s.io/client-go/*)
+          fail "$rel imports $imp: builders and keys are pure functions (no context, no client, no I/O)" ;;
+      esac
+    done
+  done
+done < <(go list -f '{{.ImportPath}} {{join .Imports " "}}' ./pkg/... ./fn/... ./cmd/... .)
+
+while read -r dir; do
+  n=$(find "$dir" -maxdepth 1 -name '*.go' ! -name '*_test.go' -exec cat {} + | wc -l)
+  (( n <= max_lines )) || fail "${dir#./} has $n non-test lines (at most $max_lines): split it by reason to change"
+done < <(go list -f '{{.Dir}}' ./pkg/... ./fn/... ./cmd/... . | sed "s|^$REPO_ROOT|.|")
+
+if (( failed )); then
+  die "the layout check failed (see above)"
+fi
+log "layout: builders pure, imports one way, every package within $max_lines lines"
