@@ -79,7 +79,7 @@ func (b *backend) connect(ctx context.Context) {
 }
 
 func (b *backend) tryConnect(ctx context.Context) error {
-	rc, err := kube.RESTConfig(b.cfg)
+	rc, err := kube.RESTConfig(b.cfg.ClientConfig)
 	if err != nil {
 		return err
 	}

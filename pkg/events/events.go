@@ -223,7 +223,7 @@ func (h *Handler) create(ctx context.Context, data []byte, subject string) (any,
 	if req.SandboxID == "" {
 		req.SandboxID = subject
 	}
-	wait, err := readywait.FromSeconds(h.cfg, extra.WaitSeconds, "wait_seconds")
+	wait, err := readywait.FromSeconds(h.cfg.ServerConfig, extra.WaitSeconds, "wait_seconds")
 	if err != nil {
 		return nil, "", err
 	}
@@ -231,7 +231,7 @@ func (h *Handler) create(ctx context.Context, data []byte, subject string) (any,
 	if err != nil {
 		return nil, "", err
 	}
-	ctx, cancel := readywait.Deadline(ctx, h.cfg, wait)
+	ctx, cancel := readywait.Deadline(ctx, h.cfg.ServerConfig, wait)
 	defer cancel()
 	sb, err := h.ops.Create(ctx, spec, wait)
 	return sb, spec.ID, err
@@ -248,11 +248,11 @@ func byID(waits bool, op func(ops api.Operations, ctx context.Context, id string
 		}
 		var wait time.Duration
 		if waits {
-			if wait, err = readywait.FromSeconds(h.cfg, req.WaitSeconds, "wait_seconds"); err != nil {
+			if wait, err = readywait.FromSeconds(h.cfg.ServerConfig, req.WaitSeconds, "wait_seconds"); err != nil {
 				return nil, "", err
 			}
 		}
-		ctx, cancel := readywait.Deadline(ctx, h.cfg, wait)
+		ctx, cancel := readywait.Deadline(ctx, h.cfg.ServerConfig, wait)
 		defer cancel()
 		v, err := op(h.ops, ctx, req.SandboxID, wait)
 		return v, req.SandboxID, err
@@ -275,14 +275,14 @@ var (
 )
 
 func (h *Handler) list(ctx context.Context, _ []byte, _ string) (any, string, error) {
-	ctx, cancel := readywait.Deadline(ctx, h.cfg, 0)
+	ctx, cancel := readywait.Deadline(ctx, h.cfg.ServerConfig, 0)
 	defer cancel()
 	all, err := h.ops.List(ctx)
 	return api.ListResponse{Sandboxes: all, Count: len(all)}, "", err
 }
 
 func (h *Handler) reap(ctx context.Context, _ []byte, _ string) (any, string, error) {
-	ctx, cancel := readywait.Deadline(ctx, h.cfg, 0)
+	ctx, cancel := readywait.Deadline(ctx, h.cfg.ServerConfig, 0)
 	defer cancel()
 	res, err := h.ops.Reap(ctx)
 	return res, "", err

@@ -126,7 +126,7 @@ type Capabilities struct {
 }
 
 func (a *API) capabilities(w http.ResponseWriter, r *http.Request) int {
-	ctx, cancel := readywait.Deadline(r.Context(), a.cfg, 0)
+	ctx, cancel := readywait.Deadline(r.Context(), a.cfg.ServerConfig, 0)
 	defer cancel()
 	tmpls, err := a.ops.Templates(ctx)
 	if err != nil {
@@ -160,7 +160,7 @@ func (a *API) capabilities(w http.ResponseWriter, r *http.Request) int {
 }
 
 func (a *API) create(w http.ResponseWriter, r *http.Request) int {
-	wait, err := readywait.FromQuery(a.cfg, r.URL.Query().Get("wait"))
+	wait, err := readywait.FromQuery(a.cfg.ServerConfig, r.URL.Query().Get("wait"))
 	if err != nil {
 		return problem.Write(w, err)
 	}
@@ -181,7 +181,7 @@ func (a *API) create(w http.ResponseWriter, r *http.Request) int {
 	if err != nil {
 		return problem.Write(w, err)
 	}
-	ctx, cancel := readywait.Deadline(r.Context(), a.cfg, wait)
+	ctx, cancel := readywait.Deadline(r.Context(), a.cfg.ServerConfig, wait)
 	defer cancel()
 	sb, err := a.ops.Create(ctx, spec, wait)
 	if err != nil {
@@ -198,11 +198,11 @@ func (a *API) byID(waits bool, op func(ctx context.Context, id string, wait time
 		var wait time.Duration
 		if waits {
 			var err error
-			if wait, err = readywait.FromQuery(a.cfg, r.URL.Query().Get("wait")); err != nil {
+			if wait, err = readywait.FromQuery(a.cfg.ServerConfig, r.URL.Query().Get("wait")); err != nil {
 				return problem.Write(w, err)
 			}
 		}
-		ctx, cancel := readywait.Deadline(r.Context(), a.cfg, wait)
+		ctx, cancel := readywait.Deadline(r.Context(), a.cfg.ServerConfig, wait)
 		defer cancel()
 		id := r.PathValue("id")
 		v, err := op(ctx, id, wait)
@@ -217,7 +217,7 @@ func (a *API) byID(waits bool, op func(ctx context.Context, id string, wait time
 // whole answers one operation on no sandbox in particular.
 func (a *API) whole(op func(ctx context.Context) (any, error)) handlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) int {
-		ctx, cancel := readywait.Deadline(r.Context(), a.cfg, 0)
+		ctx, cancel := readywait.Deadline(r.Context(), a.cfg.ServerConfig, 0)
 		defer cancel()
 		v, err := op(ctx)
 		if err != nil {

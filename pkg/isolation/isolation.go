@@ -17,7 +17,6 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"golang.org/x/sync/singleflight"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -33,13 +32,16 @@ import (
 // is deleted or altered stops creates within the TTL, and creates resume as
 // soon after it is restored.
 type Checker struct {
-	cfg     *config.Config
-	client  kubernetes.Interface
-	group   singleflight.Group
-	mu      sync.Mutex
-	checked time.Time // zero: never checked
-	verdict error     // nil: the policy is in force
-	rv      string    // the resourceVersion the verdict is about
+	cfg       config.IsolationConfig
+	namespace string
+	timeout   time.Duration // a check's own bound: REQUEST_TIMEOUT
+	want      *networkingv1.NetworkPolicy
+	client    kubernetes.Interface
+	group     singleflight.Group
+	mu        sync.Mutex
+	checked   time.Time // zero: never checked
+	verdict   error     // nil: the policy is in force
+	rv        string    // the resourceVersion the verdict is about
 }
 
 func (c *Checker) last() (checked time.Time, rv string, verdict error) {
@@ -54,9 +56,11 @@ func (c *Checker) store(verdict error, rv string) {
 	c.checked, c.verdict, c.rv = time.Now(), verdict, rv
 }
 
-// New returns the checker of cfg's shared NetworkPolicy; it has no verdict yet.
-func New(cfg *config.Config, client kubernetes.Interface) *Checker {
-	return &Checker{cfg: cfg, client: client}
+// New returns the checker of namespace's shared NetworkPolicy, which must
+// mean what want (resources.BuildNetworkPolicy of the settings) means; it
+// has no verdict yet. Each check is bounded by timeout.
+func New(cfg config.IsolationConfig, namespace string, timeout time.Duration, want *networkingv1.NetworkPolicy, client kubernetes.Interface) *Checker {
+	return &Checker{cfg: cfg, namespace: namespace, timeout: timeout, want: want, client: client}
 }
 
 // Ensure checks now that the shared NetworkPolicy exists and is
@@ -71,7 +75,7 @@ func (c *Checker) Ensure(ctx context.Context) error {
 	// One check at a time per replica; a caller that gives up does not
 	// cancel the check the others wait for.
 	ch := c.group.DoChan("check", func() (any, error) {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.RequestTimeout)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
 		defer cancel()
 		return nil, c.check(cctx)
 	})
@@ -97,9 +101,9 @@ func (c *Checker) Require(ctx context.Context) error {
 // check reads the policy and records the verdict. A failure to
 // read it is transient and not recorded: the next create reads again.
 func (c *Checker) check(ctx context.Context) error {
-	name := c.cfg.Namespace + "/" + c.cfg.NetworkPolicyName
-	nps := c.client.NetworkingV1().NetworkPolicies(c.cfg.Namespace)
-	want := resources.BuildNetworkPolicy(c.cfg)
+	name := c.namespace + "/" + c.cfg.NetworkPolicyName
+	nps := c.client.NetworkingV1().NetworkPolicies(c.namespace)
+	want := c.want.DeepCopy()
 	live, err := nps.Get(ctx, c.cfg.NetworkPolicyName, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) && c.cfg.EnsureNetworkPolicy {
 		live, err = nps.Create(ctx, want, metav1.CreateOptions{})

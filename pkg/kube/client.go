@@ -24,7 +24,7 @@ const UserAgent = "deerflow-sandbox-provisioner"
 // RESTConfig returns how to reach the API server. In-cluster configuration
 // wins when present; otherwise KUBECONFIG_PATH, then the usual kubeconfig
 // search ($KUBECONFIG, ~/.kube/config).
-func RESTConfig(c *config.Config) (*rest.Config, error) {
+func RESTConfig(c config.ClientConfig) (*rest.Config, error) {
 	rc, err := rest.InClusterConfig()
 	if err != nil {
 		rules := clientcmd.NewDefaultClientConfigLoadingRules()

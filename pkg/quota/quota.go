@@ -38,19 +38,21 @@ func (e *Error) Unwrap() error { return e.Err }
 
 // Counter counts sandboxes for the limits of one namespace.
 type Counter struct {
-	cfg    *config.Config
-	client kubernetes.Interface
+	cfg       config.QuotaConfig
+	namespace string
+	client    kubernetes.Interface
 	// slots caches the sandbox Services (nil without a limit); running
 	// says Run started it.
 	slots   *slots
 	running atomic.Bool
 }
 
-// New returns the counter of cfg's limits. It watches nothing until Run.
-func New(cfg *config.Config, client kubernetes.Interface) *Counter {
-	c := &Counter{cfg: cfg, client: client}
+// New returns the counter of cfg's limits over namespace's sandboxes. It
+// watches nothing until Run.
+func New(cfg config.QuotaConfig, namespace string, client kubernetes.Interface) *Counter {
+	c := &Counter{cfg: cfg, namespace: namespace, client: client}
 	if Limited(cfg) {
-		c.slots = newSlots(client, cfg.Namespace)
+		c.slots = newSlots(client, namespace)
 	}
 	return c
 }
@@ -81,7 +83,7 @@ const slotWait = 2 * time.Second
 const endedPhases = "status.phase!=Pending,status.phase!=Running,status.phase!=Unknown"
 
 // Limited reports whether any quota is set, so that creates count.
-func Limited(cfg *config.Config) bool {
+func Limited(cfg config.QuotaConfig) bool {
 	return cfg.MaxSandboxes > 0 || cfg.MaxSandboxesPerUser > 0 || cfg.MaxSandboxesPerPrincipal > 0
 }
 
@@ -158,7 +160,7 @@ func (c *Counter) Check(ctx context.Context, s api.Spec, own *corev1.Service) er
 		if own != nil {
 			after = own
 		}
-		l, err := listFresh(ctx, after, metav1.ListOptions{LabelSelector: resources.SelectorAll}, c.client.CoreV1().Services(c.cfg.Namespace).List)
+		l, err := listFresh(ctx, after, metav1.ListOptions{LabelSelector: resources.SelectorAll}, c.client.CoreV1().Services(c.namespace).List)
 		if err != nil {
 			return api.Classify(err, "count sandboxes for the quota")
 		}
@@ -180,7 +182,7 @@ func (c *Counter) Check(ctx context.Context, s api.Spec, own *corev1.Service) er
 	// Over the limit: the Services of ended Pods do not count. Ending is for
 	// good, so a stale list only misses some (counting too many, never too
 	// few): any version the API server's cache holds will do.
-	ended, err := c.client.CoreV1().Pods(c.cfg.Namespace).List(ctx, metav1.ListOptions{
+	ended, err := c.client.CoreV1().Pods(c.namespace).List(ctx, metav1.ListOptions{
 		LabelSelector: resources.SelectorAll, FieldSelector: endedPhases, ResourceVersion: "0"})
 	if err != nil {
 		return api.Classify(err, "count sandboxes for the quota")
@@ -213,7 +215,7 @@ func (c *Counter) Check(ctx context.Context, s api.Spec, own *corev1.Service) er
 // principal, and of those the ones older than settled (not this call's own).
 type counted struct{ total, mine, ours, settledTotal, settledMine, settledOurs int }
 
-func (c counted) over(cfg *config.Config) bool {
+func (c counted) over(cfg config.QuotaConfig) bool {
 	return cfg.MaxSandboxes > 0 && c.total > cfg.MaxSandboxes || cfg.MaxSandboxesPerUser > 0 && c.mine > cfg.MaxSandboxesPerUser ||
 		cfg.MaxSandboxesPerPrincipal > 0 && c.ours > cfg.MaxSandboxesPerPrincipal
 }

@@ -16,7 +16,7 @@ import (
 
 // FromQuery reads the HTTP API's ?wait=: seconds ("15") or a Go duration
 // ("15s"). Empty means do not wait.
-func FromQuery(cfg *config.Config, v string) (time.Duration, error) {
+func FromQuery(cfg config.ServerConfig, v string) (time.Duration, error) {
 	if v == "" {
 		return 0, nil
 	}
@@ -33,7 +33,7 @@ func FromQuery(cfg *config.Config, v string) (time.Duration, error) {
 
 // FromSeconds reads the wait_seconds field of event and POST / data; nil
 // means do not wait. field names it in the error.
-func FromSeconds(cfg *config.Config, secs *float64, field string) (time.Duration, error) {
+func FromSeconds(cfg config.ServerConfig, secs *float64, field string) (time.Duration, error) {
 	if secs == nil {
 		return 0, nil
 	}
@@ -43,20 +43,20 @@ func FromSeconds(cfg *config.Config, secs *float64, field string) (time.Duration
 	return time.Duration(*secs * float64(time.Second)), nil
 }
 
-func bounded(cfg *config.Config, d time.Duration, field string) (time.Duration, error) {
+func bounded(cfg config.ServerConfig, d time.Duration, field string) (time.Duration, error) {
 	if d < 0 || d > cfg.MaxReadyWait {
 		return 0, outOfRange(cfg, field)
 	}
 	return d, nil
 }
 
-func outOfRange(cfg *config.Config, field string) error {
+func outOfRange(cfg config.ServerConfig, field string) error {
 	return api.Invalidf("%s must be between 0 and %g seconds (SANDBOX_MAX_READY_WAIT; the func runtime drops answers after 30 s)",
 		field, cfg.MaxReadyWait.Seconds())
 }
 
 // Deadline bounds a request that waits for wait: the request timeout plus
 // the wait, which configuration keeps within the runtime's write timeout.
-func Deadline(ctx context.Context, cfg *config.Config, wait time.Duration) (context.Context, context.CancelFunc) {
+func Deadline(ctx context.Context, cfg config.ServerConfig, wait time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, cfg.RequestTimeout+wait)
 }

@@ -9,7 +9,7 @@ import (
 )
 
 func TestFromQuery(t *testing.T) {
-	cfg := &config.Config{ServerConfig: config.ServerConfig{MaxReadyWait: 20 * time.Second}}
+	cfg := config.ServerConfig{MaxReadyWait: 20 * time.Second}
 	tests := []struct {
 		in      string
 		want    time.Duration
@@ -31,7 +31,7 @@ func TestFromQuery(t *testing.T) {
 }
 
 func TestFromSeconds(t *testing.T) {
-	cfg := &config.Config{ServerConfig: config.ServerConfig{MaxReadyWait: 20 * time.Second}}
+	cfg := config.ServerConfig{MaxReadyWait: 20 * time.Second}
 	for _, tc := range []struct {
 		secs    *float64
 		want    time.Duration

@@ -202,7 +202,7 @@ func (c *claimService) prepare(ctx context.Context, pod *corev1.Pod) error {
 		return err
 	}
 	c.svc = svc
-	if quota.Limited(c.m.cfg) {
+	if quota.Limited(c.m.cfg.QuotaConfig) {
 		if err := c.m.quota.Check(ctx, c.s, svc); err != nil {
 			c.err = err
 			return err

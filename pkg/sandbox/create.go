@@ -214,7 +214,7 @@ func (m *Manager) createReplicaSetOnce(ctx context.Context, s api.Spec) (found, 
 func (m *Manager) serviceAndQuota(ctx context.Context, s api.Spec, workload workloadObject, owner metav1.OwnerReference, existed bool) (*corev1.Service, bool, error) {
 	svc, repaired, svcErr := m.ensureService(ctx, s, owner, existed)
 	var quotaErr error
-	if svcErr == nil && !existed && quota.Limited(m.cfg) {
+	if svcErr == nil && !existed && quota.Limited(m.cfg.QuotaConfig) {
 		quotaErr = m.quota.Check(ctx, s, svc)
 	}
 	undo := !existed && (quotaErr != nil || errors.Is(svcErr, errOtherKind))

@@ -72,8 +72,8 @@ func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option)
 	for _, o := range opts {
 		o(m)
 	}
-	m.quota = quota.New(cfg, client)
-	m.isolation = isolation.New(cfg, client)
+	m.quota = quota.New(cfg.QuotaConfig, cfg.Namespace, client)
+	m.isolation = isolation.New(cfg.IsolationConfig, cfg.Namespace, cfg.RequestTimeout, resources.BuildNetworkPolicy(cfg), client)
 	return m
 }
 
