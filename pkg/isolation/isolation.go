@@ -32,7 +32,7 @@ import (
 // is deleted or altered stops creates within the TTL, and creates resume as
 // soon after it is restored.
 type Checker struct {
-	cfg       config.IsolationConfig
+	cfg       *config.IsolationConfig
 	namespace string
 	timeout   time.Duration // a check's own bound: REQUEST_TIMEOUT
 	want      *networkingv1.NetworkPolicy
@@ -59,7 +59,7 @@ func (c *Checker) store(verdict error, rv string) {
 // New returns the checker of namespace's shared NetworkPolicy, which must
 // mean what want (resources.BuildNetworkPolicy of the settings) means; it
 // has no verdict yet. Each check is bounded by timeout.
-func New(cfg config.IsolationConfig, namespace string, timeout time.Duration, want *networkingv1.NetworkPolicy, client kubernetes.Interface) *Checker {
+func New(cfg *config.IsolationConfig, namespace string, timeout time.Duration, want *networkingv1.NetworkPolicy, client kubernetes.Interface) *Checker {
 	return &Checker{cfg: cfg, namespace: namespace, timeout: timeout, want: want, client: client}
 }
 
