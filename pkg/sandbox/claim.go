@@ -220,11 +220,11 @@ func (c *claimService) giveUp(ctx context.Context, wait time.Duration) (api.Sand
 	m, err := c.m, c.err
 	if errors.Is(err, errOtherKind) {
 		// A racing create of this id made its Service first: answer with its.
-		f, _, _, rerr := m.reuseOtherKind(ctx, c.s)
+		a, rerr := m.reuseOtherKind(ctx, c.s)
 		if rerr != nil {
 			return api.Sandbox{}, true, rerr
 		}
-		return m.answer(ctx, c.s.ID, f, wait)
+		return m.answer(ctx, c.s.ID, a.found, wait)
 	}
 	if c.svc != nil {
 		derr := m.client.CoreV1().Services(m.cfg.Namespace).Delete(context.WithoutCancel(ctx), c.svc.Name,

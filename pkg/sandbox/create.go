@@ -55,9 +55,8 @@ func (m *Manager) create(ctx context.Context, s api.Spec, wait time.Duration) (a
 	}
 	for attempt := 0; ; attempt++ {
 		var (
-			f                 found
-			existed, repaired bool
-			err               error
+			a   made
+			err error
 		)
 		if attempt > 0 {
 			// Racing creates refused each other: back off for a random moment
@@ -70,7 +69,7 @@ func (m *Manager) create(ctx context.Context, s api.Spec, wait time.Duration) (a
 			err = m.quota.Check(ctx, s, nil)
 		}
 		if err == nil {
-			f, existed, repaired, err = m.createOnce(ctx, s)
+			a, err = m.createOnce(ctx, s)
 		}
 		var qe *quota.Error
 		if errors.As(err, &qe) && qe.Contended && attempt < maxQuotaRetries {
@@ -82,16 +81,24 @@ func (m *Manager) create(ctx context.Context, s api.Spec, wait time.Duration) (a
 		if err != nil {
 			return api.Sandbox{}, err
 		}
-		obj := f.workload().(runtime.Object)
+		obj := a.workload().(runtime.Object)
 		switch {
-		case !existed:
+		case !a.existed:
 			m.recorder.Eventf(obj, corev1.EventTypeNormal, "SandboxCreated", "Created sandbox %s for user %s", s.ID, s.UserID)
-		case repaired:
+		case a.repaired:
 			m.recorder.Eventf(obj, corev1.EventTypeNormal, "SandboxRepaired", "Recreated the missing Service of sandbox %s", s.ID)
 		}
-		sb, _, err := m.answer(ctx, s.ID, f, wait)
+		sb, _, err := m.answer(ctx, s.ID, a.found, wait)
 		return sb, err
 	}
+}
+
+// made is what one create attempt made of the sandbox: what exists of it,
+// whether its workload was there before the attempt (existed), and whether
+// its Service had to be made again (repaired).
+type made struct {
+	found
+	existed, repaired bool
 }
 
 // maxQuotaRetries bounds the rounds a create spends on a contended quota.
@@ -101,22 +108,21 @@ const maxQuotaRetries = 4
 // id already taken by a sandbox of the other kind (a paused ReplicaSet
 // sandbox that DeerFlow, sending no template, creates again; a bare Pod
 // sandbox from before templates) is answered with that sandbox.
-func (m *Manager) createOnce(ctx context.Context, s api.Spec) (found, bool, bool, error) {
+func (m *Manager) createOnce(ctx context.Context, s api.Spec) (made, error) {
 	if err := m.isolation.Require(ctx); err != nil {
-		return found{}, false, false, err
+		return made{}, err
 	}
 	var (
-		f                 found
-		existed, repaired bool
-		err               error
+		a   made
+		err error
 	)
 	if s.Resolved != nil && s.Resolved.Kind == template.KindReplicaSet {
-		f, existed, repaired, err = m.createReplicaSetOnce(ctx, s)
+		a, err = m.createReplicaSetOnce(ctx, s)
 	} else {
-		f, existed, repaired, err = m.createPodOnce(ctx, s)
+		a, err = m.createPodOnce(ctx, s)
 	}
 	if !errors.Is(err, errOtherKind) {
-		return f, existed, repaired, err
+		return a, err
 	}
 	return m.reuseOtherKind(ctx, s)
 }
@@ -128,10 +134,10 @@ var errOtherKind = errors.New("the sandbox exists as the other workload kind")
 
 // reuseOtherKind answers a create with the sandbox that holds the id, as
 // DeerFlow's create reuses whatever exists (resuming it if paused).
-func (m *Manager) reuseOtherKind(ctx context.Context, s api.Spec) (found, bool, bool, error) {
+func (m *Manager) reuseOtherKind(ctx context.Context, s api.Spec) (made, error) {
 	f, err := m.fetch(ctx, s.ID)
 	if err != nil {
-		return found{}, false, false, err
+		return made{}, err
 	}
 	if f.pod == nil && f.rs == nil && f.svc != nil && claimedOwner(f.svc, s.ID) {
 		// A pooled create wrote the Service and has yet to claim its Pod
@@ -143,54 +149,54 @@ func (m *Manager) reuseOtherKind(ctx context.Context, s api.Spec) (found, bool, 
 			return f.pod != nil || f.rs != nil || f.svc == nil || !claimedOwner(f.svc, s.ID), nil
 		})
 		if err != nil {
-			return found{}, false, false, err
+			return made{}, err
 		}
 		if perr != nil && ctx.Err() != nil {
-			return found{}, false, false, api.Classify(ctx.Err(), "wait for a racing create of the sandbox")
+			return made{}, api.Classify(ctx.Err(), "wait for a racing create of the sandbox")
 		}
 	}
 	switch {
 	case f.rs != nil:
 		if f.rs, err = m.reuseReplicaSet(ctx, f.rs, s); err != nil {
-			return found{}, false, false, err
+			return made{}, err
 		}
 		if resources.Paused(f.rs) {
 			f.pod = nil
 		}
 	case f.pod != nil:
 		if err := checkOwner(f.pod, "Pod", s); err != nil {
-			return found{}, false, false, err
+			return made{}, err
 		}
 		if err := checkCapacity(f.pod, s); err != nil {
-			return found{}, false, false, err
+			return made{}, err
 		}
 	default:
-		return found{}, false, false, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " is being created and deleted concurrently; retry"}
+		return made{}, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " is being created and deleted concurrently; retry"}
 	}
-	return f, true, false, nil
+	return made{found: f, existed: true}, nil
 }
 
 // createPodOnce makes one attempt: Pod first, then the Service and the
 // quota count concurrently. Isolation needs no write: the shared
 // NetworkPolicy selects the Pod by label from its first moment.
-func (m *Manager) createPodOnce(ctx context.Context, s api.Spec) (found, bool, bool, error) {
+func (m *Manager) createPodOnce(ctx context.Context, s api.Spec) (made, error) {
 	pod, existed, err := m.ensurePod(ctx, s)
 	if err != nil {
-		return found{}, false, false, err
+		return made{}, err
 	}
 	if existed {
 		pod = touch(ctx, m, pod, m.client.CoreV1().Pods(m.cfg.Namespace).Patch)
 	}
 	svc, repaired, err := m.serviceAndQuota(ctx, s, pod, resources.PodOwnerRef(pod), existed)
-	return found{pod: pod, svc: svc}, existed, repaired, err
+	return made{found: found{pod: pod, svc: svc}, existed: existed, repaired: repaired}, err
 }
 
 // createReplicaSetOnce is createPodOnce for the ReplicaSet kind. The Pod
 // comes from the ReplicaSet controller, after this returns.
-func (m *Manager) createReplicaSetOnce(ctx context.Context, s api.Spec) (found, bool, bool, error) {
+func (m *Manager) createReplicaSetOnce(ctx context.Context, s api.Spec) (made, error) {
 	rs, existed, err := m.ensureReplicaSet(ctx, s)
 	if err != nil {
-		return found{}, false, false, err
+		return made{}, err
 	}
 	if existed {
 		rs = touch(ctx, m, rs, m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Patch)
@@ -199,10 +205,10 @@ func (m *Manager) createReplicaSetOnce(ctx context.Context, s api.Spec) (found, 
 	f := found{rs: rs, svc: svc}
 	if err == nil && existed && !resources.Paused(rs) {
 		if f.pod, err = m.podsOf(ctx, rs); err != nil {
-			return found{}, false, false, err
+			return made{}, err
 		}
 	}
-	return f, existed, repaired, err
+	return made{found: f, existed: existed, repaired: repaired}, err
 }
 
 // serviceAndQuota ensures the Service owned by the workload and, for a new
