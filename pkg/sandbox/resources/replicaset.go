@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 )
 
+// Paused reports whether a ReplicaSet sandbox is scaled to zero.
 func Paused(rs *appsv1.ReplicaSet) bool { return rs.Spec.Replicas != nil && *rs.Spec.Replicas == 0 }
 
 // BuildReplicaSet returns the sandbox of a ReplicaSet template: a ReplicaSet
@@ -56,11 +57,13 @@ func BuildReplicaSet(cfg *config.Config, s api.Spec) *appsv1.ReplicaSet {
 	return rs
 }
 
+// ReplicaSetSelector selects the Pods of ReplicaSet sandbox id, and never a
+// bare sandbox Pod of the same id.
 func ReplicaSetSelector(id string) map[string]string {
 	return map[string]string{keys.LabelApp: keys.LabelAppValue, keys.LabelID: id, keys.LabelWorkload: keys.WorkloadReplicaSetValue}
 }
 
-// replicaSetOwnerRef makes the ReplicaSet the owner of the sandbox's Service.
+// ReplicaSetOwnerRef makes the ReplicaSet the owner of the sandbox's Service.
 func ReplicaSetOwnerRef(rs *appsv1.ReplicaSet) metav1.OwnerReference {
 	return metav1.OwnerReference{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: rs.Name, UID: rs.UID, BlockOwnerDeletion: ptr.To(false)}
 }
