@@ -1,7 +1,9 @@
-// Package isolation checks, before any sandbox is created, that the shared
-// NetworkPolicy which isolates every sandbox is in force and means what the
-// settings make of it (resources.BuildNetworkPolicy). It fails closed: while
-// the policy is missing or altered, creates are refused.
+// Package isolation checks, before any sandbox is created, that what isolates
+// it is in force: the shared NetworkPolicy, meaning what the settings make of
+// it (resources.BuildNetworkPolicy), and the RuntimeClass that
+// SANDBOX_RUNTIME_CLASS names (gVisor's kernel between the sandbox and the
+// node's). It fails closed: while either is missing or altered, creates are
+// refused, never made with less isolation.
 package isolation
 
 import (
@@ -10,14 +12,12 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
-	"golang.org/x/sync/singleflight"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -25,82 +25,103 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// Checker keeps the last verdict on the shared NetworkPolicy. Nothing runs
-// between requests (the function scales to zero): a create that finds the
-// verdict older than SANDBOX_NETWORK_POLICY_CHECK_TTL reads the policy again
-// (one GET, shared by the creates that arrive meanwhile), so a policy that
-// is deleted or altered stops creates within the TTL, and creates resume as
-// soon after it is restored.
+// Checker keeps the last verdict of each check. Nothing runs between
+// requests (the function scales to zero): a create that finds a verdict
+// older than SANDBOX_NETWORK_POLICY_CHECK_TTL makes that check again (one
+// GET, shared by the creates that arrive meanwhile), so a policy or class
+// that is deleted or altered stops creates within the TTL, and creates
+// resume as soon after it is restored.
 type Checker struct {
-	cfg       *config.IsolationConfig
-	namespace string
-	timeout   time.Duration // a check's own bound: REQUEST_TIMEOUT
-	want      *networkingv1.NetworkPolicy
-	client    kubernetes.Interface
-	group     singleflight.Group
-	mu        sync.Mutex
-	checked   time.Time // zero: never checked
-	verdict   error     // nil: the policy is in force
-	rv        string    // the resourceVersion the verdict is about
+	cfg          *config.IsolationConfig
+	namespace    string
+	runtimeClass string        // SANDBOX_RUNTIME_CLASS; "" checks none
+	timeout      time.Duration // a check's own bound: REQUEST_TIMEOUT
+	want         *networkingv1.NetworkPolicy
+	client       kubernetes.Interface
+	report       func(check string, err error)
+	policy       verdict
+	runtime      verdict
 }
 
-func (c *Checker) last() (checked time.Time, rv string, verdict error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.checked, c.rv, c.verdict
-}
+// The checks, as Report names them.
+const (
+	CheckNetworkPolicy = "network_policy"
+	CheckRuntimeClass  = "runtime_class"
+)
 
-func (c *Checker) store(verdict error, rv string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.checked, c.verdict, c.rv = time.Now(), verdict, rv
-}
+// Option customises a Checker.
+type Option func(*Checker)
+
+// WithReport has every verdict reported (nil: in force), for the log,
+// metrics and Events the caller keeps.
+func WithReport(f func(check string, err error)) Option { return func(c *Checker) { c.report = f } }
 
 // New returns the checker of namespace's shared NetworkPolicy, which must
-// mean what want (resources.BuildNetworkPolicy of the settings) means; it
-// has no verdict yet. Each check is bounded by timeout.
-func New(cfg *config.IsolationConfig, namespace string, timeout time.Duration, want *networkingv1.NetworkPolicy, client kubernetes.Interface) *Checker {
-	return &Checker{cfg: cfg, namespace: namespace, timeout: timeout, want: want, client: client}
+// mean what want (resources.BuildNetworkPolicy of the settings) means, and
+// of runtimeClass (none when ""); it has no verdict yet. Each check is
+// bounded by timeout.
+func New(cfg *config.IsolationConfig, namespace, runtimeClass string, timeout time.Duration, want *networkingv1.NetworkPolicy, client kubernetes.Interface, opts ...Option) *Checker {
+	c := &Checker{cfg: cfg, namespace: namespace, runtimeClass: runtimeClass, timeout: timeout, want: want, client: client,
+		report: func(string, error) {}}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
+
+// check is one of the checks in force: its verdict, and how to make it.
+type check struct {
+	v      *verdict
+	action string
+	make   func(context.Context) error
+}
+
+// checks are those the settings turn on: the policy unless
+// SANDBOX_NETWORK_POLICY is off, the runtime class when one is named.
+func (c *Checker) checks() []check {
+	var cs []check
+	if c.cfg.NetworkPolicy {
+		cs = append(cs, check{&c.policy, "check the shared sandbox NetworkPolicy", c.checkPolicy})
+	}
+	if c.runtimeClass != "" {
+		cs = append(cs, check{&c.runtime, "check the sandboxes' RuntimeClass", c.checkRuntimeClass})
+	}
+	return cs
 }
 
 // Ensure checks now that the shared NetworkPolicy exists and is
-// what BuildNetworkPolicy makes of the settings; when
-// SANDBOX_NETWORK_POLICY_ENSURE is on (local clusters) it creates a missing
-// one. It runs at start-up; creates run it again when the last verdict is
-// older than the TTL, and are refused (503 naming the policy) while it fails.
+// what BuildNetworkPolicy makes of the settings (when
+// SANDBOX_NETWORK_POLICY_ENSURE is on, for local clusters, it creates a
+// missing one), and that the RuntimeClass exists. It runs at start-up;
+// creates run each check again when its last verdict is older than the
+// TTL, and are refused (503 naming the policy or the setting) while one fails.
 func (c *Checker) Ensure(ctx context.Context) error {
-	if !c.cfg.NetworkPolicy {
-		return nil
+	for _, k := range c.checks() {
+		if err := k.v.run(ctx, c.timeout, k.action, k.make); err != nil {
+			return err
+		}
 	}
-	// One check at a time per replica; a caller that gives up does not
-	// cancel the check the others wait for.
-	ch := c.group.DoChan("check", func() (any, error) {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
-		defer cancel()
-		return nil, c.check(cctx)
-	})
-	select {
-	case r := <-ch:
-		return r.Err
-	case <-ctx.Done():
-		return api.Classify(ctx.Err(), "check the shared sandbox NetworkPolicy")
-	}
+	return nil
 }
 
-// Require is the check a create makes; it fails closed: no sandbox runs unconfined.
+// Require is the check a create makes; it fails closed: no sandbox runs
+// unconfined, nor on the node's own kernel when a sandboxed one is asked for.
 func (c *Checker) Require(ctx context.Context) error {
-	if !c.cfg.NetworkPolicy {
-		return nil
+	for _, k := range c.checks() {
+		err, ok := k.v.fresh(c.cfg.NetworkPolicyCheckTTL)
+		if !ok {
+			err = k.v.run(ctx, c.timeout, k.action, k.make)
+		}
+		if err != nil {
+			return err
+		}
 	}
-	if checked, _, verdict := c.last(); !checked.IsZero() && time.Since(checked) < c.cfg.NetworkPolicyCheckTTL {
-		return verdict
-	}
-	return c.Ensure(ctx)
+	return nil
 }
 
-// check reads the policy and records the verdict. A failure to
+// checkPolicy reads the policy and records the verdict. A failure to
 // read it is transient and not recorded: the next create reads again.
-func (c *Checker) check(ctx context.Context) error {
+func (c *Checker) checkPolicy(ctx context.Context) error {
 	name := c.namespace + "/" + c.cfg.NetworkPolicyName
 	nps := c.client.NetworkingV1().NetworkPolicies(c.namespace)
 	want := c.want.DeepCopy()
@@ -114,14 +135,15 @@ func (c *Checker) check(ctx context.Context) error {
 	if apierrors.IsNotFound(err) {
 		verdict := &api.Error{Kind: api.KindUnavailable, Err: err, Detail: "the shared NetworkPolicy " + name +
 			" that isolates sandboxes does not exist, so no sandbox is created; apply config/701-networkpolicy-sandboxes.yaml (or set SANDBOX_NETWORK_POLICY_ENSURE=true)"}
-		c.store(verdict, "")
+		c.policy.store(verdict, "")
+		c.report(CheckNetworkPolicy, verdict)
 		return verdict
 	}
 	if err != nil {
 		return api.Classify(err, "check the shared sandbox NetworkPolicy")
 	}
-	if _, rv, verdict := c.last(); rv != "" && rv == live.ResourceVersion {
-		c.store(verdict, rv) // unchanged since it was judged
+	if _, rv, verdict := c.policy.last(); rv != "" && rv == live.ResourceVersion {
+		c.policy.store(verdict, rv) // unchanged since it was judged
 		return verdict
 	}
 	var verdict error
@@ -129,7 +151,8 @@ func (c *Checker) check(ctx context.Context) error {
 		verdict = &api.Error{Kind: api.KindUnavailable, Detail: fmt.Sprintf("the shared NetworkPolicy %s that isolates sandboxes is not what this function's settings make of it (its %s differ), so no sandbox is created; "+
 			"restore it (kubectl apply -f config/701-networkpolicy-sandboxes.yaml), or align the SANDBOX_* network settings with it", name, strings.Join(parts, ", "))}
 	}
-	c.store(verdict, live.ResourceVersion)
+	c.policy.store(verdict, live.ResourceVersion)
+	c.report(CheckNetworkPolicy, verdict)
 	return verdict
 }
 

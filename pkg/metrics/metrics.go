@@ -27,6 +27,7 @@ type Metrics struct {
 	quotaRefusals   *prometheus.CounterVec
 	eventsDropped   prometheus.Counter
 	poolClaims      *prometheus.CounterVec
+	isolation       *prometheus.GaugeVec
 }
 
 // New registers the series on a fresh registry.
@@ -68,13 +69,17 @@ func New() *Metrics {
 			Namespace: namespace, Name: "kubernetes_events_dropped_total",
 			Help: "Kubernetes Events not written because they exceeded K8S_EVENTS_QPS/K8S_EVENTS_BURST.",
 		}),
+		isolation: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "isolation_in_force",
+			Help: "Whether each isolation check (network_policy, runtime_class) passed when last made in this replica (1) or failed (0): while one is 0, creates are refused.",
+		}, []string{"check"}),
 		poolClaims: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "pool_claims_total",
 			Help: "Creates of templates with a warm pool, by template and result: hit (claimed a pooled sandbox), miss (the request needs what a pooled one lacks), empty (none Ready), error (the pool could not be read or written); all but hit start cold.",
 		}, []string{"template", "result"}),
 	}
 	m.Registry.MustRegister(m.requests, m.requestDuration, m.createToReady, m.kubeRequests, m.kubeDuration,
-		m.reaped, m.quotaRefusals, m.eventsDropped, m.poolClaims, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		m.reaped, m.quotaRefusals, m.eventsDropped, m.poolClaims, m.isolation, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -105,6 +110,15 @@ func (m *Metrics) PoolClaim(template, result string) {
 
 // EventDropped counts one Event over the budget.
 func (m *Metrics) EventDropped() { m.eventsDropped.Inc() }
+
+// Isolation records whether an isolation check is in force.
+func (m *Metrics) Isolation(check string, inForce bool) {
+	v := 0.0
+	if inForce {
+		v = 1
+	}
+	m.isolation.WithLabelValues(check).Set(v)
+}
 
 // WrapTransport instruments every Kubernetes API call made through rt.
 func (m *Metrics) WrapTransport(rt http.RoundTripper) http.RoundTripper {

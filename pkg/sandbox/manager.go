@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -31,6 +32,9 @@ type Observer interface {
 	CreateToReady(d time.Duration)
 	Reaped(reason string)
 	QuotaRefused(scope string)
+	// Isolation says whether one isolation check (isolation.Check*) is in
+	// force in this replica.
+	Isolation(check string, inForce bool)
 }
 
 // Manager runs the sandbox operations against the Kubernetes API. It holds no
@@ -45,6 +49,8 @@ type Manager struct {
 	// readiness (each holds an API watch); MAX_CONCURRENT_WAITS bounds it.
 	waits     chan struct{}
 	isolation *isolation.Checker
+	// failing holds the isolation checks whose last verdict failed.
+	failing   sync.Map // check name -> struct{}
 	templates *template.Store
 	pool      Pool
 	auditLog  *slog.Logger
@@ -73,7 +79,8 @@ func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option)
 		o(m)
 	}
 	m.quota = quota.New(cfg.QuotaConfig, cfg.Namespace, client)
-	m.isolation = isolation.New(&cfg.IsolationConfig, cfg.Namespace, cfg.RequestTimeout, resources.BuildNetworkPolicy(cfg), client)
+	m.isolation = isolation.New(&cfg.IsolationConfig, cfg.Namespace, cfg.RuntimeClassName, cfg.RequestTimeout, resources.BuildNetworkPolicy(cfg), client,
+		isolation.WithReport(m.isolationVerdict))
 	return m
 }
 
@@ -111,6 +118,7 @@ type nopObserver struct{}
 func (nopObserver) CreateToReady(time.Duration) {}
 func (nopObserver) Reaped(string)               {}
 func (nopObserver) QuotaRefused(string)         {}
+func (nopObserver) Isolation(string, bool)      {}
 
 // view joins what exists of a sandbox into a Sandbox.
 func (m *Manager) view(id string, f found) api.Sandbox {
