@@ -14,7 +14,6 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	nodev1 "k8s.io/api/node/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -146,6 +145,7 @@ func newAdmission(t *testing.T, ns string, env map[string]string) admission {
 		t.Fatal(err)
 	}
 	cfg.Namespace = ns
+	cfg.RuntimeClassName = "gvisor" // as config/400-service.yaml sets it
 	cfg.LarkCLIInitImage, cfg.LarkCLIBrokerImage = "lark-init:1", "lark-broker:1"
 	for k, v := range env {
 		switch k {
@@ -594,12 +594,16 @@ func TestAdmissionPolicyRefusesServiceEscapes(t *testing.T) {
 }
 
 // TestAdmissionParamsAreTheOnePlace: the policies read the deployment's
-// settings from their parameters: a runtime class set there is required
-// at once, and without the parameters nothing is admitted (fail closed).
+// settings from their parameters: the runtime class there (gvisor, as
+// config/ ships it) is required of every sandbox, an empty one admits only
+// sandboxes that name no class (never any class), and without the
+// parameters nothing is admitted (fail closed).
 func TestAdmissionParamsAreTheOnePlace(t *testing.T) {
 	ns, sa := serviceAccountNamespace(t)
 	ctx := context.Background()
-	a := newAdmission(t, ns, nil)
+	a := newAdmission(t, ns, nil) // builds with SANDBOX_RUNTIME_CLASS=gvisor, as config/ deploys
+	none := newAdmission(t, ns, nil)
+	none.cfg.RuntimeClassName = ""
 	cms := client().CoreV1().ConfigMaps("deer-flow")
 	restore := func() {
 		applyServerSide(t, readObjects(t, filepath.Join("..", "..", "config", "800-admission-policy.yaml")))
@@ -607,26 +611,34 @@ func TestAdmissionParamsAreTheOnePlace(t *testing.T) {
 	t.Cleanup(restore)
 	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
 
-	rcs := client().NodeV1().RuntimeClasses()
-	if _, err := rcs.Create(ctx, &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "gvisor"}, Handler: "runsc"}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = rcs.Delete(context.Background(), "gvisor", metav1.DeleteOptions{}) })
-	if _, err := cms.Patch(ctx, "sandbox-admission", types.MergePatchType, []byte(`{"data":{"runtimeClassName":"gvisor"}}`), metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	eventually(t, 30*time.Second, "a Pod without the runtime class refused", func() (bool, error) {
-		_, err := sa.CoreV1().Pods(ns).Create(ctx, a.pod("rtc", nil), dry)
+		_, err := sa.CoreV1().Pods(ns).Create(ctx, none.pod("rtc", nil), dry)
 		return refusedBy(err, podPolicy, "runtime class gvisor"), err
 	})
-	rs := a.replicaSet("rtc", nil)
+	rs := none.replicaSet("rtc", nil)
 	if _, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, rs, metav1.CreateOptions{}); !refusedBy(err, rsPolicy, "runtime class gvisor") {
 		t.Errorf("ReplicaSet without the runtime class: %v, want a refusal", err)
 	}
-	p := a.pod("rtc", nil)
-	p.Spec.RuntimeClassName = ptr.To("gvisor")
-	if _, err := sa.CoreV1().Pods(ns).Create(ctx, p, dry); err != nil {
+	if _, err := sa.CoreV1().Pods(ns).Create(ctx, a.pod("rtc", nil), dry); err != nil {
 		t.Errorf("a Pod with the runtime class is refused: %v", err)
+	}
+	other := a.pod("kata", nil)
+	other.Spec.RuntimeClassName = ptr.To("kata")
+	if _, err := sa.CoreV1().Pods(ns).Create(ctx, other, dry); !refusedBy(err, podPolicy, "runtime class gvisor") {
+		t.Errorf("a Pod with another runtime class: %v, want a refusal", err)
+	}
+
+	// An empty parameter is the opt-out: the node's default runtime, and
+	// no class at all, not any class.
+	if _, err := cms.Patch(ctx, "sandbox-admission", types.MergePatchType, []byte(`{"data":{"runtimeClassName":""}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "a Pod naming a class refused under an empty parameter", func() (bool, error) {
+		_, err := sa.CoreV1().Pods(ns).Create(ctx, a.pod("anyclass", nil), dry)
+		return refusedBy(err, podPolicy, "must name no runtime class"), err
+	})
+	if _, err := sa.CoreV1().Pods(ns).Create(ctx, none.pod("noclass", nil), dry); err != nil {
+		t.Errorf("a Pod naming no class under an empty parameter is refused: %v", err)
 	}
 
 	// A setting missing from the parameters refuses everything, naming the
@@ -635,7 +647,7 @@ func TestAdmissionParamsAreTheOnePlace(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 30*time.Second, "the function's own Pod refused with a setting missing", func() (bool, error) {
-		_, err := sa.CoreV1().Pods(ns).Create(ctx, a.pod("partial", nil), dry)
+		_, err := sa.CoreV1().Pods(ns).Create(ctx, none.pod("partial", nil), dry)
 		return refusedBy(err, podPolicy, "deer-flow/sandbox-admission lacks a setting"), err
 	})
 

@@ -158,14 +158,15 @@ func TestDeerFlowCreateInTheShapeConfigDeploys(t *testing.T) {
 }
 
 // configShape sets up what config/ deploys around the function (its
-// namespace, ServiceAccount, Role, isolation and admission policies,
+// namespace, ServiceAccount, Role and the read of its RuntimeClass,
+// isolation and admission policies,
 // LimitRange and ResourceQuota, DeerFlow's claims bound) and returns the
 // settings of 400-service.yaml with the namespace they name.
 func configShape(t *testing.T) (map[string]string, string) {
 	t.Helper()
 	var files []string
 	for _, name := range []string{"100-namespace.yaml", "200-serviceaccount.yaml", "201-role.yaml", "202-rolebinding.yaml",
-		"701-networkpolicy-sandboxes.yaml", "800-admission-policy.yaml", "900-limitrange.yaml"} {
+		"204-clusterrole-runtimeclass.yaml", "701-networkpolicy-sandboxes.yaml", "800-admission-policy.yaml", "900-limitrange.yaml"} {
 		files = append(files, filepath.Join("..", "..", "config", name))
 	}
 	applyServerSide(t, readObjects(t, files...))

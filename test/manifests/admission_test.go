@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/util/yaml"
+	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 )
@@ -180,6 +181,15 @@ func TestAdmissionMatchesTheRoleBinding(t *testing.T) {
 // by default, and hold every setting the rules read.
 func TestAdmissionParamsAdmitTheDefaults(t *testing.T) {
 	a := readAdmission(t)
+	// The settings as config/ deploys them: the code's defaults under the
+	// plain values 400-service.yaml sets (SANDBOX_RUNTIME_CLASS among them).
+	var svc servingv1.Service
+	decode(t, "400-service.yaml", &svc)
+	for _, e := range svc.Spec.Template.Spec.Containers[0].Env {
+		if e.ValueFrom == nil {
+			t.Setenv(e.Name, e.Value)
+		}
+	}
 	cfg, err := config.Load()
 	if err != nil {
 		t.Fatal(err)

@@ -12,10 +12,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	goruntime "runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	nodev1 "k8s.io/api/node/v1"
+	"sigs.k8s.io/yaml"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -163,6 +167,10 @@ func UpWith(ctx context.Context, name string, o Options) (*Cluster, error) {
 		c.Down()
 		return nil, err
 	}
+	if err := c.installRuntimeClass(ctx); err != nil {
+		c.Down()
+		return nil, err
+	}
 	if nodes > 0 {
 		if err := c.run(ctx, "scale", "node", "--replicas", strconv.Itoa(nodes),
 			"--param", ".allocatable.cpu=1000", "--param", `.allocatable.memory="4Ti"`,
@@ -178,6 +186,26 @@ func UpWith(ctx context.Context, name string, o Options) (*Cluster, error) {
 		}
 	}
 	return c, nil
+}
+
+// installRuntimeClass creates config/node's RuntimeClass gvisor, which
+// config/ runs sandboxes under: kwok's nodes fake every Pod whatever its
+// handler, and the real node registers runsc as that handler.
+func (c *Cluster) installRuntimeClass(ctx context.Context) error {
+	_, file, _, _ := goruntime.Caller(0)
+	path := filepath.Join(filepath.Dir(file), "..", "..", "..", "config", "node", "runtimeclass-gvisor.yaml")
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var rc nodev1.RuntimeClass
+	if err := yaml.UnmarshalStrict(raw, &rc); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if _, err := c.Client.NodeV1().RuntimeClasses().Create(ctx, &rc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create the RuntimeClass %s: %w", rc.Name, err)
+	}
+	return nil
 }
 
 // taintKwokNodes puts t on every node kwok fakes.
