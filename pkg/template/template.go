@@ -289,6 +289,10 @@ func (v validator) spec(spec *corev1.PodSpec, t *Template) error {
 		return v.bad(p+"schedulerName", "sandboxes use the default scheduler")
 	case v.cfg.RuntimeClassName != "" && spec.RuntimeClassName != nil && *spec.RuntimeClassName != v.cfg.RuntimeClassName:
 		return v.bad(p+"runtimeClassName", "SANDBOX_RUNTIME_CLASS is %s; a template cannot choose a weaker runtime", v.cfg.RuntimeClassName)
+	case v.cfg.RuntimeClassName == "" && spec.RuntimeClassName != nil && *spec.RuntimeClassName != "":
+		// The admission policy admits exactly the deployment's class: with
+		// none set, only Pods that name none.
+		return v.bad(p+"runtimeClassName", "SANDBOX_RUNTIME_CLASS is empty (the node's default runtime), so sandboxes name no class; set SANDBOX_RUNTIME_CLASS=%s to run every sandbox under it", *spec.RuntimeClassName)
 	}
 	if f := setExcept(*spec, podFields); f != "" {
 		return v.bad(p+f, "not a field a template may set; the provisioner controls it")

@@ -124,6 +124,7 @@ func TestFromPodTemplateRefuses(t *testing.T) {
 		}, "template.spec.containers[1].volumeMounts[0].mountPath"},
 		{"field the provisioner controls", func(p *corev1.PodTemplate) { p.Template.Spec.ActiveDeadlineSeconds = ptr.To[int64](1) }, "template.spec.activeDeadlineSeconds"},
 		{"dns to another resolver", func(p *corev1.PodTemplate) { p.Template.Spec.DNSPolicy = corev1.DNSDefault }, "template.spec.dnsPolicy"},
+		{"a runtime class where SANDBOX_RUNTIME_CLASS names none", func(p *corev1.PodTemplate) { p.Template.Spec.RuntimeClassName = ptr.To("kata") }, "template.spec.runtimeClassName"},
 		{"probe sent to another host", func(p *corev1.PodTemplate) {
 			p.Template.Spec.Containers[0].StartupProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Host: "169.254.169.254"}}}
 		}, "template.spec.containers[0].startupProbe"},
