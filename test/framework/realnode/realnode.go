@@ -45,6 +45,8 @@ const (
 	// PublicIP is the "public" host: outside every private range, so the
 	// sandbox policy lets sandboxes reach it (web on 80, DNS on 53).
 	PublicIP = "203.0.113.10"
+	// publicGateway is the node's end of the public host's veth (its /31).
+	publicGateway = "203.0.113.11"
 	// MetadataIP is the clouds' metadata address; a web server listens there.
 	MetadataIP = "169.254.169.254"
 	// ClusterDNSIP is the kube-dns Service's ClusterIP (in the test

@@ -16,7 +16,7 @@ import (
 type OffNodeHost struct {
 	What string // what it stands for
 	IP   string // its address, inside the namespace
-	gw   string // the node's end of the veth, in the same /24
+	gw   string // the node's end of the veth, the other address of the /31
 	ns   string // network namespace
 	veth string // the node's end of the veth
 }
@@ -24,13 +24,23 @@ type OffNodeHost struct {
 // OffNodeHosts are one host in each private range and on two metadata
 // addresses the defaults deny, none overlapping the Pod range (10.88.0.0/16),
 // the Service range (10.96.0.0/16), this machine's subnet or its resolver.
+//
+// Each host and its gateway share a /31 (a point-to-point pair), not a /24:
+// the route to a veth's network shadows every real address in it for as
+// long as the node is up, and a /24 of the documentation range once took
+// this machine's route to the Go module proxy (203.0.113.80), so every
+// download failed while a real node ran. A /31 claims the two addresses
+// the test needs and no others.
 var OffNodeHosts = []OffNodeHost{
-	{What: "a private host in 10.0.0.0/8", IP: "10.250.0.10", gw: "10.250.0.1", ns: "rn-p10", veth: "rn-p10"},
-	{What: "a private host in 172.16.0.0/12", IP: "172.31.250.10", gw: "172.31.250.1", ns: "rn-p172", veth: "rn-p172"},
-	{What: "a private host in 192.168.0.0/16", IP: "192.168.250.10", gw: "192.168.250.1", ns: "rn-p192", veth: "rn-p192"},
-	{What: "AWS ECS's task metadata address", IP: "169.254.170.2", gw: "169.254.170.1", ns: "rn-ecs", veth: "rn-ecs"},
-	{What: "Alibaba Cloud's metadata address (CGNAT range)", IP: "100.100.100.200", gw: "100.100.100.1", ns: "rn-ali", veth: "rn-ali"},
+	{What: "a private host in 10.0.0.0/8", IP: "10.250.0.10", gw: "10.250.0.11", ns: "rn-p10", veth: "rn-p10"},
+	{What: "a private host in 172.16.0.0/12", IP: "172.31.250.10", gw: "172.31.250.11", ns: "rn-p172", veth: "rn-p172"},
+	{What: "a private host in 192.168.0.0/16", IP: "192.168.250.10", gw: "192.168.250.11", ns: "rn-p192", veth: "rn-p192"},
+	{What: "AWS ECS's task metadata address", IP: "169.254.170.2", gw: "169.254.170.3", ns: "rn-ecs", veth: "rn-ecs"},
+	{What: "Alibaba Cloud's metadata address (CGNAT range)", IP: "100.100.100.200", gw: "100.100.100.201", ns: "rn-ali", veth: "rn-ali"},
 }
+
+// surroundingsPrefix is the length of each surrounding host's network.
+const surroundingsPrefix = "/31"
 
 // startSurroundings builds what the attack tests aim at outside the cluster:
 // a "public" host (a network namespace at PublicIP, reached through a veth,
@@ -44,15 +54,15 @@ func (n *Node) startSurroundings(ctx context.Context) error {
 	if err := extractEntrypoint(filepath.Join(n.paths.ImagesDir, "sandbox.tar"), bin); err != nil {
 		return err
 	}
-	hosts := append([]OffNodeHost{{What: "the public host", IP: PublicIP, gw: "203.0.113.1", ns: publicNS, veth: publicVeth}}, OffNodeHosts...)
+	hosts := append([]OffNodeHost{{What: "the public host", IP: PublicIP, gw: publicGateway, ns: publicNS, veth: publicVeth}}, OffNodeHosts...)
 	var cmds [][]string
 	for _, h := range hosts {
 		cmds = append(cmds,
 			[]string{"ip", "netns", "add", h.ns},
 			[]string{"ip", "link", "add", h.veth, "type", "veth", "peer", "name", "eth0", "netns", h.ns},
-			[]string{"ip", "addr", "add", h.gw + "/24", "dev", h.veth},
+			[]string{"ip", "addr", "add", h.gw + surroundingsPrefix, "dev", h.veth},
 			[]string{"ip", "link", "set", h.veth, "up"},
-			[]string{"ip", "-n", h.ns, "addr", "add", h.IP + "/24", "dev", "eth0"},
+			[]string{"ip", "-n", h.ns, "addr", "add", h.IP + surroundingsPrefix, "dev", "eth0"},
 			[]string{"ip", "-n", h.ns, "link", "set", "eth0", "up"},
 			[]string{"ip", "-n", h.ns, "link", "set", "lo", "up"},
 			[]string{"ip", "-n", h.ns, "route", "add", "default", "via", h.gw})

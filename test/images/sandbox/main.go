@@ -2,8 +2,9 @@
 // node. It answers what DeerFlow's client and our readiness probe use
 // (GET /v1/sandbox) and, for the attack tests, POST /v1/exec: a fixed set of
 // actions that hostile code inside a sandbox would try (connect anywhere,
-// query any DNS server, plant symlinks, read files). It is a test image: it
-// exists to behave like an attacker, and is never deployed.
+// query any DNS server, plant symlinks, read files, call into the kernel).
+// It is a test image: it exists to behave like an attacker, and is never
+// deployed.
 package main
 
 import (
@@ -30,7 +31,7 @@ type action struct {
 	Headers   map[string]string `json:"headers,omitempty"`
 	Body      string            `json:"body,omitempty"`
 	Server    string            `json:"server,omitempty"` // dns: ip:port
-	Name      string            `json:"name,omitempty"`   // dns
+	Name      string            `json:"name,omitempty"`   // dns; kernel: the probe (kernel.go)
 	Path      string            `json:"path,omitempty"`   // read, list, symlink (the link)
 	Target    string            `json:"target,omitempty"` // symlink
 	TimeoutMs int               `json:"timeout_ms,omitempty"`
@@ -145,6 +146,8 @@ func run(ctx context.Context, a action) result {
 			names = append(names, e.Name())
 		}
 		return result{OK: true, Items: names}
+	case "kernel":
+		return kernelProbe(a.Name)
 	case "read":
 		f, err := os.Open(a.Path)
 		if err != nil {
