@@ -40,3 +40,7 @@ func HostBase(dir string) (string, error) {
 	}
 	return dir, nil
 }
+
+// NodeBinDir is where the node's own binaries are (containerd's PATH names
+// it): a marker of the node's processes that no sandbox may read.
+func (n *Node) NodeBinDir() string { return n.paths.NodeBin }
