@@ -12,12 +12,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/deerflow-sandbox/provisioner/config/node"
 	nodev1 "k8s.io/api/node/v1"
 	"sigs.k8s.io/yaml"
 
@@ -192,15 +192,9 @@ func UpWith(ctx context.Context, name string, o Options) (*Cluster, error) {
 // config/ runs sandboxes under: kwok's nodes fake every Pod whatever its
 // handler, and the real node registers runsc as that handler.
 func (c *Cluster) installRuntimeClass(ctx context.Context) error {
-	_, file, _, _ := goruntime.Caller(0)
-	path := filepath.Join(filepath.Dir(file), "..", "..", "..", "config", "node", "runtimeclass-gvisor.yaml")
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
 	var rc nodev1.RuntimeClass
-	if err := yaml.UnmarshalStrict(raw, &rc); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+	if err := yaml.UnmarshalStrict(node.RuntimeClassGVisor, &rc); err != nil {
+		return fmt.Errorf("config/node/runtimeclass-gvisor.yaml: %w", err)
 	}
 	if _, err := c.Client.NodeV1().RuntimeClasses().Create(ctx, &rc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("create the RuntimeClass %s: %w", rc.Name, err)
