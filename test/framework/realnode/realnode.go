@@ -138,6 +138,7 @@ type Node struct {
 	sysctls  map[string]string
 	sock     string
 	logFiles []*os.File
+	since    time.Time // when Up began: what this node's kubelet wrote is newer
 	// gvisorErr says why the node has no runsc handler (nil: it has one).
 	gvisorErr error
 }
@@ -180,13 +181,16 @@ func UpWith(ctx context.Context, p Paths, c Cluster, o Options) (n *Node, err er
 	if err := Preflight(p); err != nil {
 		return nil, err
 	}
+	if h := Held(); h != nil {
+		return nil, h
+	}
 	cleanLeftovers(p)
 	state, err := os.MkdirTemp("", "rn-")
 	if err != nil {
 		return nil, err
 	}
 	n = &Node{State: state, paths: p, cluster: c, opts: o, sysctls: map[string]string{}, Timings: map[string]time.Duration{},
-		sock: filepath.Join(state, "containerd.sock")}
+		sock: filepath.Join(state, "containerd.sock"), since: time.Now()}
 	defer func() {
 		if err != nil {
 			n.Down()
@@ -213,8 +217,10 @@ func UpWith(ctx context.Context, p Paths, c Cluster, o Options) (n *Node, err er
 	steps := []upStep{
 		{"kernel settings", n.saveAndSetSysctls},
 		{"credentials", n.writeCredentials},
+		{"network namespaces", n.shareNetnsDir},
 		{"containerd", func() error { return n.startContainerd(ctx) }},
 		{"images", func() error { return n.importImages(ctx) }},
+		{"the earlier node's Pods", func() error { return n.removeEarlierPods(ctx) }},
 		{"kubelet", func() error { return n.startKubelet(ctx) }},
 		{"kube-proxy", func() error { return n.startKubeProxy(ctx) }},
 		{"node Ready", func() error { return n.waitNodeReady(ctx) }},
@@ -264,8 +270,11 @@ func cleanLeftovers(p Paths) {
 		_ = exec.Command("nft", "delete", "table", "inet", table).Run()
 	}
 	_ = exec.Command(filepath.Join(p.KubeBin, "kube-proxy"), "--cleanup").Run()
+	removeCNIChains()
+	uncoverNetns()
 	old, _ := filepath.Glob(prefix + "*")
 	for _, dir := range old {
+		restoreSysctls(dir)
 		(&Node{State: dir}).unmountAll()
 		_ = os.RemoveAll(dir)
 	}
@@ -278,7 +287,9 @@ func (n *Node) Down() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	// Containers first, while containerd still answers; then the parts.
+	// Containers first, while containerd still answers (and the kubelet
+	// no longer restarts them); then the parts.
+	n.stopKubelet()
 	if out, err := n.ctr(ctx, "tasks", "list", "--quiet"); err == nil {
 		for _, id := range strings.Fields(string(out)) {
 			_, _ = n.ctr(ctx, "tasks", "kill", "--signal", "SIGKILL", id)
@@ -302,6 +313,7 @@ func (n *Node) Down() {
 	_ = exec.Command("pkill", "-KILL", "-f", "containerd-shim-run(c-v2|sc-v1) .*"+n.sock).Run()
 	_ = exec.Command("pkill", "-KILL", "-f", "runsc-(sandbox|gofer) .*--root="+n.State+"/").Run()
 	_ = exec.Command(filepath.Join(n.paths.KubeBin, "kube-proxy"), "--cleanup").Run()
+	removeCNIChains()
 	_ = exec.Command("nft", "delete", "table", "inet", "kube-network-policies").Run()
 	n.RemoveNodeGuard()
 	removeSurroundings()
