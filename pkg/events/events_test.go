@@ -128,6 +128,9 @@ func TestRouting(t *testing.T) {
 		{"undecodable data", binaryEvent(TypeCreate, "", `{"sandbox_id":`, key), 422, "", "", nil},
 		{"missing id", binaryEvent(TypeGet, "", `{}`, key), 422, "", "", nil},
 		{"wait beyond the cap", binaryEvent(TypeGet, "abc", `{"wait_seconds":21}`, key), 422, "", "", nil},
+		// JSON has no NaN: such data is undecodable, 422 as well.
+		{"wait NaN on get", binaryEvent(TypeGet, "abc", `{"wait_seconds":NaN}`, key), 422, "", "", nil},
+		{"wait NaN on create", binaryEvent(TypeCreate, "", `{"sandbox_id":"abc","wait_seconds":NaN}`, key), 422, "", "", nil},
 		{"malformed event", func() *http.Request {
 			r := binaryEvent(TypeGet, "abc", ``, nil)
 			r.Header.Del("Ce-Id")
