@@ -42,7 +42,7 @@ func (m *Manager) Create(ctx context.Context, s api.Spec, wait time.Duration) (a
 }
 
 func (m *Manager) create(ctx context.Context, s api.Spec, wait time.Duration) (api.Sandbox, error) {
-	release, err := m.admitWait(wait)
+	release, err := m.admitWait(ctx, wait)
 	if err != nil {
 		return api.Sandbox{}, err
 	}
