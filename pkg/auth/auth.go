@@ -219,7 +219,7 @@ func (a *Authenticator) Check(ctx context.Context, c Credentials, operation stri
 	var d Decision
 	switch {
 	case a.s.Disabled:
-		return Decision{Principal: Principal{Name: "anonymous", Admin: true, Identity: "anonymous"}}
+		return Decision{Principal: Principal{Name: config.AnonymousPrincipal, Admin: true, Identity: config.AnonymousPrincipal}}
 	case c.Key != "":
 		d = a.checkKey(c.Key)
 	case c.Token != "":
