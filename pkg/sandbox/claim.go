@@ -32,9 +32,13 @@ type Pool interface {
 	// Missed records a create of a pooled template that needs what a
 	// pooled Pod lacks (mounts, env, resources) and so goes the cold way.
 	Missed(t *template.Template)
-	// Describe makes each template's pool exist at its size and fills in
-	// how many pooled Pods stand Ready (GET /api/templates).
+	// Describe fills in how many pooled Pods stand Ready (GET
+	// /api/templates). It writes nothing.
 	Describe(ctx context.Context, sums []template.Summary, valid []*template.Template)
+	// Keep makes each valid template's pool exist at its size and shape,
+	// and deletes the pools no valid template asks for (the reap). What
+	// fails is logged there: the next reap tries again.
+	Keep(ctx context.Context, templates *template.Store)
 }
 
 // Claim is what a claim writes onto a pooled Pod: the sandbox's labels and

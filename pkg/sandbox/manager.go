@@ -187,7 +187,9 @@ func podReady(pod *corev1.Pod) bool {
 	return false
 }
 
-// Templates lists the sandbox templates (GET /api/templates).
+// Templates lists the sandbox templates (GET /api/templates, and the names
+// in /api/capabilities), with each pool's ready count. A read: it writes
+// nothing, pools included (the reap keeps them).
 func (m *Manager) Templates(ctx context.Context) ([]template.Summary, error) {
 	list, valid, err := m.templates.ListValid(ctx)
 	if err == nil && m.pool != nil {

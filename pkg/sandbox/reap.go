@@ -21,7 +21,8 @@ import (
 )
 
 // Reap deletes every expired sandbox and every ended Pod (Succeeded/Failed,
-// e.g. after activeDeadlineSeconds), with their Services. It runs on demand
+// e.g. after activeDeadlineSeconds), with their Services, and keeps the
+// warm pools (Pool.Keep). It runs on demand
 // (PingSource event, reap event, HTTP) instead of in a loop, because this
 // process scales to zero. Each delete carries the UID and resourceVersion it
 // judged, so a sandbox touched since, or reaped by a concurrent reaper, is
@@ -37,6 +38,10 @@ func (m *Manager) Reap(ctx context.Context) (api.Reaped, error) {
 		return api.Reaped{}, err
 	}
 	all, seen, err := m.reap(ctx, c)
+	if m.pool != nil {
+		// Every few minutes, whoever creates: pools follow their templates.
+		m.pool.Keep(ctx, m.templates)
+	}
 	ids := make([]string, 0, len(all.Removed))
 	for _, s := range all.Removed {
 		ids = append(ids, s.ID)
