@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"strconv"
 	"sync"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -17,7 +15,6 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
-	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
 // Reap deletes every expired sandbox and every ended Pod (Succeeded/Failed,
@@ -95,7 +92,7 @@ func (m *Manager) reap(ctx context.Context, c api.Caller) (all, seen api.Reaped,
 		if rs.Labels[keys.LabelManagedBy] != keys.ManagedByValue || rs.DeletionTimestamp != nil {
 			continue
 		}
-		reason, pause := replicaSetExpiry(rs, now)
+		reason, pause := resources.ReplicaSetExpiry(rs, now)
 		if reason == "" {
 			continue
 		}
@@ -115,7 +112,7 @@ func (m *Manager) reap(ctx context.Context, c api.Caller) (all, seen api.Reaped,
 		if p.Labels[keys.LabelManagedBy] != keys.ManagedByValue || p.DeletionTimestamp != nil || resources.PodID(p) == "" {
 			continue
 		}
-		reason := expiryReason(p, now)
+		reason := resources.ExpiryReason(p, now)
 		if reason == "" {
 			continue
 		}
@@ -191,24 +188,6 @@ func (m *Manager) reap(ctx context.Context, c api.Caller) (all, seen api.Reaped,
 	return all, seen, nil
 }
 
-// expiryReason says why a Pod should go now, or "" if it should stay.
-func expiryReason(p *corev1.Pod, now time.Time) string {
-	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-		return "ended"
-	}
-	lt, ok := lifetimeOf(p)
-	if !ok {
-		return ""
-	}
-	if !now.Before(lt.created.Add(lt.max)) {
-		return "lifetime"
-	}
-	if !now.Before(lt.lastActivity.Add(lt.idle)) {
-		return "idle"
-	}
-	return ""
-}
-
 // deleteOwnedService follows a successful workload delete with its Service.
 // The GC would remove it too, but only eventually: a later reap must not
 // find it and report this sandbox again.
@@ -223,30 +202,4 @@ func (m *Manager) deleteOwnedService(ctx context.Context, err error, svc *corev1
 		return nil
 	}
 	return err
-}
-
-// replicaSetExpiry says what the reap does to a ReplicaSet sandbox now: the
-// reason, and whether it pauses rather than deletes. The lifetime cap holds
-// paused or not; a paused sandbox goes after its paused timeout; an idle
-// one is paused when its template says so, else deleted.
-func replicaSetExpiry(rs *appsv1.ReplicaSet, now time.Time) (string, bool) {
-	lt, ok := lifetimeOf(rs)
-	if !ok {
-		return "", false
-	}
-	a := rs.Annotations
-	switch {
-	case !now.Before(lt.created.Add(lt.max)):
-		return "lifetime", false
-	case resources.Paused(rs):
-		at, err1 := time.Parse(time.RFC3339, a[keys.AnnotationPausedAt])
-		limit, err2 := strconv.ParseInt(a[keys.AnnotationPausedTimeout], 10, 64)
-		if err1 == nil && err2 == nil && !now.Before(at.Add(time.Duration(limit)*time.Second)) {
-			return "paused-timeout", false
-		}
-		return "", false
-	case !now.Before(lt.lastActivity.Add(lt.idle)):
-		return "idle", a[keys.AnnotationIdleAction] == template.IdlePause
-	}
-	return "", false
 }

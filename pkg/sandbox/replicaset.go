@@ -99,10 +99,10 @@ func (m *Manager) scale(ctx context.Context, rs *appsv1.ReplicaSet, replicas int
 	ann := map[string]any{keys.AnnotationPausedAt: now}
 	if replicas > 0 {
 		ann = map[string]any{keys.AnnotationPausedAt: nil}
-		if lt, ok := lifetimeOf(rs); ok {
-			lt.lastActivity = time.Now().UTC().Truncate(time.Second)
-			ann[keys.AnnotationLastActivity] = lt.lastActivity.Format(time.RFC3339)
-			ann[keys.AnnotationExpiresAt] = lt.expiresAt().Format(time.RFC3339)
+		if lt, ok := resources.LifetimeOf(rs); ok {
+			lt.LastActivity = time.Now().UTC().Truncate(time.Second)
+			ann[keys.AnnotationLastActivity] = lt.LastActivity.Format(time.RFC3339)
+			ann[keys.AnnotationExpiresAt] = lt.ExpiresAt().Format(time.RFC3339)
 		}
 	}
 	meta := map[string]any{"annotations": ann, "uid": rs.UID}
