@@ -122,3 +122,23 @@ func Classify(err error, action string) error {
 	// harmless, mistaking an outage for "gone" is not.
 	return Errorf(KindUnavailable, err, "could not %s", action)
 }
+
+// UIDChanged reports whether err is the API server's refusal of a patch
+// whose metadata.uid is not the object's: the object was deleted and
+// created again under its name. It answers 422 (the UID is immutable), not
+// 409, so it is told apart by the field it names.
+func UIDChanged(err error) bool {
+	if !apierrors.IsInvalid(err) {
+		return false
+	}
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) || status.Status().Details == nil {
+		return false
+	}
+	for _, c := range status.Status().Details.Causes {
+		if c.Field == "metadata.uid" {
+			return true
+		}
+	}
+	return false
+}

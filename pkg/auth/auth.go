@@ -42,11 +42,17 @@ const KeyVariable = "PROVISIONER_API_KEY"
 
 // Credentials are what a request carried.
 type Credentials struct {
-	// Key is the X-API-Key header, or the api_key field of a JSON body for
-	// senders that cannot set headers (kn func invoke).
+	// Key is the X-API-Key header.
 	Key string
 	// Token is the bearer token of the Authorization header.
 	Token string
+	// DataKey is the api_key field of an event's or a POST / body's JSON
+	// data, for senders that cannot set headers (kn func invoke). It is
+	// judged only when the request carries neither header: an event with
+	// a bearer token came through a Broker (Knative Eventing's OIDC), and
+	// whatever its data says was written by whoever sent into the Broker,
+	// and copied to every subscriber on the way.
+	DataKey string
 }
 
 // FromRequest reads the header credentials of r.
@@ -214,16 +220,20 @@ func (a *Authenticator) TokensEnabled() bool { return a.s.Audience != "" }
 
 // Check decides whether c may run operation (one of config.Operations). A
 // key, when present, is judged alone: a wrong key is refused even if a
-// token is present too, so a caller learns which one failed.
+// token is present too, so a caller learns which one failed. A token is
+// judged alone too, whatever key the data carries: a token that fails is
+// refused, never retried as the data's key.
 func (a *Authenticator) Check(ctx context.Context, c Credentials, operation string) Decision {
 	var d Decision
 	switch {
 	case a.s.Disabled:
-		return Decision{Principal: Principal{Name: "anonymous", Admin: true, Identity: "anonymous"}}
+		return Decision{Principal: Principal{Name: config.AnonymousPrincipal, Admin: true, Identity: config.AnonymousPrincipal}}
 	case c.Key != "":
 		d = a.checkKey(c.Key)
 	case c.Token != "":
 		d = a.checkToken(ctx, c.Token)
+	case c.DataKey != "":
+		d = a.checkKey(c.DataKey)
 	case !a.KeyUsable() && !a.TokensEnabled():
 		return refuse(http.StatusUnauthorized, "this provisioner accepts no credentials: %s, and bearer tokens are off (AUTH_TOKEN_AUDIENCE is empty)", a.keyProblem)
 	case !a.KeyUsable():

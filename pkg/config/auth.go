@@ -64,7 +64,8 @@ func (c *AuthConfig) Validate() error {
 	if c.TokenAudience != "" && strings.ContainsAny(c.TokenAudience, " \t\n,") {
 		p.bad("AUTH_TOKEN_AUDIENCE", "%q must be one audience without spaces or commas", c.TokenAudience)
 	}
-	if _, err := ParseAPIKeys(c.APIKeys, c.APIKey); err != nil {
+	keys, err := ParseAPIKeys(c.APIKeys, c.APIKey)
+	if err != nil {
 		p.bad("PROVISIONER_API_KEYS", "%v", err)
 	}
 	for _, a := range c.Admins {
@@ -75,7 +76,10 @@ func (c *AuthConfig) Validate() error {
 	if _, err := ParsePrincipalOperations(c.PrincipalOperations); err != nil {
 		p.bad("PROVISIONER_PRINCIPAL_OPERATIONS", "%v", err)
 	}
-	if _, err := ParsePrincipalGroups(c.PrincipalGroups); err != nil {
+	groups, err := ParsePrincipalGroups(c.PrincipalGroups)
+	if err != nil {
+		p.bad("PROVISIONER_PRINCIPAL_GROUPS", "%v", err)
+	} else if err := checkPrincipalNames(keys, groups, c.APIKey); err != nil {
 		p.bad("PROVISIONER_PRINCIPAL_GROUPS", "%v", err)
 	}
 	if c.TokenReviewQPS <= 0 || c.TokenReviewBurst < 1 {

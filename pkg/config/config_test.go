@@ -187,8 +187,9 @@ func TestParseAPIKeys(t *testing.T) {
 		{raw: "", single: "the-single-key-0123", want: map[string]string{"default": "the-single-key-0123"}},
 		{raw: " alice = alice-key-0123456789=, bob=bob-key-0123456789ab ", single: "the-single-key-0123",
 			want: map[string]string{"alice": " alice-key-0123456789=", "bob": "bob-key-0123456789ab", "default": "the-single-key-0123"}},
-		{raw: "default=another-key-0123456789", want: map[string]string{"default": "another-key-0123456789"}},
+		{raw: "default=another-key-0123456789", err: "PROVISIONER_API_KEY's principal"},
 		{raw: "default=another-key-0123456789", single: "the-single-key-0123", err: "PROVISIONER_API_KEY's principal"},
+		{raw: "anonymous=another-key-0123456789", err: "PROVISIONER_AUTH_DISABLED"},
 		{raw: "alice=the-single-key-0123", single: "the-single-key-0123", err: "same key as PROVISIONER_API_KEY"},
 		{raw: "a.b=0123456789abcdef", err: "lowercase"},
 		{raw: "alice=", err: "name=key"},
@@ -247,6 +248,9 @@ func TestParsePrincipalGroups(t *testing.T) {
 		{name: "a group twice", raw: "a=alice;a=bob", err: "listed twice"},
 		{name: "a wildcard is no member", raw: "a=system:serviceaccount:deer-flow:*", err: "is not a principal"},
 		{name: "a group that is also a member", raw: "a=b;c=a", err: "both a group and a member"},
+		{name: "a group named anonymous", raw: "anonymous=" + c, err: "PROVISIONER_AUTH_DISABLED"},
+		{name: "anonymous as a member", raw: "events=anonymous", err: "PROVISIONER_AUTH_DISABLED"},
+		{name: "a group named like a service account", raw: c + "=" + d, err: "a token's principal"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -262,6 +266,64 @@ func TestParsePrincipalGroups(t *testing.T) {
 			}
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("ParsePrincipalGroups (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestPrincipalNamesMayNotCollide: start-up refuses a key or group whose
+// name is another principal's ("default" but for PROVISIONER_API_KEY's
+// own, "anonymous", a key's name as a group's), naming the variable; the
+// documented group "default" (event-made sandboxes as the backend's own)
+// stays.
+func TestPrincipalNamesMayNotCollide(t *testing.T) {
+	const key, alice, bob = "the-single-key-0123", "alice-key-0123456789", "bob-key-0123456789ab"
+	const sa = "system:serviceaccount:deer-flow:create-oidc"
+	tests := []struct {
+		name string
+		env  map[string]string
+		want string // the variable the error names, and part of its message; "" for none
+	}{
+		{name: "keys and a group of their own", env: map[string]string{"PROVISIONER_API_KEY": key, "PROVISIONER_API_KEYS": "alice=" + alice + ",bob=" + bob,
+			"PROVISIONER_PRINCIPAL_GROUPS": "team=alice,bob;events=" + sa}},
+		{name: "group default joins PROVISIONER_API_KEY's principal", env: map[string]string{"PROVISIONER_API_KEY": key, "PROVISIONER_PRINCIPAL_GROUPS": "default=" + sa}},
+		{name: "a key named default", env: map[string]string{"PROVISIONER_API_KEYS": "default=" + alice},
+			want: "PROVISIONER_API_KEYS: key name \"default\" is PROVISIONER_API_KEY's principal"},
+		{name: "a key named default beside PROVISIONER_API_KEY", env: map[string]string{"PROVISIONER_API_KEY": key, "PROVISIONER_API_KEYS": "default=" + alice},
+			want: "PROVISIONER_API_KEYS: key name \"default\" is PROVISIONER_API_KEY's principal"},
+		{name: "a key named anonymous", env: map[string]string{"PROVISIONER_API_KEYS": "anonymous=" + alice},
+			want: "PROVISIONER_API_KEYS: key name \"anonymous\""},
+		{name: "a group named like a key", env: map[string]string{"PROVISIONER_API_KEYS": "alice=" + alice + ",bob=" + bob, "PROVISIONER_PRINCIPAL_GROUPS": "alice=bob"},
+			want: "PROVISIONER_PRINCIPAL_GROUPS: group \"alice\" has the name of a key in PROVISIONER_API_KEYS"},
+		{name: "a group named like a key that is its member", env: map[string]string{"PROVISIONER_API_KEYS": "alice=" + alice + ",bob=" + bob, "PROVISIONER_PRINCIPAL_GROUPS": "alice=alice,bob"},
+			want: "PROVISIONER_PRINCIPAL_GROUPS: group \"alice\" has the name of a key in PROVISIONER_API_KEYS"},
+		{name: "group default without PROVISIONER_API_KEY", env: map[string]string{"PROVISIONER_API_KEYS": "alice=" + alice, "PROVISIONER_PRINCIPAL_GROUPS": "default=alice"},
+			want: "PROVISIONER_PRINCIPAL_GROUPS: group \"default\" is PROVISIONER_API_KEY's principal, which is unset"},
+		{name: "a group named anonymous", env: map[string]string{"PROVISIONER_API_KEY": key, "PROVISIONER_PRINCIPAL_GROUPS": "anonymous=" + sa},
+			want: "PROVISIONER_PRINCIPAL_GROUPS: group name \"anonymous\""},
+		{name: "anonymous as a member", env: map[string]string{"PROVISIONER_API_KEY": key, "PROVISIONER_PRINCIPAL_GROUPS": "events=anonymous"},
+			want: "PROVISIONER_PRINCIPAL_GROUPS: group \"events\": \"anonymous\""},
+		{name: "a group named like a service account", env: map[string]string{"PROVISIONER_API_KEY": key, "PROVISIONER_PRINCIPAL_GROUPS": sa + "=default"},
+			want: "PROVISIONER_PRINCIPAL_GROUPS: group name \"" + sa + "\" must be"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			_, err := Load()
+			got := ""
+			if err != nil {
+				got = err.Error()
+			}
+			if tc.want == "" {
+				if diff := cmp.Diff("", got); diff != "" {
+					t.Errorf("Load() error (-want +got):\n%s", diff)
+				}
+				return
+			}
+			if !strings.Contains(got, tc.want) {
+				t.Errorf("Load() error %q, want one containing %q", got, tc.want)
 			}
 		})
 	}

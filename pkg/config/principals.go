@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"regexp"
 	"slices"
@@ -9,6 +10,10 @@ import (
 
 // DefaultPrincipal is the principal of PROVISIONER_API_KEY.
 const DefaultPrincipal = "default"
+
+// AnonymousPrincipal is every caller's principal while
+// PROVISIONER_AUTH_DISABLED is on: an administrator.
+const AnonymousPrincipal = "anonymous"
 
 // Operations are what a principal may be allowed to run, as the doors name
 // them (an HTTP route, a CloudEvent type, a POST / operation).
@@ -49,8 +54,13 @@ func ParseAPIKeys(raw, single string) (map[string]string, error) {
 			return nil, fmt.Errorf("entry %q must be name=key", name)
 		case !keyName.MatchString(name) || len(name) > 63:
 			return nil, fmt.Errorf("key name %q must be lowercase letters, digits and '-' (a principal's name)", name)
-		case name == DefaultPrincipal && single != "":
-			return nil, fmt.Errorf("key name %q is PROVISIONER_API_KEY's principal; choose another name", name)
+		case name == DefaultPrincipal:
+			// "default" owns the sandboxes that record no principal (made
+			// before principals): only PROVISIONER_API_KEY, DeerFlow's key,
+			// may be it.
+			return nil, fmt.Errorf("key name %q is PROVISIONER_API_KEY's principal; set that variable for it, or choose another name", name)
+		case name == AnonymousPrincipal:
+			return nil, fmt.Errorf("key name %q is every caller's principal under PROVISIONER_AUTH_DISABLED, an administrator; choose another name", name)
 		case keys[name] != "":
 			return nil, fmt.Errorf("key name %q is listed twice", name)
 		case strings.Contains(key, "{{"):
@@ -132,7 +142,7 @@ func ParsePrincipalGroups(raw string) (map[string]string, error) {
 		if !ok || strings.TrimSpace(list) == "" {
 			return nil, fmt.Errorf("entry %q must be group=member[,member...]", entry)
 		}
-		if err := validPrincipal(g); err != nil {
+		if err := validGroup(g); err != nil {
 			return nil, err
 		}
 		if groups[g] {
@@ -143,6 +153,9 @@ func ParsePrincipalGroups(raw string) (map[string]string, error) {
 			m = strings.TrimSpace(m)
 			if err := validPrincipal(m); err != nil {
 				return nil, fmt.Errorf("group %q: %w", g, err)
+			}
+			if m == AnonymousPrincipal {
+				return nil, fmt.Errorf("group %q: %q is every caller's principal under PROVISIONER_AUTH_DISABLED, no credential's", g, m)
 			}
 			if prev, dup := out[m]; dup {
 				return nil, fmt.Errorf("%q is in groups %q and %q; a member acts as one principal", m, prev, g)
@@ -156,4 +169,45 @@ func ParsePrincipalGroups(raw string) (map[string]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// validGroup accepts a group's name: a name of its own, shaped as a key's
+// name. A service account's username is a token's principal, so a group
+// named like one would share that account's sandboxes with its members;
+// "anonymous" is every caller under PROVISIONER_AUTH_DISABLED. Whether it
+// collides with a key's name is checkPrincipalNames', which sees the keys.
+func validGroup(g string) error {
+	switch {
+	case !keyName.MatchString(g) || len(g) > 63:
+		return fmt.Errorf("group name %q must be lowercase letters, digits and '-' (a service account's username is a token's principal, not a group)", g)
+	case g == AnonymousPrincipal:
+		return fmt.Errorf("group name %q is every caller's principal under PROVISIONER_AUTH_DISABLED; choose another name", g)
+	}
+	return nil
+}
+
+// checkPrincipalNames refuses groups whose name is another principal's:
+// every member acts as its group, so a group named like an API key would
+// hand that key's sandboxes to the members (and the key's to them) without
+// either being listed. The one exception is "default" while
+// PROVISIONER_API_KEY is set: naming a group after that key's principal is
+// how event-made sandboxes are made the agent backend's own (security.md).
+// keys are ParseAPIKeys', groups member -> group (ParsePrincipalGroups).
+func checkPrincipalNames(keys map[string]string, groups map[string]string, single string) error {
+	var errs []error
+	seen := map[string]bool{}
+	for _, g := range groups {
+		if seen[g] {
+			continue
+		}
+		seen[g] = true
+		switch {
+		case g == DefaultPrincipal && single == "":
+			errs = append(errs, fmt.Errorf("group %q is PROVISIONER_API_KEY's principal, which is unset: set that variable, or choose another name", g))
+		case g != DefaultPrincipal && keys[g] != "":
+			errs = append(errs, fmt.Errorf("group %q has the name of a key in PROVISIONER_API_KEYS, so that key's sandboxes would be the group's; give the group a name of its own (and list the key as a member to share with it)", g))
+		}
+	}
+	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
+	return errors.Join(errs...)
 }

@@ -175,6 +175,8 @@ const eventsDisabled = "events are disabled on this provisioner (EVENTS_DISABLED
 // credential (X-API-Key, a bearer token, or the api_key field of the JSON
 // data for senders that cannot set headers, such as kn func invoke) of a
 // principal that may run operation. It returns ctx carrying that principal.
+// An event with a bearer token is judged by the token alone (see
+// auth.Credentials.DataKey): a key in its data is never a credential.
 //
 // identity is the credential's own name when one was verified, so refusals
 // and answers can be told apart by sender in the logs.
@@ -183,12 +185,16 @@ func (h *Handler) admit(ctx context.Context, r *http.Request, operation, source 
 		return ctx, http.StatusForbidden, fmt.Sprintf("event source %q is not in EVENT_SOURCE_ALLOWLIST", api.Truncate(source)), ""
 	}
 	creds := auth.FromRequest(r)
-	if creds.Key == "" && creds.Token == "" {
-		creds.Key = dataKey(data)
-	}
+	creds.DataKey = dataKey(data)
 	d := h.auth.Check(ctx, creds, operation)
 	if !d.Allowed() {
 		return ctx, d.Code, d.Detail, ""
+	}
+	if creds.Token != "" && creds.DataKey != "" {
+		// Not the key itself: that it travelled through a Broker, copied to
+		// every subscriber on the way, is what the operator must act on.
+		reqid.Logger(ctx).Warn("an event with a bearer token also carried api_key in its data; the key was ignored, and it has been seen by everything on the event's way: rotate it",
+			"identity", d.Principal.Identity)
 	}
 	return api.WithCaller(ctx, api.Caller{Principal: d.Principal.Name, Admin: d.Principal.Admin}), 0, "", d.Principal.Identity
 }

@@ -3,6 +3,7 @@ package events
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"log/slog"
 	"net/http"
@@ -128,6 +129,9 @@ func TestRouting(t *testing.T) {
 		{"undecodable data", binaryEvent(TypeCreate, "", `{"sandbox_id":`, key), 422, "", "", nil},
 		{"missing id", binaryEvent(TypeGet, "", `{}`, key), 422, "", "", nil},
 		{"wait beyond the cap", binaryEvent(TypeGet, "abc", `{"wait_seconds":21}`, key), 422, "", "", nil},
+		// JSON has no NaN: such data is undecodable, 422 as well.
+		{"wait NaN on get", binaryEvent(TypeGet, "abc", `{"wait_seconds":NaN}`, key), 422, "", "", nil},
+		{"wait NaN on create", binaryEvent(TypeCreate, "", `{"sandbox_id":"abc","wait_seconds":NaN}`, key), 422, "", "", nil},
 		{"malformed event", func() *http.Request {
 			r := binaryEvent(TypeGet, "abc", ``, nil)
 			r.Header.Del("Ce-Id")
@@ -374,6 +378,97 @@ func TestPrincipalsOnTheEventDoors(t *testing.T) {
 			}
 			if tc.want.Code != 200 && len(ops.calls) != 0 {
 				t.Errorf("a refused request reached the domain: %v", ops.calls)
+			}
+		})
+	}
+}
+
+// tokenReviewer verifies the tokens it knows, as the API server's
+// TokenReview would.
+type tokenReviewer map[string]string // token -> username
+
+func (r tokenReviewer) Review(_ context.Context, token, audience string) (auth.Review, error) {
+	if u, ok := r[token]; ok {
+		return auth.Review{Authenticated: true, Username: u, Audiences: []string{audience}}, nil
+	}
+	return auth.Review{}, nil
+}
+
+// unsignedJWT is a token whose claims pass the pre-checks (audience,
+// expiry); tokenReviewer decides the rest.
+func unsignedJWT(aud string, exp time.Time) string {
+	claims, _ := json.Marshal(map[string]any{"aud": aud, "exp": exp.Unix()})
+	enc := base64.RawURLEncoding.EncodeToString
+	return enc([]byte(`{"alg":"RS256"}`)) + "." + enc(claims) + "." + enc([]byte("sig"))
+}
+
+// TestBrokeredEventNeverAuthenticatesByDataKey: an event that carries a
+// bearer token (what a Broker delivers with Knative's OIDC) runs as the
+// token's subject whatever api_key its data carries, and one whose token
+// fails is refused rather than let in by that key; a direct invocation
+// without a token (kn func invoke, in both formats) still authenticates by
+// the key in its data.
+func TestBrokeredEventNeverAuthenticatesByDataKey(t *testing.T) {
+	const (
+		trigger  = "system:serviceaccount:deer-flow:create-oidc"
+		aliceKey = "alice-key-0123456789"
+	)
+	good, forged := unsignedJWT("sandbox-provisioner", time.Now().Add(time.Hour)), unsignedJWT("sandbox-provisioner", time.Now().Add(2*time.Hour))
+	t.Setenv("PROVISIONER_API_KEY", testKey)
+	for k, v := range map[string]string{"PROVISIONER_API_KEYS": "alice=" + aliceKey, "AUTH_TOKEN_AUDIENCE": "sandbox-provisioner", "AUTH_ALLOWED_SUBJECTS": trigger} {
+		t.Setenv(k, v)
+	}
+	cfg, err := config.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops := &fakeOps{}
+	h := New(cfg, auth.FromConfig(cfg, tokenReviewer{good: trigger}), ops, metrics.New())
+	bearer := func(tok string) map[string]string { return map[string]string{"Authorization": "Bearer " + tok} }
+	withAlice := `{"sandbox_id":"abc","api_key":"` + aliceKey + `"}`
+	invoke := func(body string, headers map[string]string) *http.Request {
+		r := httptest.NewRequest("POST", "/", strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		for k, v := range headers {
+			r.Header.Set(k, v)
+		}
+		return r
+	}
+	type result struct {
+		Code   int
+		Caller api.Caller
+	}
+	tests := []struct {
+		name   string
+		req    *http.Request
+		invoke bool
+		want   result
+	}{
+		{name: "a verified token beside alice's key in the data", req: binaryEvent(TypeCreate, "", withAlice, bearer(good)),
+			want: result{Code: 200, Caller: api.Caller{Principal: trigger}}},
+		{name: "a forged token beside alice's key in the data", req: binaryEvent(TypeCreate, "", withAlice, bearer(forged)), want: result{Code: 401}},
+		{name: "a token that is no JWT beside alice's key in the data", req: binaryEvent(TypeCreate, "", withAlice, bearer("abc")), want: result{Code: 401}},
+		{name: "POST / with a verified token beside alice's key", req: invoke(`{"operation":"create","sandbox_id":"abc","api_key":"`+aliceKey+`"}`, bearer(good)), invoke: true,
+			want: result{Code: 200, Caller: api.Caller{Principal: trigger}}},
+		{name: "kn func invoke --format cloudevent, the key in the data", req: binaryEvent(TypeCreate, "", withAlice, nil),
+			want: result{Code: 200, Caller: api.Caller{Principal: "alice"}}},
+		{name: "kn func invoke --format http, the key in the data", req: invoke(`{"operation":"create","sandbox_id":"abc","api_key":"`+aliceKey+`"}`, nil), invoke: true,
+			want: result{Code: 200, Caller: api.Caller{Principal: "alice"}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ops.caller, ops.calls = api.Caller{}, nil
+			w := httptest.NewRecorder()
+			if tc.invoke {
+				h.Invoke(w, tc.req)
+			} else {
+				h.ServeHTTP(w, tc.req)
+			}
+			if diff := cmp.Diff(tc.want, result{w.Code, ops.caller}); diff != "" {
+				t.Errorf("(-want +got):\n%s\nbody: %s", diff, w.Body)
+			}
+			if tc.want.Code != 200 && len(ops.calls) != 0 {
+				t.Errorf("a refused event reached the domain: %v", ops.calls)
 			}
 		})
 	}

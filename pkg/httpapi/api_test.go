@@ -133,3 +133,27 @@ func TestOperationsPerPrincipal(t *testing.T) {
 		t.Errorf("statuses (-want +got):\n%s", diff)
 	}
 }
+
+// TestWaitThatIsNoNumberIs422: ?wait= spellings that strconv.ParseFloat
+// takes but that are no decimal seconds are refused as invalid before the
+// domain is called (the stand-in domain answers 504, as a wait whose
+// deadline is already past did).
+func TestWaitThatIsNoNumberIs422(t *testing.T) {
+	a := newAPI(t, map[string]string{"PROVISIONER_API_KEY": key})
+	type result struct {
+		Code     int
+		NamesArg bool
+	}
+	for _, wait := range []string{"NaN", "Inf", "-Inf", "0x1p3"} {
+		t.Run(wait, func(t *testing.T) {
+			r := httptest.NewRequest("GET", "/api/sandboxes/abc?wait="+wait, nil)
+			r.Header.Set("X-API-Key", key)
+			w := httptest.NewRecorder()
+			a.ServeHTTP(w, r)
+			got := result{w.Code, strings.Contains(w.Body.String(), "wait")}
+			if diff := cmp.Diff(result{http.StatusUnprocessableEntity, true}, got); diff != "" {
+				t.Errorf("GET ?wait=%s (-want +got):\n%s\nbody: %s", wait, diff, w.Body)
+			}
+		})
+	}
+}

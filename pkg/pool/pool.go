@@ -5,7 +5,8 @@
 // makes it the requested sandbox; the ReplicaSet controller then makes
 // another. So nothing runs in the function between requests (it scales to
 // zero): Kubernetes refills the pool, and the function makes or corrects
-// the ReplicaSet when it reads the template (a create, GET /api/templates).
+// the ReplicaSet when a create reads the template, and at every reap;
+// reads of the templates (GET /api/templates) never write.
 //
 // Rules this package keeps: a pooled Pod is handed out once (the claim
 // carries the resourceVersion it judged, so of racing claims one wins, and
@@ -20,6 +21,8 @@ package pool
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -508,14 +511,16 @@ func equalOwners(a, b []metav1.OwnerReference) bool {
 	return true
 }
 
-// Describe implements sandbox.Pool: one list of the pool ReplicaSets; each
-// template's pool is made what it asks for (pools of templates that ask for
-// none, are refused or are gone are deleted), and its ready count filled
-// in. What fails is said in the template's pool error, not as a failed
-// listing: the templates themselves are still usable.
+// Describe implements sandbox.Pool: one list of the pool ReplicaSets, and
+// each template's ready count filled in. It writes nothing: a read of the
+// templates (GET /api/templates, /api/capabilities) is no occasion to make,
+// resize or delete a pool, as any principal that may read could then churn
+// every pool's Pods. Keep does that, from the reap; creates of a pooled
+// template make theirs too (ensureSoon). A listing that fails is said in
+// each template's pool error, not as a failed listing: the templates
+// themselves are still usable.
 func (p *Pool) Describe(ctx context.Context, sums []template.Summary, valid []*template.Template) {
-	list, err := p.client.AppsV1().ReplicaSets(p.cfg.Namespace).List(ctx, metav1.ListOptions{
-		LabelSelector: keys.LabelComponent + "=" + componentValue + "," + keys.LabelPool})
+	byName, err := p.pools(ctx)
 	if err != nil {
 		for i := range sums {
 			if sums[i].Pool != nil && sums[i].Pool.Error == "" {
@@ -524,14 +529,43 @@ func (p *Pool) Describe(ctx context.Context, sums []template.Summary, valid []*t
 		}
 		return
 	}
-	byName := map[string]*appsv1.ReplicaSet{}
-	for i := range list.Items {
-		byName[list.Items[i].Name] = &list.Items[i]
-	}
 	sumOf := map[string]*template.Summary{}
 	for i := range sums {
 		sumOf[sums[i].Name] = &sums[i]
 	}
+	for _, t := range valid {
+		have, sum := byName[Name(t.Name)], sumOf[t.Name]
+		if sum == nil || sum.Pool == nil || have == nil {
+			continue
+		}
+		if have.Spec.Template.Labels[keys.LabelPoolHash] == Build(p.cfg, t).Spec.Template.Labels[keys.LabelPoolHash] {
+			sum.Pool.Ready = min(int(have.Status.ReadyReplicas), t.PoolSize)
+		}
+	}
+}
+
+// Keep implements sandbox.Pool. The reap calls it, so pools follow their
+// templates within a reap's period even when no create asks for them; a
+// failure is logged, and the next reap tries again.
+func (p *Pool) Keep(ctx context.Context, templates *template.Store) {
+	_, valid, err := templates.ListValid(ctx)
+	if err == nil {
+		err = p.keep(ctx, valid)
+	}
+	if err != nil {
+		p.log.Warn("cannot keep the warm pools; the next reap tries again", "error", err)
+	}
+}
+
+// keep is one list of the pool ReplicaSets; each valid template's pool is
+// made what it asks for, and pools of templates that ask for none, are
+// refused or are gone are deleted.
+func (p *Pool) keep(ctx context.Context, valid []*template.Template) error {
+	byName, err := p.pools(ctx)
+	if err != nil {
+		return fmt.Errorf("list the warm pools: %w", err)
+	}
+	var errs []error
 	for _, t := range valid {
 		name := Name(t.Name)
 		have := byName[name]
@@ -539,23 +573,29 @@ func (p *Pool) Describe(ctx context.Context, sums []template.Summary, valid []*t
 		if t.PoolSize == 0 && have == nil {
 			continue
 		}
-		err := p.ensure(ctx, t, have, true)
-		sum := sumOf[t.Name]
-		if sum == nil || sum.Pool == nil {
-			continue
-		}
-		if err != nil {
-			sum.Pool.Error = "cannot keep the pool: " + err.Error()
+		if err := p.ensure(ctx, t, have, true); err != nil {
 			p.forget(t.Name)
-			continue
-		}
-		if have != nil && have.Spec.Template.Labels[keys.LabelPoolHash] == Build(p.cfg, t).Spec.Template.Labels[keys.LabelPoolHash] {
-			sum.Pool.Ready = min(int(have.Status.ReadyReplicas), t.PoolSize)
+			errs = append(errs, fmt.Errorf("keep the warm pool of template %s: %w", t.Name, err))
 		}
 	}
 	for _, rs := range byName { // pools of templates refused, gone or unlabelled
 		if err := p.remove(ctx, rs); err != nil {
-			p.log.Warn("cannot remove a warm pool nobody asks for", "replicaset", rs.Name, "error", err)
+			errs = append(errs, fmt.Errorf("remove the warm pool %s nobody asks for: %w", rs.Name, err))
 		}
 	}
+	return errors.Join(errs...)
+}
+
+// pools lists the pool ReplicaSets by name.
+func (p *Pool) pools(ctx context.Context) (map[string]*appsv1.ReplicaSet, error) {
+	list, err := p.client.AppsV1().ReplicaSets(p.cfg.Namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: keys.LabelComponent + "=" + componentValue + "," + keys.LabelPool})
+	if err != nil {
+		return nil, err
+	}
+	byName := map[string]*appsv1.ReplicaSet{}
+	for i := range list.Items {
+		byName[list.Items[i].Name] = &list.Items[i]
+	}
+	return byName, nil
 }

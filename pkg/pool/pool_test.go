@@ -461,6 +461,9 @@ func TestEnsureReshapeDropsOldPodsButNotClaimedOnes(t *testing.T) {
 	}
 }
 
+// TestDescribe: a pool's ready count comes from its ReplicaSet's status,
+// and describing writes nothing, not even to remove a pool nobody asks
+// for (Keep does that, from the reap).
 func TestDescribe(t *testing.T) {
 	cfg := testConfig(t)
 	ctx := context.Background()
@@ -476,9 +479,44 @@ func TestDescribe(t *testing.T) {
 	if diff := cmp.Diff(&template.Pool{Size: 3, Ready: 2}, sums[0].Pool); diff != "" {
 		t.Errorf("pool (-want +got):\n%s", diff)
 	}
+	if diff := cmp.Diff([]string(nil), writes(cs)); diff != "" {
+		t.Errorf("writes of a describe (-want +got):\n%s", diff)
+	}
+}
+
+// TestKeep: the pool of a template is made at its size, and the pool of a
+// template that is gone is deleted.
+func TestKeep(t *testing.T) {
+	cfg := testConfig(t)
+	ctx := context.Background()
+	tmpl := pooled(t, cfg, 3)
+	orphan := Build(cfg, pooled(t, cfg, 1))
+	orphan.Name = Name("gone")
+	cs := clientset(orphan)
+	p := New(cfg, cs, nil, nil)
+	if err := p.keep(ctx, []*template.Template{tmpl}); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := cs.AppsV1().ReplicaSets(ns).Get(ctx, Name("warm"), metav1.GetOptions{})
+	if err != nil || *rs.Spec.Replicas != 3 {
+		t.Errorf("the pool of warm: %v %v, want 3 replicas", rs, err)
+	}
 	if _, err := cs.AppsV1().ReplicaSets(ns).Get(ctx, orphan.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("pool of a template that is gone still there (%v)", err)
 	}
+}
+
+// writes lists the writes cs was asked for, as "verb resource".
+func writes(cs *fake.Clientset) []string {
+	var out []string
+	for _, a := range cs.Actions() {
+		switch a.GetVerb() {
+		case "get", "list", "watch":
+		default:
+			out = append(out, a.GetVerb()+" "+a.GetResource().Resource)
+		}
+	}
+	return out
 }
 
 // TestClaimSurvivesStatusWrites: a conflict caused by another writer (the

@@ -32,9 +32,13 @@ type Pool interface {
 	// Missed records a create of a pooled template that needs what a
 	// pooled Pod lacks (mounts, env, resources) and so goes the cold way.
 	Missed(t *template.Template)
-	// Describe makes each template's pool exist at its size and fills in
-	// how many pooled Pods stand Ready (GET /api/templates).
+	// Describe fills in how many pooled Pods stand Ready (GET
+	// /api/templates). It writes nothing.
 	Describe(ctx context.Context, sums []template.Summary, valid []*template.Template)
+	// Keep makes each valid template's pool exist at its size and shape,
+	// and deletes the pools no valid template asks for (the reap). What
+	// fails is logged there: the next reap tries again.
+	Keep(ctx context.Context, templates *template.Store)
 }
 
 // Claim is what a claim writes onto a pooled Pod: the sandbox's labels and
@@ -256,7 +260,7 @@ func (m *Manager) answer(ctx context.Context, id string, f found, wait time.Dura
 		// The name's wait holds a watch, as a wait for Ready does: it takes
 		// one of this replica's wait tokens, and is left out when none is
 		// free rather than refusing a create that asked for no wait.
-		if release, err := m.admitWait(m.nameWait); err == nil {
+		if release, err := m.admitWait(ctx, m.nameWait); err == nil {
 			m.awaitName(ctx, f.svc, f.pod, m.nameWait)
 			release()
 		}

@@ -42,7 +42,7 @@ func (m *Manager) Create(ctx context.Context, s api.Spec, wait time.Duration) (a
 }
 
 func (m *Manager) create(ctx context.Context, s api.Spec, wait time.Duration) (api.Sandbox, error) {
-	release, err := m.admitWait(wait)
+	release, err := m.admitWait(ctx, wait)
 	if err != nil {
 		return api.Sandbox{}, err
 	}
@@ -214,21 +214,26 @@ func (m *Manager) createReplicaSetOnce(ctx context.Context, s api.Spec) (made, e
 // serviceAndQuota ensures the Service owned by the workload and, for a new
 // workload, counts the quota once the Service is written: the Service is
 // the sandbox's slot (see quota.Counter.Check), so a create costs the bare floor's
-// two writes and a look into the Service cache. A new workload that is
-// refused, whose count fails, or whose id turns out to be the other kind's
-// (errOtherKind) is removed again.
+// two writes and a look into the Service cache. A new workload that gets
+// no Service (its create or read failed, or the id turned out to be the
+// other kind's: errOtherKind), that is refused, or whose count fails is
+// removed again.
 func (m *Manager) serviceAndQuota(ctx context.Context, s api.Spec, workload workloadObject, owner metav1.OwnerReference, existed bool) (*corev1.Service, bool, error) {
 	svc, repaired, svcErr := m.ensureService(ctx, s, owner, existed)
 	var quotaErr error
 	if svcErr == nil && !existed && quota.Limited(m.cfg.QuotaConfig) {
 		quotaErr = m.quota.Check(ctx, s, svc)
 	}
-	undo := !existed && (quotaErr != nil || errors.Is(svcErr, errOtherKind))
-	if undo {
-		// What this call made never passed the quota (or belongs to no
-		// sandbox): it goes at once (a retry creates it anew) rather than
-		// linger uncounted.
-		if err := m.undoCreate(context.WithoutCancel(ctx), workload, svc); err != nil {
+	if !existed && (svcErr != nil || quotaErr != nil) {
+		// What this call made never became a sandbox the create answers
+		// for (no Service, or never passed the quota): it goes at once (a
+		// retry creates it anew) rather than linger uncounted and
+		// unreachable. Whatever ended the request (the client gone, the
+		// deadline), the undo runs, under a deadline of its own.
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.RequestTimeout)
+		err := m.undoCreate(uctx, workload, svc)
+		cancel()
+		if err != nil {
 			return nil, false, err
 		}
 	}

@@ -3,9 +3,11 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -99,20 +101,67 @@ func (m *Manager) deleteWorkload(ctx context.Context, obj workloadObject, grace 
 	}
 }
 
-// undoCreate removes what a refused create made, all of it at once rather
-// than leaving the Service to the GC, so a retry of the same
-// id finds nothing stale. Preconditions on the UIDs keep it from deleting
-// objects that another caller created since.
+// undoCreate removes what a refused or failed create made, all of it at
+// once rather than leaving the Service to the GC, so a retry of the same
+// id finds nothing stale. Its Service goes first, with a UID precondition;
+// then the workload (undoWorkload). ctx must not be the request's: a
+// create that failed because its client went away must still undo.
 func (m *Manager) undoCreate(ctx context.Context, workload workloadObject, svc *corev1.Service) error {
-	// No grace period: the Pod never served anyone, and a retry of this
-	// create must not wait for it to terminate.
-	deletes := []func() error{m.deleteWorkload(ctx, workload, ptr.To(int64(0)), false)}
 	if svc != nil && resources.OwnerUID(svc.OwnerReferences) == workload.GetUID() {
-		deletes = append(deletes, func() error {
-			return m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, svc.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(svc.UID))})
-		})
+		err := m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, svc.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(svc.UID))})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return api.Classify(err, "remove what a refused or failed create made")
+		}
 	}
-	return api.Classify(runAll(deletes), "remove what a refused or failed create made")
+	return api.Classify(m.undoWorkload(ctx, workload), "remove what a refused or failed create made")
+}
+
+// undoWorkload deletes the workload a failed create wrote, with the UID
+// and resourceVersion it was written with, so that nothing else is removed
+// in its stead. Changed since (by the scheduler, the kubelet or its
+// controller, or by another create of the id that found it), it is read
+// again: a Service owned by it means another create made it whole and may
+// have answered 200 for it, so it stays; otherwise it goes at the version
+// read. No grace period: it never served anyone, and a retry of the create
+// must not wait for it to terminate.
+func (m *Manager) undoWorkload(ctx context.Context, w workloadObject) error {
+	obj := w
+	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
+		err := m.deleteWorkload(ctx, obj, ptr.To(int64(0)), true)()
+		if err == nil || apierrors.IsNotFound(err) {
+			return nil
+		}
+		if !apierrors.IsConflict(err) {
+			return err
+		}
+		cur, err := m.readWorkload(ctx, w)
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if cur.GetUID() != w.GetUID() || cur.GetDeletionTimestamp() != nil {
+			return nil // gone, and another object took the name
+		}
+		svc, err := m.client.CoreV1().Services(m.cfg.Namespace).Get(ctx, resources.ServiceName(w.GetLabels()[keys.LabelID]), metav1.GetOptions{})
+		switch {
+		case err == nil && resources.OwnerUID(svc.OwnerReferences) == w.GetUID():
+			return nil // made whole by another create: its sandbox now
+		case err != nil && !apierrors.IsNotFound(err):
+			return err
+		}
+		obj = cur
+	}
+	return fmt.Errorf("%s %s kept changing while a failed create removed it", w.GetObjectKind().GroupVersionKind().Kind, w.GetName())
+}
+
+// readWorkload reads w again, of its kind.
+func (m *Manager) readWorkload(ctx context.Context, w workloadObject) (workloadObject, error) {
+	if _, ok := w.(*appsv1.ReplicaSet); ok {
+		return m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Get(ctx, w.GetName(), metav1.GetOptions{})
+	}
+	return m.client.CoreV1().Pods(m.cfg.Namespace).Get(ctx, w.GetName(), metav1.GetOptions{})
 }
 
 // runAll runs deletes concurrently. An object already gone, or replaced by a

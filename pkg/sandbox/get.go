@@ -41,7 +41,7 @@ func (m *Manager) lookup(ctx context.Context, id string, wait time.Duration) (fo
 	if err := api.ValidateID(id); err != nil {
 		return found{}, nil, err
 	}
-	release, err := m.admitWait(wait)
+	release, err := m.admitWait(ctx, wait)
 	if err != nil {
 		return found{}, nil, err
 	}

@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"net"
 	"strconv"
@@ -20,6 +19,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/quota"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
+	"github.com/deerflow-sandbox/provisioner/pkg/waitslot"
 )
 
 // Recorder is the subset of client-go's record.EventRecorder we use.
@@ -45,9 +45,9 @@ type Manager struct {
 	client   kubernetes.Interface
 	recorder Recorder
 	observer Observer
-	// waits holds one token per request of this replica that is waiting for
-	// readiness (each holds an API watch); MAX_CONCURRENT_WAITS bounds it.
-	waits     chan struct{}
+	// waits counts the requests of this replica that are waiting for
+	// readiness (each holds an API watch), in all and per principal.
+	waits     *waitslot.Slots
 	isolation *isolation.Checker
 	// failing holds the isolation checks whose last verdict failed.
 	failing   sync.Map // check name -> struct{}
@@ -73,7 +73,7 @@ func WithObserver(o Observer) Option { return func(m *Manager) { m.observer = o 
 // NewManager returns a Manager over client.
 func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option) *Manager {
 	m := &Manager{cfg: cfg, client: client, recorder: nopRecorder{}, observer: nopObserver{},
-		waits: make(chan struct{}, max(cfg.MaxConcurrentWaits, 1)), templates: template.NewStore(client, cfg), auditLog: slog.Default(),
+		waits: waitslot.New(cfg.MaxConcurrentWaits), templates: template.NewStore(client, cfg), auditLog: slog.Default(),
 		nameWait: defaultNameWait}
 	for _, o := range opts {
 		o(m)
@@ -93,20 +93,16 @@ func (m *Manager) Run(ctx context.Context) {
 	m.quota.Run(ctx)
 }
 
-// admitWait takes a wait token, or refuses at once when this replica already
-// holds MAX_CONCURRENT_WAITS of them: a flood of waiting requests must not
-// turn into a flood of API watches. The caller calls release when done.
-func (m *Manager) admitWait(wait time.Duration) (release func(), err error) {
+// admitWait takes a wait slot for the caller (package waitslot), or
+// refuses at once. The caller calls release when done.
+func (m *Manager) admitWait(ctx context.Context, wait time.Duration) (release func(), err error) {
 	if wait <= 0 {
 		return func() {}, nil
 	}
-	select {
-	case m.waits <- struct{}{}:
-		return func() { <-m.waits }, nil
-	default:
-		return nil, &api.Error{Kind: api.KindQuota, Detail: fmt.Sprintf(
-			"this replica is already waiting for %d sandboxes (MAX_CONCURRENT_WAITS); retry, or ask without a wait", cap(m.waits))}
-	}
+	// A request without a caller fails closed further on (callerOf); until
+	// then it waits as nobody's, in a share of its own.
+	c, _ := api.CallerFrom(ctx)
+	return m.waits.Take(c.Principal)
 }
 
 type nopRecorder struct{}
@@ -191,7 +187,9 @@ func podReady(pod *corev1.Pod) bool {
 	return false
 }
 
-// Templates lists the sandbox templates (GET /api/templates).
+// Templates lists the sandbox templates (GET /api/templates, and the names
+// in /api/capabilities), with each pool's ready count. A read: it writes
+// nothing, pools included (the reap keeps them).
 func (m *Manager) Templates(ctx context.Context) ([]template.Summary, error) {
 	list, valid, err := m.templates.ListValid(ctx)
 	if err == nil && m.pool != nil {

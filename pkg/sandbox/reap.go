@@ -4,56 +4,67 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"strconv"
 	"sync"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
-	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
 // Reap deletes every expired sandbox and every ended Pod (Succeeded/Failed,
-// e.g. after activeDeadlineSeconds), with their Services. It runs on demand
+// e.g. after activeDeadlineSeconds), with their Services, and keeps the
+// warm pools (Pool.Keep). It runs on demand
 // (PingSource event, reap event, HTTP) instead of in a loop, because this
 // process scales to zero. Each delete carries the UID and resourceVersion it
 // judged, so a sandbox touched since, or reaped by a concurrent reaper, is
 // left alone and counted once.
+//
+// The answer names only the sandboxes the caller may see (an
+// administrator: all): the reap acts for the operator, but its caller is a
+// tenant, and another principal's ids are not its to learn. The audit line
+// names them all.
 func (m *Manager) Reap(ctx context.Context) (api.Reaped, error) {
-	r, err := m.reap(ctx)
-	ids := make([]string, 0, len(r.Removed))
-	for _, s := range r.Removed {
-		ids = append(ids, s.ID)
-	}
-	paused := make([]string, 0, len(r.Paused))
-	for _, s := range r.Paused {
-		paused = append(paused, s.ID)
-	}
-	m.audit(ctx, "reap", "", outcome(err), err, slog.Any("removed", ids), slog.Any("paused", paused))
-	return r, err
-}
-
-// reap is Reap without the audit line. Expiry is the operator's policy,
-// not the caller's: it judges every sandbox, whoever created it (the
-// operation itself is gated per principal, PROVISIONER_PRINCIPAL_OPERATIONS).
-func (m *Manager) reap(ctx context.Context) (api.Reaped, error) {
-	all, err := m.listAll(ctx, resources.SelectorAll)
+	c, err := callerOf(ctx)
 	if err != nil {
 		return api.Reaped{}, err
 	}
-	pods, svcs := all.pods, all.svcs
+	all, seen, err := m.reap(ctx, c)
+	if m.pool != nil {
+		// Every few minutes, whoever creates: pools follow their templates.
+		m.pool.Keep(ctx, m.templates)
+	}
+	ids := make([]string, 0, len(all.Removed))
+	for _, s := range all.Removed {
+		ids = append(ids, s.ID)
+	}
+	paused := make([]string, 0, len(all.Paused))
+	for _, s := range all.Paused {
+		paused = append(paused, s.ID)
+	}
+	m.audit(ctx, "reap", "", outcome(err), err, slog.Any("removed", ids), slog.Any("paused", paused))
+	return seen, err
+}
+
+// reap is Reap without the audit line: what it did (all), and the part of
+// it that c may see (seen). Expiry is the operator's policy, not the
+// caller's: it judges every sandbox, whoever created it (the operation
+// itself is gated per principal, PROVISIONER_PRINCIPAL_OPERATIONS).
+func (m *Manager) reap(ctx context.Context, c api.Caller) (all, seen api.Reaped, err error) {
+	objs, err := m.listAll(ctx, resources.SelectorAll)
+	if err != nil {
+		return api.Reaped{}, api.Reaped{}, err
+	}
+	pods, svcs := objs.pods, objs.svcs
 	now := time.Now()
 	type victim struct {
 		id, reason string
-		obj        runtime.Object
+		obj        workloadObject // the workload, or an orphaned Service
 		del        func() error
 		pause      bool
 	}
@@ -71,8 +82,8 @@ func (m *Manager) reap(ctx context.Context) (api.Reaped, error) {
 			svcByID[id] = &svcs[i]
 		}
 	}
-	for i := range all.rss {
-		rs := &all.rss[i]
+	for i := range objs.rss {
+		rs := &objs.rss[i]
 		id := resources.ReplicaSetID(rs)
 		if id == "" {
 			continue
@@ -81,7 +92,7 @@ func (m *Manager) reap(ctx context.Context) (api.Reaped, error) {
 		if rs.Labels[keys.LabelManagedBy] != keys.ManagedByValue || rs.DeletionTimestamp != nil {
 			continue
 		}
-		reason, pause := replicaSetExpiry(rs, now)
+		reason, pause := resources.ReplicaSetExpiry(rs, now)
 		if reason == "" {
 			continue
 		}
@@ -101,7 +112,7 @@ func (m *Manager) reap(ctx context.Context) (api.Reaped, error) {
 		if p.Labels[keys.LabelManagedBy] != keys.ManagedByValue || p.DeletionTimestamp != nil || resources.PodID(p) == "" {
 			continue
 		}
-		reason := expiryReason(p, now)
+		reason := resources.ExpiryReason(p, now)
 		if reason == "" {
 			continue
 		}
@@ -126,11 +137,25 @@ func (m *Manager) reap(ctx context.Context) (api.Reaped, error) {
 
 	var (
 		mu   sync.Mutex
-		out  = api.Reaped{Removed: []api.ReapedSandbox{}}
 		errs []error
 		wg   sync.WaitGroup
 		sem  = make(chan struct{}, 16)
 	)
+	all, seen = api.Reaped{Removed: []api.ReapedSandbox{}}, api.Reaped{Removed: []api.ReapedSandbox{}}
+	// record adds one outcome to all, and to seen when c may see it.
+	record := func(v victim) {
+		r := api.ReapedSandbox{ID: v.id, Reason: v.reason}
+		for _, out := range []*api.Reaped{&all, &seen} {
+			if out == &seen && !c.Sees(v.obj) {
+				continue
+			}
+			if v.pause {
+				out.Paused = append(out.Paused, r)
+			} else {
+				out.Removed = append(out.Removed, r)
+			}
+		}
+	}
 	for _, v := range victims {
 		wg.Add(1)
 		sem <- struct{}{}
@@ -141,11 +166,11 @@ func (m *Manager) reap(ctx context.Context) (api.Reaped, error) {
 			defer mu.Unlock()
 			switch {
 			case err == nil && v.pause:
-				out.Paused = append(out.Paused, api.ReapedSandbox{ID: v.id, Reason: v.reason})
+				record(v)
 				m.observer.Reaped("paused")
 				m.recorder.Eventf(v.obj, corev1.EventTypeNormal, "SandboxPaused", "Paused idle sandbox %s", v.id)
 			case err == nil:
-				out.Removed = append(out.Removed, api.ReapedSandbox{ID: v.id, Reason: v.reason})
+				record(v)
 				m.observer.Reaped(v.reason)
 				m.recorder.Eventf(v.obj, corev1.EventTypeNormal, "SandboxReaped", "Reaped sandbox %s: %s", v.id, v.reason)
 			case apierrors.IsNotFound(err) || apierrors.IsConflict(err) || api.KindOf(err) == api.KindConflict:
@@ -156,29 +181,11 @@ func (m *Manager) reap(ctx context.Context) (api.Reaped, error) {
 		}()
 	}
 	wg.Wait()
-	out.Count = len(out.Removed)
+	all.Count, seen.Count = len(all.Removed), len(seen.Removed)
 	if err := errors.Join(errs...); err != nil {
-		return out, api.Classify(err, "reap expired sandboxes")
+		return all, seen, api.Classify(err, "reap expired sandboxes")
 	}
-	return out, nil
-}
-
-// expiryReason says why a Pod should go now, or "" if it should stay.
-func expiryReason(p *corev1.Pod, now time.Time) string {
-	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-		return "ended"
-	}
-	lt, ok := lifetimeOf(p)
-	if !ok {
-		return ""
-	}
-	if !now.Before(lt.created.Add(lt.max)) {
-		return "lifetime"
-	}
-	if !now.Before(lt.lastActivity.Add(lt.idle)) {
-		return "idle"
-	}
-	return ""
+	return all, seen, nil
 }
 
 // deleteOwnedService follows a successful workload delete with its Service.
@@ -195,30 +202,4 @@ func (m *Manager) deleteOwnedService(ctx context.Context, err error, svc *corev1
 		return nil
 	}
 	return err
-}
-
-// replicaSetExpiry says what the reap does to a ReplicaSet sandbox now: the
-// reason, and whether it pauses rather than deletes. The lifetime cap holds
-// paused or not; a paused sandbox goes after its paused timeout; an idle
-// one is paused when its template says so, else deleted.
-func replicaSetExpiry(rs *appsv1.ReplicaSet, now time.Time) (string, bool) {
-	lt, ok := lifetimeOf(rs)
-	if !ok {
-		return "", false
-	}
-	a := rs.Annotations
-	switch {
-	case !now.Before(lt.created.Add(lt.max)):
-		return "lifetime", false
-	case resources.Paused(rs):
-		at, err1 := time.Parse(time.RFC3339, a[keys.AnnotationPausedAt])
-		limit, err2 := strconv.ParseInt(a[keys.AnnotationPausedTimeout], 10, 64)
-		if err1 == nil && err2 == nil && !now.Before(at.Add(time.Duration(limit)*time.Second)) {
-			return "paused-timeout", false
-		}
-		return "", false
-	case !now.Before(lt.lastActivity.Add(lt.idle)):
-		return "idle", a[keys.AnnotationIdleAction] == template.IdlePause
-	}
-	return "", false
 }

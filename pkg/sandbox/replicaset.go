@@ -85,30 +85,35 @@ func (m *Manager) reuseReplicaSet(ctx context.Context, rs *appsv1.ReplicaSet, s 
 }
 
 // scale pauses (0) or resumes (1) a ReplicaSet sandbox with one patch that
-// also records when it was paused, or that resuming is activity. A request
-// to pause or resume states the outcome it wants, so its patch applies
-// whatever changed since; the reap's patch (ifUnchanged) carries the
-// resourceVersion it judged, so a sandbox used since is not paused.
+// also records when it was paused, or that resuming is activity. The patch
+// carries the ReplicaSet's UID, so it never acts on a ReplicaSet deleted and
+// created again under the name meanwhile (perhaps another principal's): the
+// API server refuses a patch that would change the UID. A request to pause
+// or resume states the outcome it wants, so its patch applies whatever
+// else changed since (the controller's status writes would make a
+// resourceVersion precondition fail for nothing); the reap's patch
+// (ifUnchanged) carries the resourceVersion it judged too, so a sandbox
+// used since is not paused.
 func (m *Manager) scale(ctx context.Context, rs *appsv1.ReplicaSet, replicas int32, ifUnchanged bool) (*appsv1.ReplicaSet, error) {
 	now := time.Now().UTC().Truncate(time.Second).Format(time.RFC3339)
 	ann := map[string]any{keys.AnnotationPausedAt: now}
 	if replicas > 0 {
 		ann = map[string]any{keys.AnnotationPausedAt: nil}
-		if lt, ok := lifetimeOf(rs); ok {
-			lt.lastActivity = time.Now().UTC().Truncate(time.Second)
-			ann[keys.AnnotationLastActivity] = lt.lastActivity.Format(time.RFC3339)
-			ann[keys.AnnotationExpiresAt] = lt.expiresAt().Format(time.RFC3339)
+		if lt, ok := resources.LifetimeOf(rs); ok {
+			lt.LastActivity = time.Now().UTC().Truncate(time.Second)
+			ann[keys.AnnotationLastActivity] = lt.LastActivity.Format(time.RFC3339)
+			ann[keys.AnnotationExpiresAt] = lt.ExpiresAt().Format(time.RFC3339)
 		}
 	}
-	meta := map[string]any{"annotations": ann}
+	meta := map[string]any{"annotations": ann, "uid": rs.UID}
 	if ifUnchanged {
 		meta["resourceVersion"] = rs.ResourceVersion
 	}
 	patch, _ := json.Marshal(map[string]any{"metadata": meta, "spec": map[string]any{"replicas": replicas}})
 	out, err := m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Patch(ctx, rs.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 	if err != nil {
-		if apierrors.IsConflict(err) {
-			return nil, &api.Error{Kind: api.KindConflict, Err: err, Detail: "sandbox " + rs.Labels[keys.LabelID] + " changed while being resources.Paused or resumed; retry"}
+		if apierrors.IsConflict(err) || api.UIDChanged(err) {
+			return nil, &api.Error{Kind: api.KindConflict, Err: err, Detail: "sandbox " + rs.Labels[keys.LabelID] + " changed while being paused or resumed; retry"}
 		}
 		return nil, api.Classify(err, "scale the sandbox ReplicaSet")
 	}
@@ -171,7 +176,7 @@ func (m *Manager) setPaused(ctx context.Context, id string, pause bool, wait tim
 	defer release()
 	switch {
 	case f.rs == nil && f.pod != nil:
-		return api.Sandbox{}, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + id + " is a bare Pod, which cannot be resources.Paused or resumed; create sandboxes from a template of kind ReplicaSet for that"}
+		return api.Sandbox{}, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + id + " is a bare Pod, which cannot be paused or resumed; create sandboxes from a template of kind ReplicaSet for that"}
 	case f.rs == nil:
 		return api.Sandbox{}, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + id + " has only its Service left, nothing to pause or resume; create it again"}
 	}

@@ -300,8 +300,9 @@ func TestSandboxBoundToItsOwner(t *testing.T) {
 
 // TestConcurrentWaitsAreCapped: 200 concurrent get-with-wait requests to one
 // replica open at most MAX_CONCURRENT_WAITS watches (counted at the API
-// proxy); the rest get 429 with Retry-After; the process stays within the
-// memory limit config/ gives it.
+// proxy; one principal's, as here, at most half of them); the rest get 429
+// with Retry-After; the process stays within the memory limit config/ gives
+// it.
 func TestConcurrentWaitsAreCapped(t *testing.T) {
 	ns := namespace(t)
 	const cap, n = 20, 200

@@ -19,7 +19,7 @@ func TestRealPoolClaimAnswers(t *testing.T) {
 	ns := namespace(t)
 	f := start(t, ns, realEnv(t, ns, map[string]string{"SANDBOX_INGRESS_NODE_CIDRS": "10.88.0.1/32"}))
 	putTemplate(t, ns, pooledTemplate("warm", 1, corev1.PodSpec{Containers: []corev1.Container{{Name: "sandbox", Image: realnode.SandboxImage}}}))
-	templatePool(t, f, "warm")
+	keepPools(t, f)
 	eventually(t, 90*time.Second, "a Ready pooled Pod on the real node", func() (bool, error) {
 		return poolReady(t, ns, "warm") == 1, nil
 	})

@@ -114,11 +114,19 @@ func templatePool(t *testing.T, f *function.Instance, name string) map[string]an
 	return nil
 }
 
-// warmUp applies a pooled template, asks GET /api/templates to make its
-// pool and waits until all of it stands Ready.
+// keepPools asks a reap, which makes the pools the templates ask for
+// (reading the templates writes nothing).
+func keepPools(t *testing.T, f *function.Instance) {
+	t.Helper()
+	expectCode(t, mustDo(t, f, "POST", "/api/reap", nil), 200, "reap, which keeps the pools")
+}
+
+// warmUp applies a pooled template, asks a reap to make its pool and waits
+// until all of it stands Ready.
 func warmUp(t *testing.T, f *function.Instance, ns, name string, size int) {
 	t.Helper()
 	putTemplate(t, ns, pooledTemplate(name, size, corev1.PodSpec{}))
+	keepPools(t, f)
 	if p := templatePool(t, f, name); p == nil || p["size"] != float64(size) || p["error"] != nil {
 		t.Fatalf("template %s pool: %v, want size %d and no error", name, p, size)
 	}
@@ -297,7 +305,7 @@ func TestPoolUnreadyPodsAreNotHandedOut(t *testing.T) {
 	ns := namespace(t)
 	f := start(t, ns, nil)
 	putTemplate(t, ns, pooledTemplate("stuck", 2, corev1.PodSpec{NodeSelector: map[string]string{"no-such-node": "true"}}))
-	templatePool(t, f, "stuck")
+	keepPools(t, f)
 	eventually(t, 30*time.Second, "2 pooled Pods exist", func() (bool, error) {
 		return len(pods(t, ns, poolLabel+"=stuck")) == 2, nil
 	})

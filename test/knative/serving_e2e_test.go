@@ -584,7 +584,8 @@ func TestHeadlessSandboxAnswersDeerFlowsPoll(t *testing.T) {
 }
 
 // warmPool makes a template named name with a warm pool of one Pod,
-// through local's GET /api/templates, and waits until that Pod is Ready.
+// through local's POST /api/reap (which keeps the pools; reads do not), and
+// waits until that Pod is Ready.
 func warmPool(t *testing.T, local *function.Instance, name string) {
 	t.Helper()
 	ctx := context.Background()
@@ -600,8 +601,8 @@ func warmPool(t *testing.T, local *function.Instance, name string) {
 		_ = kube.CoreV1().PodTemplates(ns).Delete(ctx, name, metav1.DeleteOptions{})
 		_ = kube.AppsV1().ReplicaSets(ns).Delete(ctx, "sandbox-pool-"+name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
 	})
-	if r, err := local.Do(http.MethodGet, "/api/templates", nil); err != nil || r.Code != http.StatusOK {
-		t.Fatalf("GET /api/templates: %v %v", r, err)
+	if r, err := local.Do(http.MethodPost, "/api/reap", nil); err != nil || r.Code != http.StatusOK {
+		t.Fatalf("POST /api/reap: %v %v", r, err)
 	}
 	eventually(t, 60*time.Second, "the warm pool of "+name+" stands one Ready Pod", func() (bool, error) {
 		l, err := kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: keys.LabelPool + "=" + name})

@@ -1,0 +1,103 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+)
+
+// TestReapAnswersOnlyWhatTheCallerSees: a reap removes every expired
+// sandbox, whoever made it (expiry is the operator's policy), but answers
+// its caller with the ids of the sandboxes that caller may see: its own
+// (the legacy principal's include those that record none), or all of them
+// for an administrator. The audit line names everything it removed.
+func TestReapAnswersOnlyWhatTheCallerSees(t *testing.T) {
+	tests := []struct {
+		name   string
+		caller api.Caller
+		want   []string
+	}{
+		{name: "alice", caller: api.Caller{Principal: "alice"}, want: []string{"alice1"}},
+		{name: "bob", caller: api.Caller{Principal: "bob"}, want: []string{"bob1"}},
+		{name: "the legacy principal", caller: api.Caller{Principal: api.LegacyPrincipal}, want: []string{"old1"}},
+		{name: "an administrator", caller: api.Caller{Principal: "ops", Admin: true}, want: []string{"alice1", "bob1", "old1"}},
+		{name: "a principal with none", caller: api.Caller{Principal: "carol"}, want: nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			client := fake.NewClientset()
+			var audit bytes.Buffer
+			m := NewManager(testConfig(t, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "true"}), client,
+				WithAuditLog(slog.New(slog.NewJSONHandler(&audit, nil))))
+			bg := context.Background()
+			expired := func(id string) api.Spec {
+				s := ownerSpec(id)
+				s.Now = time.Now().Add(-2 * time.Hour) // idle for an hour past its timeout
+				return s
+			}
+			for _, c := range []struct {
+				principal string
+				spec      api.Spec
+			}{{"alice", expired("alice1")}, {"alice", ownerSpec("alice2")}, {"bob", expired("bob1")}} {
+				if _, err := m.Create(api.WithCaller(bg, api.Caller{Principal: c.principal}), c.spec, 0); err != nil {
+					t.Fatalf("create %s: %v", c.spec.ID, err)
+				}
+			}
+			// A sandbox from before principals: no annotation, no label.
+			if _, err := client.CoreV1().Pods("deer-flow").Create(bg, resources.BuildPod(m.cfg, expired("old1")), metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			audit.Reset()
+
+			r, err := m.Reap(api.WithCaller(bg, tc.caller))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, s := range r.Removed {
+				got = append(got, s.ID)
+			}
+			sort.Strings(got)
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("ids in the answer (-want +got):\n%s", diff)
+			}
+			if r.Count != len(tc.want) {
+				t.Errorf("count %d, want %d", r.Count, len(tc.want))
+			}
+			pods, err := client.CoreV1().Pods("deer-flow").List(bg, metav1.ListOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var left []string
+			for _, p := range pods.Items {
+				left = append(left, p.Name)
+			}
+			if diff := cmp.Diff([]string{resources.PodName("alice2")}, left); diff != "" {
+				t.Errorf("Pods after the reap, which removes every expired one (-want +got):\n%s", diff)
+			}
+			lines := auditLines(t, &audit)
+			if len(lines) != 1 {
+				t.Fatalf("audit lines %v, want one", lines)
+			}
+			removed, _ := lines[0]["removed"].([]any)
+			var audited []string
+			for _, id := range removed {
+				audited = append(audited, id.(string))
+			}
+			sort.Strings(audited)
+			if diff := cmp.Diff([]string{"alice1", "bob1", "old1"}, audited); diff != "" {
+				t.Errorf("the audit line's removed ids (-want +got):\n%s", diff)
+			}
+		})
+	}
+}

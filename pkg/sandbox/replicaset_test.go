@@ -1,0 +1,138 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	appsv1 "k8s.io/api/apps/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/utils/ptr"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+)
+
+// patchPreconditions makes the fake clientset judge a patch's
+// metadata.uid and metadata.resourceVersion as the API server does (the
+// fake applies any patch): a UID that is not the object's is refused as a
+// change of an immutable field (422), a resourceVersion that is not its
+// own as a conflict (409).
+func patchPreconditions(client *fake.Clientset, resource string) {
+	client.PrependReactor("patch", resource, func(a k8stesting.Action) (bool, runtime.Object, error) {
+		p := a.(k8stesting.PatchAction)
+		var patch struct {
+			Metadata struct {
+				UID             types.UID `json:"uid"`
+				ResourceVersion string    `json:"resourceVersion"`
+			} `json:"metadata"`
+		}
+		if err := json.Unmarshal(p.GetPatch(), &patch); err != nil {
+			return true, nil, apierrors.NewBadRequest(err.Error())
+		}
+		obj, err := client.Tracker().Get(a.GetResource(), a.GetNamespace(), p.GetName())
+		if err != nil {
+			return true, nil, err
+		}
+		live := obj.(metav1.Object)
+		gk := a.GetResource().GroupResource()
+		switch {
+		case patch.Metadata.UID != "" && patch.Metadata.UID != live.GetUID():
+			return true, nil, apierrors.NewInvalid(appsv1.SchemeGroupVersion.WithKind("ReplicaSet").GroupKind(), p.GetName(), field.ErrorList{
+				field.Invalid(field.NewPath("metadata", "uid"), patch.Metadata.UID, "field is immutable")})
+		case patch.Metadata.ResourceVersion != "" && patch.Metadata.ResourceVersion != live.GetResourceVersion():
+			return true, nil, apierrors.NewConflict(gk, p.GetName(), nil)
+		}
+		return false, nil, nil
+	})
+}
+
+// TestPauseAndResumeNeverActOnAReplicaSetMadeAgain: pause and resume patch
+// the ReplicaSet they found with its UID, so when it is deleted and created
+// again under the same name between their read and their patch (a reactor
+// swaps it), the new one is left as it is and the caller gets a conflict
+// to retry; without the swap, both do their work.
+func TestPauseAndResumeNeverActOnAReplicaSetMadeAgain(t *testing.T) {
+	type result struct {
+		Kind     api.Kind // -1: no error
+		Replicas int32    // of the ReplicaSet there after the call
+		UID      types.UID
+	}
+	tests := []struct {
+		name   string
+		paused bool // the ReplicaSet found
+		swap   bool // another one replaces it before the patch
+		op     func(m *Manager, ctx context.Context, id string) error
+		want   result
+	}{
+		{name: "pause", op: pause, want: result{Kind: -1, Replicas: 0, UID: "rs-1"}},
+		{name: "pause, the ReplicaSet made again meanwhile", swap: true, op: pause, want: result{Kind: api.KindConflict, Replicas: 1, UID: "rs-2"}},
+		{name: "resume", paused: true, op: resume, want: result{Kind: -1, Replicas: 1, UID: "rs-1"}},
+		{name: "resume, the ReplicaSet made again meanwhile", paused: true, swap: true, op: resume, want: result{Kind: api.KindConflict, Replicas: 0, UID: "rs-2"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "true"})
+			s := ownerSpec("rs1")
+			s.Caller = api.Caller{Principal: "alice"}
+			rs := resources.BuildReplicaSet(cfg, s)
+			rs.UID, rs.ResourceVersion = "rs-1", "10"
+			if tc.paused {
+				rs.Spec.Replicas = ptr.To(int32(0))
+			}
+			svc := resources.BuildService(cfg, s, resources.ReplicaSetOwnerRef(rs))
+			client := fake.NewClientset(rs, svc)
+			rsGVR := appsv1.SchemeGroupVersion.WithResource("replicasets")
+			patchPreconditions(client, "replicasets")
+			if tc.swap {
+				swapped := false
+				client.PrependReactor("patch", "replicasets", func(k8stesting.Action) (bool, runtime.Object, error) {
+					if !swapped {
+						swapped = true
+						again := rs.DeepCopy()
+						again.UID, again.ResourceVersion = "rs-2", "20"
+						again.Spec.Replicas = ptr.To(map[bool]int32{true: 0, false: 1}[tc.paused])
+						if err := client.Tracker().Delete(rsGVR, rs.Namespace, rs.Name); err != nil {
+							t.Fatal(err)
+						}
+						if err := client.Tracker().Add(again); err != nil {
+							t.Fatal(err)
+						}
+					}
+					return false, nil, nil
+				})
+			}
+			m := NewManager(cfg, client)
+			err := tc.op(m, api.WithCaller(context.Background(), s.Caller), s.ID)
+			got := result{Kind: -1}
+			if err != nil {
+				got.Kind = api.KindOf(err)
+			}
+			after, gerr := client.AppsV1().ReplicaSets(cfg.Namespace).Get(context.Background(), rs.Name, metav1.GetOptions{})
+			if gerr != nil {
+				t.Fatal(gerr)
+			}
+			got.Replicas, got.UID = ptr.Deref(after.Spec.Replicas, -1), after.UID
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("(-want +got):\n%s\nerror: %v", diff, err)
+			}
+		})
+	}
+}
+
+func pause(m *Manager, ctx context.Context, id string) error {
+	_, err := m.Pause(ctx, id)
+	return err
+}
+
+func resume(m *Manager, ctx context.Context, id string) error {
+	_, err := m.Resume(ctx, id, 0)
+	return err
+}

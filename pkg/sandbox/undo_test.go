@@ -1,0 +1,203 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+)
+
+var errInjected = errors.New("injected")
+
+// apiServerWrites makes the fake clientset keep resourceVersions as the API
+// server does, increasing like etcd's revision from 100 on every create
+// (the fake keeps none), and judge a delete's UID and resourceVersion
+// preconditions (the fake ignores them). bump stands for any other write to
+// a stored object: it gives it the next resourceVersion.
+func apiServerWrites(t *testing.T, client *fake.Clientset) (bump func(gvr schema.GroupVersionResource, name string, mutate func(metav1.Object))) {
+	var rv atomic.Int64
+	rv.Store(100)
+	client.PrependReactor("create", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if o, err := meta.Accessor(a.(k8stesting.CreateAction).GetObject()); err == nil {
+			o.SetResourceVersion(strconv.FormatInt(rv.Add(1), 10))
+			if o.GetUID() == "" {
+				o.SetUID(types.UID("uid-" + o.GetName() + "-" + o.GetResourceVersion()))
+			}
+		}
+		return false, nil, nil
+	})
+	client.PrependReactor("delete", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		d := a.(k8stesting.DeleteAction)
+		pre := d.GetDeleteOptions().Preconditions
+		if pre == nil {
+			return false, nil, nil
+		}
+		obj, err := client.Tracker().Get(a.GetResource(), a.GetNamespace(), d.GetName())
+		if err != nil {
+			return true, nil, err
+		}
+		live, _ := meta.Accessor(obj)
+		if (pre.UID != nil && *pre.UID != live.GetUID()) || (pre.ResourceVersion != nil && *pre.ResourceVersion != live.GetResourceVersion()) {
+			return true, nil, apierrors.NewConflict(a.GetResource().GroupResource(), d.GetName(), nil)
+		}
+		return false, nil, nil
+	})
+	return func(gvr schema.GroupVersionResource, name string, mutate func(metav1.Object)) {
+		obj, err := client.Tracker().Get(gvr, "deer-flow", name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		obj = obj.DeepCopyObject()
+		o, _ := meta.Accessor(obj)
+		o.SetResourceVersion(strconv.FormatInt(rv.Add(1), 10))
+		if mutate != nil {
+			mutate(o)
+		}
+		if err := client.Tracker().Update(gvr, obj, "deer-flow"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// faultEnv is what a fault injected into a create can act on.
+type faultEnv struct {
+	bump   func(schema.GroupVersionResource, string, func(metav1.Object))
+	client *fake.Clientset
+	cancel context.CancelFunc // the request's: its client goes away
+}
+
+func (e faultEnv) inject(f func(faultEnv) error) error { return f(e) }
+
+// contextClient is the fake clientset with one thing of a real client: a
+// Pod's delete under a context that has ended fails, as its HTTP request
+// would (the fake ignores contexts).
+type contextClient struct{ *fake.Clientset }
+
+func (c contextClient) CoreV1() typedcorev1.CoreV1Interface {
+	return contextCore{c.Clientset.CoreV1()}
+}
+
+type contextCore struct{ typedcorev1.CoreV1Interface }
+
+func (c contextCore) Pods(ns string) typedcorev1.PodInterface {
+	return contextPods{c.CoreV1Interface.Pods(ns)}
+}
+
+type contextPods struct{ typedcorev1.PodInterface }
+
+func (p contextPods) Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return p.PodInterface.Delete(ctx, name, opts)
+}
+
+// TestCreateLeavesNothingWhenItsServiceFails fails the Service's create, or
+// its read after the create found one, once the Pod is written: the create
+// answers the failure (503, to retry) and leaves no object it wrote, its
+// Pod included, also when its client went away meanwhile (the undo does
+// not run under the request's context) and when the Pod was written to
+// since (a status write: the undo reads it again). When another create of the id made the
+// sandbox whole meanwhile (it touched the Pod and gave it a Service), that
+// sandbox is left alone: the undo's delete carries the resourceVersion the
+// Pod was written with.
+func TestCreateLeavesNothingWhenItsServiceFails(t *testing.T) {
+	pods, svcs := corev1.SchemeGroupVersion.WithResource("pods"), corev1.SchemeGroupVersion.WithResource("services")
+	cfg := testConfig(t, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "true"})
+	s := ownerSpec("svcfail1")
+	s.Caller = api.Caller{Principal: "alice"}
+	type result struct {
+		Kind api.Kind
+		Left []string
+	}
+	tests := []struct {
+		name string
+		// inject runs in place of the Service's create and says what the
+		// create gets.
+		inject  func(e faultEnv) error
+		failGet bool // the Service's read fails too
+		want    result
+	}{
+		{name: "the Service's create fails", inject: func(faultEnv) error {
+			return apierrors.NewInternalError(errInjected)
+		}, want: result{Kind: api.KindUnavailable}},
+		{name: "the Service exists and its read fails", inject: func(faultEnv) error {
+			return apierrors.NewAlreadyExists(svcs.GroupResource(), resources.ServiceName(s.ID))
+		}, failGet: true, want: result{Kind: api.KindUnavailable}},
+		{name: "the client goes away during the Service's create", inject: func(e faultEnv) error {
+			e.cancel()
+			return context.Canceled
+		}, want: result{Kind: api.KindUnavailable}},
+		{name: "the Service's create fails after a status write of the Pod", inject: func(e faultEnv) error {
+			e.bump(pods, resources.PodName(s.ID), nil)
+			return apierrors.NewInternalError(errInjected)
+		}, want: result{Kind: api.KindUnavailable}},
+		{name: "another create made the sandbox whole meanwhile", inject: func(e faultEnv) error {
+			e.bump(pods, resources.PodName(s.ID), nil) // its touch
+			client := e.client
+			obj, err := client.Tracker().Get(pods, "deer-flow", resources.PodName(s.ID))
+			if err != nil {
+				return err
+			}
+			theirs := resources.BuildService(cfg, s, resources.PodOwnerRef(obj.(*corev1.Pod)))
+			theirs.UID = "their-service"
+			if err := client.Tracker().Add(theirs); err != nil {
+				return err
+			}
+			return apierrors.NewInternalError(errInjected)
+		}, want: result{Kind: api.KindUnavailable, Left: []string{"Pod " + resources.PodName(s.ID), "Service " + resources.ServiceName(s.ID)}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			client := fake.NewClientset()
+			ctx, cancel := context.WithTimeout(api.WithCaller(context.Background(), s.Caller), 10*time.Second)
+			defer cancel()
+			e := faultEnv{bump: apiServerWrites(t, client), client: client, cancel: cancel}
+			client.PrependReactor("create", "services", func(k8stesting.Action) (bool, runtime.Object, error) {
+				return true, nil, e.inject(tc.inject)
+			})
+			if tc.failGet {
+				client.PrependReactor("get", "services", func(k8stesting.Action) (bool, runtime.Object, error) {
+					return true, nil, apierrors.NewServiceUnavailable("injected")
+				})
+			}
+			m := NewManager(cfg, contextClient{client})
+			_, err := m.Create(ctx, s, 0)
+			got := result{Kind: -1}
+			if err != nil {
+				got.Kind = api.KindOf(err)
+			}
+			podList, perr := client.Tracker().List(pods, corev1.SchemeGroupVersion.WithKind("Pod"), "deer-flow")
+			svcList, serr := client.Tracker().List(svcs, corev1.SchemeGroupVersion.WithKind("Service"), "deer-flow")
+			if perr != nil || serr != nil {
+				t.Fatal(perr, serr)
+			}
+			for _, p := range podList.(*corev1.PodList).Items {
+				got.Left = append(got.Left, "Pod "+p.Name)
+			}
+			for _, svc := range svcList.(*corev1.ServiceList).Items {
+				got.Left = append(got.Left, "Service "+svc.Name)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("the create's error kind and the objects left (-want +got):\n%s\nerror: %v", diff, err)
+			}
+		})
+	}
+}
