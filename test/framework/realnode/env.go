@@ -7,12 +7,13 @@ import (
 
 // FunctionEnv is what the function needs, beyond its base settings, to put
 // sandboxes on the real node: the stand-in image, the node's selector and
-// toleration, no user namespace (this node's runtime cannot provide one;
-// the e2e suite shows the kubelet refusing), and DeerFlow's host-path mode
-// under base (see HostBase).
+// toleration, gVisor (config/'s runtime class), no user namespace (this
+// node's runtime cannot provide one; the e2e suite shows the kubelet
+// refusing), and DeerFlow's host-path mode under base (see HostBase).
 func FunctionEnv(base string) map[string]string {
 	return map[string]string{
 		"SANDBOX_IMAGE":           SandboxImage,
+		"SANDBOX_RUNTIME_CLASS":   GVisorRuntimeClass,
 		"SANDBOX_NODE_SELECTOR":   NodeLabel + ":true",
 		"SANDBOX_TOLERATIONS":     TaintKey + "=true:NoSchedule",
 		"SANDBOX_USER_NAMESPACE":  "false",

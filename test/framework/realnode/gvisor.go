@@ -56,6 +56,11 @@ func (n *Node) GVisor() error { return n.gvisorErr }
 //   - network "sandbox": gVisor's own network stack (netstack) inside the
 //     Pod's network namespace, which the CNI set up; the host's stack never
 //     parses the sandbox's packets;
+//   - oci-seccomp: the Pod's seccomp profile (RuntimeDefault) applies inside
+//     gVisor too, to the sandbox's calls into the Sentry, as runc applies it
+//     to calls into the node's kernel: one more layer, and the attack
+//     table's syscall rows are refused under both runtimes for the same
+//     reason (runsc ignores the profile without it);
 //   - debug-log: runsc's info-level logs in the state directory, one file
 //     per command (boot, gofer, create, …), for failures.
 //
@@ -77,6 +82,7 @@ log_path = %q
 [runsc_config]
   platform = %q
   network = 'sandbox'
+  oci-seccomp = 'true'
   debug-log = %q
 `, filepath.Join(n.paths.GVisorBin, "runsc"), filepath.Join(dir, "root"), filepath.Join(dir, "logs")+"/",
 		GVisorPlatform, filepath.Join(dir, "logs")+"/")
