@@ -24,6 +24,11 @@ CNI_VERSION=${CNI_VERSION:-v1.9.1}
 KNP_VERSION=${KNP_VERSION:-v0.7.0}
 NODE_BIN_DIR=${NODE_BIN_DIR:-$CACHE_DIR/node-containerd-$CONTAINERD_VERSION-knp-$KNP_VERSION}
 CNI_BIN_DIR=${CNI_BIN_DIR:-$CACHE_DIR/cni-$CNI_VERSION}
+# gVisor (runsc and containerd's shim containerd-shim-runsc-v1) for the real
+# node's `runsc` runtime handler: the pseudo-version the module proxy gave as
+# @latest (gVisor tags no module versions).
+GVISOR_VERSION=${GVISOR_VERSION:-v0.0.0-20260905035102-160fafc42237}
+GVISOR_BIN_DIR=${GVISOR_BIN_DIR:-$CACHE_DIR/gvisor-$GVISOR_VERSION}
 NODE_IMAGES_DIR=${NODE_IMAGES_DIR:-$CACHE_DIR/node-images}
 CLUSTER_NAME=${CLUSTER_NAME:-sandbox-dev}
 KWOK_WORKDIR=${KWOK_WORKDIR:-$CACHE_DIR/kwok-clusters}

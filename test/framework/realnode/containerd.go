@@ -23,7 +23,9 @@ func (n *Node) ctr(ctx context.Context, args ...string) ([]byte, error) {
 }
 
 // startContainerd writes containerd's configuration (CRI with runc from
-// Debian, the bridge CNI, the local pause image pinned) and starts it.
+// Debian as the default handler, gVisor's runsc as the handler "runsc" when
+// make node built it, the bridge CNI, the local pause image pinned) and
+// starts it.
 func (n *Node) startContainerd(ctx context.Context) error {
 	for _, d := range []string{"containerd/root", "containerd/state", "cni/net.d", "cni/ipam", "runc"} {
 		if err := os.MkdirAll(filepath.Join(n.State, d), 0o755); err != nil {
@@ -31,6 +33,10 @@ func (n *Node) startContainerd(ctx context.Context) error {
 		}
 	}
 	runc, _ := exec.LookPath("runc")
+	runsc, err := n.runscRuntime()
+	if err != nil {
+		return err
+	}
 	// This machine's root lacks CAP_SYS_RESOURCE: runc cannot lower
 	// oom_score_adj below containerd's own, which the kubelet asks for
 	// (-998, -997), so every container would fail to start without the
@@ -57,14 +63,14 @@ state = %[2]q
           BinaryName = %[4]q
           SystemdCgroup = false
           Root = %[5]q
-    [plugins.'io.containerd.cri.v1.runtime'.cni]
+%[8]s    [plugins.'io.containerd.cri.v1.runtime'.cni]
       bin_dirs = [%[6]q]
       conf_dir = %[7]q
   [plugins.'io.containerd.grpc.v1.cri']
     stream_server_address = '127.0.0.1'
     stream_server_port = '0'
 `, filepath.Join(n.State, "containerd/root"), filepath.Join(n.State, "containerd/state"), n.sock, runc,
-		filepath.Join(n.State, "runc"), n.paths.CNIBin, filepath.Join(n.State, "cni/net.d"))
+		filepath.Join(n.State, "runc"), n.paths.CNIBin, filepath.Join(n.State, "cni/net.d"), runsc)
 	if err := os.WriteFile(filepath.Join(n.State, "containerd.toml"), []byte(config), 0o644); err != nil {
 		return err
 	}

@@ -73,17 +73,20 @@ type Paths struct {
 	NodeBin   string // containerd, ctr, containerd-shim-runc-v2, kube-network-policies
 	CNIBin    string // bridge, host-local, loopback, portmap
 	ImagesDir string // pause.tar, sandbox.tar, kube-network-policies.tar
+	GVisorBin string // runsc, containerd-shim-runsc-v1 (optional: without them the node has no runsc handler)
 }
 
 // DefaultPaths are hack/lib.sh's, under cacheDir.
 func DefaultPaths(cacheDir string) Paths {
 	kube, containerd := cluster.EnvOr("KUBE_VERSION", "v1.36.3"), cluster.EnvOr("CONTAINERD_VERSION", "v2.4.2")
 	knp, cni := cluster.EnvOr("KNP_VERSION", "v0.7.0"), cluster.EnvOr("CNI_VERSION", "v1.9.1")
+	gvisor := cluster.EnvOr("GVISOR_VERSION", "v0.0.0-20260905035102-160fafc42237")
 	return Paths{
 		KubeBin:   filepath.Join(cacheDir, "kube-"+kube),
 		NodeBin:   filepath.Join(cacheDir, "node-containerd-"+containerd+"-knp-"+knp),
 		CNIBin:    filepath.Join(cacheDir, "cni-"+cni),
 		ImagesDir: filepath.Join(cacheDir, "node-images"),
+		GVisorBin: filepath.Join(cacheDir, "gvisor-"+gvisor),
 	}
 }
 
@@ -133,6 +136,8 @@ type Node struct {
 	sysctls  map[string]string
 	sock     string
 	logFiles []*os.File
+	// gvisorErr says why the node has no runsc handler (nil: it has one).
+	gvisorErr error
 }
 
 // Preflight says why a real node cannot start here, or nil.
@@ -211,6 +216,7 @@ func UpWith(ctx context.Context, p Paths, c Cluster, o Options) (n *Node, err er
 		{"kubelet", func() error { return n.startKubelet(ctx) }},
 		{"kube-proxy", func() error { return n.startKubeProxy(ctx) }},
 		{"node Ready", func() error { return n.waitNodeReady(ctx) }},
+		{"RuntimeClass gvisor", func() error { return n.applyRuntimeClass(ctx) }},
 		{"network policy agent", func() error { return n.startPolicyAgent(ctx, u.Port()) }},
 	}
 	if !o.NoDNSStandIn {
@@ -288,8 +294,11 @@ func (n *Node) Down() {
 			<-done
 		}
 	}
-	// Shims outlive containerd: end the ones serving this node's socket.
-	_ = exec.Command("pkill", "-KILL", "-f", "containerd-shim-runc-v2 .*"+n.sock).Run()
+	// Shims outlive containerd: end the ones serving this node's socket,
+	// and gVisor's sandboxes and gofers (their --root is in the state
+	// directory), which outlive their shims.
+	_ = exec.Command("pkill", "-KILL", "-f", "containerd-shim-run(c-v2|sc-v1) .*"+n.sock).Run()
+	_ = exec.Command("pkill", "-KILL", "-f", "runsc-(sandbox|gofer) .*--root="+n.State+"/").Run()
 	_ = exec.Command(filepath.Join(n.paths.KubeBin, "kube-proxy"), "--cleanup").Run()
 	_ = exec.Command("nft", "delete", "table", "inet", "kube-network-policies").Run()
 	n.RemoveNodeGuard()

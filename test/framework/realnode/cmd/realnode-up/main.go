@@ -69,6 +69,11 @@ func run() error {
 	}
 	defer node.Down()
 	slog.Info("real node Ready", "after", time.Since(start).Round(time.Millisecond))
+	if err := node.GVisor(); err != nil {
+		slog.Warn("no gVisor on the real node: Pods of RuntimeClass "+realnode.GVisorRuntimeClass+" cannot run", "err", err)
+	} else {
+		slog.Info("gVisor on the real node: RuntimeClass "+realnode.GVisorRuntimeClass+", handler "+realnode.GVisorHandler, "platform", realnode.GVisorPlatform)
+	}
 
 	env := realnode.FunctionEnv(*base)
 	if *imageTar != "" {
