@@ -46,7 +46,7 @@ image:
 deploy:
 	hack/deploy.sh $(IMAGE)
 
-## node: build the real test node's parts (kubelet, kube-proxy, containerd, CNI, kube-network-policies) and images (cached)
+## node: build the real test node's parts (kubelet, kube-proxy, containerd, CNI, kube-network-policies, gVisor's runsc and shim) and images (cached)
 .PHONY: node
 node:
 	hack/node-images.sh

@@ -1,5 +1,7 @@
 // Package realnode joins one real node to a test cluster: a kubelet with
-// containerd and runc runs real containers from images built here, the
+// containerd and runc runs real containers from images built here (and,
+// when make node built gVisor, containerd's handler "runsc" runs Pods of
+// RuntimeClass gvisor in gVisor's kernel; see gvisor.go), the
 // bridge CNI plugin wires them, kube-proxy makes Services work and
 // kube-network-policies enforces NetworkPolicies. It also builds the
 // attacker's surroundings: a "public" host in its own network namespace
