@@ -22,12 +22,14 @@ const (
 	GVisorHandler = "runsc"
 	// GVisorPlatform is how runsc's kernel (the Sentry) intercepts the
 	// sandbox's system calls here. systrap (seccomp SIGSYS traps, with a
-	// fast path) is gVisor's default and needs nothing of the machine. kvm
-	// does not work on this machine although /dev/kvm opens and creates VMs:
-	// the sandbox boots, then spins at 90% CPU without running its first
-	// instruction (nested virtualisation; the CPU shows no vmx or svm).
-	// ptrace works too, but is slower: every system call is two context
-	// switches to the tracer.
+	// fast path) is gVisor's default and needs nothing of the machine:
+	// `runsc do uname -r` takes 0.20 s here. kvm does not work on this
+	// machine although /dev/kvm exists and creates VMs and vCPUs: the
+	// sandbox boots and execs the application, then spins at 90% CPU and
+	// never finishes (`runsc --platform=kvm do uname -r` gave no output in
+	// 10 minutes; nested virtualisation, the CPU shows no vmx or svm). ptrace
+	// works (0.27 s) but is slower: every system call is two context switches
+	// to the tracer.
 	GVisorPlatform = "systrap"
 )
 
