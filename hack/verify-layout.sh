@@ -22,7 +22,7 @@ declare -A rank=(
   [pkg/config]=1
   [pkg/config/configtest]=2 [pkg/template]=2 [pkg/kube]=2
   [pkg/api]=3
-  [pkg/sandbox/resources]=4 [pkg/problem]=4 [pkg/readywait]=4 [pkg/auth]=4 [pkg/waitslot]=4
+  [pkg/sandbox/resources]=4 [pkg/sandbox/status]=4 [pkg/problem]=4 [pkg/readywait]=4 [pkg/auth]=4 [pkg/waitslot]=4
   [pkg/quota]=5 [pkg/isolation]=5
   [pkg/sandbox]=6
   [pkg/pool]=7
@@ -30,7 +30,7 @@ declare -A rank=(
   [fn]=9
   [.]=10 [cmd/provisioner]=10 [cmd/check-templates]=10
 )
-pure=(pkg/keys pkg/sandbox/resources)
+pure=(pkg/keys pkg/sandbox/resources pkg/sandbox/status)
 
 while read -r pkg imports; do
   rel=${pkg#"$module"}; rel=${rel#/}; rel=${rel:-.}

@@ -18,6 +18,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/quota"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/status"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 	"github.com/deerflow-sandbox/provisioner/pkg/waitslot"
 )
@@ -148,7 +149,7 @@ func (m *Manager) view(id string, f found) api.Sandbox {
 	if sb.Status == "" {
 		sb.Status = string(corev1.PodPending)
 	}
-	sb.Ready = podReady(pod) && f.svc != nil
+	sb.Ready = status.Ready(pod) && f.svc != nil
 	// A Pod that DeerFlow cannot reach is not alive to it: without a Service
 	// it reports Pending, so the backend's next create repairs it.
 	if f.svc == nil && sb.Status == string(corev1.PodRunning) {
@@ -173,18 +174,6 @@ func (m *Manager) url(svc *corev1.Service) string {
 
 func joinHostPort(host string, port int32) string {
 	return net.JoinHostPort(host, strconv.Itoa(int(port)))
-}
-
-func podReady(pod *corev1.Pod) bool {
-	if pod.DeletionTimestamp != nil || pod.Status.Phase != corev1.PodRunning {
-		return false
-	}
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // Templates lists the sandbox templates (GET /api/templates, and the names

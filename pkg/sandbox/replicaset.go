@@ -15,6 +15,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/status"
 )
 
 // found is what exists of one sandbox: its Service and either a bare Pod or
@@ -134,8 +135,8 @@ func replicaSetPod(rs *appsv1.ReplicaSet, pods []corev1.Pod) *corev1.Pod {
 		return nil
 	}
 	sort.Slice(mine, func(i, j int) bool {
-		if podReady(mine[i]) != podReady(mine[j]) {
-			return podReady(mine[i])
+		if status.Ready(mine[i]) != status.Ready(mine[j]) {
+			return status.Ready(mine[i])
 		}
 		return mine[j].CreationTimestamp.Before(&mine[i].CreationTimestamp)
 	})

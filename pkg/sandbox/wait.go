@@ -3,12 +3,12 @@ package sandbox
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/status"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -118,14 +118,14 @@ func (m *Manager) waitReady(ctx context.Context, id string, f found, wait time.D
 	if f.rs != nil && resources.Paused(f.rs) {
 		return m.view(id, f), nil
 	}
-	if f.pod != nil && podReady(f.pod) {
+	if f.pod != nil && status.Ready(f.pod) {
 		m.awaitName(ctx, f.svc, f.pod, wait)
 		return m.view(id, f), nil
 	}
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	settled := func(p *corev1.Pod) bool {
-		return p == nil || podReady(p) || p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded
+		return p == nil || status.Ready(p) || p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded
 	}
 	var (
 		last *corev1.Pod
@@ -144,13 +144,20 @@ func (m *Manager) waitReady(ctx context.Context, id string, f found, wait time.D
 	}
 	f.pod = last
 	sb := m.view(id, f)
-	if last != nil && podReady(last) {
-		m.observer.CreateToReady(readySince(last).Sub(last.CreationTimestamp.Time))
+	if last != nil && status.Ready(last) {
+		m.observer.CreateToReady(status.ReadySince(last).Sub(last.CreationTimestamp.Time))
 		deadline, _ := wctx.Deadline()
 		m.awaitName(ctx, f.svc, last, time.Until(deadline))
 		return sb, nil
 	}
-	sb.Reason = notReadyReason(last)
+	sb.Reason = status.NotReadyReason(last)
+	if status.Stuck(last) {
+		// The kubelet says why in an Event only (a runtime handler the
+		// node lacks, say): one read, on the timed-out path alone.
+		if r := m.eventReason(ctx, last); r != "" {
+			sb.Reason = r
+		}
+	}
 	if f.rs != nil && last == nil {
 		sb.Reason = "the ReplicaSet has not created its Pod yet"
 	}
@@ -198,45 +205,13 @@ func (m *Manager) watchReplicaSetPod(ctx context.Context, rs *appsv1.ReplicaSet,
 	return current, err
 }
 
-func readySince(pod *corev1.Pod) time.Time {
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodReady && !c.LastTransitionTime.IsZero() {
-			return c.LastTransitionTime.Time
-		}
+// eventReason is what the kubelet last warned about pod, "" when it said
+// nothing or its Events cannot be read (the answer keeps the Pod's own).
+func (m *Manager) eventReason(ctx context.Context, pod *corev1.Pod) string {
+	events, err := m.client.CoreV1().Events(pod.Namespace).List(ctx, metav1.ListOptions{
+		FieldSelector: "involvedObject.uid=" + string(pod.UID) + ",type=" + corev1.EventTypeWarning})
+	if err != nil {
+		return ""
 	}
-	return time.Now()
-}
-
-// notReadyReason says what a Pod is stuck on, in the terms kubectl shows.
-func notReadyReason(pod *corev1.Pod) string {
-	if pod == nil {
-		return "the Pod was deleted"
-	}
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
-			return strings.TrimSpace(fmt.Sprintf("%s: %s", orDefault(c.Reason, "Unschedulable"), c.Message))
-		}
-	}
-	for _, cs := range append(append([]corev1.ContainerStatus{}, pod.Status.InitContainerStatuses...), pod.Status.ContainerStatuses...) {
-		if w := cs.State.Waiting; w != nil && w.Reason != "" && w.Reason != "ContainerCreating" && w.Reason != "PodInitializing" {
-			return strings.TrimSpace(fmt.Sprintf("container %s: %s: %s", cs.Name, w.Reason, w.Message))
-		}
-		if t := cs.State.Terminated; t != nil {
-			return fmt.Sprintf("container %s terminated: %s (exit code %d)", cs.Name, t.Reason, t.ExitCode)
-		}
-	}
-	if pod.Status.Reason != "" {
-		return fmt.Sprintf("Pod is %s: %s %s", pod.Status.Phase, pod.Status.Reason, pod.Status.Message)
-	}
-	if pod.Spec.NodeName == "" {
-		return "the Pod is not scheduled yet"
-	}
-	return fmt.Sprintf("the Pod is %s on node %s and not ready yet", orDefault(string(pod.Status.Phase), "Pending"), pod.Spec.NodeName)
-}
-
-func orDefault(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
+	return status.EventReason(events.Items)
 }

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	nodev1 "k8s.io/api/node/v1"
+
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
@@ -622,6 +624,13 @@ func TestAdmissionParamsAreTheOnePlace(t *testing.T) {
 	if _, err := sa.CoreV1().Pods(ns).Create(ctx, a.pod("rtc", nil), dry); err != nil {
 		t.Errorf("a Pod with the runtime class is refused: %v", err)
 	}
+	// Another class that exists (the RuntimeClass admission plugin refuses a
+	// Pod naming one that does not, before any policy sees it).
+	rcs := client().NodeV1().RuntimeClasses()
+	if _, err := rcs.Create(ctx, &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "kata"}, Handler: "kata"}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rcs.Delete(context.Background(), "kata", metav1.DeleteOptions{}) })
 	other := a.pod("kata", nil)
 	other.Spec.RuntimeClassName = ptr.To("kata")
 	if _, err := sa.CoreV1().Pods(ns).Create(ctx, other, dry); !refusedBy(err, podPolicy, "runtime class gvisor") {
