@@ -165,16 +165,6 @@ func TestGVisorUserNamespaceFailsClosed(t *testing.T) {
 	}
 	neverRan(t, ns, name)
 	t.Logf("kubelet: %s", msg)
-
-	// Through the function: a create that waits answers with the kubelet's
-	// reason when the wait ends, never a hang and never a bare "not ready".
-	fns := namespace(t)
-	f := start(t, fns, realEnv(t, fns, map[string]string{"SANDBOX_RUNTIME_CLASS": class}))
-	r := mustDo(t, f, "POST", "/api/sandboxes?wait=8s", map[string]any{"sandbox_id": "no-handler"})
-	expectCode(t, r, 200, "create with a class whose handler the node lacks")
-	if reason, _ := r.Body["reason"].(string); r.Body["wait_timed_out"] != true || !strings.Contains(reason, `no runtime for "`+class+`" is configured`) {
-		t.Errorf("the create's answer does not carry the kubelet's reason: %s", r.Raw)
-	}
 }
 
 // TestRuntimeClassWithoutHandlerIsReported: a Pod whose RuntimeClass names
@@ -203,4 +193,14 @@ func TestRuntimeClassWithoutHandlerIsReported(t *testing.T) {
 	}
 	neverRan(t, ns, name)
 	t.Logf("kubelet: %s", msg)
+
+	// Through the function: a create that waits answers with the kubelet's
+	// reason when the wait ends, never a hang and never a bare "not ready".
+	fns := namespace(t)
+	f := start(t, fns, realEnv(t, fns, map[string]string{"SANDBOX_RUNTIME_CLASS": class}))
+	r := mustDo(t, f, "POST", "/api/sandboxes?wait=8s", map[string]any{"sandbox_id": "no-handler"})
+	expectCode(t, r, 200, "create with a class whose handler the node lacks")
+	if reason, _ := r.Body["reason"].(string); r.Body["wait_timed_out"] != true || !strings.Contains(reason, `no runtime for "`+class+`" is configured`) {
+		t.Errorf("the create's answer does not carry the kubelet's reason: %s", r.Raw)
+	}
 }
