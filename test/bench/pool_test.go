@@ -53,17 +53,28 @@ const poolViewRowName = "create from pool → first 200 from {sandbox_url}/v1/sa
 // names) and in Headless mode, where the claim's Service create allocates
 // neither a ClusterIP nor a node port and kube-proxy on the node programs
 // nothing for it.
+//
+// Both modes run under gVisor (config/'s runtime class); NodePort also runs
+// under runc, for the comparison of the two in the same run.
 func BenchmarkRealNodePool(b *testing.B) {
-	for _, mode := range []string{"NodePort", config.ServiceHeadless} {
-		b.Run(mode, func(b *testing.B) {
-			kc := benchCluster(b, "benchpool-"+strings.ToLower(mode), 0)
+	for _, c := range []struct {
+		mode string
+		rt   benchRuntime
+	}{{"NodePort", benchRuntimes[0]}, {config.ServiceHeadless, benchRuntimes[0]}, {"NodePort", benchRuntimes[1]}} {
+		mode := c.mode
+		b.Run(mode+"/"+c.rt.name, func(b *testing.B) {
+			kc := benchCluster(b, "benchpool-"+strings.ToLower(mode)+"-"+strings.ToLower(c.rt.name), 0)
 			defer kc.Down()
 			env, down := realNodeEnv(b, kc, poolRowName)
 			defer down()
 			env["SANDBOX_SERVICE_TYPE"] = mode
+			env["SANDBOX_RUNTIME_CLASS"] = c.rt.class
 			row := poolRowName
 			if mode != "NodePort" {
 				row = strings.TrimSuffix(poolRowName, ")") + ", " + mode + ")"
+			}
+			if !c.rt.shipped {
+				row = strings.TrimSuffix(row, ")") + ", " + c.rt.name + ")"
 			}
 			// DeerFlow's view needs a URL this machine reaches: a node
 			// port. A Headless sandbox's URL is a cluster DNS name (the

@@ -31,12 +31,24 @@ import (
 // against the floor: client-go creates the same Pod and Service and watches
 // the Pod until Ready), resume → Ready (a ReplicaSet sandbox), and what
 // DeerFlow's backend sees: create, then its own polling of the sandbox URL.
+//
+// It runs under gVisor (config/'s runtime class, the shipped default) and
+// under runc (the node's default runtime) in the same run, and compares
+// the two, with the memory an idle sandbox's Pod takes under each.
 func BenchmarkRealNodeCreateToReady(b *testing.B) {
+	for _, rt := range benchRuntimes {
+		b.Run(rt.name, func(b *testing.B) { benchRealNodeCreate(b, rt) })
+	}
+	printRuntimeTable()
+}
+
+func benchRealNodeCreate(b *testing.B, rt benchRuntime) {
 	ctx := context.Background()
-	kc := benchCluster(b, "benchrn", 0)
+	kc := benchCluster(b, "benchrn-"+strings.ToLower(rt.name), 0)
 	defer kc.Down()
 	env, down := realNodeEnv(b, kc, "create → Ready")
 	defer down()
+	env["SANDBOX_RUNTIME_CLASS"] = rt.class
 	fn, fl := startWithFloor(b, kc, binary(b), env, b.TempDir())
 	defer fn.Stop()
 
@@ -110,11 +122,18 @@ func BenchmarkRealNodeCreateToReady(b *testing.B) {
 			_ = fl.delete(ctx, side.id)
 		}
 	}
-	ownRows[ownCreate], ownRows[ownView] = pct(od, .5), pct(dv, .5)
+	if rt.shipped {
+		ownRows[ownCreate], ownRows[ownView] = pct(od, .5), pct(dv, .5)
+	}
 	xd, xf := recreateToReady(b, kc, fn, fl, floorReady, oursReady, n)
 	rd, rf := resumeToReady(b, kc, fn, n)
+	mem := idleMemory(b, kc, fn)
+	record(rt, "create → Ready", od)
+	record(rt, "resume → Ready", rd)
+	record(rt, "create → first 200 from {sandbox_url}/v1/sandbox (DeerFlow's view)", dv)
+	runtimeMemory[rt.name] = mem
 	var md strings.Builder
-	fmt.Fprintf(&md, "\n| real node | n | p50 ms | p95 ms | floor p50 ms | ratio |\n|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&md, "\n%s:\n| real node | n | p50 ms | p95 ms | floor p50 ms | ratio |\n|---|---|---|---|---|---|\n", rt.name)
 	for _, r := range []struct {
 		name        string
 		ours, floor []time.Duration
