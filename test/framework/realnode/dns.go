@@ -6,7 +6,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
@@ -30,7 +29,7 @@ func (n *Node) startClusterDNS(ctx context.Context) error {
 			{Name: "dns-tcp", Protocol: corev1.ProtocolTCP, Port: 53, TargetPort: intstr.FromInt32(53)},
 		}},
 	}
-	if _, err := cs.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if err := ensureService(ctx, cs, svc); err != nil {
 		return err
 	}
 	pod := &corev1.Pod{
@@ -47,7 +46,7 @@ func (n *Node) startClusterDNS(ctx context.Context) error {
 			}},
 		},
 	}
-	if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if err := replacePod(ctx, cs, pod); err != nil {
 		return err
 	}
 	return poll(ctx, 60*time.Second, "the cluster DNS stand-in Ready", func(ctx context.Context) (bool, error) {

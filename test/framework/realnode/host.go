@@ -58,7 +58,7 @@ func (n *Node) saveAndSetSysctls() error {
 			}
 		}
 	}
-	return nil
+	return n.recordSysctls()
 }
 
 // PodGatewayLinkLocal is the node's link-local IPv6 address on the Pods'

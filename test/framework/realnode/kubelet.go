@@ -71,6 +71,9 @@ func (n *Node) waitNodeReady(ctx context.Context) error {
 		}
 		for _, c := range node.Status.Conditions {
 			if c.Type == corev1.NodeReady {
+				if !heartbeatSince(c, n.since) {
+					return false, fmt.Errorf("Ready=%s, written by an earlier kubelet at %s", c.Status, c.LastHeartbeatTime)
+				}
 				return c.Status == corev1.ConditionTrue, fmt.Errorf("Ready=%s: %s", c.Status, c.Message)
 			}
 		}

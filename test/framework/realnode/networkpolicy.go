@@ -51,7 +51,7 @@ func (n *Node) startPolicyAgent(ctx context.Context, apiPort string) error {
 			return err
 		},
 		func() error {
-			_, err := cs.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+			return replacePod(ctx, cs, &corev1.Pod{
 				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": name}},
 				Spec: corev1.PodSpec{
 					NodeName: Name, HostNetwork: true, ServiceAccountName: name,
@@ -63,8 +63,7 @@ func (n *Node) startPolicyAgent(ctx context.Context, apiPort string) error {
 						SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
 					}},
 				},
-			}, metav1.CreateOptions{})
-			return err
+			})
 		},
 	}
 	for _, create := range objs {

@@ -133,6 +133,7 @@ type Node struct {
 	sysctls  map[string]string
 	sock     string
 	logFiles []*os.File
+	since    time.Time // when Up began: what this node's kubelet wrote is newer
 }
 
 // Preflight says why a real node cannot start here, or nil.
@@ -173,13 +174,16 @@ func UpWith(ctx context.Context, p Paths, c Cluster, o Options) (n *Node, err er
 	if err := Preflight(p); err != nil {
 		return nil, err
 	}
+	if h := Held(); h != nil {
+		return nil, h
+	}
 	cleanLeftovers(p)
 	state, err := os.MkdirTemp("", "rn-")
 	if err != nil {
 		return nil, err
 	}
 	n = &Node{State: state, paths: p, cluster: c, opts: o, sysctls: map[string]string{}, Timings: map[string]time.Duration{},
-		sock: filepath.Join(state, "containerd.sock")}
+		sock: filepath.Join(state, "containerd.sock"), since: time.Now()}
 	defer func() {
 		if err != nil {
 			n.Down()
@@ -206,6 +210,7 @@ func UpWith(ctx context.Context, p Paths, c Cluster, o Options) (n *Node, err er
 	steps := []upStep{
 		{"kernel settings", n.saveAndSetSysctls},
 		{"credentials", n.writeCredentials},
+		{"network namespaces", n.shareNetnsDir},
 		{"containerd", func() error { return n.startContainerd(ctx) }},
 		{"images", func() error { return n.importImages(ctx) }},
 		{"kubelet", func() error { return n.startKubelet(ctx) }},
@@ -256,8 +261,11 @@ func cleanLeftovers(p Paths) {
 		_ = exec.Command("nft", "delete", "table", "inet", table).Run()
 	}
 	_ = exec.Command(filepath.Join(p.KubeBin, "kube-proxy"), "--cleanup").Run()
+	removeCNIChains()
+	uncoverNetns()
 	old, _ := filepath.Glob(prefix + "*")
 	for _, dir := range old {
+		restoreSysctls(dir)
 		(&Node{State: dir}).unmountAll()
 		_ = os.RemoveAll(dir)
 	}
@@ -270,7 +278,9 @@ func (n *Node) Down() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	// Containers first, while containerd still answers; then the parts.
+	// Containers first, while containerd still answers (and the kubelet
+	// no longer restarts them); then the parts.
+	n.stopKubelet()
 	if out, err := n.ctr(ctx, "tasks", "list", "--quiet"); err == nil {
 		for _, id := range strings.Fields(string(out)) {
 			_, _ = n.ctr(ctx, "tasks", "kill", "--signal", "SIGKILL", id)
@@ -291,6 +301,7 @@ func (n *Node) Down() {
 	// Shims outlive containerd: end the ones serving this node's socket.
 	_ = exec.Command("pkill", "-KILL", "-f", "containerd-shim-runc-v2 .*"+n.sock).Run()
 	_ = exec.Command(filepath.Join(n.paths.KubeBin, "kube-proxy"), "--cleanup").Run()
+	removeCNIChains()
 	_ = exec.Command("nft", "delete", "table", "inet", "kube-network-policies").Run()
 	n.RemoveNodeGuard()
 	removeSurroundings()

@@ -30,7 +30,9 @@ import (
 
 func main() {
 	if err := run(); err != nil {
-		slog.Error("real node", "err", err)
+		// Plain, not a log line: hack/run.sh shows it as it is, with the
+		// kubelet's log lines some errors carry.
+		fmt.Fprintf(os.Stderr, "error: the real node did not start: %v\n", err)
 		os.Exit(1)
 	}
 }
