@@ -31,6 +31,15 @@ KWOK_WORKDIR=${KWOK_WORKDIR:-$CACHE_DIR/kwok-clusters}
 log() { printf '\033[1;34m==>\033[0m %s\n' "$*" >&2; }
 die() { printf '\033[1;31merror:\033[0m %s\n' "$*" >&2; exit 1; }
 
+# cluster_ready reports whether the local kwok cluster $CLUSTER_NAME is up:
+# its kubeconfig exists and its API server answers /readyz.
+cluster_ready() {
+  local dir="$KWOK_WORKDIR/clusters/$CLUSTER_NAME" server
+  [[ -f "$dir/kubeconfig.yaml" ]] || return 1
+  server=$(sed -n 's/^ *server: //p' "$dir/kubeconfig.yaml" | head -n1)
+  [[ "$(curl -sS --max-time 5 --cacert "$dir/pki/ca.crt" --cert "$dir/pki/admin.crt" --key "$dir/pki/admin.key" "$server/readyz" 2>/dev/null)" == ok ]]
+}
+
 # run_with_progress prints a dot every 10 s while a long step runs, so CI logs
 # and terminals show that it is alive.
 run_with_progress() {

@@ -7,20 +7,106 @@
 # cluster, so sandboxes run in real containers and their URLs answer: the
 # stand-in sandbox image by default, or an operator's own image from an
 # archive (SANDBOX_IMAGE_TAR=path/to/image.tar SANDBOX_IMAGE=its/reference).
+#
+# A NODE=real run that is stopped (Ctrl-C, SIGTERM) takes its node down. One
+# that was killed (kill -9, a closed terminal) leaves it behind, and the next
+# run ends what it left: the processes it recorded in its state directory
+# (RUN_REAL_STATE, ~/.cache/sandbox-provisioner/run-real-node), then the
+# node's parts, containers, mounts, network namespaces and rules (test/framework/realnode
+# cleans those up before it starts a node). The cluster stays up between runs,
+# with its sandboxes; the node adopts what an earlier node left in it.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 bin=${1:?usage: hack/run.sh path/to/provisioner}
 NODE=${NODE:-kwok}
 [[ "$NODE" == kwok || "$NODE" == real ]] || die "NODE=$NODE: use NODE=kwok (the default) or NODE=real"
+export LISTEN_ADDRESS=${LISTEN_ADDRESS:-127.0.0.1:8080}
+
+# starttime prints a process's start time (clock ticks since boot, field 22
+# of /proc/<pid>/stat): with the pid, it tells the process recorded from a
+# later one that reuses its pid.
+starttime() {
+  local s
+  s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  s=${s##*) }
+  # shellcheck disable=SC2086 # split into the stat fields
+  set -- $s
+  echo "${20}"
+}
+
+# parent prints a process's parent pid.
+parent() {
+  local s
+  s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  s=${s##*) }
+  # shellcheck disable=SC2086
+  set -- $s
+  echo "$2"
+}
+
+# alive PID START: the recorded process still runs.
+alive() { [[ -n "$1" && "$(starttime "$1")" == "$2" ]]; }
+
+# stop_leftovers ends what an earlier NODE=real run left running when it was
+# killed: its real node's launcher first (SIGTERM: it takes the node down),
+# then the function and the run itself. A run whose make (or shell) is still
+# its parent is not a leftover but another live run: this one stops instead.
+stop_leftovers() {
+  local file=$1 role pid start ppid
+  [[ -f "$file" ]] || return 0
+  local -a roles=() pids=()
+  while read -r role pid start ppid; do
+    alive "$pid" "$start" || continue
+    if [[ "$role" == run && "$(parent "$pid")" == "$ppid" ]]; then
+      die "another \`make run NODE=real\` is running (pid $pid): stop it (Ctrl-C in its terminal, or kill $pid), then run again"
+    fi
+    roles+=("$role") pids+=("$pid")
+  done <"$file"
+  if [[ ${#pids[@]} -gt 0 ]]; then
+    log "stopping what a killed \`make run NODE=real\` left running: ${roles[*]} (pids ${pids[*]})"
+    kill -TERM "${pids[@]}" 2>/dev/null || true
+    # The node's Down takes up to a minute (containers, then its parts).
+    for _ in $(seq 1 90); do
+      local left=()
+      for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && left+=("$pid"); done
+      [[ ${#left[@]} -eq 0 ]] && break
+      sleep 1
+    done
+    for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+  fi
+  rm -f "$file"
+}
+
+# listening reports whether something accepts connections on host:port.
+listening() {
+  local host=${1%:*} port=${1##*:}
+  host=${host#[} host=${host%]}
+  [[ -z "$host" || "$host" == 0.0.0.0 || "$host" == :: ]] && host=127.0.0.1
+  (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null
+}
+
 if [[ "$NODE" == real ]]; then
-  [[ -z "${KUBECONFIG:-}${KUBECONFIG_PATH:-}" ]] || die "NODE=real joins a node to the local cluster; unset KUBECONFIG"
-  [[ $EUID -eq 0 ]] || die "NODE=real runs containers, network namespaces and iptables: run as root"
+  [[ -z "${KUBECONFIG:-}${KUBECONFIG_PATH:-}" ]] || die "NODE=real joins a node to the local cluster; unset KUBECONFIG and KUBECONFIG_PATH"
+  [[ $EUID -eq 0 ]] || die "NODE=real runs containers, network namespaces and iptables: run it as root (sudo -E make run NODE=real)"
   # A cluster of its own: one made by an earlier plain `make run` may let kwok
   # manage every node, the real one included.
   export CLUSTER_NAME=${CLUSTER_NAME:-sandbox-dev}-real
+  state=${RUN_REAL_STATE:-$CACHE_DIR/run-real-node}
+  mkdir -p "$state"
+  pidfile="$state/pids"
+  stop_leftovers "$pidfile"
+  echo "run $$ $(starttime $$) $PPID" >"$pidfile"
+fi
+if listening "$LISTEN_ADDRESS"; then
+  who=$(ss -Hltnp "sport = :${LISTEN_ADDRESS##*:}" 2>/dev/null | sed -n 's/.*users:((\("[^"]*",pid=[0-9]*\).*/\1/p' | head -n1)
+  die "$LISTEN_ADDRESS is taken${who:+ by $who} (another \`make run\`?): stop it, or serve on another address (LISTEN_ADDRESS=127.0.0.1:8081 make run …)"
+fi
+if [[ "$NODE" == real ]]; then
   "$REPO_ROOT/hack/node-images.sh"
 fi
+cluster_made=
 if [[ -z "${KUBECONFIG:-}" && -z "${KUBECONFIG_PATH:-}" ]]; then
+  cluster_ready || cluster_made=1
   KUBECONFIG=$("$REPO_ROOT/hack/cluster-up.sh")
   export KUBECONFIG
   export NODE_HOST=${NODE_HOST:-127.0.0.1}
@@ -32,7 +118,6 @@ fi
 log "building the function into $bin"
 mkdir -p "$(dirname "$bin")"
 (cd "$REPO_ROOT" && go build -trimpath -ldflags "${LDFLAGS:--s -w}" -o "$bin" ./cmd/provisioner)
-export LISTEN_ADDRESS=${LISTEN_ADDRESS:-127.0.0.1:8080}
 if [[ -z "${PROVISIONER_API_KEY:-}" ]]; then
   PROVISIONER_API_KEY=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
   export PROVISIONER_API_KEY
@@ -42,9 +127,26 @@ fi
 # NetworkPolicy that isolates sandboxes (it creates none until it exists).
 export SANDBOX_NETWORK_POLICY_ENSURE=${SANDBOX_NETWORK_POLICY_ENSURE:-true}
 
+# node_failed says why the real node did not start and what to do, after the
+# EXIT trap has removed what this run started.
+node_failed() {
+  local why=$1 log=$state/realnode.log hint
+  hint="run it again; if it fails the same way, start from a fresh cluster: make cluster-down CLUSTER_NAME=$CLUSTER_NAME (its sandboxes go with it)"
+  if grep -q 'holds it (pid' "$log"; then
+    hint="this machine runs one real node: stop the run or suite that holds it (the line above names it), then run again"
+  elif grep -q 'is missing: ' "$log"; then
+    hint="build the real node's parts: make node"
+  elif grep -q 'is not installed: ' "$log"; then
+    hint="install the node's Debian packages as root: hack/install-node.sh"
+  elif grep -q 'not within' "$log"; then
+    hint="a part was too slow or failed (its log is in the lines above; REAL_NODE_KEEP_STATE=1 keeps every part's log under /tmp/rn-*): on a busy machine run it again; if it fails the same way, make cluster-down CLUSTER_NAME=$CLUSTER_NAME and run again"
+  fi
+  tail -n 20 "$log" >&2
+  die "$why (log: $log)
+  what to do: $hint"
+}
+
 if [[ "$NODE" == real ]]; then
-  state="$CACHE_DIR/run-real-node"
-  mkdir -p "$state"
   envfile="$state/function.env"
   rm -f "$envfile"
   log "building the real node's launcher"
@@ -57,13 +159,27 @@ if [[ "$NODE" == real ]]; then
   log "joining the real node (log: $state/realnode.log)"
   "$state/realnode-up" "${args[@]}" >"$state/realnode.log" 2>&1 &
   node_pid=$!
-  trap 'kill -TERM "$node_pid" 2>/dev/null; wait "$node_pid" 2>/dev/null' EXIT
+  echo "node $node_pid $(starttime "$node_pid")" >>"$pidfile"
+  node_up=
+  # Whatever ends this run takes the node down; a run whose node never came
+  # up also removes the cluster it made for it.
+  cleanup() {
+    kill -TERM "$node_pid" 2>/dev/null || true
+    wait "$node_pid" 2>/dev/null || true
+    if [[ -z "$node_up" && -n "$cluster_made" ]]; then
+      log "removing cluster $CLUSTER_NAME, made for a node that did not start"
+      "$REPO_ROOT/hack/cluster-down.sh" || true
+    fi
+    rm -f "$pidfile"
+  }
+  trap cleanup EXIT
   for _ in $(seq 1 300); do
     [[ -f "$envfile" ]] && break
-    kill -0 "$node_pid" 2>/dev/null || { tail -n 20 "$state/realnode.log" >&2; die "the real node did not start"; }
+    kill -0 "$node_pid" 2>/dev/null || { cleanup; trap - EXIT; node_failed "the real node did not start"; }
     sleep 1
   done
-  [[ -f "$envfile" ]] || die "the real node was not Ready in 300 s (log: $state/realnode.log)"
+  [[ -f "$envfile" ]] || { cleanup; trap - EXIT; node_failed "the real node was not Ready in 300 s"; }
+  node_up=1
   while IFS='=' read -r k v; do export "$k=$v"; done <"$envfile"
   log "real node Ready: sandboxes run in real containers (image $SANDBOX_IMAGE)"
 fi
@@ -81,7 +197,12 @@ cat >&2 <<MSG
 MSG
 if [[ "$NODE" == real ]]; then
   # Not exec: the trap above takes the node down when the function stops.
-  "$bin"
+  # The subshell records the function's pid (exec keeps it) for a later run
+  # to end should this one be killed.
+  (
+    echo "function $BASHPID $(starttime "$BASHPID")" >>"$pidfile"
+    exec "$bin"
+  )
 else
   exec "$bin"
 fi
