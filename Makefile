@@ -10,6 +10,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 LDFLAGS  := -s -w -X github.com/deerflow-sandbox/provisioner/pkg/httpapi.Version=$(VERSION)
 BIN_DIR  := bin
 E2E_TIMEOUT ?= 40m
+RUN_TEST_TIMEOUT ?= 15m
 KNATIVE_TIMEOUT ?= 30m
 
 ##@ General
@@ -78,9 +79,9 @@ cluster-down:
 
 ##@ Test
 
-## test: run every test: unit, fuzz seed corpora, end-to-end against a real API server and real node, and on real Knative
+## test: run every test: unit, fuzz seed corpora, end-to-end against a real API server and real node, make run NODE=real, and on real Knative
 .PHONY: test
-test: test-unit test-e2e test-knative
+test: test-unit test-e2e test-run test-knative
 
 ## test-unit: run the unit tests (and the fuzz seed corpora)
 .PHONY: test-unit
@@ -91,6 +92,11 @@ test-unit:
 .PHONY: test-e2e
 test-e2e: tools image node
 	$(GO) test -tags e2e -count=1 -timeout $(E2E_TIMEOUT) -v ./test/e2e/... 2>&1 | hack/summarize-tests.sh
+
+## test-run: `make run NODE=real` starts every time: after Ctrl-C, after kill -9, beside plain `make run` (root; after test-e2e, never beside it)
+.PHONY: test-run
+test-run: tools node
+	$(GO) test -tags e2e -count=1 -timeout $(RUN_TEST_TIMEOUT) -v ./test/runreal/... 2>&1 | hack/summarize-tests.sh
 
 ## test-knative: the end-to-end suite on real Knative Serving and Eventing on the real node (its own cluster; run after test-e2e, never beside it)
 .PHONY: test-knative

@@ -1,0 +1,259 @@
+//go:build e2e
+
+// Package runreal checks `make run NODE=real` as a user runs it, through
+// make and the HTTP API (issue 33): it starts every time, after a clean
+// stop, after a crash and beside plain `make run`. It runs on its own (make
+// test-run), never beside another suite: this machine runs one real node.
+package runreal
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
+	"github.com/deerflow-sandbox/provisioner/test/framework/makerun"
+	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
+)
+
+const key = "runreal-test-key-0123456789"
+
+// startBound bounds one `make run` until it serves: the tools and the
+// node's parts are built (make test-run depends on them), so what is left
+// is the cluster (reused, or about 5 s), two cached go builds and the node
+// (about 5 s).
+const startBound = 4 * time.Minute
+
+// TestMakeRunRealStartsEveryTime runs `make run NODE=real` five times in a
+// row, each time creating a sandbox and reaching its URL: a first start,
+// after a clean stop (Ctrl-C), after a crash (kill -9 of make and every
+// process under it), and around plain `make run`. The second start failed
+// before (issue 33: the kube-dns stand-in's Service, left in the cluster,
+// refused a second create). After the last stop nothing of the node is left
+// on the machine: no process, mount, network namespace or NAT chain of it,
+// and the kernel settings it changed are back.
+func TestMakeRunRealStartsEveryTime(t *testing.T) {
+	if why := cannotRun(); why != "" {
+		unavailable(t, "%s", why)
+	}
+	repo, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, err := makerun.FreeAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := fmt.Sprintf("runreal%d", os.Getpid()%100000)
+	u := &user{t: t, repo: repo, addr: addr, base: base, state: t.TempDir(), logs: t.TempDir()}
+	t.Cleanup(func() { makerun.DownClusters(repo, base) })
+
+	r := u.start("real")
+	r.sandbox("first")
+	r.stop()
+	clean := machineState()
+	if left := leftovers(); left != "" {
+		t.Fatalf("after a clean stop the node left: %s", left)
+	}
+
+	r = u.start("real") // issue 33: "provided IP is already allocated"
+	r.sandbox("again")
+	r.crash()
+
+	r = u.start("real")
+	r.sandbox("aftercrash")
+	r.stop()
+
+	r = u.start("kwok")
+	r.sandbox("plain")
+	r.stop()
+
+	r = u.start("real")
+	r.sandbox("afterplain")
+	r.stop()
+	if left := leftovers(); left != "" {
+		t.Fatalf("after the last stop the node left: %s", left)
+	}
+	if now := machineState(); now != clean {
+		t.Fatalf("kernel settings after the last stop differ from those after the first:\nfirst: %s\nlast:  %s", clean, now)
+	}
+}
+
+// cannotRun says why the sequence cannot run here, or "".
+func cannotRun() string {
+	if os.Geteuid() != 0 {
+		return "make run NODE=real needs root (containers, network namespaces, iptables)"
+	}
+	if _, err := exec.LookPath("make"); err != nil {
+		return "no make on PATH"
+	}
+	if err := realnode.Preflight(realnode.DefaultPaths(cluster.CacheDir())); err != nil {
+		return "no real node here: " + err.Error()
+	}
+	kube := filepath.Join(cluster.CacheDir(), "kube-"+cluster.EnvOr("KUBE_VERSION", "v1.36.3"), "kube-apiserver")
+	if _, err := os.Stat(kube); err != nil {
+		return kube + " is missing: make tools builds the cluster's parts"
+	}
+	if h := realnode.Held(); h != nil {
+		return h.Error()
+	}
+	return ""
+}
+
+// unavailable skips with the reason outside CI and fails in CI (CI=true),
+// where a skip would pass off a test that never ran as green.
+func unavailable(t *testing.T, format string, args ...any) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("CI=true, so failing rather than skipping: "+format, args...)
+	}
+	t.Skipf(format, args...)
+}
+
+// user runs `make run` as a user does, in a cluster and state directory of
+// the test's own (a user's sandbox-dev clusters stay as they are).
+type user struct {
+	t                       *testing.T
+	repo, addr, base, state string
+	logs                    string
+	n                       int
+}
+
+// run is one `make run`.
+type run struct {
+	*makerun.Run
+	u    *user
+	n    int
+	real bool
+}
+
+func (u *user) start(node string) *run {
+	u.t.Helper()
+	u.n++
+	o := makerun.Options{Repo: u.repo, Real: node == "real", Cluster: u.base, Addr: u.addr, Key: key, State: u.state,
+		Log: filepath.Join(u.logs, fmt.Sprintf("%d-%s.log", u.n, node))}
+	mr, err := makerun.Start(o, startBound)
+	if err != nil {
+		u.t.Fatalf("start %d (make run NODE=%s): %v", u.n, node, err)
+	}
+	u.t.Cleanup(mr.Kill)
+	u.t.Logf("start %d (NODE=%s): serving after %s", u.n, node, mr.Serving.Round(time.Millisecond))
+	return &run{Run: mr, u: u, n: u.n, real: o.Real}
+}
+
+// sandbox creates a sandbox through the API and waits for it to be Ready;
+// on the real node, its URL must answer too.
+func (r *run) sandbox(id string) {
+	t := r.u.t
+	t.Helper()
+	code, sb, err := r.Do("POST", "/api/sandboxes?wait=20s", map[string]any{"sandbox_id": id, "thread_id": "t-" + id})
+	if err != nil || code != 200 || sb["ready"] != true {
+		t.Fatalf("start %d: create %s: %v %d %v\n%s", r.n, id, err, code, sb, r.Tail(20))
+	}
+	if !r.real {
+		return
+	}
+	url, _ := sb["sandbox_url"].(string)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		resp, err := (&http.Client{Timeout: 2 * time.Second}).Get(url + "/v1/sandbox")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("start %d: sandbox %s is Ready but %s/v1/sandbox did not answer 200 within 15 s (last: %v)", r.n, id, url, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// stop is Ctrl-C: the run takes its node down and ends.
+func (r *run) stop() {
+	r.u.t.Helper()
+	start := time.Now()
+	if err := r.Stop(2 * time.Minute); err != nil {
+		r.u.t.Fatalf("start %d: %v", r.n, err)
+	}
+	r.u.t.Logf("start %d: stopped (Ctrl-C) in %s", r.n, time.Since(start).Round(time.Millisecond))
+}
+
+// crash is kill -9 of make and every process under it.
+func (r *run) crash() {
+	r.u.t.Helper()
+	n := r.Crash()
+	r.u.t.Logf("start %d: killed (kill -9 of make and the %d processes under it)", r.n, n)
+}
+
+// leftovers describes what of a real node is still on the machine: its
+// processes (their command lines name its state directory under
+// /tmp/rn-*), its mounts, the network namespaces its Pods and surroundings
+// had, its bridge and the bridge plugin's NAT chains.
+func leftovers() string {
+	prefix := filepath.Join(os.TempDir(), "rn-")
+	var left []string
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		b, err := os.ReadFile(filepath.Join(d, "cmdline"))
+		if err == nil && bytes.Contains(b, []byte(prefix)) {
+			left = append(left, "process "+filepath.Base(d)+": "+strings.Join(strings.Fields(strings.ReplaceAll(string(b), "\x00", " ")), " "))
+		}
+	}
+	// Containers outlive their shims: any process in the kubelet's cgroups.
+	_ = filepath.WalkDir("/sys/fs/cgroup/pids/kubepods", func(path string, d os.DirEntry, err error) error {
+		if err == nil && d.Name() == "cgroup.procs" {
+			if b, _ := os.ReadFile(path); len(bytes.TrimSpace(b)) > 0 {
+				left = append(left, "container processes "+strings.Join(strings.Fields(string(b)), ",")+" in "+filepath.Dir(path))
+			}
+		}
+		return nil
+	})
+	if b, err := os.ReadFile("/proc/self/mounts"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) > 1 && (strings.HasPrefix(f[1], prefix) || strings.HasPrefix(f[1], "/run/netns/cni-")) {
+				left = append(left, "mount "+f[1])
+			}
+		}
+	}
+	if out, err := exec.Command("ip", "netns", "list").Output(); err == nil {
+		for _, line := range strings.Split(string(out), "\n") {
+			if f := strings.Fields(line); len(f) > 0 && (strings.HasPrefix(f[0], "rn-") || strings.HasPrefix(f[0], "cni-")) {
+				left = append(left, "network namespace "+f[0])
+			}
+		}
+	}
+	if exec.Command("ip", "link", "show", "rn0").Run() == nil {
+		left = append(left, "bridge rn0")
+	}
+	if out, err := exec.Command("iptables-save", "-t", "nat").Output(); err == nil {
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.Contains(line, `name: \"real-node\"`) || strings.HasPrefix(line, "-A KUBE-") {
+				left = append(left, "NAT rule "+line)
+			}
+		}
+	}
+	if len(left) > 12 {
+		left = append(left[:12], fmt.Sprintf("and %d more", len(left)-12))
+	}
+	return strings.Join(left, "; ")
+}
+
+// machineState is the kernel settings a real node changes, as one line.
+func machineState() string {
+	var kv []string
+	for _, k := range []string{"net/ipv4/ip_forward", "net/ipv4/conf/all/route_localnet", "vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops"} {
+		b, _ := os.ReadFile(filepath.Join("/proc/sys", k))
+		kv = append(kv, k+"="+strings.TrimSpace(string(b)))
+	}
+	sort.Strings(kv)
+	return strings.Join(kv, " ")
+}
