@@ -88,6 +88,10 @@ listening() {
 if [[ "$NODE" == real ]]; then
   [[ -z "${KUBECONFIG:-}${KUBECONFIG_PATH:-}" ]] || die "NODE=real joins a node to the local cluster; unset KUBECONFIG and KUBECONFIG_PATH"
   [[ $EUID -eq 0 ]] || die "NODE=real runs containers, network namespaces and iptables: run it as root (sudo -E make run NODE=real)"
+  if [[ -n "${SANDBOX_IMAGE_TAR:-}" ]]; then
+    [[ -f "$SANDBOX_IMAGE_TAR" ]] || die "SANDBOX_IMAGE_TAR=$SANDBOX_IMAGE_TAR: no such file (an image archive: docker save, or an OCI archive)"
+    [[ -n "${SANDBOX_IMAGE:-}" ]] || die "SANDBOX_IMAGE_TAR needs SANDBOX_IMAGE, the reference of the image inside it"
+  fi
   # A cluster of its own: one made by an earlier plain `make run` may let kwok
   # manage every node, the real one included.
   export CLUSTER_NAME=${CLUSTER_NAME:-sandbox-dev}-real
@@ -138,6 +142,8 @@ node_failed() {
     hint="build the real node's parts: make node"
   elif grep -q 'is not installed: ' "$log"; then
     hint="install the node's Debian packages as root: hack/install-node.sh"
+  elif grep -q 'importing .*\.tar\|holds no image' "$log"; then
+    hint="SANDBOX_IMAGE_TAR must be an image archive (docker save, or an OCI archive) and SANDBOX_IMAGE the reference inside it (docker save writes it to manifest.json's RepoTags)"
   elif grep -q 'not within' "$log"; then
     hint="a part was too slow or failed (its log is in the lines above; REAL_NODE_KEEP_STATE=1 keeps every part's log under /tmp/rn-*): on a busy machine run it again; if it fails the same way, make cluster-down CLUSTER_NAME=$CLUSTER_NAME and run again"
   fi
@@ -153,7 +159,6 @@ if [[ "$NODE" == real ]]; then
   (cd "$REPO_ROOT" && go build -o "$state/realnode-up" ./test/framework/realnode/cmd/realnode-up)
   args=(-kubeconfig "$KUBECONFIG" -pki-dir "$(dirname "$KUBECONFIG")/pki" -host-base "$state/deer-flow" -env-file "$envfile")
   if [[ -n "${SANDBOX_IMAGE_TAR:-}" ]]; then
-    [[ -n "${SANDBOX_IMAGE:-}" ]] || die "SANDBOX_IMAGE_TAR needs SANDBOX_IMAGE, the reference of the image inside it"
     args+=(-image-tar "$SANDBOX_IMAGE_TAR" -image "$SANDBOX_IMAGE")
   fi
   log "joining the real node (log: $state/realnode.log)"
