@@ -47,7 +47,11 @@ func poll(ctx context.Context, timeout time.Duration, what string, cond func(con
 	var last error
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		ok, err := cond(ctx)
-		last = err
+		// The poll's own deadline ending the last call says nothing of
+		// what was awaited: keep what the call before it saw.
+		if err != nil && ctx.Err() == nil || last == nil {
+			last = err
+		}
 		return ok, nil
 	})
 	if err != nil {

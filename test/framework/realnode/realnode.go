@@ -213,6 +213,7 @@ func UpWith(ctx context.Context, p Paths, c Cluster, o Options) (n *Node, err er
 		{"network namespaces", n.shareNetnsDir},
 		{"containerd", func() error { return n.startContainerd(ctx) }},
 		{"images", func() error { return n.importImages(ctx) }},
+		{"the earlier node's Pods", func() error { return n.removeEarlierPods(ctx) }},
 		{"kubelet", func() error { return n.startKubelet(ctx) }},
 		{"kube-proxy", func() error { return n.startKubeProxy(ctx) }},
 		{"node Ready", func() error { return n.waitNodeReady(ctx) }},

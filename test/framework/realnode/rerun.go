@@ -83,22 +83,7 @@ func replacePod(ctx context.Context, cs kubernetes.Interface, pod *corev1.Pod) e
 	case err != nil:
 		return err
 	default:
-		// No grace: the node that ran it is gone, and this one has not
-		// started it, or starts it only to be told to stop.
-		err := pods.Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0)), Preconditions: metav1.NewUIDPreconditions(string(old.UID))})
-		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-			return fmt.Errorf("removing the earlier node's Pod %s/%s: %w", pod.Namespace, pod.Name, err)
-		}
-		if err := poll(ctx, 30*time.Second, "the earlier node's Pod "+pod.Name+" gone", func(ctx context.Context) (bool, error) {
-			p, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
-			if apierrors.IsNotFound(err) {
-				return true, nil
-			}
-			if err == nil && p.UID != old.UID {
-				return true, nil
-			}
-			return false, err
-		}); err != nil {
+		if err := removePod(ctx, cs, old); err != nil {
 			return err
 		}
 	}
@@ -107,6 +92,24 @@ func replacePod(ctx context.Context, cs kubernetes.Interface, pod *corev1.Pod) e
 		return replacePod(ctx, cs, pod) // made again meanwhile (a racing Up)
 	}
 	return err
+}
+
+// removePod deletes an earlier node's Pod at once and waits until it is
+// gone. No grace: the node that ran it is gone, and this one has not
+// started it, or starts it only to be told to stop.
+func removePod(ctx context.Context, cs kubernetes.Interface, old *corev1.Pod) error {
+	pods := cs.CoreV1().Pods(old.Namespace)
+	err := pods.Delete(ctx, old.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To(int64(0)), Preconditions: metav1.NewUIDPreconditions(string(old.UID))})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return fmt.Errorf("removing the earlier node's Pod %s/%s: %w", old.Namespace, old.Name, err)
+	}
+	return poll(ctx, 30*time.Second, "the earlier node's Pod "+old.Name+" gone", func(ctx context.Context) (bool, error) {
+		p, err := pods.Get(ctx, old.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) || err == nil && p.UID != old.UID {
+			return true, nil
+		}
+		return false, err
+	})
 }
 
 // heartbeatSince reports whether c was written by a kubelet that started
@@ -388,4 +391,33 @@ func (n *Node) stopKubelet() {
 			<-done
 		}
 	}
+}
+
+// earlierPods are the Pods a node makes for itself in kube-system (see
+// startPolicyAgent, startClusterDNS).
+var earlierPods = []string{"kube-network-policies", "coredns-standin"}
+
+// removeEarlierPods deletes the Pods an earlier node made for itself, before
+// this node's kubelet starts: it would run them again, bound to the node's
+// name, and the policy agent deletes its nftables table when it stops, the
+// one the agent this node starts has just made (startPolicyAgent would then
+// wait in vain, and policies go unenforced).
+func (n *Node) removeEarlierPods(ctx context.Context) error {
+	pods := n.cluster.Client.CoreV1().Pods("kube-system")
+	for _, name := range earlierPods {
+		p, err := pods.Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if p.Spec.NodeName != Name {
+			continue
+		}
+		if err := removePod(ctx, n.cluster.Client, p); err != nil {
+			return err
+		}
+	}
+	return nil
 }
