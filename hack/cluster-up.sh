@@ -43,7 +43,8 @@ else
   # component's first --extra-args comes before any component's second
   # (kwokctl v0.7.0 panics otherwise); NodePorts stay below the ports kwokctl
   # hands its components, which a real node's kube-proxy would otherwise take
-  # over on 127.0.0.1.
+  # over on 127.0.0.1; a real node's logs and exec go through the API server
+  # to its kubelet by address, as kwok's admin (kubectl logs on a sandbox).
   kwok create cluster --runtime binary \
     --kube-apiserver-binary "$KUBE_BIN_DIR/kube-apiserver" \
     --kube-scheduler-binary "$KUBE_BIN_DIR/kube-scheduler" \
@@ -54,6 +55,9 @@ else
     --extra-args kwok-controller=manage-all-nodes=false \
     --extra-args kwok-controller=manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
     --extra-args kube-apiserver=service-node-port-range=30000-31999 \
+    --extra-args kube-apiserver=kubelet-preferred-address-types=InternalIP \
+    --extra-args "kube-apiserver=kubelet-client-certificate=$pki/admin.crt" \
+    --extra-args "kube-apiserver=kubelet-client-key=$pki/admin.key" \
     --kubeconfig "$KWOK_WORKDIR/kubeconfig-merged" \
     --timeout 120s
 fi

@@ -359,6 +359,9 @@ func benchEnv(kc *cluster.Cluster) map[string]string {
 	env := function.BaseEnv(kc.Kubeconfig, ns)
 	delete(env, "K8S_CLIENT_QPS")
 	delete(env, "K8S_CLIENT_BURST")
+	// And the shipped log level (info: a line per request), as make run
+	// serves it, not the tests' warn.
+	delete(env, "LOG_LEVEL")
 	// The floor lists every sandbox; so does an administrator (a principal
 	// that is not one lists its own, by one more label).
 	env["PROVISIONER_ADMINS"] = "default"

@@ -42,8 +42,10 @@ const (
 // as curl or DeerFlow sends it. The same measures as the bench's own rows,
 // the same way: 20 creates with ?wait=20s, one sandbox at a time; 20
 // creates without wait, then GET {sandbox_url}/v1/sandbox every 20 ms until
-// a 200; 20 claims from a warm pool of 8 (a template of the stand-in image,
-// deerflow-mounts "false"), each with the pool standing full. Targets (issue
+// a 200; 20 creates of one id, each right after its DELETE, as the curl
+// lines make run prints do; 20 claims from a warm pool of 8 (a template of
+// the stand-in image, deerflow-mounts "false"), each with the pool standing
+// full. Targets (issue
 // 33): within 20 % of the bench's own rows; create → Ready ≤ 1,000 ms p50
 // and a pool claim → Ready ≤ 30 ms p50.
 func BenchmarkMakeRunRealNode(b *testing.B) {
@@ -137,6 +139,25 @@ func BenchmarkMakeRunRealNode(b *testing.B) {
 		remove(fmt.Sprintf("mv%d", i))
 	}
 
+	// The curl lines make run prints use one id: create, get, delete, and
+	// again. The old Pod is still terminating when the next create comes.
+	var again []time.Duration
+	progress("make run NODE=real: %d creates → Ready of an id deleted a moment before", n)
+	if _, err := create("mx", "", true); err != nil {
+		b.Fatal(err)
+	}
+	for i := 0; i < n; i++ {
+		if code, body, err := r.Do("DELETE", "/api/sandboxes/mx", nil); err != nil || code != 200 {
+			b.Fatalf("DELETE mx: %v %d %v", err, code, body)
+		}
+		start := time.Now()
+		if _, err := create("mx", "", true); err != nil {
+			b.Fatal(err)
+		}
+		again = append(again, time.Since(start))
+	}
+	remove("mx")
+
 	const size = 8
 	pt := &corev1.PodTemplate{
 		ObjectMeta: metav1.ObjectMeta{Name: "warm", Namespace: space, Labels: map[string]string{keys.LabelTemplate: "true"},
@@ -193,6 +214,7 @@ func BenchmarkMakeRunRealNode(b *testing.B) {
 		{"create → Ready", ownCreate, ready},
 		{"create → first 200 from {sandbox_url}/v1/sandbox (DeerFlow's view)", ownView, view},
 		{"create from pool → Ready, c=1", ownPool, pool},
+		{"create → Ready, the id just deleted", ownRecreate, again},
 	} {
 		own, ratio := "not run", "–"
 		if v, ok := ownRows[row.own]; ok && v > 0 {
