@@ -51,7 +51,10 @@ func TestMakeRunRealStartsEveryTime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	base := fmt.Sprintf("runreal%d", os.Getpid()%100000)
+	// Clusters of the test's own (runreal, runreal-real), made anew: one
+	// left by an earlier run is deleted first.
+	const base = "runreal"
+	makerun.DownClusters(repo, base)
 	u := &user{t: t, repo: repo, addr: addr, base: base, state: t.TempDir(), logs: t.TempDir()}
 	t.Cleanup(func() { makerun.DownClusters(repo, base) })
 
