@@ -35,6 +35,7 @@ type Checker struct {
 	cfg          *config.IsolationConfig
 	namespace    string
 	runtimeClass string        // SANDBOX_RUNTIME_CLASS; "" checks none
+	userNS       bool          // SANDBOX_USER_NAMESPACE: sandboxes ask for hostUsers: false
 	timeout      time.Duration // a check's own bound: REQUEST_TIMEOUT
 	want         *networkingv1.NetworkPolicy
 	client       kubernetes.Interface
@@ -58,10 +59,10 @@ func WithReport(f func(check string, err error)) Option { return func(c *Checker
 
 // New returns the checker of namespace's shared NetworkPolicy, which must
 // mean what want (resources.BuildNetworkPolicy of the settings) means, and
-// of runtimeClass (none when ""); it has no verdict yet. Each check is
-// bounded by timeout.
-func New(cfg *config.IsolationConfig, namespace, runtimeClass string, timeout time.Duration, want *networkingv1.NetworkPolicy, client kubernetes.Interface, opts ...Option) *Checker {
-	c := &Checker{cfg: cfg, namespace: namespace, runtimeClass: runtimeClass, timeout: timeout, want: want, client: client,
+// of the sandboxes' runtime class (pod's; none when ""); it has no verdict
+// yet. Each check is bounded by timeout.
+func New(cfg *config.IsolationConfig, pod *config.PodSecurityConfig, namespace string, timeout time.Duration, want *networkingv1.NetworkPolicy, client kubernetes.Interface, opts ...Option) *Checker {
+	c := &Checker{cfg: cfg, namespace: namespace, runtimeClass: pod.RuntimeClassName, userNS: pod.UserNamespace, timeout: timeout, want: want, client: client,
 		report: func(string, error) {}}
 	for _, o := range opts {
 		o(c)

@@ -30,7 +30,23 @@ func (c *Checker) checkRuntimeClass(ctx context.Context) error {
 	if err != nil {
 		return api.Classify(err, "read the RuntimeClass that SANDBOX_RUNTIME_CLASS names")
 	}
-	c.runtime.store(nil, rc.ResourceVersion)
-	c.report(CheckRuntimeClass, nil)
-	return nil
+	var verdict error
+	if c.userNS && rc.Handler == GVisorHandler {
+		// runsc's gofer cannot join the user namespace the kubelet made
+		// for a hostUsers: false Pod (setns: invalid argument): every such
+		// sandbox would stay Pending. Refuse creates, naming the settings,
+		// rather than make Pods that never run or drop the user namespace
+		// unasked (docs/security.md says why gVisor without one is the
+		// stronger choice).
+		verdict = &api.Error{Kind: api.KindUnavailable, Detail: fmt.Sprintf(
+			"SANDBOX_USER_NAMESPACE=true (hostUsers: false) cannot run under the RuntimeClass %q, whose handler is gVisor's %s: its sandboxes would never start; "+
+				"set SANDBOX_USER_NAMESPACE=false (and userNamespace: \"false\" in the admission parameters), as config/ does for gVisor", c.runtimeClass, rc.Handler)}
+	}
+	c.runtime.store(verdict, rc.ResourceVersion)
+	c.report(CheckRuntimeClass, verdict)
+	return verdict
 }
+
+// GVisorHandler is the container runtime handler of gVisor's runsc, as
+// containerd registers it (and config/node/runtimeclass-gvisor.yaml names).
+const GVisorHandler = "runsc"

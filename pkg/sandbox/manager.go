@@ -80,7 +80,7 @@ func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option)
 		o(m)
 	}
 	m.quota = quota.New(cfg.QuotaConfig, cfg.Namespace, client)
-	m.isolation = isolation.New(&cfg.IsolationConfig, cfg.Namespace, cfg.RuntimeClassName, cfg.RequestTimeout, resources.BuildNetworkPolicy(cfg), client,
+	m.isolation = isolation.New(&cfg.IsolationConfig, &cfg.PodSecurityConfig, cfg.Namespace, cfg.RequestTimeout, resources.BuildNetworkPolicy(cfg), client,
 		isolation.WithReport(m.isolationVerdict))
 	return m
 }

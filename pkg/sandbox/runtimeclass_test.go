@@ -50,7 +50,9 @@ func (g *gauges) Isolation(check string, inForce bool) {
 // creates go on under it. The fake clientset stands in for the API server;
 // test/e2e runs sandboxes under the real class on the real node.
 func TestRuntimeClassFailsClosed(t *testing.T) {
-	cfg := testConfig(t, map[string]string{"SANDBOX_RUNTIME_CLASS": "gvisor", "SANDBOX_NETWORK_POLICY_CHECK_TTL": "0s"})
+	// As config/ deploys gVisor: without a user namespace (see
+	// TestGVisorRefusesUserNamespaces).
+	cfg := testConfig(t, map[string]string{"SANDBOX_RUNTIME_CLASS": "gvisor", "SANDBOX_USER_NAMESPACE": "false", "SANDBOX_NETWORK_POLICY_CHECK_TTL": "0s"})
 	client := fake.NewClientset(resources.BuildNetworkPolicy(cfg))
 	rec, obs := &events{}, &gauges{got: map[string]bool{}}
 	m := NewManager(cfg, client, WithRecorder(rec), WithObserver(obs))
@@ -91,5 +93,47 @@ func TestRuntimeClassFailsClosed(t *testing.T) {
 	want := []string{"Warning RuntimeClassMissing", "Normal IsolationInForce", "Normal SandboxCreated"}
 	if diff := cmp.Diff(want, rec.reasons); diff != "" {
 		t.Errorf("Events (-want +got):\n%s", diff)
+	}
+}
+
+// TestGVisorRefusesUserNamespaces: under a class whose handler is gVisor's
+// runsc, SANDBOX_USER_NAMESPACE=true makes Pods that never start (runsc's
+// gofer cannot join the Pod's user namespace), so creates fail closed
+// naming the setting, write nothing, and never drop the user namespace
+// unasked; another handler keeps it.
+func TestGVisorRefusesUserNamespaces(t *testing.T) {
+	tests := []struct {
+		name, handler, userNS string
+		refused               bool
+	}{
+		{name: "gVisor with a user namespace: refused", handler: "runsc", userNS: "true", refused: true},
+		{name: "gVisor without one: as config/ ships it", handler: "runsc", userNS: "false"},
+		{name: "another runtime with a user namespace", handler: "kata", userNS: "true"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t, map[string]string{"SANDBOX_RUNTIME_CLASS": "sandboxed", "SANDBOX_USER_NAMESPACE": tc.userNS})
+			client := fake.NewClientset(resources.BuildNetworkPolicy(cfg), &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "sandboxed"}, Handler: tc.handler})
+			m := NewManager(cfg, client)
+			s := testSpec()
+			_, err := m.Create(api.WithCaller(context.Background(), api.Caller{Principal: "default"}), s, 0)
+			refused := api.KindOf(err) == api.KindUnavailable && strings.Contains(api.DetailOf(err), "SANDBOX_USER_NAMESPACE")
+			if refused != tc.refused || (!tc.refused && err != nil) {
+				t.Fatalf("create: %v; want refused naming SANDBOX_USER_NAMESPACE: %v", err, tc.refused)
+			}
+			pods, _ := client.CoreV1().Pods(cfg.Namespace).List(context.Background(), metav1.ListOptions{})
+			if tc.refused && len(pods.Items) != 0 {
+				t.Errorf("a refused create left %d Pods", len(pods.Items))
+			}
+			if !tc.refused {
+				if len(pods.Items) != 1 {
+					t.Fatalf("%d Pods, want the one sandbox", len(pods.Items))
+				}
+				hostUsers := pods.Items[0].Spec.HostUsers
+				if inUserNS := hostUsers != nil && !*hostUsers; inUserNS != (tc.userNS == "true") {
+					t.Errorf("the Pod's hostUsers is %v, not as SANDBOX_USER_NAMESPACE=%s asks", hostUsers, tc.userNS)
+				}
+			}
+		})
 	}
 }

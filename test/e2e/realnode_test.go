@@ -425,14 +425,16 @@ func TestLinkToAnotherTenantNeverMountsIt(t *testing.T) {
 	t.Logf("the kubelet refused alice's link to bob's tree: %s", last)
 }
 
-// TestUserNamespacesFailClosed: with the default SANDBOX_USER_NAMESPACE=true
-// (hostUsers: false) on a runtime that cannot provide user namespaces, the
-// kubelet refuses the Pod: the sandbox never runs in the host's user
-// namespace instead.
+// TestUserNamespacesFailClosed: with the code's default
+// SANDBOX_USER_NAMESPACE=true (hostUsers: false) on a runtime that cannot
+// provide user namespaces (this node's runc), the kubelet refuses the Pod:
+// the sandbox never runs in the host's user namespace instead. (Under
+// gVisor the function refuses the combination itself:
+// TestGVisorUserNamespaceFailsClosed and pkg/sandbox.)
 func TestUserNamespacesFailClosed(t *testing.T) {
 	needRealNode(t)
 	ns := namespace(t)
-	f := start(t, ns, realEnv(t, ns, map[string]string{"SANDBOX_USER_NAMESPACE": "true"}))
+	f := start(t, ns, realEnv(t, ns, map[string]string{"SANDBOX_USER_NAMESPACE": "true", "SANDBOX_RUNTIME_CLASS": ""}))
 	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "userns1"}), 200, "create")
 	var reason string
 	eventually(t, 30*time.Second, "the kubelet's refusal", func() (bool, error) {
