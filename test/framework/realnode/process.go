@@ -67,3 +67,17 @@ func run(ctx context.Context, name string, args ...string) error {
 	}
 	return nil
 }
+
+// stopGroup ends p's process group: SIGTERM, then SIGKILL if it has not
+// exited within 10 s. It returns once p has.
+func stopGroup(p *exec.Cmd) {
+	_ = syscall.Kill(-p.Process.Pid, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = p.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = syscall.Kill(-p.Process.Pid, syscall.SIGKILL)
+		<-done
+	}
+}

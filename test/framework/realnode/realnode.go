@@ -297,15 +297,7 @@ func (n *Node) Down() {
 	}
 	for i := len(n.procs) - 1; i >= 0; i-- {
 		p := n.procs[i]
-		_ = syscall.Kill(-p.Process.Pid, syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = p.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = syscall.Kill(-p.Process.Pid, syscall.SIGKILL)
-			<-done
-		}
+		stopGroup(p)
 	}
 	// Shims outlive containerd: end the ones serving this node's socket,
 	// and gVisor's sandboxes and gofers (their --root is in the state

@@ -381,15 +381,7 @@ func (n *Node) stopKubelet() {
 		if filepath.Base(p.Path) != "kubelet" || p.ProcessState != nil {
 			continue
 		}
-		_ = syscall.Kill(-p.Process.Pid, syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = p.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = syscall.Kill(-p.Process.Pid, syscall.SIGKILL)
-			<-done
-		}
+		stopGroup(p)
 	}
 }
 
