@@ -10,7 +10,6 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -172,14 +171,3 @@ func (s *slots) services(user string) []metav1.Object {
 
 // size is how many Services the cache holds, an upper bound of the count.
 func (s *slots) size() int { return len(s.informer.GetStore().ListKeys()) }
-
-// owner is the cached Service of sandbox id and the UID of its workload,
-// if the cache holds them.
-func (s *slots) owner(id string, namespace string) (*corev1.Service, types.UID, bool) {
-	obj, ok, err := s.informer.GetStore().GetByKey(namespace + "/" + resources.ServiceName(id))
-	if err != nil || !ok {
-		return nil, "", false
-	}
-	svc := obj.(*corev1.Service)
-	return svc, resources.OwnerUID(svc.OwnerReferences), true
-}
