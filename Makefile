@@ -37,10 +37,10 @@ run:
 tools:
 	hack/install-tools.sh
 
-## image: build the function's OCI image offline with func's host builder, for this machine's platform (IMAGE=… to name it; IMAGE_PLATFORM= for all three)
+## image: build the function's OCI image offline with func's host builder (IMAGE=… to name it)
 .PHONY: image
 image:
-	IMAGE_PLATFORM=$${IMAGE_PLATFORM-linux/$$($(GO) env GOARCH)} hack/image.sh $(IMAGE)
+	hack/image.sh $(IMAGE)
 
 ## deploy: build, push to IMAGE (required) and apply config/ pinned to the pushed digest (DRY_RUN=1 prints)
 .PHONY: deploy

@@ -56,8 +56,7 @@ if [[ -z "$key" ]]; then
   log "generated the API key Secret $NS/sandbox-provisioner"
 fi
 
-# The local cluster's node is this machine: its platform's image is enough.
-IMAGE_PLATFORM=${IMAGE_PLATFORM-linux/$(go env GOARCH)} KUSTOMIZE_DIR="$REPO_ROOT/test/overlays/knative-local" "$REPO_ROOT/hack/deploy.sh" "$REGISTRY_ADDR/deer-flow/sandbox-provisioner:local" >&2
+KUSTOMIZE_DIR="$REPO_ROOT/test/overlays/knative-local" "$REPO_ROOT/hack/deploy.sh" "$REGISTRY_ADDR/deer-flow/sandbox-provisioner:local" >&2
 
 log "waiting for the Knative Service, the Broker, the Triggers and the PingSource to be Ready"
 for what in ksvc/sandbox-provisioner broker/default "triggers --all" "pingsources --all" "eventpolicies --all"; do

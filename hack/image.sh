@@ -4,12 +4,10 @@
 #
 #   hack/image.sh [IMAGE]     IMAGE defaults to func.yaml's registry + name
 #   PUSH=1 hack/image.sh IMAGE     also pushes it, as `func build --push` does
-#   IMAGE_PLATFORM=linux/amd64 hack/image.sh   builds that platform only
 #
-# Without IMAGE_PLATFORM the host builder makes func's three platforms
-# (linux/amd64, arm64, arm/v7), as `make deploy` ships. The tests and the
-# local clusters run on this machine's platform alone, so `make image` and
-# `make deploy-local` build only that one: a third of the compile.
+# The host builder makes func's three platforms (linux/amd64, arm64,
+# arm/v7); func v0.48.4 refuses --platform for it ("only supported with the
+# S2I builder"), so the tests' image is the one `make deploy` ships.
 #
 # func v0.48.4's host builder puts the function's whole directory into the
 # image's /func layer and ignores .funcignore, and it rewrites func.yaml. So
@@ -34,7 +32,6 @@ log "staged $(find "$stage" -type f | wc -l) files for the image (tracked files 
 args=(build --builder=host --path "$stage")
 [[ -n "$IMAGE" ]] && args+=(--image "$IMAGE")
 [[ "${PUSH:-0}" == 1 ]] && args+=(--push)
-[[ -n "${IMAGE_PLATFORM:-}" ]] && args+=(--platform "$IMAGE_PLATFORM")
 cd "$stage"
 run_with_progress "func build" env GOFLAGS="-mod=mod -trimpath -ldflags=-s" FUNC_VERBOSE=false "$FUNC_BIN" "${args[@]}"
 
