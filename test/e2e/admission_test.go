@@ -391,7 +391,6 @@ func podCases(t *testing.T) []podCase {
 		{name: "hostNetwork", message: "node's network, PID or IPC", mutate: func(p *corev1.Pod) { p.Spec.HostNetwork, p.Spec.HostUsers = true, nil }},
 		{name: "hostPID", message: "node's network, PID or IPC", mutate: func(p *corev1.Pod) { p.Spec.HostPID, p.Spec.HostUsers = true, nil }},
 		{name: "hostIPC", message: "node's network, PID or IPC", mutate: func(p *corev1.Pod) { p.Spec.HostIPC, p.Spec.HostUsers = true, nil }},
-		{name: "the node's user namespace", message: "hostUsers: false", mutate: func(p *corev1.Pod) { p.Spec.HostUsers = ptr.To(true) }},
 		{name: "a host port", message: "host ports", mutate: func(p *corev1.Pod) { p.Spec.Containers[0].Ports[0].HostPort = 8080 }},
 		{name: "hostPath outside the base", message: hostPaths, mutate: hostPath("/etc", ptr.To(corev1.HostPathDirectory))},
 		{name: "hostPath beside the base", message: hostPaths, mutate: hostPath("/.deer-flow-evil", ptr.To(corev1.HostPathDirectory))},
@@ -672,4 +671,37 @@ func TestAdmissionParamsAreTheOnePlace(t *testing.T) {
 		_, err := sa.CoreV1().Pods(ns).Create(ctx, a.pod("params", nil), dry)
 		return err == nil, err
 	})
+}
+
+// TestAdmissionRequiresTheUserNamespaceWhenSet: with the parameter
+// userNamespace "true" (SANDBOX_USER_NAMESPACE under runc), a sandbox in the
+// node's user namespace is refused, directly and through a ReplicaSet.
+// config/ ships "false" beside gVisor (runsc cannot start hostUsers: false),
+// so the test sets it for its run.
+func TestAdmissionRequiresTheUserNamespaceWhenSet(t *testing.T) {
+	ns, sa := serviceAccountNamespace(t)
+	ctx := context.Background()
+	a := newAdmission(t, ns, nil)
+	cms := client().CoreV1().ConfigMaps("deer-flow")
+	t.Cleanup(func() {
+		applyServerSide(t, readObjects(t, filepath.Join("..", "..", "config", "800-admission-policy.yaml")))
+	})
+	if _, err := cms.Patch(ctx, "sandbox-admission", types.MergePatchType, []byte(`{"data":{"userNamespace":"true"}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	eventually(t, 30*time.Second, "a Pod in the node's user namespace refused", func() (bool, error) {
+		p := a.pod("userns", nil)
+		p.Spec.HostUsers = ptr.To(true)
+		_, err := sa.CoreV1().Pods(ns).Create(ctx, p, dry)
+		return refusedBy(err, podPolicy, "hostUsers: false"), err
+	})
+	rs := a.replicaSet("userns", nil)
+	rs.Spec.Template.Spec.HostUsers = ptr.To(true)
+	if _, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, rs, dry); !refusedBy(err, rsPolicy, "hostUsers: false") {
+		t.Errorf("ReplicaSet in the node's user namespace: %v, want a refusal", err)
+	}
+	if _, err := sa.CoreV1().Pods(ns).Create(ctx, a.pod("userns-ok", nil), dry); err != nil {
+		t.Errorf("a Pod in its own user namespace is refused: %v", err)
+	}
 }
