@@ -398,19 +398,22 @@ func linkLocalOf(t *testing.T, podIP string) string {
 		if len(f) < 6 || len(f[0]) != 32 {
 			continue
 		}
-		switch f[3] {
-		case "20": // link
-			if f[5] == "eth0" {
-				var b strings.Builder
-				for i := 0; i < 32; i += 4 {
-					if i > 0 {
-						b.WriteByte(':')
-					}
-					b.WriteString(f[0][i : i+4])
-				}
-				ll = net.ParseIP(b.String()).String()
+		// The scope is judged from the address, not from the scope column:
+		// gVisor's kernel writes 00 there for every address.
+		var b strings.Builder
+		for i := 0; i < 32; i += 4 {
+			if i > 0 {
+				b.WriteByte(':')
 			}
-		case "10": // host (::1)
+			b.WriteString(f[0][i : i+4])
+		}
+		ip := net.ParseIP(b.String())
+		switch {
+		case ip.IsLinkLocalUnicast():
+			if f[5] == "eth0" {
+				ll = ip.String()
+			}
+		case ip.IsLoopback(): // ::1 on lo
 		default:
 			t.Errorf("%s has an IPv6 address beyond its link: %s", podIP, l)
 		}

@@ -32,6 +32,7 @@ func TestFuzzCorpusAcceptedByAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.LarkCLIInitImage, cfg.LarkCLIBrokerImage = "lark-init:1", "lark-broker:1"
+	cfg.RuntimeClassName = "gvisor" // as config/400-service.yaml sets it, which the policy's parameter matches
 	files, err := filepath.Glob(filepath.Join("..", "..", "pkg", "sandbox", "resources", "testdata", "fuzz", "FuzzCreateRequest", "*"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no corpus: %v", err)
