@@ -62,7 +62,7 @@ func TestKernelSurface(t *testing.T) {
 	for _, rt := range []struct{ name, class string }{{"runc", ""}, {"gVisor", "gvisor"}} {
 		ns := namespace(t)
 		f := start(t, ns, realEnv(t, ns, map[string]string{"SANDBOX_RUNTIME_CLASS": rt.class}))
-		expectCode(t, mustDo(t, f, "POST", "/api/sandboxes?wait=30s", map[string]any{"sandbox_id": "kernel"}), 200, "create under "+rt.name)
+		expectCode(t, mustDo(t, f, "POST", "/api/sandboxes?wait=20s", map[string]any{"sandbox_id": "kernel"}), 200, "create under "+rt.name)
 		pod := runningPod(t, ns, "kernel")
 		if got := ptrString(pod.Spec.RuntimeClassName); got != rt.class {
 			t.Fatalf("the %s sandbox runs with runtime class %q, want %q", rt.name, got, rt.class)
