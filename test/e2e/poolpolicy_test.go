@@ -37,7 +37,8 @@ func TestAdmissionAdmitsWarmPools(t *testing.T) {
 
 	proxy.Impersonate(serviceAccount)
 	defer proxy.Impersonate("")
-	f := start(t, ns, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "false"})
+	// The runtime class as config/ sets it, which the policies require.
+	f := start(t, ns, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "false", "SANDBOX_RUNTIME_CLASS": "gvisor"})
 	warmUp(t, f, ns, "warm", 2)
 
 	r := mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "pp1", "template": "warm", "user_id": "u1"})
