@@ -39,8 +39,9 @@ const (
 )
 
 // serviceAccountNamespace makes a namespace in which the provisioner's
-// ServiceAccount holds config/'s Role (copied there), applies config/'s
-// admission policies and their parameters (in config/'s namespace), and
+// ServiceAccount holds config/'s Role (copied there) and its read of the
+// runtime class, applies config/'s admission policies and their parameters
+// (in config/'s namespace), and
 // returns a client that acts as that ServiceAccount. The namespace enforces
 // no Pod Security level, as in DeerFlow's host-path mode, so that the
 // admission policy alone is tested.
@@ -52,7 +53,8 @@ func serviceAccountNamespace(t *testing.T) (string, kubernetes.Interface) {
 		o.SetNamespace(ns)
 	}
 	applyServerSide(t, objs)
-	applyServerSide(t, readObjects(t, filepath.Join("..", "..", "config", "100-namespace.yaml"), filepath.Join("..", "..", "config", "800-admission-policy.yaml")))
+	applyServerSide(t, readObjects(t, filepath.Join("..", "..", "config", "100-namespace.yaml"), filepath.Join("..", "..", "config", "204-clusterrole-runtimeclass.yaml"),
+		filepath.Join("..", "..", "config", "800-admission-policy.yaml")))
 	rc := rest.CopyConfig(kc.Config)
 	rc.Impersonate = rest.ImpersonationConfig{UserName: serviceAccount}
 	sa := kubernetes.NewForConfigOrDie(rc)
