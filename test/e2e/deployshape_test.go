@@ -258,7 +258,7 @@ func TestAdmissionRefusalsSaySo(t *testing.T) {
 		proxy.Impersonate(serviceAccount)
 		defer proxy.Impersonate("")
 		f := start(t, ns, map[string]string{"DEER_FLOW_HOST_BASE_DIR": "/srv/deer-flow", "THREADS_HOST_PATH": "/srv/deer-flow/threads",
-			"SANDBOX_NETWORK_POLICY_ENSURE": "false", "SANDBOX_NETWORK_POLICY": "false", "SANDBOX_RUNTIME_CLASS": "gvisor"})
+			"SANDBOX_NETWORK_POLICY_ENSURE": "false", "SANDBOX_NETWORK_POLICY": "false", "SANDBOX_RUNTIME_CLASS": "gvisor", "SANDBOX_USER_NAMESPACE": "false"})
 		r := mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "vap1", "thread_id": "t1"})
 		refusedSaying(t, r, 500, "admission policy sandbox-provisioner-pods", "DEER_FLOW_HOST_BASE_DIR")
 	})

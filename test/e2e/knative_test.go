@@ -203,7 +203,7 @@ func TestRBACWithConfigRole(t *testing.T) {
 	// policy, which config/ ships. The runtime class as config/ sets it: the
 	// ClusterRole lets the function read that class, and no other.
 	f := start(t, "deer-flow", map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "false",
-		"SKILLS_PVC_NAME": "deer-flow-skills", "USERDATA_PVC_NAME": "deer-flow-user-data", "SANDBOX_RUNTIME_CLASS": "gvisor"})
+		"SKILLS_PVC_NAME": "deer-flow-skills", "USERDATA_PVC_NAME": "deer-flow-user-data", "SANDBOX_RUNTIME_CLASS": "gvisor", "SANDBOX_USER_NAMESPACE": "false"})
 
 	cr := mustDo(t, f, "POST", "/api/sandboxes?wait=15s", map[string]any{"sandbox_id": "rbac1", "thread_id": "t"})
 	expectCode(t, cr, 200, "create as the ServiceAccount")

@@ -37,8 +37,9 @@ func TestAdmissionAdmitsWarmPools(t *testing.T) {
 
 	proxy.Impersonate(serviceAccount)
 	defer proxy.Impersonate("")
-	// The runtime class as config/ sets it, which the policies require.
-	f := start(t, ns, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "false", "SANDBOX_RUNTIME_CLASS": "gvisor"})
+	// The runtime class as config/ sets it (without a user namespace, as
+	// config/ runs gVisor), which the policies require.
+	f := start(t, ns, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "false", "SANDBOX_RUNTIME_CLASS": "gvisor", "SANDBOX_USER_NAMESPACE": "false"})
 	warmUp(t, f, ns, "warm", 2)
 
 	r := mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "pp1", "template": "warm", "user_id": "u1"})
