@@ -159,7 +159,7 @@ func realNodeEnv(b *testing.B, kc *cluster.Cluster, what string) (map[string]str
 	b.Helper()
 	rn, err := realnode.Up(context.Background(), realnode.DefaultPaths(cluster.CacheDir()), realnode.Cluster{Host: kc.Config.Host, PKIDir: kc.PKIDir(), Client: kc.Client})
 	if err != nil {
-		b.Skipf("no real node, so no %s figures: %v", what, err)
+		unavailable(b, "no real node, so no %s figures: %v", what, err)
 	}
 	useNamespace(b, kc)
 	base, err := realnode.HostBase(b.TempDir())

@@ -50,13 +50,13 @@ const (
 // and a pool claim → Ready ≤ 30 ms p50.
 func BenchmarkMakeRunRealNode(b *testing.B) {
 	if os.Geteuid() != 0 {
-		b.Skip("make run NODE=real needs root")
+		unavailable(b, "make run NODE=real needs root")
 	}
 	if err := realnode.Preflight(realnode.DefaultPaths(cluster.CacheDir())); err != nil {
-		b.Skipf("no real node, so no make run NODE=real figures: %v", err)
+		unavailable(b, "no real node, so no make run NODE=real figures: %v", err)
 	}
 	if h := realnode.Held(); h != nil {
-		b.Skipf("no make run NODE=real figures: %v", h)
+		unavailable(b, "no make run NODE=real figures: %v", h)
 	}
 	ctx := context.Background()
 	repo, err := filepath.Abs("../..")
