@@ -3,6 +3,7 @@ package fn
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -11,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -96,6 +98,12 @@ func (b *backend) tryConnect(ctx context.Context) error {
 	if b.cfg.CreateNamespace {
 		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: b.cfg.Namespace}}
 		if _, err := client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+		// The API server refuses Pods in a namespace until the controller
+		// manager has made its default ServiceAccount, a moment after the
+		// namespace. Ready means a create works, so wait for it here.
+		if err := waitServiceAccount(ctx, client, b.cfg.Namespace); err != nil {
 			return err
 		}
 	}
@@ -223,4 +231,20 @@ func (b *backend) Review(ctx context.Context, token, audience string) (auth.Revi
 		return auth.Review{}, errors.New(b.lastErr.Load().(string))
 	}
 	return auth.TokenReviewer{Client: c}.Review(ctx, token, audience)
+}
+
+// waitServiceAccount waits, bounded, for the namespace's default
+// ServiceAccount, which sandbox Pods are admitted under.
+func waitServiceAccount(ctx context.Context, client kubernetes.Interface, ns string) error {
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return err == nil, err
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for the ServiceAccount %s/default that the controller manager creates: %w", ns, err)
+	}
+	return nil
 }
