@@ -107,6 +107,10 @@ type Spec struct {
 	// Env is the request's environment variables for the sandbox container,
 	// validated (nil: none).
 	Env map[string]string
+	// Token is the sandbox's selector token (keys.LabelToken), set by
+	// Create: a new one for a new sandbox, the workload's for an existing
+	// one. Empty: a sandbox from before tokens, selected by id alone.
+	Token string
 }
 
 // Requested marks the request fields that win over a template.

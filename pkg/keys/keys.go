@@ -36,6 +36,13 @@ const (
 	// LabelPrincipal is a hash of the creating principal (a username is no
 	// valid label value); list and the per-principal quota select on it.
 	LabelPrincipal = Prefix + "principal"
+	// LabelToken is a random value the function writes on a sandbox's
+	// workload (a bare or claimed Pod, or a ReplicaSet's Pod template) when
+	// it creates or claims it, and that the sandbox's Service selects
+	// beside the id. The id is the caller's to choose, so a Pod of another
+	// principal's failed create of the same id carries it too; the token
+	// it cannot know, so that Pod never joins this sandbox's Service.
+	LabelToken = Prefix + "token"
 )
 
 // Annotations on every sandbox workload (the bare Pod, or the ReplicaSet and

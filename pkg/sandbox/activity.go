@@ -17,7 +17,21 @@ import (
 // failed write is logged by the caller's metrics, not returned: activity is
 // best effort, the answer is not.
 func touch[T metav1.Object](ctx context.Context, m *Manager, obj T, patch func(context.Context, string, types.PatchType, []byte, metav1.PatchOptions, ...string) (T, error)) T {
-	data := m.activityPatch(obj)
+	return touchAs(ctx, m, obj, patch, false)
+}
+
+// reuse is touch for a create that answers with a workload it found. A
+// workload young enough that the create which wrote it may still undo it
+// (a failed create removes what it wrote: undoWorkload) is marked however
+// recently it was, to the nanosecond, so that the mark always changes:
+// that undo sees that another request answered for the workload, and
+// leaves it.
+func reuse[T metav1.Object](ctx context.Context, m *Manager, obj T, patch func(context.Context, string, types.PatchType, []byte, metav1.PatchOptions, ...string) (T, error)) T {
+	return touchAs(ctx, m, obj, patch, time.Since(obj.GetCreationTimestamp().Time) < m.undoWindow())
+}
+
+func touchAs[T metav1.Object](ctx context.Context, m *Manager, obj T, patch func(context.Context, string, types.PatchType, []byte, metav1.PatchOptions, ...string) (T, error), force bool) T {
+	data := m.activityPatch(obj, force)
 	if data == nil {
 		return obj
 	}
@@ -31,19 +45,26 @@ func touch[T metav1.Object](ctx context.Context, m *Manager, obj T, patch func(c
 // activityPatch is the patch that records activity on obj now, or nil when
 // there is nothing to record: not ours (DeerFlow's provisioner made it, no
 // expiry to extend), or recorded less than ActivityThrottle ago.
-func (m *Manager) activityPatch(obj metav1.Object) []byte {
+func (m *Manager) activityPatch(obj metav1.Object, force bool) []byte {
 	lt, ok := resources.LifetimeOf(obj)
 	if !ok {
 		return nil
 	}
-	now := time.Now().UTC().Truncate(time.Second)
-	if now.Sub(lt.LastActivity) < m.cfg.ActivityThrottle {
+	now, layout := time.Now().UTC().Truncate(time.Second), time.RFC3339
+	if force {
+		now, layout = time.Now().UTC(), time.RFC3339Nano
+	} else if now.Sub(lt.LastActivity) < m.cfg.ActivityThrottle {
 		return nil
 	}
 	lt.LastActivity = now
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
-		keys.AnnotationLastActivity: now.Format(time.RFC3339),
+		keys.AnnotationLastActivity: now.Format(layout),
 		keys.AnnotationExpiresAt:    lt.ExpiresAt().Format(time.RFC3339),
 	}}})
 	return patch
 }
+
+// undoWindow is how long after its create a workload may still be removed
+// by the create that wrote it, should that create end without its answer:
+// the request's deadline and its longest wait for Ready.
+func (m *Manager) undoWindow() time.Duration { return m.cfg.RequestTimeout + m.cfg.MaxReadyWait }

@@ -57,7 +57,7 @@ func WithPool(p Pool) Option { return func(m *Manager) { m.pool = p } }
 
 // createFromPool serves a create from its template's warm pool when it can;
 // handled false sends it the cold way, within the same request.
-func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Duration) (sb api.Sandbox, handled bool, err error) {
+func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Duration, wrote *made) (sb api.Sandbox, handled bool, err error) {
 	t := s.Resolved
 	if m.pool == nil || t == nil || t.PoolSize == 0 {
 		return api.Sandbox{}, false, nil
@@ -130,7 +130,7 @@ func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Dura
 		if err := checkCapacity(f.pod, s); err != nil {
 			return api.Sandbox{}, true, err
 		}
-		f.pod = touch(ctx, m, f.pod, m.client.CoreV1().Pods(m.cfg.Namespace).Patch)
+		f.pod = reuse(ctx, m, f.pod, m.client.CoreV1().Pods(m.cfg.Namespace).Patch)
 		return m.answer(ctx, s.ID, f, wait)
 	}
 	meta := &metav1.ObjectMeta{Labels: resources.Labels(s), Annotations: resources.Annotations(s)}
@@ -145,6 +145,7 @@ func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Dura
 	if pod == nil {
 		return cs.giveUp(ctx, wait)
 	}
+	*wrote = made{found: found{pod: pod, svc: cs.svc}}
 	m.recorder.Eventf(pod, corev1.EventTypeNormal, "SandboxCreated", "Created sandbox %s for user %s from the warm pool of template %s", s.ID, s.UserID, t.Name)
 	return m.answer(ctx, s.ID, found{pod: pod, svc: cs.svc}, wait)
 }

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math/rand/v2"
 	"strconv"
 	"time"
@@ -12,10 +13,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/quota"
+	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
@@ -41,7 +44,7 @@ func (m *Manager) Create(ctx context.Context, s api.Spec, wait time.Duration) (a
 	return sb, err
 }
 
-func (m *Manager) create(ctx context.Context, s api.Spec, wait time.Duration) (api.Sandbox, error) {
+func (m *Manager) create(ctx context.Context, s api.Spec, wait time.Duration) (sb api.Sandbox, err error) {
 	release, err := m.admitWait(ctx, wait)
 	if err != nil {
 		return api.Sandbox{}, err
@@ -50,7 +53,22 @@ func (m *Manager) create(ctx context.Context, s api.Spec, wait time.Duration) (a
 	if s, err = m.resolveTemplate(ctx, s); err != nil {
 		return api.Sandbox{}, err
 	}
-	if sb, handled, err := m.createFromPool(ctx, s, wait); handled {
+	s.Token = newToken()
+	// A create that does not answer 200 leaves nothing it wrote, whatever
+	// ended it: the client gone (even after the last write), the deadline,
+	// the API server's 5xx. wrote is what this request made (a workload
+	// and its Service, new or claimed); undoMade removes it under a
+	// deadline of its own, unless another request has answered for it.
+	var wrote made
+	defer func() {
+		if err == nil && ctx.Err() != nil {
+			err = api.Classify(ctx.Err(), "answer the create of sandbox "+s.ID)
+		}
+		if err != nil {
+			m.undoMade(ctx, wrote)
+		}
+	}()
+	if sb, handled, err := m.createFromPool(ctx, s, wait, &wrote); handled {
 		return sb, err
 	}
 	for attempt := 0; ; attempt++ {
@@ -71,6 +89,9 @@ func (m *Manager) create(ctx context.Context, s api.Spec, wait time.Duration) (a
 		if err == nil {
 			a, err = m.createOnce(ctx, s)
 		}
+		if err == nil && !a.existed {
+			wrote = a
+		}
 		var qe *quota.Error
 		if errors.As(err, &qe) && qe.Contended && attempt < maxQuotaRetries {
 			continue
@@ -90,6 +111,24 @@ func (m *Manager) create(ctx context.Context, s api.Spec, wait time.Duration) (a
 		}
 		sb, _, err := m.answer(ctx, s.ID, a.found, wait)
 		return sb, err
+	}
+}
+
+// undoMade removes what a create that ends without its answer wrote (a
+// new or claimed workload, and its Service), under a deadline of its own
+// since the request's may be what ended it. What cannot be removed now (the
+// API server down) is a leftover: it counts for the quota while it exists,
+// and the next create, destroy or reap of its id removes it (leftover).
+func (m *Manager) undoMade(ctx context.Context, a made) {
+	w := a.workload()
+	if w == nil || a.existed {
+		return
+	}
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.RequestTimeout)
+	defer cancel()
+	if err := m.undoCreate(uctx, w, a.svc); err != nil {
+		m.auditLog.LogAttrs(ctx, slog.LevelWarn, "a failed create could not remove what it wrote; the next create, destroy or reap of its id will",
+			slog.String("sandbox_id", w.GetLabels()[keys.LabelID]), slog.String("request_id", reqid.ID(ctx)), slog.String("error", err.Error()))
 	}
 }
 
@@ -185,7 +224,11 @@ func (m *Manager) createPodOnce(ctx context.Context, s api.Spec) (made, error) {
 		return made{}, err
 	}
 	if existed {
-		pod = touch(ctx, m, pod, m.client.CoreV1().Pods(m.cfg.Namespace).Patch)
+		pod = reuse(ctx, m, pod, m.client.CoreV1().Pods(m.cfg.Namespace).Patch)
+		if pod, err = m.tokenPod(ctx, pod); err != nil {
+			return made{}, err
+		}
+		s.Token = resources.Token(pod)
 	}
 	svc, repaired, err := m.serviceAndQuota(ctx, s, pod, resources.PodOwnerRef(pod), existed)
 	return made{found: found{pod: pod, svc: svc}, existed: existed, repaired: repaired}, err
@@ -199,7 +242,11 @@ func (m *Manager) createReplicaSetOnce(ctx context.Context, s api.Spec) (made, e
 		return made{}, err
 	}
 	if existed {
-		rs = touch(ctx, m, rs, m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Patch)
+		rs = reuse(ctx, m, rs, m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Patch)
+		if rs, err = m.tokenReplicaSet(ctx, rs); err != nil {
+			return made{}, err
+		}
+		s.Token = resources.Token(rs)
 	}
 	svc, repaired, err := m.serviceAndQuota(ctx, s, rs, resources.ReplicaSetOwnerRef(rs), existed)
 	f := found{rs: rs, svc: svc}
@@ -221,10 +268,12 @@ func (m *Manager) createReplicaSetOnce(ctx context.Context, s api.Spec) (made, e
 func (m *Manager) serviceAndQuota(ctx context.Context, s api.Spec, workload workloadObject, owner metav1.OwnerReference, existed bool) (*corev1.Service, bool, error) {
 	svc, repaired, svcErr := m.ensureService(ctx, s, owner, existed)
 	var quotaErr error
-	if svcErr == nil && !existed && quota.Limited(m.cfg.QuotaConfig) {
+	if svcErr == nil && (!existed || repaired) && quota.Limited(m.cfg.QuotaConfig) {
+		// A repair counts as a new sandbox does: its workload had no
+		// Service, so no count held it (a leftover of a failed create).
 		quotaErr = m.quota.Check(ctx, s, svc)
 	}
-	if !existed && (svcErr != nil || quotaErr != nil) {
+	if (!existed || repaired) && (svcErr != nil || quotaErr != nil) {
 		// What this call made never became a sandbox the create answers
 		// for (no Service, or never passed the quota): it goes at once (a
 		// retry creates it anew) rather than linger uncounted and
@@ -257,6 +306,7 @@ func (m *Manager) ensurePod(ctx context.Context, s api.Spec) (*corev1.Pod, bool,
 			return created, false, nil
 		}
 		if !apierrors.IsAlreadyExists(err) {
+			m.undoUncertain(ctx, err, want)
 			return nil, false, m.createFailed(err, "Pod", s)
 		}
 		existing, err := pods.Get(ctx, want.Name, metav1.GetOptions{})
@@ -267,7 +317,12 @@ func (m *Manager) ensurePod(ctx context.Context, s api.Spec) (*corev1.Pod, bool,
 			return nil, false, api.Classify(err, "read the existing sandbox Pod")
 		}
 		if err := checkOwner(existing, "Pod", s); err != nil {
-			return nil, false, err
+			// Another's, unless a failed create left it: then it goes, and
+			// this create makes the id anew.
+			if removed, lerr := m.removeLeftover(ctx, existing); lerr != nil || !removed {
+				return nil, false, errors.Join(err, lerr)
+			}
+			continue
 		}
 		if existing.DeletionTimestamp != nil {
 			if err := m.waitGone(ctx, existing); err != nil {
@@ -281,6 +336,33 @@ func (m *Manager) ensurePod(ctx context.Context, s api.Spec) (*corev1.Pod, bool,
 		return existing, true, nil
 	}
 	return nil, false, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " is being created and deleted concurrently; retry"}
+}
+
+// removeLeftover removes pod, a sandbox Pod of another user, thread or
+// principal, when it is a leftover: older than any create could have
+// undone it in, and named by no Service. It acts for the function, not the
+// caller: that Pod was never anyone's sandbox. The delete carries the
+// UID and resourceVersion read, so a Pod changed since stays.
+func (m *Manager) removeLeftover(ctx context.Context, pod *corev1.Pod) (bool, error) {
+	if !resources.IsSandbox(pod, resources.PodID(pod)) || pod.DeletionTimestamp != nil || !m.leftover(pod) {
+		return false, nil
+	}
+	svc, err := m.client.CoreV1().Services(m.cfg.Namespace).Get(ctx, resources.ServiceName(resources.PodID(pod)), metav1.GetOptions{})
+	switch {
+	case err == nil && resources.OwnerUID(svc.OwnerReferences) == pod.UID:
+		return false, nil
+	case err != nil && !apierrors.IsNotFound(err):
+		return false, api.Classify(err, "read the Service of a leftover sandbox Pod")
+	}
+	err = m.deleteWorkload(ctx, pod, ptr.To(int64(0)), true)()
+	if err != nil && !apierrors.IsNotFound(err) {
+		if apierrors.IsConflict(err) {
+			return false, nil
+		}
+		return false, api.Classify(err, "remove a leftover sandbox Pod")
+	}
+	m.recorder.Eventf(pod, corev1.EventTypeNormal, "LeftoverRemoved", "Removed Pod %s, left by a failed create of sandbox %s", pod.Name, resources.PodID(pod))
+	return true, nil
 }
 
 // createFailed explains a failed create of the sandbox's kind of object;
@@ -362,7 +444,7 @@ func (m *Manager) ensureService(ctx context.Context, s api.Spec, owner metav1.Ow
 		current := resources.SandboxOwner(existing.OwnerReferences)
 		switch {
 		case current != nil && current.UID == owner.UID && existing.DeletionTimestamp == nil:
-			return existing, false, nil
+			return m.reselect(ctx, existing, want)
 		case current != nil && (current.Kind != owner.Kind || current.Name != owner.Name) && existing.DeletionTimestamp == nil:
 			live, err := m.ownerLives(ctx, *current, existing, s.ID)
 			if err != nil {

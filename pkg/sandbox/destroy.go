@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
@@ -48,6 +49,9 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 		return err
 	case hidden:
 		result = outcomeHidden
+		if f.stray != nil {
+			return api.Classify(runAll([]func() error{m.deleteWorkload(ctx, f.stray, nil, false)}), "delete sandbox "+id)
+		}
 		return nil
 	case f.svc == nil && f.workload() == nil && f.stray == nil:
 		result = outcomeAbsent
@@ -101,59 +105,84 @@ func (m *Manager) deleteWorkload(ctx context.Context, obj workloadObject, grace 
 	}
 }
 
-// undoCreate removes what a refused or failed create made, all of it at
-// once rather than leaving the Service to the GC, so a retry of the same
-// id finds nothing stale. Its Service goes first, with a UID precondition;
-// then the workload (undoWorkload). ctx must not be the request's: a
-// create that failed because its client went away must still undo.
+// undoCreate removes what a refused or failed create made: the workload
+// (undoWorkload), then, once it is gone, its Service, rather than leaving
+// that to the GC, so a retry of the same id finds nothing stale. ctx must
+// not be the request's: a create that failed because its client went away
+// must still undo.
 func (m *Manager) undoCreate(ctx context.Context, workload workloadObject, svc *corev1.Service) error {
-	if svc != nil && resources.OwnerUID(svc.OwnerReferences) == workload.GetUID() {
+	removed, err := m.undoWorkload(ctx, workload)
+	if err != nil {
+		return api.Classify(err, "remove what a refused or failed create made")
+	}
+	if removed && svc != nil && resources.OwnerUID(svc.OwnerReferences) == workload.GetUID() {
 		err := m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, svc.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(svc.UID))})
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return api.Classify(err, "remove what a refused or failed create made")
 		}
 	}
-	return api.Classify(m.undoWorkload(ctx, workload), "remove what a refused or failed create made")
+	return nil
 }
 
-// undoWorkload deletes the workload a failed create wrote, with the UID
-// and resourceVersion it was written with, so that nothing else is removed
-// in its stead. Changed since (by the scheduler, the kubelet or its
-// controller, or by another create of the id that found it), it is read
-// again: a Service owned by it means another create made it whole and may
-// have answered 200 for it, so it stays; otherwise it goes at the version
-// read. No grace period: it never served anyone, and a retry of the create
-// must not wait for it to terminate.
-func (m *Manager) undoWorkload(ctx context.Context, w workloadObject) error {
+// undoWorkload deletes the workload w that a failed create wrote, unless
+// another request has answered for it since, and reports whether it did.
+// The delete carries w's UID and the resourceVersion last read, so nothing
+// else is removed in its stead and nothing changed unseen. A workload
+// changed since (the scheduler, the kubelet or its controller write it
+// too) is read again: one whose activity mark moved was answered for by
+// another request (a create that found it, or a get: see reuse) and stays;
+// otherwise it goes at the version read. No grace period: it never served
+// anyone, and a retry of the create must not wait for it to terminate.
+func (m *Manager) undoWorkload(ctx context.Context, w workloadObject) (bool, error) {
 	obj := w
 	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
 		err := m.deleteWorkload(ctx, obj, ptr.To(int64(0)), true)()
-		if err == nil || apierrors.IsNotFound(err) {
-			return nil
-		}
-		if !apierrors.IsConflict(err) {
-			return err
+		switch {
+		case err == nil:
+			return true, nil
+		case apierrors.IsNotFound(err):
+			return false, nil
+		case !apierrors.IsConflict(err):
+			return false, err
 		}
 		cur, err := m.readWorkload(ctx, w)
 		if apierrors.IsNotFound(err) {
-			return nil
+			return false, nil
 		}
 		if err != nil {
-			return err
+			return false, err
 		}
 		if cur.GetUID() != w.GetUID() || cur.GetDeletionTimestamp() != nil {
-			return nil // gone, and another object took the name
+			return false, nil // gone, and another object took the name
 		}
-		svc, err := m.client.CoreV1().Services(m.cfg.Namespace).Get(ctx, resources.ServiceName(w.GetLabels()[keys.LabelID]), metav1.GetOptions{})
-		switch {
-		case err == nil && resources.OwnerUID(svc.OwnerReferences) == w.GetUID():
-			return nil // made whole by another create: its sandbox now
-		case err != nil && !apierrors.IsNotFound(err):
-			return err
+		if cur.GetAnnotations()[keys.AnnotationLastActivity] != w.GetAnnotations()[keys.AnnotationLastActivity] {
+			return false, nil // answered for by another request: its sandbox now
 		}
 		obj = cur
 	}
-	return fmt.Errorf("%s %s kept changing while a failed create removed it", w.GetObjectKind().GroupVersionKind().Kind, w.GetName())
+	return false, fmt.Errorf("%s %s kept changing while a failed create removed it", w.GetObjectKind().GroupVersionKind().Kind, w.GetName())
+}
+
+// undoUncertain follows a workload create that failed without saying
+// whether it was written (the client gone or timed out, the API server's
+// 5xx): the workload of want's name is read back, and removed when it
+// carries want's token, so it is this create's. A refusal (a 4xx) wrote
+// nothing. When the read fails too, what may be there is a leftover.
+func (m *Manager) undoUncertain(ctx context.Context, err error, want workloadObject) {
+	var st apierrors.APIStatus
+	if errors.As(err, &st) && st.Status().Code >= 400 && st.Status().Code < 500 {
+		return
+	}
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.RequestTimeout)
+	defer cancel()
+	got, rerr := m.readWorkload(uctx, want)
+	if rerr != nil || got.GetDeletionTimestamp() != nil || resources.Token(got) != resources.Token(want) {
+		return
+	}
+	if _, uerr := m.undoWorkload(uctx, got); uerr != nil {
+		m.auditLog.LogAttrs(ctx, slog.LevelWarn, "a failed create could not remove what it may have written; the next create, destroy or reap of its id will",
+			slog.String("sandbox_id", want.GetLabels()[keys.LabelID]), slog.String("error", uerr.Error()))
+	}
 }
 
 // readWorkload reads w again, of its kind.

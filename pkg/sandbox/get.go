@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"golang.org/x/sync/errgroup"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -64,6 +65,40 @@ func (m *Manager) lookup(ctx context.Context, id string, wait time.Duration) (fo
 // templates; a ReplicaSet sandbox costs that one more, and one more for its
 // current Pod unless paused.
 func (m *Manager) fetch(ctx context.Context, id string) (found, error) {
+	f, err := m.fetchObjects(ctx, id)
+	if err != nil {
+		return found{}, err
+	}
+	return chained(f), nil
+}
+
+// chained keeps the Service of what was found only when it belongs to the
+// workload found: owned by it (by UID), for the same principal. A Service
+// that no workload owns is DeerFlow's provisioner's (adopted by the next
+// create) and counts when it records the same principal. Any other
+// Service is not this sandbox's: never answered, never deleted for it.
+func chained(f found) found {
+	w := f.workload()
+	if w == nil || f.svc == nil {
+		return f
+	}
+	owner := resources.SandboxOwner(f.svc.OwnerReferences)
+	if (owner != nil && owner.UID != w.GetUID()) || principalOf(f.svc) != principalOf(w) {
+		f.svc = nil
+	}
+	return f
+}
+
+// principalOf is the principal an object records; one that records none
+// is from before principals: the legacy principal's.
+func principalOf(obj metav1.Object) string {
+	if p := obj.GetAnnotations()[keys.AnnotationPrincipal]; p != "" {
+		return p
+	}
+	return api.LegacyPrincipal
+}
+
+func (m *Manager) fetchObjects(ctx context.Context, id string) (found, error) {
 	var f found
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
@@ -84,6 +119,19 @@ func (m *Manager) fetch(ctx context.Context, id string) (found, error) {
 	})
 	if err := g.Wait(); err != nil {
 		return found{}, err
+	}
+	if f.pod != nil && f.svc != nil {
+		// The Service names its workload: a Pod sandbox-<id> it does not
+		// name is not this sandbox's. Beside a claimed pooled Pod it is a
+		// stray (a failed create of the id, maybe another principal's);
+		// otherwise the Service is an older Pod's, which the GC removes.
+		if ref := resources.SandboxOwner(f.svc.OwnerReferences); ref != nil && ref.Kind == "Pod" && ref.UID != f.pod.UID {
+			if claimedOwner(f.svc, id) {
+				f.stray, f.pod = f.pod, nil
+			} else {
+				f.svc = nil
+			}
+		}
 	}
 	if f.pod == nil && f.svc != nil && claimedOwner(f.svc, id) {
 		// Claimed from a warm pool: its Pod keeps the name the pool gave it.

@@ -2,6 +2,9 @@ package sandbox
 
 import (
 	"context"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
@@ -45,13 +48,32 @@ func (m *Manager) fetchVisible(ctx context.Context, id string) (f found, hidden 
 	if f, err = m.fetch(ctx, id); err != nil {
 		return found{}, false, err
 	}
+	if f.pod != nil && f.rs == nil && f.svc == nil && m.leftover(f.pod) {
+		// Left by a create that failed and could not undo: no sandbox
+		// (get answers 404), whoever wrote it; destroy removes it.
+		return found{stray: f.pod}, false, nil
+	}
 	if !seesSandbox(c, f) {
-		return found{}, f.workload() != nil || f.svc != nil, nil
+		// Another principal's sandbox holds the id. A stray Pod beside it
+		// (a failed create of the id) is still the caller's to destroy
+		// when it is the caller's own.
+		var rest found
+		if f.stray != nil && (c.Sees(f.stray) || m.leftover(f.stray)) {
+			rest.stray = f.stray
+		}
+		return rest, f.workload() != nil || f.svc != nil, nil
 	}
 	if f.stray != nil && !c.Sees(f.stray) {
 		f.stray = nil
 	}
 	return f, false, nil
+}
+
+// leftover reports whether pod, which no Service of its sandbox names, is
+// older than any create that wrote it could have undone it in: what a
+// failed create that could not undo left (see undoMade).
+func (m *Manager) leftover(pod *corev1.Pod) bool {
+	return time.Since(pod.CreationTimestamp.Time) > m.undoWindow()
 }
 
 // listSelector selects the sandboxes the caller may list: all of them for

@@ -30,7 +30,7 @@ type found struct {
 
 // workload is the object that carries the sandbox's identity and lifecycle
 // annotations: the ReplicaSet, or the bare Pod.
-func (f found) workload() metav1.Object {
+func (f found) workload() workloadObject {
 	if f.rs != nil {
 		return f.rs
 	}
@@ -52,6 +52,7 @@ func (m *Manager) ensureReplicaSet(ctx context.Context, s api.Spec) (*appsv1.Rep
 			return created, false, nil
 		}
 		if !apierrors.IsAlreadyExists(err) {
+			m.undoUncertain(ctx, err, want)
 			return nil, false, m.createFailed(err, "ReplicaSet", s)
 		}
 		existing, err := rss.Get(ctx, want.Name, metav1.GetOptions{})

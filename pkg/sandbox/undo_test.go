@@ -21,6 +21,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 )
 
@@ -114,10 +115,11 @@ func (p contextPods) Delete(ctx context.Context, name string, opts metav1.Delete
 // answers the failure (503, to retry) and leaves no object it wrote, its
 // Pod included, also when its client went away meanwhile (the undo does
 // not run under the request's context) and when the Pod was written to
-// since (a status write: the undo reads it again). When another create of the id made the
-// sandbox whole meanwhile (it touched the Pod and gave it a Service), that
-// sandbox is left alone: the undo's delete carries the resourceVersion the
-// Pod was written with.
+// since (a status write: the undo reads it again). When another create of
+// the id made the sandbox whole meanwhile (its reuse moved the Pod's
+// activity mark, and it gave the Pod a Service), that sandbox is left
+// alone: the undo's delete carries the resourceVersion it read, and a
+// moved mark ends the undo.
 func TestCreateLeavesNothingWhenItsServiceFails(t *testing.T) {
 	pods, svcs := corev1.SchemeGroupVersion.WithResource("pods"), corev1.SchemeGroupVersion.WithResource("services")
 	cfg := testConfig(t, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "true"})
@@ -150,7 +152,12 @@ func TestCreateLeavesNothingWhenItsServiceFails(t *testing.T) {
 			return apierrors.NewInternalError(errInjected)
 		}, want: result{Kind: api.KindUnavailable}},
 		{name: "another create made the sandbox whole meanwhile", inject: func(e faultEnv) error {
-			e.bump(pods, resources.PodName(s.ID), nil) // its touch
+			// Its reuse: the Pod is young, so the activity mark moves.
+			e.bump(pods, resources.PodName(s.ID), func(o metav1.Object) {
+				a := o.GetAnnotations()
+				a[keys.AnnotationLastActivity] = time.Now().UTC().Format(time.RFC3339Nano)
+				o.SetAnnotations(a)
+			})
 			client := e.client
 			obj, err := client.Tracker().Get(pods, "deer-flow", resources.PodName(s.ID))
 			if err != nil {

@@ -76,8 +76,9 @@ func LabelValue(v string) string {
 	return "h-" + hex.EncodeToString(sum[:])[:40]
 }
 
+// Labels are a sandbox's labels, on its workload and its Service.
 func Labels(s api.Spec) map[string]string {
-	return map[string]string{
+	l := map[string]string{
 		keys.LabelApp:       keys.LabelAppValue,
 		keys.LabelID:        s.ID,
 		keys.LabelName:      "deer-flow",
@@ -86,4 +87,8 @@ func Labels(s api.Spec) map[string]string {
 		keys.LabelUser:      LabelValue(s.UserID),
 		keys.LabelThread:    LabelValue(s.ThreadID),
 	}
+	if s.Token != "" {
+		l[keys.LabelToken] = s.Token
+	}
+	return l
 }

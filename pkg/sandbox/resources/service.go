@@ -1,6 +1,7 @@
 package resources
 
 import (
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -36,7 +37,7 @@ func BuildService(cfg *config.Config, s api.Spec, owner metav1.OwnerReference) *
 		},
 		Spec: corev1.ServiceSpec{
 			Type:     corev1.ServiceType(cfg.ServiceType),
-			Selector: map[string]string{keys.LabelID: s.ID},
+			Selector: ServiceSelector(s.ID, s.Token),
 			Ports: []corev1.ServicePort{{
 				Name: portName, Port: cfg.ContainerPort, TargetPort: intstr.FromInt32(cfg.ContainerPort), Protocol: corev1.ProtocolTCP,
 			}},
@@ -62,6 +63,26 @@ func BuildService(cfg *config.Config, s api.Spec, owner metav1.OwnerReference) *
 	}
 	RecordPrincipal(svc, s)
 	return svc
+}
+
+// ServiceSelector selects the one workload of sandbox id: the id and its
+// token (keys.LabelToken), which only the function knows. Without a token
+// (a sandbox from before tokens) it is the id alone, as DeerFlow selects.
+func ServiceSelector(id, token string) map[string]string {
+	if token == "" {
+		return map[string]string{keys.LabelID: id}
+	}
+	return map[string]string{keys.LabelID: id, keys.LabelToken: token}
+}
+
+// Token is the selector token a sandbox workload carries: a Pod's, or the
+// one a ReplicaSet's Pod template gives its Pods ("" for one from before
+// tokens).
+func Token(obj metav1.Object) string {
+	if rs, ok := obj.(*appsv1.ReplicaSet); ok {
+		return rs.Spec.Template.Labels[keys.LabelToken]
+	}
+	return obj.GetLabels()[keys.LabelToken]
 }
 
 // PodOwnerRef makes pod the controller-less owner of a dependent object. Not
