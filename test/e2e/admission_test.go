@@ -173,6 +173,7 @@ func (a admission) spec(id string, req *api.CreateRequest, tmpl string) api.Spec
 	if err != nil {
 		a.t.Fatal(err)
 	}
+	s.Token = strings.Repeat("0a", 16) // as the function gives every sandbox a token (sandbox.newToken)
 	if tmpl != "" {
 		objs := readObjects(a.t, filepath.Join("..", "..", "config", "templates", tmpl+".yaml"))
 		var pt corev1.PodTemplate
@@ -575,6 +576,9 @@ func TestAdmissionPolicyRefusesServiceEscapes(t *testing.T) {
 		}},
 		{"selects another sandbox", "selects exactly its own sandbox", func(s *corev1.Service) { s.Spec.Selector = map[string]string{"sandbox-id": "other"} }},
 		{"selects more than the id", "selects exactly its own sandbox", func(s *corev1.Service) { s.Spec.Selector["app.kubernetes.io/name"] = "deer-flow-backend" }},
+		// issue 29: the id alone would take in another principal's Pod of the id.
+		{"selects by the id alone", "selects exactly its own sandbox", func(s *corev1.Service) { s.Spec.Selector = map[string]string{"sandbox-id": "svc"} }},
+		{"a token that is no random token", "selects exactly its own sandbox", func(s *corev1.Service) { s.Spec.Selector[keys.LabelToken] = "x" }},
 		{"externalTrafficPolicy Local", "externalTrafficPolicy Cluster", func(s *corev1.Service) {
 			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 		}},
@@ -593,6 +597,23 @@ func TestAdmissionPolicyRefusesServiceEscapes(t *testing.T) {
 				t.Errorf("Service update as the provisioner's ServiceAccount: %v; want a refusal by %s saying %q", err, servicePolicy, tc.message)
 			}
 		})
+	}
+	// A Service from before tokens (made by an administrator here, as
+	// DeerFlow's provisioner or an older function made it) may keep its
+	// id-only selector through an update, and may gain a token.
+	old := a.service("svc3", corev1.ServiceTypeNodePort, owner)
+	old.Spec.Selector = map[string]string{"sandbox-id": "svc3"}
+	old, err = client().CoreV1().Services(ns).Create(ctx, old, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old.Labels["example.com/note"] = "kept"
+	if old, err = sa.CoreV1().Services(ns).Update(ctx, old, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("an update that keeps a Service's id-only selector is refused: %v", err)
+	}
+	old.Spec.Selector = resources.ServiceSelector("svc3", strings.Repeat("0b", 16))
+	if _, err := sa.CoreV1().Services(ns).Update(ctx, old, metav1.UpdateOptions{}); err != nil {
+		t.Errorf("giving a Service from before tokens its token is refused: %v", err)
 	}
 }
 
