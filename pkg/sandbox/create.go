@@ -55,13 +55,15 @@ func (m *Manager) create(ctx context.Context, s api.Spec, wait time.Duration) (s
 	}
 	s.Token = newToken()
 	// A create that does not answer 200 leaves nothing it wrote, whatever
-	// ended it: the client gone (even after the last write), the deadline,
-	// the API server's 5xx. wrote is what this request made (a workload
-	// and its Service, new or claimed); undoMade removes it under a
-	// deadline of its own, unless another request has answered for it.
+	// ended it: the client gone (even after the last write: its answer has
+	// nowhere to go), the deadline, the API server's 5xx. A success past
+	// the request's own deadline is still answered, so it stands. wrote is
+	// what this request made (a workload and its Service, new or claimed);
+	// undoMade removes it under a deadline of its own, unless another
+	// request has answered for it.
 	var wrote made
 	defer func() {
-		if err == nil && ctx.Err() != nil {
+		if err == nil && errors.Is(ctx.Err(), context.Canceled) {
 			err = api.Classify(ctx.Err(), "answer the create of sandbox "+s.ID)
 		}
 		if err != nil {
