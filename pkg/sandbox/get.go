@@ -150,6 +150,9 @@ func (m *Manager) fetchObjects(ctx context.Context, id string) (found, error) {
 	}
 	rs, err := m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Get(ctx, resources.PodName(id), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) || (err == nil && (rs.DeletionTimestamp != nil || !resources.IsSandbox(rs, id))) {
+		if f.pod == nil && f.svc == nil {
+			return m.claimedByLabel(ctx, id)
+		}
 		return f, nil
 	}
 	if err != nil {
@@ -164,4 +167,24 @@ func (m *Manager) fetchObjects(ctx context.Context, id string) (found, error) {
 		}
 	}
 	return f, nil
+}
+
+// claimedByLabel finds, when nothing else of id exists, a Pod claimed from
+// a pool for id that lost its Service: a destroy that failed between its
+// two deletes, one that raced the claim, or a claim whose patch landed
+// after its client gave up. Found by its labels (its name is its pool's),
+// it is a leftover that destroy and the reap remove. Only a miss pays this
+// list.
+func (m *Manager) claimedByLabel(ctx context.Context, id string) (found, error) {
+	l, err := m.client.CoreV1().Pods(m.cfg.Namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: resources.SelectorAll + "," + keys.LabelID + "=" + id + "," + keys.LabelPooled + "=true"})
+	if err != nil {
+		return found{}, api.Classify(err, "look for a claimed Pod of the sandbox")
+	}
+	for i := range l.Items {
+		if p := &l.Items[i]; p.DeletionTimestamp == nil && resources.PodID(p) == id {
+			return found{pod: p}, nil
+		}
+	}
+	return found{}, nil
 }

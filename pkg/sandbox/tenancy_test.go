@@ -338,3 +338,43 @@ func TestRepairCounts(t *testing.T) {
 		t.Errorf("objects left (-want +got):\n%s", diff)
 	}
 }
+
+// TestClaimedPodWithoutItsServiceIsFound: a Pod claimed from a pool keeps
+// its pool's name, so with its Service gone (a destroy that failed between
+// its two deletes, or raced the claim) only its labels find it: get
+// answers 404, and its principal's destroy, or a reap, removes it.
+func TestClaimedPodWithoutItsServiceIsFound(t *testing.T) {
+	cfg := testConfig(t, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "true"})
+	bg := context.Background()
+	alice := api.WithCaller(bg, api.Caller{Principal: "alice"})
+	for _, tc := range []struct {
+		name string
+		act  func(m *Manager) error
+	}{
+		{"its principal destroys the id", func(m *Manager) error { return m.Destroy(alice, "lost1") }},
+		{"a reap", func(m *Manager) error { _, err := m.Reap(alice); return err }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := fake.NewClientset()
+			apiServerWrites(t, client)
+			m := NewManager(cfg, client)
+			s := ownerSpec("lost1")
+			s.Caller, s.Token = api.Caller{Principal: "alice"}, newToken()
+			pod := resources.BuildPodFor(cfg, s)
+			pod.Name, pod.CreationTimestamp = "sandbox-pool-python-q8v4z", metav1.NewTime(time.Now().Add(-time.Hour))
+			pod.Labels[keys.LabelPooled] = "true"
+			if _, err := client.CoreV1().Pods("deer-flow").Create(bg, pod, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := m.Get(alice, "lost1", 0); api.KindOf(err) != api.KindNotFound {
+				t.Errorf("get of a claimed Pod without its Service: %v; want not found", err)
+			}
+			if err := tc.act(m); err != nil {
+				t.Fatal(err)
+			}
+			if left := objectsLeft(t, client); len(left) != 0 {
+				t.Errorf("left: %v", left)
+			}
+		})
+	}
+}

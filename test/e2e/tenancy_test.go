@@ -1,0 +1,112 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+)
+
+// TestStrayPodNeverJoinsAnotherPrincipalsSandbox is issue 29's third
+// attack on a real API server and its EndpointSlice controller: alice
+// claims px from a warm pool; bob's create of px, given up by its client
+// after its Pod was written, left a bare Pod sandbox-px. (The Pod is
+// written here as that create writes it, with bob's principal and a token
+// of its own: an abort's timing does not replay.) Alice's Service never
+// lists bob's Pod; alice gets her sandbox, bob gets 404 and never her URL,
+// and bob's destroy removes his stray Pod and nothing of alice's.
+func TestStrayPodNeverJoinsAnotherPrincipalsSandbox(t *testing.T) {
+	ns := namespace(t)
+	f := start(t, ns, map[string]string{"PROVISIONER_API_KEYS": "alice=" + aliceKey + ",bob=" + bobKey})
+	warmUp(t, f, ns, "warm", 1)
+	alice, bob := keyHeader(aliceKey), keyHeader(bobKey)
+	create := door{name: "create px", method: "POST", path: "/api/sandboxes", body: `{"sandbox_id":"px","template":"warm"}`}
+	get := door{name: "get px", method: "GET", path: "/api/sandboxes/px"}
+	r := as(t, f, alice, create)
+	expectCode(t, r, 200, "alice's pooled create")
+	if r.Body["pooled"] != true {
+		t.Fatalf("alice's create was not served from the pool: %s", r.Raw)
+	}
+	url := r.Body["sandbox_url"]
+	claimed := pods(t, ns, keys.LabelID+"=px")
+	if len(claimed) != 1 {
+		t.Fatalf("%d Pods of px after alice's claim", len(claimed))
+	}
+	ctx := context.Background()
+	stray := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: resources.PodName("px"), Namespace: ns,
+			Labels: map[string]string{keys.LabelApp: keys.LabelAppValue, keys.LabelID: "px", keys.LabelManagedBy: keys.ManagedByValue,
+				keys.LabelPrincipal: resources.PrincipalLabelValue("bob"), keys.LabelToken: "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b"},
+			Annotations: map[string]string{keys.AnnotationPrincipal: "bob", keys.AnnotationUserID: "default", keys.AnnotationThreadID: ""}},
+		Spec: *claimed[0].Spec.DeepCopy(),
+	}
+	stray.Spec.NodeName = ""
+	if _, err := client().CoreV1().Pods(ns).Create(ctx, stray, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "bob's stray Pod Ready", func() (bool, error) {
+		p, err := client().CoreV1().Pods(ns).Get(ctx, stray.Name, metav1.GetOptions{})
+		return err == nil && ready(p), err
+	})
+	// The slice controller has seen the stray once it is Ready; for a few
+	// seconds more, alice's slice lists her Pod and never his.
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		eps, err := client().DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + resources.ServiceName("px")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var listed []string
+		for _, s := range eps.Items {
+			for _, e := range s.Endpoints {
+				if e.TargetRef != nil {
+					listed = append(listed, e.TargetRef.Name)
+				}
+			}
+		}
+		if !slicesEqual(listed, []string{claimed[0].Name}) {
+			t.Fatalf("alice's Service lists %v, want her claimed Pod %s alone", listed, claimed[0].Name)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	r = as(t, f, alice, get)
+	expectCode(t, r, 200, "alice's get beside bob's stray")
+	if r.Body["sandbox_url"] != url {
+		t.Errorf("alice's URL changed from %v to %v", url, r.Body["sandbox_url"])
+	}
+	if r := as(t, f, bob, get); r.Code != 404 {
+		t.Errorf("bob's get of px: %d %s, want 404", r.Code, r.Raw)
+	}
+	expectCode(t, as(t, f, bob, door{name: "delete px", method: "DELETE", path: "/api/sandboxes/px"}), 200, "bob's destroy")
+	if _, err := client().CoreV1().Services(ns).Get(ctx, resources.ServiceName("px"), metav1.GetOptions{}); err != nil {
+		t.Errorf("alice's Service after bob's destroy: %v", err)
+	}
+	eventually(t, 30*time.Second, "bob's stray Pod gone", func() (bool, error) {
+		for _, p := range pods(t, ns, keys.LabelID+"=px") {
+			if p.Name == stray.Name && p.DeletionTimestamp == nil {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if got := pods(t, ns, keys.LabelID+"=px"); !slices.ContainsFunc(got, func(p corev1.Pod) bool { return p.Name == claimed[0].Name && p.DeletionTimestamp == nil }) {
+		t.Errorf("alice's claimed Pod after bob's destroy: %v", got)
+	}
+	expectCode(t, as(t, f, alice, get), 200, "alice's get after bob's destroy")
+}
+
+func slicesEqual(a, b []string) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
+}
