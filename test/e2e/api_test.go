@@ -455,9 +455,21 @@ func TestRecreateOfExistingSandboxIsCheap(t *testing.T) {
 	// request: the first create makes it, and it holds for a minute. So
 	// does the re-check of the shared NetworkPolicy (one read per
 	// SANDBOX_NETWORK_POLICY_CHECK_TTL).
-	f := start(t, ns, map[string]string{"EMIT_KUBERNETES_EVENTS": "false", "SANDBOX_TEMPLATE_CACHE_TTL": "1m", "SANDBOX_NETWORK_POLICY_CHECK_TTL": "1m"})
+	// A short request deadline and wait bound: the window in which the
+	// first create may still undo its sandbox (sandbox.undoWindow, their
+	// sum) is two seconds here, so the test can wait it out.
+	f := start(t, ns, map[string]string{"EMIT_KUBERNETES_EVENTS": "false", "SANDBOX_TEMPLATE_CACHE_TTL": "1m", "SANDBOX_NETWORK_POLICY_CHECK_TTL": "1m",
+		"REQUEST_TIMEOUT": "1s", "SANDBOX_MAX_READY_WAIT": "1s"})
 	body := map[string]any{"sandbox_id": "reuse1", "thread_id": "t"}
 	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", body), 200, "create")
+	proxy.Reset()
+	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", body), 200, "re-create in the undo window")
+	// Within the window one more: the reuse marks the Pod (a PATCH), so
+	// that the first create, should it fail still, leaves it alone.
+	if total, c := proxy.Total(), proxy.Counts(); total > 4 || c["PATCH pods"] != 1 {
+		t.Errorf("re-create in the undo window made %d API calls (%v), want at most 4, one the Pod's mark", total, c)
+	}
+	time.Sleep(2500 * time.Millisecond)
 	proxy.Reset()
 	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", body), 200, "re-create")
 	// Pod create (already exists) and get; Service get.

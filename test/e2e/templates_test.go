@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -106,6 +107,10 @@ func shapeOf(t *testing.T, ns, id string) shape {
 			s.Labels[k] = v
 		}
 	}
+	// The selector token is random: its shape is what is compared.
+	if tok, ok := s.Labels[keys.LabelToken]; ok && regexp.MustCompile(`^[0-9a-f]{32}$`).MatchString(tok) {
+		s.Labels[keys.LabelToken] = "<32 hex digits>"
+	}
 	s.Template = meta.Annotations["sandbox.deerflow.dev/template-name"]
 	s.Hardened, s.NoToken = true, spec.AutomountServiceAccountToken != nil && !*spec.AutomountServiceAccountToken
 	for _, c := range spec.Containers {
@@ -173,7 +178,7 @@ const deerflowImage = "enterprise-public-cn-beijing.cr.volces.com/vefaas-public/
 func sandboxLabels(id string, extra map[string]string) map[string]string {
 	l := map[string]string{"app": "deer-flow-sandbox", "sandbox-id": id, "app.kubernetes.io/name": "deer-flow",
 		"app.kubernetes.io/component": "sandbox", "app.kubernetes.io/managed-by": "deerflow-sandbox-provisioner",
-		keys.LabelPrincipal: resources.PrincipalLabelValue("default")}
+		keys.LabelPrincipal: resources.PrincipalLabelValue("default"), keys.LabelToken: "<32 hex digits>"}
 	for k, v := range extra {
 		l[k] = v
 	}
