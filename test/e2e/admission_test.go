@@ -16,6 +16,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -36,6 +37,7 @@ const (
 	podPolicy     = "sandbox-provisioner-pods"
 	rsPolicy      = "sandbox-provisioner-replicasets"
 	servicePolicy = "sandbox-provisioner-services"
+	deletePolicy  = "sandbox-provisioner-deletes"
 )
 
 // serviceAccountNamespace makes a namespace in which the provisioner's
@@ -61,7 +63,7 @@ func serviceAccountNamespace(t *testing.T) (string, kubernetes.Interface) {
 	ctx := context.Background()
 	// Every rule compiles against the API server's types: a misspelt field
 	// would deny every request at run time (failurePolicy Fail).
-	for _, name := range []string{podPolicy, rsPolicy, servicePolicy} {
+	for _, name := range []string{podPolicy, rsPolicy, servicePolicy, deletePolicy} {
 		eventually(t, 30*time.Second, name+" type-checked", func() (bool, error) {
 			p, err := client().AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{})
 			if err != nil || p.Status.ObservedGeneration != p.Generation {
@@ -339,7 +341,15 @@ func podCases(t *testing.T) []podCase {
 		annotation = "may carry only the annotations"
 		hostPaths  = "may mount from the node only the"
 		toleration = "may tolerate only"
+		parents    = "must not mount a directory that holds the tenants' roots"
+		ephemeral  = "ephemeral volume starts empty"
 	)
+	claimFrom := func(mutate func(*corev1.PersistentVolumeClaimSpec)) corev1.VolumeSource {
+		spec := corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}}
+		mutate(&spec)
+		return corev1.VolumeSource{Ephemeral: &corev1.EphemeralVolumeSource{VolumeClaimTemplate: &corev1.PersistentVolumeClaimTemplate{Spec: spec}}}
+	}
 	secret := corev1.LocalObjectReference{Name: "sandbox-provisioner"}
 	return []podCase{
 		// Each change also drops what the API server's own validation
@@ -401,6 +411,11 @@ func podCases(t *testing.T) []podCase {
 		{name: "hostPath inside a thread's data", message: hostPaths, mutate: hostPath("/.deer-flow/threads/t/user-data/root", ptr.To(corev1.HostPathDirectory))},
 		{name: "hostPath inside a user's tree", message: hostPaths, mutate: hostPath("/.deer-flow/users/u/x", ptr.To(corev1.HostPathDirectoryOrCreate))},
 		{name: "hostPath at a dot segment", message: hostPaths, mutate: hostPath("/.deer-flow/users/.", ptr.To(corev1.HostPathDirectory))},
+		// The shared pattern (<base>/*) matches the directories that hold
+		// every tenant's root: refused even read-only (volume 0 is mounted
+		// read-only, a shared root's).
+		{name: "hostPath at the users' directory", message: parents, mutate: hostPath("/.deer-flow/users", ptr.To(corev1.HostPathDirectory))},
+		{name: "hostPath at the threads' directory", message: parents, mutate: hostPath("/.deer-flow/threads", ptr.To(corev1.HostPathDirectory))},
 		{name: "hostPath of no type", message: hostPaths, mutate: hostPath("/.deer-flow/skills_view", nil)},
 		{name: "hostPath of a file", message: hostPaths, mutate: hostPath("/.deer-flow/skills_view", ptr.To(corev1.HostPathFileOrCreate))},
 		// A shared root read-write would let a sandbox replace the tenants'
@@ -415,6 +430,29 @@ func podCases(t *testing.T) []podCase {
 		{name: "a Secret volume", message: "must not mount Secrets", mutate: volume(corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: secret.Name}})},
 		{name: "a projected Secret", message: "must not mount Secrets", mutate: volume(corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
 			Sources: []corev1.VolumeProjection{{Secret: &corev1.SecretProjection{LocalObjectReference: secret}}}}})},
+		// Storage beyond the Pod, each off its allow-list (config/ lists its
+		// two claims and the python template's export; the rest is empty).
+		{name: "a claim off the list", message: "may mount only the claims", mutate: volume(corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "another-tenants-data"}})},
+		{name: "a listed claim's name as a prefix", message: "may mount only the claims", mutate: volume(corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "deer-flow-user-data-2"}})},
+		{name: "an NFS export off the list", message: "may mount only the NFS exports", mutate: volume(corev1.VolumeSource{
+			NFS: &corev1.NFSVolumeSource{Server: "nfs.storage.svc.cluster.local", Path: "/exports"}})},
+		{name: "an NFS server off the list", message: "may mount only the NFS exports", mutate: volume(corev1.VolumeSource{
+			NFS: &corev1.NFSVolumeSource{Server: "10.0.0.9", Path: "/exports/datasets"}})},
+		{name: "an image volume off the list", message: "may mount only the images", mutate: volume(corev1.VolumeSource{
+			Image: &corev1.ImageVolumeSource{Reference: "registry.example.com/secrets-baked-in:1", PullPolicy: corev1.PullIfNotPresent}})},
+		{name: "an inline CSI volume", message: "CSI drivers", mutate: volume(corev1.VolumeSource{
+			CSI: &corev1.CSIVolumeSource{Driver: "secrets-store.csi.k8s.io"}})},
+		{name: "an ephemeral volume bound to a PersistentVolume", message: ephemeral, mutate: volume(claimFrom(func(s *corev1.PersistentVolumeClaimSpec) {
+			s.VolumeName = "pv-of-another-tenant"
+		}))},
+		{name: "an ephemeral volume copied from a claim", message: ephemeral, mutate: volume(claimFrom(func(s *corev1.PersistentVolumeClaimSpec) {
+			s.DataSource = &corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "deer-flow-user-data"}
+		}))},
+		{name: "an ephemeral volume from a snapshot", message: ephemeral, mutate: volume(claimFrom(func(s *corev1.PersistentVolumeClaimSpec) {
+			s.DataSourceRef = &corev1.TypedObjectReference{APIGroup: ptr.To("snapshot.storage.k8s.io"), Kind: "VolumeSnapshot", Name: "golden"}
+		}))},
 		{name: "a gitRepo volume", message: "sandbox volumes may be only", mutate: volume(corev1.VolumeSource{GitRepo: &corev1.GitRepoVolumeSource{Repository: "https://example.com/x.git"}})},
 		{name: "envFrom a Secret", message: "environment from Secrets", mutate: func(p *corev1.Pod) {
 			p.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: secret}}}
