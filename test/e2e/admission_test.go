@@ -994,10 +994,13 @@ func TestAdmissionDeletesOnlySandboxesAndPools(t *testing.T) {
 		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: l},
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "backend:1"}}}}
 	}
+	// A ReplicaSet of no Pods that selects none of the Pods here (it would
+	// adopt and delete them).
 	plainRS := func(name string, l map[string]string) *appsv1.ReplicaSet {
+		own := map[string]string{"e2e-replicaset": name}
 		return &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: l}, Spec: appsv1.ReplicaSetSpec{
-			Replicas: ptr.To[int32](0), Selector: &metav1.LabelSelector{MatchLabels: backend},
-			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: backend}, Spec: plainPod("", nil).Spec}}}
+			Replicas: ptr.To[int32](0), Selector: &metav1.LabelSelector{MatchLabels: own},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: own}, Spec: plainPod("", nil).Spec}}}
 	}
 	admin := client()
 	must := func(_ any, err error) {
