@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -28,6 +29,8 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/pool"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
@@ -36,6 +39,7 @@ const (
 	podPolicy     = "sandbox-provisioner-pods"
 	rsPolicy      = "sandbox-provisioner-replicasets"
 	servicePolicy = "sandbox-provisioner-services"
+	deletePolicy  = "sandbox-provisioner-deletes"
 )
 
 // serviceAccountNamespace makes a namespace in which the provisioner's
@@ -61,7 +65,7 @@ func serviceAccountNamespace(t *testing.T) (string, kubernetes.Interface) {
 	ctx := context.Background()
 	// Every rule compiles against the API server's types: a misspelt field
 	// would deny every request at run time (failurePolicy Fail).
-	for _, name := range []string{podPolicy, rsPolicy, servicePolicy} {
+	for _, name := range []string{podPolicy, rsPolicy, servicePolicy, deletePolicy} {
 		eventually(t, 30*time.Second, name+" type-checked", func() (bool, error) {
 			p, err := client().AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, name, metav1.GetOptions{})
 			if err != nil || p.Status.ObservedGeneration != p.Generation {
@@ -340,7 +344,15 @@ func podCases(t *testing.T) []podCase {
 		annotation = "may carry only the annotations"
 		hostPaths  = "may mount from the node only the"
 		toleration = "may tolerate only"
+		parents    = "must not mount a directory that holds the tenants' roots"
+		ephemeral  = "ephemeral volume starts empty"
 	)
+	claimFrom := func(mutate func(*corev1.PersistentVolumeClaimSpec)) corev1.VolumeSource {
+		spec := corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}}
+		mutate(&spec)
+		return corev1.VolumeSource{Ephemeral: &corev1.EphemeralVolumeSource{VolumeClaimTemplate: &corev1.PersistentVolumeClaimTemplate{Spec: spec}}}
+	}
 	secret := corev1.LocalObjectReference{Name: "sandbox-provisioner"}
 	return []podCase{
 		// Each change also drops what the API server's own validation
@@ -402,6 +414,11 @@ func podCases(t *testing.T) []podCase {
 		{name: "hostPath inside a thread's data", message: hostPaths, mutate: hostPath("/.deer-flow/threads/t/user-data/root", ptr.To(corev1.HostPathDirectory))},
 		{name: "hostPath inside a user's tree", message: hostPaths, mutate: hostPath("/.deer-flow/users/u/x", ptr.To(corev1.HostPathDirectoryOrCreate))},
 		{name: "hostPath at a dot segment", message: hostPaths, mutate: hostPath("/.deer-flow/users/.", ptr.To(corev1.HostPathDirectory))},
+		// The shared pattern (<base>/*) matches the directories that hold
+		// every tenant's root: refused even read-only (volume 0 is mounted
+		// read-only, a shared root's).
+		{name: "hostPath at the users' directory", message: parents, mutate: hostPath("/.deer-flow/users", ptr.To(corev1.HostPathDirectory))},
+		{name: "hostPath at the threads' directory", message: parents, mutate: hostPath("/.deer-flow/threads", ptr.To(corev1.HostPathDirectory))},
 		{name: "hostPath of no type", message: hostPaths, mutate: hostPath("/.deer-flow/skills_view", nil)},
 		{name: "hostPath of a file", message: hostPaths, mutate: hostPath("/.deer-flow/skills_view", ptr.To(corev1.HostPathFileOrCreate))},
 		// A shared root read-write would let a sandbox replace the tenants'
@@ -416,6 +433,29 @@ func podCases(t *testing.T) []podCase {
 		{name: "a Secret volume", message: "must not mount Secrets", mutate: volume(corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: secret.Name}})},
 		{name: "a projected Secret", message: "must not mount Secrets", mutate: volume(corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
 			Sources: []corev1.VolumeProjection{{Secret: &corev1.SecretProjection{LocalObjectReference: secret}}}}})},
+		// Storage beyond the Pod, each off its allow-list (config/ lists its
+		// two claims and the python template's export; the rest is empty).
+		{name: "a claim off the list", message: "may mount only the claims", mutate: volume(corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "another-tenants-data"}})},
+		{name: "a listed claim's name as a prefix", message: "may mount only the claims", mutate: volume(corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "deer-flow-user-data-2"}})},
+		{name: "an NFS export off the list", message: "may mount only the NFS exports", mutate: volume(corev1.VolumeSource{
+			NFS: &corev1.NFSVolumeSource{Server: "nfs.storage.svc.cluster.local", Path: "/exports"}})},
+		{name: "an NFS server off the list", message: "may mount only the NFS exports", mutate: volume(corev1.VolumeSource{
+			NFS: &corev1.NFSVolumeSource{Server: "10.0.0.9", Path: "/exports/datasets"}})},
+		{name: "an image volume off the list", message: "may mount only the images", mutate: volume(corev1.VolumeSource{
+			Image: &corev1.ImageVolumeSource{Reference: "registry.example.com/secrets-baked-in:1", PullPolicy: corev1.PullIfNotPresent}})},
+		{name: "an inline CSI volume", message: "CSI drivers", mutate: volume(corev1.VolumeSource{
+			CSI: &corev1.CSIVolumeSource{Driver: "secrets-store.csi.k8s.io"}})},
+		{name: "an ephemeral volume bound to a PersistentVolume", message: ephemeral, mutate: volume(claimFrom(func(s *corev1.PersistentVolumeClaimSpec) {
+			s.VolumeName = "pv-of-another-tenant"
+		}))},
+		{name: "an ephemeral volume copied from a claim", message: ephemeral, mutate: volume(claimFrom(func(s *corev1.PersistentVolumeClaimSpec) {
+			s.DataSource = &corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "deer-flow-user-data"}
+		}))},
+		{name: "an ephemeral volume from a snapshot", message: ephemeral, mutate: volume(claimFrom(func(s *corev1.PersistentVolumeClaimSpec) {
+			s.DataSourceRef = &corev1.TypedObjectReference{APIGroup: ptr.To("snapshot.storage.k8s.io"), Kind: "VolumeSnapshot", Name: "golden"}
+		}))},
 		{name: "a gitRepo volume", message: "sandbox volumes may be only", mutate: volume(corev1.VolumeSource{GitRepo: &corev1.GitRepoVolumeSource{Repository: "https://example.com/x.git"}})},
 		{name: "envFrom a Secret", message: "environment from Secrets", mutate: func(p *corev1.Pod) {
 			p.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: secret}}}
@@ -726,5 +766,336 @@ func TestAdmissionRequiresTheUserNamespaceWhenSet(t *testing.T) {
 	}
 	if _, err := sa.CoreV1().Pods(ns).Create(ctx, a.pod("userns-ok", nil), dry); err != nil {
 		t.Errorf("a Pod in its own user namespace is refused: %v", err)
+	}
+}
+
+// TestAdmissionAdmitsListedStorage is the positive control of the storage
+// allow-lists: with a claim prefix, an image, a CSI driver and ephemeral
+// sources listed in the parameters, a sandbox mounting exactly those is
+// admitted, and one a name off each list still refused. A new, empty
+// ephemeral volume needs no entry (config/'s parameters list none).
+func TestAdmissionAdmitsListedStorage(t *testing.T) {
+	ns, sa := serviceAccountNamespace(t)
+	ctx := context.Background()
+	a := newAdmission(t, ns, nil)
+	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	ephemeral := func(mutate func(*corev1.PersistentVolumeClaimSpec)) corev1.VolumeSource {
+		spec := corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}}
+		mutate(&spec)
+		return corev1.VolumeSource{Ephemeral: &corev1.EphemeralVolumeSource{VolumeClaimTemplate: &corev1.PersistentVolumeClaimTemplate{Spec: spec}}}
+	}
+	with := func(id string, vs ...corev1.VolumeSource) *corev1.Pod {
+		p := a.pod(id, nil)
+		for i, v := range vs {
+			p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: fmt.Sprintf("extra-%d", i), VolumeSource: v})
+		}
+		return p
+	}
+	empty := ephemeral(func(*corev1.PersistentVolumeClaimSpec) {})
+	if _, err := sa.CoreV1().Pods(ns).Create(ctx, with("scratch", empty), dry); err != nil {
+		t.Errorf("a sandbox with a new, empty ephemeral volume is refused: %v", err)
+	}
+
+	cms := client().CoreV1().ConfigMaps("deer-flow")
+	t.Cleanup(func() {
+		applyServerSide(t, readObjects(t, filepath.Join("..", "..", "config", "800-admission-policy.yaml")))
+	})
+	params := `{"data":{"persistentVolumeClaims":"deer-flow-skills,deer-flow-user-data,home-*","imageVolumes":"registry.example.com/tools/*,registry.example.com/models:7",` +
+		`"csiDrivers":"example.csi.k8s.io","ephemeralSources":"VolumeSnapshot/golden,PersistentVolume/pv-1,PersistentVolumeClaim/seed"}}`
+	if _, err := cms.Patch(ctx, "sandbox-admission", types.MergePatchType, []byte(params), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	listed := with("listed",
+		corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "home-alice"}},
+		corev1.VolumeSource{Image: &corev1.ImageVolumeSource{Reference: "registry.example.com/tools/jq:1", PullPolicy: corev1.PullIfNotPresent}},
+		corev1.VolumeSource{Image: &corev1.ImageVolumeSource{Reference: "registry.example.com/models:7", PullPolicy: corev1.PullIfNotPresent}},
+		corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{Driver: "example.csi.k8s.io"}},
+		ephemeral(func(s *corev1.PersistentVolumeClaimSpec) {
+			s.DataSourceRef = &corev1.TypedObjectReference{APIGroup: ptr.To("snapshot.storage.k8s.io"), Kind: "VolumeSnapshot", Name: "golden"}
+		}),
+		ephemeral(func(s *corev1.PersistentVolumeClaimSpec) { s.VolumeName = "pv-1" }),
+		ephemeral(func(s *corev1.PersistentVolumeClaimSpec) {
+			s.DataSource = &corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "seed"}
+		}),
+	)
+	eventually(t, 30*time.Second, "a sandbox mounting listed storage admitted", func() (bool, error) {
+		_, err := sa.CoreV1().Pods(ns).Create(ctx, listed, dry)
+		return err == nil, err
+	})
+	rs := a.replicaSet("listed", nil)
+	rs.Spec.Template.Spec.Volumes = append(rs.Spec.Template.Spec.Volumes, listed.Spec.Volumes[len(rs.Spec.Template.Spec.Volumes):]...)
+	if _, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, rs, dry); err != nil {
+		t.Errorf("a sandbox ReplicaSet mounting listed storage is refused: %v", err)
+	}
+	for _, tc := range []struct {
+		name, message string
+		volume        corev1.VolumeSource
+	}{
+		{"a claim beside the prefix", "may mount only the claims", corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "homes"}}},
+		{"an image beside the prefix", "may mount only the images", corev1.VolumeSource{Image: &corev1.ImageVolumeSource{Reference: "registry.example.com/toolsx:1", PullPolicy: corev1.PullIfNotPresent}}},
+		{"another tag of a listed image", "may mount only the images", corev1.VolumeSource{Image: &corev1.ImageVolumeSource{Reference: "registry.example.com/models:8", PullPolicy: corev1.PullIfNotPresent}}},
+		{"another CSI driver", "CSI drivers", corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{Driver: "secrets-store.csi.k8s.io"}}},
+		{"another snapshot", "ephemeral volume starts empty", ephemeral(func(s *corev1.PersistentVolumeClaimSpec) {
+			s.DataSourceRef = &corev1.TypedObjectReference{APIGroup: ptr.To("snapshot.storage.k8s.io"), Kind: "VolumeSnapshot", Name: "other"}
+		})},
+		{"a listed snapshot in another namespace", "ephemeral volume starts empty", ephemeral(func(s *corev1.PersistentVolumeClaimSpec) {
+			s.DataSourceRef = &corev1.TypedObjectReference{APIGroup: ptr.To("snapshot.storage.k8s.io"), Kind: "VolumeSnapshot", Name: "golden", Namespace: ptr.To("other")}
+		})},
+	} {
+		_, err := sa.CoreV1().Pods(ns).Create(ctx, with("unlisted", tc.volume), dry)
+		// An API server without cross-namespace data sources drops the
+		// namespace and admits the listed snapshot: that is no escape.
+		if tc.name == "a listed snapshot in another namespace" && err == nil {
+			t.Logf("%s: the API server dropped the namespace (CrossNamespaceVolumeDataSource off)", tc.name)
+			continue
+		}
+		if !refusedBy(err, podPolicy, tc.message) {
+			t.Errorf("%s: %v; want a refusal by %s saying %q", tc.name, err, podPolicy, tc.message)
+		}
+	}
+}
+
+// warmPool creates, as the ServiceAccount, the warm pool the function
+// makes for a template of one pooled Pod, and returns the template and one
+// Ready pooled Pod (the ReplicaSet controller's).
+func warmPool(t *testing.T, ns string, sa kubernetes.Interface, a admission, name string) (*template.Template, *appsv1.ReplicaSet, *corev1.Pod) {
+	t.Helper()
+	ctx := context.Background()
+	tmpl, err := template.FromPodTemplate(pooledTemplate(name, 1, corev1.PodSpec{}), a.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, pool.Build(a.cfg, tmpl), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("the warm pool's ReplicaSet the function builds is refused: %v", err)
+	}
+	var pod *corev1.Pod
+	eventually(t, 60*time.Second, "a Ready pooled Pod", func() (bool, error) {
+		for _, p := range pods(t, ns, poolLabel+"="+rs.Spec.Selector.MatchLabels[poolLabel]) {
+			if p.DeletionTimestamp == nil && ready(&p) {
+				pod = p.DeepCopy()
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	return tmpl, rs, pod
+}
+
+// TestAdmissionTiesTheSandboxIDToNames: the sandbox-id label, which a
+// sandbox's Service selects, is tied to something the API server can
+// check. A Pod the ServiceAccount creates is sandbox-<id>; a Pod's id never
+// changes, and a Pod of another name gets one only as a warm pool's Pod
+// claimed (the function's own claim passes); a ReplicaSet is sandbox-<id>
+// for the id it selects and carries; a Service sandbox-<id>-svc carries and
+// selects that id. Each refused for real, beside the function's own
+// objects as the positive control.
+func TestAdmissionTiesTheSandboxIDToNames(t *testing.T) {
+	ns, sa := serviceAccountNamespace(t)
+	ctx := context.Background()
+	a := newAdmission(t, ns, nil)
+	const podTie, rsTie = "a sandbox Pod the provisioner creates is named sandbox-<its sandbox-id>", "is named sandbox-<id> for the sandbox-id it selects"
+	mergePatch := func(v any) []byte {
+		p, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	labels := func(l map[string]any) []byte {
+		return mergePatch(map[string]any{"metadata": map[string]any{"labels": l}})
+	}
+
+	t.Run("bare Pod", func(t *testing.T) {
+		p := a.pod("tie1", nil)
+		p.Name = resources.PodName("tie2")
+		if _, err := sa.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); !refusedBy(err, podPolicy, podTie) {
+			t.Errorf("Pod sandbox-tie2 labelled tie1: %v; want a refusal by %s saying %q", err, podPolicy, podTie)
+		}
+		live, err := sa.CoreV1().Pods(ns).Create(ctx, a.pod("tie1", nil), metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("the function's Pod is refused: %v", err)
+		}
+		for _, l := range []map[string]any{{"sandbox-id": "tie3"}, {"sandbox.deerflow.dev/pooled": "true", "sandbox-id": "tie3"}} {
+			if _, err := sa.CoreV1().Pods(ns).Patch(ctx, live.Name, types.MergePatchType, labels(l), metav1.PatchOptions{}); !refusedBy(err, podPolicy, "an id never changes") {
+				t.Errorf("relabelling Pod %s %v: %v; want a refusal", live.Name, l, err)
+			}
+		}
+	})
+
+	t.Run("claimed pool Pod", func(t *testing.T) {
+		tmpl, _, pooled := warmPool(t, ns, sa, a, "admtie")
+		poolValue := pooled.Labels[poolLabel]
+		// Not a claim: an id while still in the pool (its ReplicaSet would
+		// count it, and a Service of that id select it), or an id without
+		// the pooled mark.
+		for _, l := range []map[string]any{
+			{"sandbox-id": "tie4", pooledLabel: "true"},
+			{"sandbox-id": "tie4", poolLabel: nil, keys.LabelPoolHash: nil},
+		} {
+			if _, err := sa.CoreV1().Pods(ns).Patch(ctx, pooled.Name, types.MergePatchType, labels(l), metav1.PatchOptions{}); !refusedBy(err, podPolicy, "claimed (out of its pool, labelled pooled)") {
+				t.Errorf("labelling pooled Pod %s %v: %v; want a refusal", pooled.Name, l, err)
+			}
+		}
+		// The function's claim, its own code, as the ServiceAccount.
+		s := resources.WithTemplate(a.spec("tie4", nil, ""), tmpl)
+		meta := &metav1.ObjectMeta{Labels: resources.Labels(s), Annotations: resources.Annotations(s)}
+		resources.RecordPrincipal(meta, s)
+		meta.Labels[pooledLabel] = "true"
+		hash := resources.PoolPodTemplate(a.cfg, resources.PoolSpec(a.cfg, tmpl)).Labels[keys.LabelPoolHash]
+		claimed := pool.New(a.cfg, sa, nil, nil).Claim(ctx, tmpl, hash, sandbox.Claim{Labels: meta.Labels, Annotations: meta.Annotations, MaxLifetime: time.Hour})
+		if claimed == nil {
+			t.Fatalf("the function's claim of a pooled Pod of %s (pool %s) failed; see the log", tmpl.Name, poolValue)
+		}
+		if claimed.Labels["sandbox-id"] != "tie4" || claimed.Labels[pooledLabel] != "true" {
+			t.Fatalf("claimed Pod labels %v", claimed.Labels)
+		}
+		p, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{keys.AnnotationLastActivity: time.Now().UTC().Format(time.RFC3339)}}})
+		if _, err := sa.CoreV1().Pods(ns).Patch(ctx, claimed.Name, types.MergePatchType, p, metav1.PatchOptions{}); err != nil {
+			t.Errorf("the function's activity patch of a claimed Pod is refused: %v", err)
+		}
+		if _, err := sa.CoreV1().Pods(ns).Patch(ctx, claimed.Name, types.MergePatchType, labels(map[string]any{"sandbox-id": "tie5"}), metav1.PatchOptions{}); !refusedBy(err, podPolicy, "an id never changes") {
+			t.Errorf("relabelling claimed Pod %s: %v; want a refusal", claimed.Name, err)
+		}
+	})
+
+	t.Run("ReplicaSet", func(t *testing.T) {
+		for name, mutate := range map[string]func(*appsv1.ReplicaSet){
+			"named for another id": func(rs *appsv1.ReplicaSet) { rs.Name = resources.PodName("tie7") },
+			"labelled another id":  func(rs *appsv1.ReplicaSet) { rs.Labels["sandbox-id"] = "tie7" },
+			"no id of its own":     func(rs *appsv1.ReplicaSet) { delete(rs.Labels, "sandbox-id") },
+		} {
+			rs := a.replicaSet("tie6", nil)
+			mutate(rs)
+			if _, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, rs, metav1.CreateOptions{}); !refusedBy(err, rsPolicy, rsTie) {
+				t.Errorf("ReplicaSet %s: %v; want a refusal by %s saying %q", name, err, rsPolicy, rsTie)
+			}
+		}
+		live := a.replicaSet("tie6", nil)
+		live.Spec.Replicas = ptr.To[int32](0)
+		live, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, live, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("the function's ReplicaSet is refused: %v", err)
+		}
+		if _, err := sa.AppsV1().ReplicaSets(ns).Patch(ctx, live.Name, types.MergePatchType, labels(map[string]any{"sandbox-id": "tie7"}), metav1.PatchOptions{}); !refusedBy(err, rsPolicy, rsTie) {
+			t.Errorf("relabelling ReplicaSet %s: %v; want a refusal", live.Name, err)
+		}
+	})
+
+	t.Run("Service", func(t *testing.T) {
+		pod, err := sa.CoreV1().Pods(ns).Create(ctx, a.pod("tie8", nil), metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("the function's Pod is refused: %v", err)
+		}
+		svc := a.service("tie8", corev1.ServiceTypeClusterIP, resources.PodOwnerRef(pod))
+		svc.Name = resources.ServiceName("tie9")
+		if _, err := sa.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); !refusedBy(err, servicePolicy, "sandbox-<id>-svc") {
+			t.Errorf("Service sandbox-tie9-svc labelled and selecting tie8: %v; want a refusal", err)
+		}
+		if _, err := sa.CoreV1().Services(ns).Create(ctx, a.service("tie8", corev1.ServiceTypeClusterIP, resources.PodOwnerRef(pod)), metav1.CreateOptions{}); err != nil {
+			t.Errorf("the function's Service is refused: %v", err)
+		}
+	})
+}
+
+// TestAdmissionDeletesOnlySandboxesAndPools: the Role lets the
+// ServiceAccount delete any Pod, Service or ReplicaSet of its namespace;
+// the delete policy lets it delete only sandboxes and warm pools. Objects
+// that are neither (the backend's, say, made here by the test's own admin
+// client) are refused for real; the function's own are deleted.
+func TestAdmissionDeletesOnlySandboxesAndPools(t *testing.T) {
+	ns, sa := serviceAccountNamespace(t)
+	ctx := context.Background()
+	a := newAdmission(t, ns, nil)
+	const message = "the provisioner deletes only sandboxes"
+
+	backend := map[string]string{"app.kubernetes.io/name": "deer-flow-backend"}
+	plainPod := func(name string, l map[string]string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: l},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "backend:1"}}}}
+	}
+	// A ReplicaSet of no Pods that selects none of the Pods here (it would
+	// adopt and delete them).
+	plainRS := func(name string, l map[string]string) *appsv1.ReplicaSet {
+		own := map[string]string{"e2e-replicaset": name}
+		return &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: l}, Spec: appsv1.ReplicaSetSpec{
+			Replicas: ptr.To[int32](0), Selector: &metav1.LabelSelector{MatchLabels: own},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: own}, Spec: plainPod("", nil).Spec}}}
+	}
+	admin := client()
+	must := func(_ any, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(admin.CoreV1().Pods(ns).Create(ctx, plainPod("backend", backend), metav1.CreateOptions{}))
+	must(admin.CoreV1().Pods(ns).Create(ctx, plainPod("sandbox-unlabelled", nil), metav1.CreateOptions{}))
+	// The sandbox label without an id or a pool marks nothing the function made.
+	must(admin.CoreV1().Pods(ns).Create(ctx, plainPod("sandbox-noid", map[string]string{"app": "deer-flow-sandbox"}), metav1.CreateOptions{}))
+	must(admin.CoreV1().Services(ns).Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "backend", Labels: backend},
+		Spec: corev1.ServiceSpec{Selector: backend, Ports: []corev1.ServicePort{{Port: 80}}}}, metav1.CreateOptions{}))
+	must(admin.AppsV1().ReplicaSets(ns).Create(ctx, plainRS("backend", backend), metav1.CreateOptions{}))
+	// A pool label on a ReplicaSet not named for that pool.
+	must(admin.AppsV1().ReplicaSets(ns).Create(ctx, plainRS("sandbox-pool-other", map[string]string{poolLabel: "python"}), metav1.CreateOptions{}))
+
+	for _, tc := range []struct {
+		what string
+		del  func() error
+	}{
+		{"the backend's Pod", func() error { return sa.CoreV1().Pods(ns).Delete(ctx, "backend", metav1.DeleteOptions{}) }},
+		{"an unlabelled Pod named like a sandbox", func() error {
+			return sa.CoreV1().Pods(ns).Delete(ctx, "sandbox-unlabelled", metav1.DeleteOptions{})
+		}},
+		{"a Pod with the sandbox label and no id", func() error { return sa.CoreV1().Pods(ns).Delete(ctx, "sandbox-noid", metav1.DeleteOptions{}) }},
+		{"the backend's Service", func() error { return sa.CoreV1().Services(ns).Delete(ctx, "backend", metav1.DeleteOptions{}) }},
+		{"the backend's ReplicaSet", func() error { return sa.AppsV1().ReplicaSets(ns).Delete(ctx, "backend", metav1.DeleteOptions{}) }},
+		{"a ReplicaSet with another pool's label", func() error {
+			return sa.AppsV1().ReplicaSets(ns).Delete(ctx, "sandbox-pool-other", metav1.DeleteOptions{})
+		}},
+	} {
+		if err := tc.del(); !refusedBy(err, deletePolicy, message) {
+			t.Errorf("deleting %s as the provisioner's ServiceAccount: %v; want a refusal by %s saying %q", tc.what, err, deletePolicy, message)
+		}
+	}
+
+	// The positive control: what the function deletes (destroy, reap, a
+	// failed create's undo, a pool's old Pods and the pool itself), with the
+	// preconditions it sends.
+	pod, err := sa.CoreV1().Pods(ns).Create(ctx, a.pod("del1", nil), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("the function's Pod is refused: %v", err)
+	}
+	svc, err := sa.CoreV1().Services(ns).Create(ctx, a.service("del1", corev1.ServiceTypeNodePort, resources.PodOwnerRef(pod)), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("the function's Service is refused: %v", err)
+	}
+	rs := a.replicaSet("del2", nil)
+	rs.Spec.Replicas = ptr.To[int32](0)
+	if rs, err = sa.AppsV1().ReplicaSets(ns).Create(ctx, rs, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("the function's ReplicaSet is refused: %v", err)
+	}
+	_, poolRS, pooled := warmPool(t, ns, sa, a, "admdel")
+	background := metav1.DeletePropagationBackground
+	uid := func(u types.UID) metav1.DeleteOptions {
+		return metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(u)), PropagationPolicy: &background}
+	}
+	for what, del := range map[string]func() error{
+		"a sandbox's Service": func() error { return sa.CoreV1().Services(ns).Delete(ctx, svc.Name, uid(svc.UID)) },
+		"a sandbox's Pod":     func() error { return sa.CoreV1().Pods(ns).Delete(ctx, pod.Name, uid(pod.UID)) },
+		"a sandbox's ReplicaSet": func() error {
+			return sa.AppsV1().ReplicaSets(ns).Delete(ctx, rs.Name, uid(rs.UID))
+		},
+		"a pool's unclaimed Pod": func() error {
+			return sa.CoreV1().Pods(ns).Delete(ctx, pooled.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pooled.UID}})
+		},
+	} {
+		if err := del(); err != nil {
+			t.Errorf("the function's delete of %s is refused: %v", what, err)
+		}
+	}
+	if err := sa.AppsV1().ReplicaSets(ns).Delete(ctx, poolRS.Name, uid(poolRS.UID)); err != nil {
+		t.Errorf("the function's delete of a pool's ReplicaSet is refused: %v", err)
 	}
 }

@@ -272,17 +272,19 @@ func TestDeerFlowChartOverlay(t *testing.T) {
 		t.Errorf("Pods that may reach sandboxes (-the chart's gateway +rendered):\n%s", diff)
 	}
 
-	// The admission policies' parameters: no node directories, and the
-	// gateway's own labels refused on sandboxes (not app.kubernetes.io/name,
-	// which sandboxes carry too: the selector needs all three).
+	// The admission policies' parameters: no node directories, the
+	// release's home claim and the skills claim only, and the gateway's own
+	// labels refused on sandboxes (not app.kubernetes.io/name, which
+	// sandboxes carry too: the selector needs all three).
 	var params corev1.ConfigMap
 	renderedObject(t, objs, "v1", "ConfigMap", "sandbox-admission", &params)
 	gotParams := map[string]string{}
-	for _, k := range []string{"hostPathRoots", "hostPathSharedRoots", "forbiddenLabels"} {
+	for _, k := range []string{"hostPathRoots", "hostPathSharedRoots", "forbiddenLabels", "persistentVolumeClaims"} {
 		gotParams[k] = params.Data[k]
 	}
 	wantParams := map[string]string{"hostPathRoots": "", "hostPathSharedRoots": "",
-		"forbiddenLabels": "app.kubernetes.io/component=gateway,app.kubernetes.io/instance=" + release}
+		"forbiddenLabels":        "app.kubernetes.io/component=gateway,app.kubernetes.io/instance=" + release,
+		"persistentVolumeClaims": home + ",deer-flow-skills"}
 	if diff := cmp.Diff(wantParams, gotParams); diff != "" {
 		t.Errorf("the admission policies' parameters (-want +got):\n%s", diff)
 	}

@@ -69,7 +69,7 @@ func readAdmission(t *testing.T) admissionObjects {
 			t.Fatal(err)
 		}
 	}
-	if got := slices.Sorted(maps.Keys(out.policies)); !slices.Equal(got, []string{"sandbox-provisioner-pods", "sandbox-provisioner-replicasets", "sandbox-provisioner-services"}) {
+	if got := slices.Sorted(maps.Keys(out.policies)); !slices.Equal(got, []string{"sandbox-provisioner-deletes", "sandbox-provisioner-pods", "sandbox-provisioner-replicasets", "sandbox-provisioner-services"}) {
 		t.Fatalf("policies %v", got)
 	}
 	return out
@@ -107,8 +107,8 @@ func TestPodAndReplicaSetRulesAreTheSame(t *testing.T) {
 	if diff := cmp.Diff(pod.Variables[kindVars:], rs.Variables[kindVars:]); diff != "" {
 		t.Errorf("shared variables differ (-Pod +ReplicaSet):\n%s", diff)
 	}
-	const rsOwn = 2  // replicas, selector: first
-	const podOwn = 1 // what an update may change: last
+	const rsOwn = 3  // replicas, selector, name and id: first
+	const podOwn = 2 // what an update may change, name and id: last
 	if len(rs.Validations)-rsOwn != len(pod.Validations)-podOwn || len(pod.Validations) < podOwn {
 		t.Fatalf("validations: Pod %d, ReplicaSet %d, want the same but the Pod's own %d and the ReplicaSet's own %d", len(pod.Validations), len(rs.Validations), podOwn, rsOwn)
 	}
@@ -143,7 +143,18 @@ func TestPodAndReplicaSetRulesAreTheSame(t *testing.T) {
 	}
 	for name, p := range a.policies {
 		ops := p.Spec.MatchConstraints.ResourceRules[0].Operations
-		if !slices.Contains(ops, admissionv1.Create) || !slices.Contains(ops, admissionv1.Update) || p.Spec.FailurePolicy == nil || *p.Spec.FailurePolicy != admissionv1.Fail {
+		if name == deletePolicy {
+			// Its rules read oldObject, which only a DELETE has as the
+			// stored object (TestAdmissionCoversEveryDelete).
+			for _, r := range p.Spec.MatchConstraints.ResourceRules {
+				if !slices.Equal(r.Operations, []admissionv1.OperationType{admissionv1.Delete}) {
+					t.Errorf("%s: operations %v, want DELETE alone", name, r.Operations)
+				}
+			}
+			if p.Spec.FailurePolicy == nil || *p.Spec.FailurePolicy != admissionv1.Fail {
+				t.Errorf("%s: failurePolicy %v, want Fail", name, p.Spec.FailurePolicy)
+			}
+		} else if !slices.Contains(ops, admissionv1.Create) || !slices.Contains(ops, admissionv1.Update) || p.Spec.FailurePolicy == nil || *p.Spec.FailurePolicy != admissionv1.Fail {
 			t.Errorf("%s: operations %v, failurePolicy %v; want CREATE and UPDATE, Fail", name, ops, p.Spec.FailurePolicy)
 		}
 		b, ok := a.bindings[name]
@@ -155,6 +166,43 @@ func TestPodAndReplicaSetRulesAreTheSame(t *testing.T) {
 			if pr == nil || pr.Name != a.params.Name || pr.Namespace != a.params.Namespace || pr.ParameterNotFoundAction == nil || *pr.ParameterNotFoundAction != admissionv1.DenyAction {
 				t.Errorf("%s: paramRef %+v, want %s/%s, denying when it is missing", name, pr, a.params.Namespace, a.params.Name)
 			}
+		}
+	}
+}
+
+const deletePolicy = "sandbox-provisioner-deletes"
+
+// TestAdmissionCoversEveryDelete: every resource the Role lets the
+// provisioner delete is one whose deletes the delete policy judges, so a
+// delete verb added to the Role without a rule fails here.
+func TestAdmissionCoversEveryDelete(t *testing.T) {
+	var role rbacv1.Role
+	decode(t, "201-role.yaml", &role)
+	judged := map[string]bool{}
+	for _, r := range readAdmission(t).policies[deletePolicy].Spec.MatchConstraints.ResourceRules {
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				judged[g+"/"+res] = true
+			}
+		}
+	}
+	var deletable []string
+	for _, r := range role.Rules {
+		if !slices.Contains(r.Verbs, "delete") && !slices.Contains(r.Verbs, "deletecollection") && !slices.Contains(r.Verbs, "*") {
+			continue
+		}
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				deletable = append(deletable, g+"/"+res)
+			}
+		}
+	}
+	if len(deletable) == 0 {
+		t.Fatal("the Role grants no delete: this test reads it wrong")
+	}
+	for _, d := range deletable {
+		if !judged[d] {
+			t.Errorf("the Role lets the provisioner delete %s, which %s does not judge", d, deletePolicy)
 		}
 	}
 }
@@ -227,6 +275,35 @@ func TestAdmissionParamsAdmitTheDefaults(t *testing.T) {
 	if !slices.Contains(list("hostPathRoots"), cfg.HostBaseDir+"/users/*") {
 		t.Errorf("hostPathRoots %q lacks the users' directories %q", data["hostPathRoots"], cfg.HostBaseDir+"/users/*")
 	}
+	// The claims the function mounts in PVC mode, as config/ deploys it.
+	for _, claim := range []string{cfg.SkillsPVCName, cfg.UserdataPVCName} {
+		if claim == "" || !slices.Contains(list("persistentVolumeClaims"), claim) {
+			t.Errorf("persistentVolumeClaims %q lacks the claim %q config/ mounts", data["persistentVolumeClaims"], claim)
+		}
+	}
+	// What the shipped templates mount beyond the Pod, and nothing more.
+	want := map[string][]string{}
+	for _, v := range shippedTemplateVolumes(t) {
+		switch {
+		case v.NFS != nil:
+			want["nfsVolumes"] = append(want["nfsVolumes"], v.NFS.Server+":"+v.NFS.Path)
+		case v.Image != nil:
+			want["imageVolumes"] = append(want["imageVolumes"], v.Image.Reference)
+		case v.CSI != nil:
+			want["csiDrivers"] = append(want["csiDrivers"], v.CSI.Driver)
+		case v.PersistentVolumeClaim != nil:
+			t.Errorf("a shipped template mounts the claim %s: list it beside config/'s", v.PersistentVolumeClaim.ClaimName)
+		}
+	}
+	got := map[string][]string{}
+	for _, key := range []string{"nfsVolumes", "imageVolumes", "csiDrivers", "ephemeralSources"} {
+		if data[key] != "" {
+			got[key] = list(key)
+		}
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("the allow-lists of storage beyond the Pod (-what the shipped templates mount +the parameters):\n%s", diff)
+	}
 	tolerations := append(slices.Clone(cfg.Tolerations), cfg.TemplateTolerations...)
 	tolerations = append(tolerations, "node.kubernetes.io/not-ready:NoExecute", "node.kubernetes.io/unreachable:NoExecute")
 	for _, tl := range tolerations {
@@ -253,6 +330,28 @@ func TestAdmissionParamsAdmitTheDefaults(t *testing.T) {
 			t.Errorf("%s %q, want %q as the defaults", key, data[key], want)
 		}
 	}
+}
+
+// shippedTemplateVolumes are the volumes of config/templates' PodTemplates.
+func shippedTemplateVolumes(t *testing.T) []corev1.Volume {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join("..", "..", "config", "templates", "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("config/templates: %v (%d files)", err, len(files))
+	}
+	var out []corev1.Volume
+	for _, f := range files {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pt corev1.PodTemplate
+		if err := yaml.Unmarshal(raw, &pt); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		out = append(out, pt.Template.Spec.Volumes...)
+	}
+	return out
 }
 
 // TestHostPathRootsDoNotNest: no root a sandbox may mount read-write holds
