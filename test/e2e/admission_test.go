@@ -930,9 +930,10 @@ func TestAdmissionTiesTheSandboxIDToNames(t *testing.T) {
 		// Not a claim: an id while still in the pool (its ReplicaSet would
 		// count it, and a Service of that id select it), or an id without
 		// the pooled mark.
+		token := strings.Repeat("0d", 16) // each with a token, so that the id's rule is what refuses it
 		for _, l := range []map[string]any{
-			{"sandbox-id": "tie4", pooledLabel: "true"},
-			{"sandbox-id": "tie4", poolLabel: nil, keys.LabelPoolHash: nil},
+			{"sandbox-id": "tie4", pooledLabel: "true", keys.LabelToken: token},
+			{"sandbox-id": "tie4", poolLabel: nil, keys.LabelPoolHash: nil, keys.LabelToken: token},
 		} {
 			if _, err := sa.CoreV1().Pods(ns).Patch(ctx, pooled.Name, types.MergePatchType, labels(l), metav1.PatchOptions{}); !refusedBy(err, podPolicy, "claimed (out of its pool, labelled pooled)") {
 				t.Errorf("labelling pooled Pod %s %v: %v; want a refusal", pooled.Name, l, err)
@@ -1097,5 +1098,63 @@ func TestAdmissionDeletesOnlySandboxesAndPools(t *testing.T) {
 	}
 	if err := sa.AppsV1().ReplicaSets(ns).Delete(ctx, poolRS.Name, uid(poolRS.UID)); err != nil {
 		t.Errorf("the function's delete of a pool's ReplicaSet is refused: %v", err)
+	}
+}
+
+// TestAdmissionPinsTheSelectorToken (issue 29): a sandbox Pod the
+// ServiceAccount creates, or a pooled Pod it claims, carries a selector
+// token of 32 hex digits, which never changes; a Pod from before tokens may
+// be updated without one, or gain one. The same for a sandbox ReplicaSet's
+// Pod template.
+func TestAdmissionPinsTheSelectorToken(t *testing.T) {
+	ns, sa := serviceAccountNamespace(t)
+	ctx := context.Background()
+	a := newAdmission(t, ns, nil)
+	const msg = "carries a selector token"
+	labels := func(l map[string]any) []byte {
+		p, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": l}})
+		return p
+	}
+	for name, mutate := range map[string]func(*corev1.Pod){
+		"no token":       func(p *corev1.Pod) { delete(p.Labels, keys.LabelToken) },
+		"a chosen token": func(p *corev1.Pod) { p.Labels[keys.LabelToken] = "alice" },
+	} {
+		p := a.pod("tok1", nil)
+		mutate(p)
+		if _, err := sa.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); !refusedBy(err, podPolicy, msg) {
+			t.Errorf("Pod with %s: %v; want a refusal by %s saying %q", name, err, podPolicy, msg)
+		}
+	}
+	live, err := sa.CoreV1().Pods(ns).Create(ctx, a.pod("tok1", nil), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("the function's Pod is refused: %v", err)
+	}
+	for name, l := range map[string]map[string]any{
+		"another token":     {keys.LabelToken: strings.Repeat("0e", 16)},
+		"the token removed": {keys.LabelToken: nil},
+	} {
+		if _, err := sa.CoreV1().Pods(ns).Patch(ctx, live.Name, types.MergePatchType, labels(l), metav1.PatchOptions{}); !refusedBy(err, podPolicy, msg) {
+			t.Errorf("%s on Pod %s: %v; want a refusal", name, live.Name, err)
+		}
+	}
+	// From before tokens (made by an administrator, as an older function
+	// made it): an activity patch passes without a token; one is given.
+	old := a.pod("tok2", nil)
+	delete(old.Labels, keys.LabelToken)
+	if old, err = client().CoreV1().Pods(ns).Create(ctx, old, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	mark, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
+		keys.AnnotationLastActivity: time.Now().UTC().Format(time.RFC3339Nano)}}})
+	if _, err := sa.CoreV1().Pods(ns).Patch(ctx, old.Name, types.MergePatchType, mark, metav1.PatchOptions{}); err != nil {
+		t.Errorf("the activity patch of a Pod from before tokens is refused: %v", err)
+	}
+	if _, err := sa.CoreV1().Pods(ns).Patch(ctx, old.Name, types.MergePatchType, labels(map[string]any{keys.LabelToken: strings.Repeat("0f", 16)}), metav1.PatchOptions{}); err != nil {
+		t.Errorf("giving a Pod from before tokens its token is refused: %v", err)
+	}
+	rs := a.replicaSet("tok3", nil)
+	delete(rs.Spec.Template.Labels, keys.LabelToken)
+	if _, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, rs, metav1.CreateOptions{}); !refusedBy(err, rsPolicy, msg) {
+		t.Errorf("ReplicaSet whose Pod template has no token: %v; want a refusal by %s saying %q", err, rsPolicy, msg)
 	}
 }
