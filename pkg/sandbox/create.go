@@ -21,6 +21,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
+	"github.com/deerflow-sandbox/provisioner/pkg/token"
 )
 
 // maxConvergeAttempts bounds the create-or-adopt loops. Each round trip that
@@ -53,7 +54,7 @@ func (m *Manager) create(ctx context.Context, s api.Spec, wait time.Duration) (s
 	if s, err = m.resolveTemplate(ctx, s); err != nil {
 		return api.Sandbox{}, err
 	}
-	s.Token = newToken()
+	s.Token = token.New()
 	// A create that does not answer 200 leaves nothing it wrote, whatever
 	// ended it: the client gone (even after the last write: its answer has
 	// nowhere to go), the deadline, the API server's 5xx. A success past
@@ -227,7 +228,7 @@ func (m *Manager) createPodOnce(ctx context.Context, s api.Spec) (made, error) {
 	}
 	if existed {
 		pod = reuse(ctx, m, pod, m.client.CoreV1().Pods(m.cfg.Namespace).Patch)
-		if pod, err = m.tokenPod(ctx, pod); err != nil {
+		if pod, err = token.Pod(ctx, m.client.CoreV1().Pods(m.cfg.Namespace), pod); err != nil {
 			return made{}, err
 		}
 		s.Token = resources.Token(pod)
@@ -245,7 +246,7 @@ func (m *Manager) createReplicaSetOnce(ctx context.Context, s api.Spec) (made, e
 	}
 	if existed {
 		rs = reuse(ctx, m, rs, m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Patch)
-		if rs, err = m.tokenReplicaSet(ctx, rs); err != nil {
+		if rs, err = token.ReplicaSet(ctx, m.client.AppsV1().ReplicaSets(m.cfg.Namespace), m.client.CoreV1().Pods(m.cfg.Namespace), rs, m.podsOf); err != nil {
 			return made{}, err
 		}
 		s.Token = resources.Token(rs)
@@ -446,7 +447,8 @@ func (m *Manager) ensureService(ctx context.Context, s api.Spec, owner metav1.Ow
 		current := resources.SandboxOwner(existing.OwnerReferences)
 		switch {
 		case current != nil && current.UID == owner.UID && existing.DeletionTimestamp == nil:
-			return m.reselect(ctx, existing, want)
+			svc, err := token.Reselect(ctx, svcs, existing, want)
+			return svc, false, err
 		case current != nil && (current.Kind != owner.Kind || current.Name != owner.Name) && existing.DeletionTimestamp == nil:
 			live, err := m.ownerLives(ctx, *current, existing, s.ID)
 			if err != nil {

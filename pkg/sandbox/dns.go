@@ -2,18 +2,14 @@ package sandbox
 
 import (
 	"context"
-	"errors"
-	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/follow"
 	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
 )
 
@@ -44,58 +40,11 @@ func (m *Manager) awaitName(ctx context.Context, svc *corev1.Service, pod *corev
 	if pod != nil {
 		uid = pod.UID
 	}
-	err := m.watchSlices(ctx, svc, bound, func(s *discoveryv1.EndpointSlice) bool { return ListsAddress(s, svc.Name, uid) })
+	err := follow.Slices(ctx, m.client.DiscoveryV1().EndpointSlices(m.cfg.Namespace), svc, bound, func(s *discoveryv1.EndpointSlice) bool { return follow.ListsAddress(s, svc.Name, uid) })
 	if err != nil {
 		reqid.Logger(ctx).Warn(LogAnsweredUnnamed,
 			"service", svc.Name, "waited", time.Since(start).Round(time.Millisecond), "error", err)
 	}
-}
-
-// watchSlices waits, up to bound, until an EndpointSlice of svc satisfies
-// done, and says why not otherwise.
-func (m *Manager) watchSlices(ctx context.Context, svc *corev1.Service, bound time.Duration, done func(*discoveryv1.EndpointSlice) bool) error {
-	wctx, cancel := context.WithTimeout(ctx, bound)
-	defer cancel()
-	sel := discoveryv1.LabelServiceName + "=" + svc.Name // a Service name is a valid label value
-	eps := m.client.DiscoveryV1().EndpointSlices(m.cfg.Namespace)
-	watchFrom := func(rv string) error {
-		w, err := eps.Watch(wctx, metav1.ListOptions{LabelSelector: sel, ResourceVersion: rv})
-		if err != nil {
-			return err
-		}
-		defer w.Stop()
-		for {
-			select {
-			case <-wctx.Done():
-				return wctx.Err()
-			case ev, ok := <-w.ResultChan():
-				if !ok || ev.Type == watch.Error {
-					return errWatchEnded
-				}
-				if s, ok := ev.Object.(*discoveryv1.EndpointSlice); ok && ev.Type != watch.Deleted && s.Labels[discoveryv1.LabelServiceName] == svc.Name && done(s) {
-					return nil
-				}
-			}
-		}
-	}
-	// From the Service's own version: the slice the EndpointSlice
-	// controller writes for it comes after, so the API server replays it
-	// from its watch cache without a list (a list scans every slice of the
-	// namespace). An older version (an existing sandbox's Service) may be
-	// gone from that cache: then one list, and a watch from it. A read
-	// the API server refuses (a Role without endpointslices) ends the wait
-	// at once.
-	err := watchFrom(svc.ResourceVersion)
-	if errors.Is(err, errWatchEnded) || apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
-		var l *discoveryv1.EndpointSliceList
-		if l, err = eps.List(wctx, metav1.ListOptions{LabelSelector: sel, ResourceVersion: "0"}); err == nil {
-			if slices.ContainsFunc(l.Items, func(s discoveryv1.EndpointSlice) bool { return done(&s) }) {
-				return nil
-			}
-			err = watchFrom(l.ResourceVersion)
-		}
-	}
-	return err
 }
 
 // awaitSlice holds a pooled create's claim until the EndpointSlice
@@ -109,7 +58,7 @@ func (m *Manager) watchSlices(ctx context.Context, svc *corev1.Service, bound ti
 // its URL answered a second late. Seen here, the slice is all but
 // certainly in the controller's cache too: none in thirty.
 func (m *Manager) awaitSlice(ctx context.Context, svc *corev1.Service) {
-	if err := m.watchSlices(ctx, svc, claimSliceWait, func(*discoveryv1.EndpointSlice) bool { return true }); err != nil {
+	if err := follow.Slices(ctx, m.client.DiscoveryV1().EndpointSlices(m.cfg.Namespace), svc, claimSliceWait, func(*discoveryv1.EndpointSlice) bool { return true }); err != nil {
 		reqid.Logger(ctx).Debug("claiming before the sandbox Service's first EndpointSlice was seen", "service", svc.Name, "error", err)
 	}
 }
@@ -121,25 +70,3 @@ const claimSliceWait = 250 * time.Millisecond
 // LogAnsweredUnnamed is what the log says of a Headless answer given before
 // its name resolved (tests and the bench count these lines).
 const LogAnsweredUnnamed = "answering before cluster DNS lists the sandbox's address (Headless mode): a client that looks its name up now may be denied for the DNS cache's negative TTL"
-
-// errWatchEnded: the watch closed, or sent an error (its starting version
-// is too old); the wait goes on from a list.
-var errWatchEnded = errors.New("the EndpointSlice watch ended")
-
-// ListsAddress reports whether s is a slice of the Service named svc that
-// lists an address of the Pod uid (of any Pod when uid is ""): whether
-// cluster DNS can answer a headless Service's name with that Pod.
-func ListsAddress(s *discoveryv1.EndpointSlice, svc string, uid types.UID) bool {
-	if s.Labels[discoveryv1.LabelServiceName] != svc {
-		return false
-	}
-	for _, e := range s.Endpoints {
-		if len(e.Addresses) == 0 {
-			continue
-		}
-		if uid == "" || e.TargetRef != nil && e.TargetRef.Kind == "Pod" && e.TargetRef.UID == uid {
-			return true
-		}
-	}
-	return false
-}

@@ -17,6 +17,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+	"github.com/deerflow-sandbox/provisioner/pkg/token"
 )
 
 // The tests here use client-go's fake clientset as a stand-in for the API
@@ -134,7 +135,7 @@ func TestStrayPodNeverTakesAClaimedSandbox(t *testing.T) {
 	bob := api.WithCaller(bg, api.Caller{Principal: "bob"})
 
 	hers := ownerSpec("px")
-	hers.Caller, hers.Token = api.Caller{Principal: "alice"}, newToken()
+	hers.Caller, hers.Token = api.Caller{Principal: "alice"}, token.New()
 	claimed := resources.BuildPodFor(cfg, hers)
 	claimed.Name, claimed.UID, claimed.CreationTimestamp = "sandbox-pool-python-x7k2q", "claimed", metav1.Now()
 	claimed.Labels[keys.LabelPooled] = "true"
@@ -147,7 +148,7 @@ func TestStrayPodNeverTakesAClaimedSandbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	his := ownerSpec("px")
-	his.Caller, his.Token = api.Caller{Principal: "bob"}, newToken()
+	his.Caller, his.Token = api.Caller{Principal: "bob"}, token.New()
 	stray := resources.BuildPodFor(cfg, his)
 	stray.UID, stray.CreationTimestamp = "stray", metav1.Now()
 	if _, err := client.CoreV1().Pods("deer-flow").Create(bg, stray, metav1.CreateOptions{}); err != nil {
@@ -212,7 +213,7 @@ func TestCreateWithoutItsAnswerLeavesNothing(t *testing.T) {
 		}, wantKind: api.KindTimeout},
 		{name: "another's Pod of the name appears and the API server answers 500", pod: func(e faultEnv, a k8stesting.Action) (bool, runtime.Object, error) {
 			other := a.(k8stesting.CreateAction).GetObject().DeepCopyObject().(*corev1.Pod)
-			other.Labels[keys.LabelToken] = newToken()
+			other.Labels[keys.LabelToken] = token.New()
 			if err := e.client.Tracker().Create(pods, other, "deer-flow"); err != nil {
 				return true, nil, err
 			}
@@ -284,7 +285,7 @@ func TestLeftoversGoOnTheNextCreateDestroyOrReap(t *testing.T) {
 			apiServerWrites(t, client)
 			m := NewManager(cfg, client)
 			s := ownerSpec("left1")
-			s.Caller, s.Token = api.Caller{Principal: "alice"}, newToken()
+			s.Caller, s.Token = api.Caller{Principal: "alice"}, token.New()
 			pod := resources.BuildPodFor(cfg, s)
 			pod.CreationTimestamp = metav1.NewTime(time.Now().Add(-time.Hour))
 			if _, err := client.CoreV1().Pods("deer-flow").Create(bg, pod, metav1.CreateOptions{}); err != nil {
@@ -324,7 +325,7 @@ func TestRepairCounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := ownerSpec("half1")
-	s.Caller, s.Token = api.Caller{Principal: "alice"}, newToken()
+	s.Caller, s.Token = api.Caller{Principal: "alice"}, token.New()
 	pod := resources.BuildPodFor(cfg, s)
 	pod.CreationTimestamp = metav1.Now()
 	if _, err := client.CoreV1().Pods("deer-flow").Create(bg, pod, metav1.CreateOptions{}); err != nil {
@@ -359,7 +360,7 @@ func TestClaimedPodWithoutItsServiceIsFound(t *testing.T) {
 			apiServerWrites(t, client)
 			m := NewManager(cfg, client)
 			s := ownerSpec("lost1")
-			s.Caller, s.Token = api.Caller{Principal: "alice"}, newToken()
+			s.Caller, s.Token = api.Caller{Principal: "alice"}, token.New()
 			pod := resources.BuildPodFor(cfg, s)
 			pod.Name, pod.CreationTimestamp = "sandbox-pool-python-q8v4z", metav1.NewTime(time.Now().Add(-time.Hour))
 			pod.Labels[keys.LabelPooled] = "true"

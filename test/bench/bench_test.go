@@ -31,7 +31,7 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+	"github.com/deerflow-sandbox/provisioner/pkg/follow"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
 	"github.com/deerflow-sandbox/provisioner/test/framework/function"
@@ -215,7 +215,7 @@ func (f floor) createNamed(ctx context.Context, id string) error {
 // waitName watches svc's EndpointSlices, from svc's own version, until one
 // lists an address of the Pod uid, for at most 5 s.
 func (f floor) waitName(ctx context.Context, svc *corev1.Service, uid types.UID) error {
-	err := f.watchSlices(ctx, svc, 5*time.Second, func(s *discoveryv1.EndpointSlice) bool { return sandbox.ListsAddress(s, svc.Name, uid) })
+	err := f.watchSlices(ctx, svc, 5*time.Second, func(s *discoveryv1.EndpointSlice) bool { return follow.ListsAddress(s, svc.Name, uid) })
 	if errors.Is(err, context.DeadlineExceeded) {
 		f.unnamed.Add(1)
 		return nil

@@ -21,6 +21,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/follow"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/test/framework/function"
@@ -219,7 +220,7 @@ func TestHeadlessCreateUnderTheRole(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.ContainsFunc(l.Items, func(s discoveryv1.EndpointSlice) bool { return sandbox.ListsAddress(&s, svc, pod.UID) }) {
+	if !slices.ContainsFunc(l.Items, func(s discoveryv1.EndpointSlice) bool { return follow.ListsAddress(&s, svc, pod.UID) }) {
 		t.Errorf("answered before an EndpointSlice of its Service listed its Pod %s (%d slices)", pod.Name, len(l.Items))
 	}
 	log, err := os.ReadFile(f.LogPath)

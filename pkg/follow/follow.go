@@ -1,0 +1,216 @@
+// Package follow follows API objects by watch until what a caller waits
+// for holds: a Pod, the current Pod of a ReplicaSet, a Service's
+// EndpointSlices. Watches the server closes are resumed from where they
+// stood; nothing here polls. It holds no state: each call is one wait.
+package follow
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	typeddiscoveryv1 "k8s.io/client-go/kubernetes/typed/discovery/v1"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/status"
+)
+
+// Pod follows one Pod by watch, from the version we already hold, until
+// done says stop, the Pod is deleted (nil is passed to done), or ctx ends.
+// Watches the server closes are resumed; nothing here polls.
+func Pod(ctx context.Context, pods typedcorev1.PodInterface, pod *corev1.Pod, done func(*corev1.Pod) bool) (*corev1.Pod, error) {
+	current := pod
+	rv := pod.ResourceVersion
+	for {
+		w, err := pods.Watch(ctx, metav1.ListOptions{
+			FieldSelector:   fields.OneTermEqualSelector("metadata.name", pod.Name).String(),
+			ResourceVersion: rv,
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return current, ctx.Err()
+			}
+			return current, api.Classify(err, "watch the sandbox Pod")
+		}
+		expired := false
+		for !expired {
+			select {
+			case <-ctx.Done():
+				w.Stop()
+				return current, ctx.Err()
+			case ev, ok := <-w.ResultChan():
+				if !ok {
+					expired = true
+					break
+				}
+				switch ev.Type {
+				case watch.Error:
+					// Usually "resource version too old": start over from a fresh read.
+					w.Stop()
+					fresh, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
+					if apierrors.IsNotFound(err) || (err == nil && fresh.UID != pod.UID) {
+						if done(nil) {
+							return nil, nil
+						}
+					} else if err != nil {
+						return current, api.Classify(err, "read the sandbox Pod")
+					} else {
+						current, rv = fresh, fresh.ResourceVersion
+						if done(current) {
+							return current, nil
+						}
+					}
+					expired = true
+				case watch.Deleted:
+					w.Stop()
+					if done(nil) {
+						return nil, nil
+					}
+				case watch.Added, watch.Modified:
+					p, ok := ev.Object.(*corev1.Pod)
+					if !ok || p.UID != pod.UID {
+						continue
+					}
+					current, rv = p, p.ResourceVersion
+					if done(current) {
+						w.Stop()
+						return current, nil
+					}
+				}
+			}
+		}
+	}
+}
+
+// ReplicaSetPod follows the Pods of a ReplicaSet sandbox (list, then
+// watch, by label) until its current Pod (pick chooses it among them) satisfies done or ctx ends. A
+// deleted Pod is not the end: the ReplicaSet makes another.
+func ReplicaSetPod(ctx context.Context, pods typedcorev1.PodInterface, rs *appsv1.ReplicaSet, pick func([]corev1.Pod) *corev1.Pod, done func(*corev1.Pod) bool) (*corev1.Pod, error) {
+	selector := metav1.FormatLabelSelector(&metav1.LabelSelector{MatchLabels: resources.ReplicaSetSelector(rs.Labels[keys.LabelID])})
+	lw := &cache.ListWatch{
+		ListFunc: func(o metav1.ListOptions) (runtime.Object, error) {
+			o.LabelSelector = selector
+			return pods.List(ctx, o)
+		},
+		WatchFunc: func(o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = selector
+			return pods.Watch(ctx, o)
+		},
+	}
+	// The informer's store is the Pods as of each event: the current one is
+	// picked from it afresh.
+	var (
+		store   cache.Store
+		current *corev1.Pod
+	)
+	check := func(watch.Event) (bool, error) {
+		var all []corev1.Pod
+		for _, o := range store.List() {
+			all = append(all, *o.(*corev1.Pod))
+		}
+		current = pick(all)
+		return current != nil && done(current), nil
+	}
+	_, err := watchtools.UntilWithSync(ctx, lw, &corev1.Pod{}, func(s cache.Store) (bool, error) {
+		store = s
+		return check(watch.Event{})
+	}, check)
+	if err != nil && ctx.Err() == nil {
+		return current, api.Classify(err, "watch the sandbox's Pods")
+	}
+	return current, err
+}
+
+// WarningReason is what the kubelet last warned about pod, "" when it said
+// nothing or its Events cannot be read (the answer keeps the Pod's own).
+func WarningReason(ctx context.Context, events typedcorev1.EventInterface, pod *corev1.Pod) string {
+	l, err := events.List(ctx, metav1.ListOptions{
+		FieldSelector: "involvedObject.uid=" + string(pod.UID) + ",type=" + corev1.EventTypeWarning})
+	if err != nil {
+		return ""
+	}
+	return status.EventReason(l.Items)
+}
+
+// Slices waits, up to bound, until an EndpointSlice of svc satisfies
+// done, and says why not otherwise.
+func Slices(ctx context.Context, eps typeddiscoveryv1.EndpointSliceInterface, svc *corev1.Service, bound time.Duration, done func(*discoveryv1.EndpointSlice) bool) error {
+	wctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	sel := discoveryv1.LabelServiceName + "=" + svc.Name // a Service name is a valid label value
+	watchFrom := func(rv string) error {
+		w, err := eps.Watch(wctx, metav1.ListOptions{LabelSelector: sel, ResourceVersion: rv})
+		if err != nil {
+			return err
+		}
+		defer w.Stop()
+		for {
+			select {
+			case <-wctx.Done():
+				return wctx.Err()
+			case ev, ok := <-w.ResultChan():
+				if !ok || ev.Type == watch.Error {
+					return errWatchEnded
+				}
+				if s, ok := ev.Object.(*discoveryv1.EndpointSlice); ok && ev.Type != watch.Deleted && s.Labels[discoveryv1.LabelServiceName] == svc.Name && done(s) {
+					return nil
+				}
+			}
+		}
+	}
+	// From the Service's own version: the slice the EndpointSlice
+	// controller writes for it comes after, so the API server replays it
+	// from its watch cache without a list (a list scans every slice of the
+	// namespace). An older version (an existing sandbox's Service) may be
+	// gone from that cache: then one list, and a watch from it. A read
+	// the API server refuses (a Role without endpointslices) ends the wait
+	// at once.
+	err := watchFrom(svc.ResourceVersion)
+	if errors.Is(err, errWatchEnded) || apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+		var l *discoveryv1.EndpointSliceList
+		if l, err = eps.List(wctx, metav1.ListOptions{LabelSelector: sel, ResourceVersion: "0"}); err == nil {
+			if slices.ContainsFunc(l.Items, func(s discoveryv1.EndpointSlice) bool { return done(&s) }) {
+				return nil
+			}
+			err = watchFrom(l.ResourceVersion)
+		}
+	}
+	return err
+}
+
+// errWatchEnded: the watch closed, or sent an error (its starting version
+// is too old); the wait goes on from a list.
+var errWatchEnded = errors.New("the EndpointSlice watch ended")
+
+// ListsAddress reports whether s is a slice of the Service named svc that
+// lists an address of the Pod uid (of any Pod when uid is ""): whether
+// cluster DNS can answer a headless Service's name with that Pod.
+func ListsAddress(s *discoveryv1.EndpointSlice, svc string, uid types.UID) bool {
+	if s.Labels[discoveryv1.LabelServiceName] != svc {
+		return false
+	}
+	for _, e := range s.Endpoints {
+		if len(e.Addresses) == 0 {
+			continue
+		}
+		if uid == "" || e.TargetRef != nil && e.TargetRef.Kind == "Pod" && e.TargetRef.UID == uid {
+			return true
+		}
+	}
+	return false
+}
