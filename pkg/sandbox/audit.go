@@ -35,6 +35,8 @@ func outcome(err error) string {
 		return "malformed"
 	case api.KindInvalid:
 		return "invalid"
+	case api.KindForbidden:
+		return "forbidden"
 	case api.KindNotFound:
 		return "not_found"
 	case api.KindConflict:

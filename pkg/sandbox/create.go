@@ -50,6 +50,10 @@ func (m *Manager) create(ctx context.Context, s api.Spec, wait time.Duration) (a
 	if s, err = m.resolveTemplate(ctx, s); err != nil {
 		return api.Sandbox{}, err
 	}
+	// Before anything of the sandbox is written, so a refusal leaves nothing.
+	if err := m.owners.Check(ctx, s.Caller, s.UserID, s.ThreadID); err != nil {
+		return api.Sandbox{}, err
+	}
 	if sb, handled, err := m.createFromPool(ctx, s, wait); handled {
 		return sb, err
 	}
