@@ -36,6 +36,10 @@ const (
 	KindUnavailable
 	// KindTimeout is a deadline that ran out before the API server answered.
 	KindTimeout
+	// KindForbidden is a request the caller's principal may not make as
+	// sent, such as naming another principal's user_id or thread_id. It is
+	// not an authentication failure: the doors answer those themselves.
+	KindForbidden
 )
 
 // Error is the one error type the domain returns.
@@ -61,6 +65,11 @@ func Errorf(kind Kind, cause error, format string, args ...any) *Error {
 
 // Invalidf builds a KindInvalid error.
 func Invalidf(format string, args ...any) *Error { return Errorf(KindInvalid, nil, format, args...) }
+
+// Forbiddenf builds a KindForbidden error.
+func Forbiddenf(format string, args ...any) *Error {
+	return Errorf(KindForbidden, nil, format, args...)
+}
 
 // Malformedf builds a KindMalformed error.
 func Malformedf(format string, args ...any) *Error {
@@ -141,4 +150,31 @@ func UIDChanged(err error) bool {
 		}
 	}
 	return false
+}
+
+// Outcome names err for an audit trail: "ok" for none, otherwise its
+// kind, in snake case.
+func Outcome(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	switch KindOf(err) {
+	case KindMalformed:
+		return "malformed"
+	case KindInvalid:
+		return "invalid"
+	case KindForbidden:
+		return "forbidden"
+	case KindNotFound:
+		return "not_found"
+	case KindConflict:
+		return "conflict"
+	case KindQuota:
+		return "over_quota"
+	case KindUnavailable:
+		return "unavailable"
+	case KindTimeout:
+		return "timeout"
+	}
+	return "internal"
 }

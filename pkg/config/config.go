@@ -12,6 +12,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/kelseyhightower/envconfig"
 )
@@ -76,7 +77,43 @@ func (c *Config) Validate() error {
 	case c.AuthDisabled && !IsLoopback(c.ListenAddress):
 		p.bad("PROVISIONER_AUTH_DISABLED", "is a development switch and needs a loopback LISTEN_ADDRESS (127.0.0.1:8080), not %q", c.ListenAddress)
 	}
+	c.checkSharedClaims(&p)
 	return p.err()
+}
+
+// checkSharedClaims refuses the PVC settings under which one principal's
+// sandbox could reach another principal's data (issue 29, item 5). With one
+// principal (DeerFlow's single key) every setting stays as in DeerFlow.
+//   - A skills claim without SKILLS_PVC_SUBPATH_TEMPLATE is mounted whole at
+//     /mnt/skills: every user's custom skills, in every tenant's sandbox. A
+//     template without {user_id} shares one directory the same way. (The
+//     claim is mounted read-only, so no sandbox plants links in it.)
+//   - A user-data claim is mounted at a subPath, which the kubelet confines
+//     to the claim, not to a tenant's tree in it: a link a sandbox plants in
+//     its own writable tree can lead a later mount of its principal into
+//     another principal's. Host-path mode roots each volume at the tenant's
+//     own directory instead (resources.hostRootOf), which the real-node
+//     tests prove link-proof; a shared claim is not proven so, and refused.
+func (c *Config) checkSharedClaims(p *problems) {
+	if !c.MultiplePrincipals() {
+		return
+	}
+	who, many := c.CreatingPrincipals()
+	names := strings.Join(who, ", ")
+	if many {
+		names += " and every service account of a wildcard subject in AUTH_ALLOWED_SUBJECTS"
+	}
+	if c.SkillsPVCName != "" && !strings.Contains(c.SkillsPVCSubpathTemplate, "{user_id}") {
+		p.bad("SKILLS_PVC_SUBPATH_TEMPLATE", "must be set, with {user_id} in it, while SKILLS_PVC_NAME is and more than one principal may create sandboxes (%s): "+
+			"otherwise every sandbox mounts every user's custom skills; set it to each user's directory on the claim "+
+			"(for example skills/{user_id}), or configure a single principal", names)
+	}
+	if c.UserdataPVCName != "" {
+		p.bad("USERDATA_PVC_NAME", "is refused while more than one principal may create sandboxes (%s): a subPath on a shared claim is confined "+
+			"to the claim, not to a tenant's tree, so a link one tenant plants could lead a later mount into another's data; "+
+			"unset it to mount user data from DEER_FLOW_HOST_BASE_DIR (host-path mode, rooted at each tenant's own directory), "+
+			"or configure a single principal (PROVISIONER_API_KEY alone, or every creating credential in the group \"default\")", names)
+	}
 }
 
 // problems gathers a validation's errors, each naming its variable.

@@ -211,3 +211,66 @@ func checkPrincipalNames(keys map[string]string, groups map[string]string, singl
 	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
 	return errors.Join(errs...)
 }
+
+// CreatingPrincipals lists, sorted, the principals that may create
+// sandboxes under these settings: each API key's and each allowed token
+// subject's (as its group, when it has one), less those that
+// PROVISIONER_PRINCIPAL_OPERATIONS keeps from create. Only a create mounts
+// data, so only these principals can be tenants of one another's data.
+// many is true when a wildcard subject (<ns>:*) may create: any number of
+// service accounts, each its own principal. With PROVISIONER_AUTH_DISABLED
+// every caller is one administrator. Settings that do not parse count for
+// nothing here: Validate reports them.
+func (c *AuthConfig) CreatingPrincipals() (principals []string, many bool) {
+	if c.AuthDisabled {
+		return []string{AnonymousPrincipal}, false
+	}
+	keys, _ := ParseAPIKeys(c.APIKeys, c.APIKey)
+	groups, _ := ParsePrincipalGroups(c.PrincipalGroups)
+	ops, _ := ParsePrincipalOperations(c.PrincipalOperations)
+	// mayCreate judges a member by its own name, as auth does.
+	mayCreate := func(member string) bool {
+		list, ok := ops[member]
+		if !ok {
+			list, ok = ops["*"]
+		}
+		return !ok || slices.Contains(list, "create")
+	}
+	set := map[string]bool{}
+	add := func(member string) {
+		if !mayCreate(member) {
+			return
+		}
+		if g, ok := groups[member]; ok {
+			member = g
+		}
+		set[member] = true
+	}
+	for name := range keys {
+		add(name)
+	}
+	if c.TokenAudience != "" {
+		for _, s := range c.AllowedSubjects {
+			if strings.HasSuffix(s, ":*") {
+				many = many || mayCreate("*")
+				continue
+			}
+			add(s)
+		}
+	}
+	out := make([]string, 0, len(set))
+	for p := range set {
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return out, many
+}
+
+// MultiplePrincipals says whether more than one principal may create
+// sandboxes (CreatingPrincipals): then user and thread ids are bound to
+// their principals (package ownership), and the settings that would let one
+// principal's sandbox reach another's data are refused (Config.Validate).
+func (c *AuthConfig) MultiplePrincipals() bool {
+	p, many := c.CreatingPrincipals()
+	return many || len(p) > 1
+}

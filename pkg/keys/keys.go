@@ -115,3 +115,14 @@ const (
 	// TemplatePoolSize is how many Ready sandboxes of the template stand warm.
 	TemplatePoolSize = Prefix + "pool-size"
 )
+
+// On ownership Leases (coordination.k8s.io), one per user_id and one per
+// thread_id that a principal has used (package ownership). The Lease's
+// holderIdentity is the owning principal; the id itself is in
+// AnnotationUserID or AnnotationThreadID, in clear, for operators.
+const (
+	// LabelOwns says what a Lease owns: OwnsUser or OwnsThread.
+	LabelOwns  = Prefix + "owns"
+	OwnsUser   = "user"
+	OwnsThread = "thread"
+)

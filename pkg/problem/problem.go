@@ -21,6 +21,8 @@ func Status(err error) int {
 		return http.StatusBadRequest
 	case api.KindInvalid:
 		return http.StatusUnprocessableEntity
+	case api.KindForbidden:
+		return http.StatusForbidden
 	case api.KindNotFound:
 		return http.StatusNotFound
 	case api.KindConflict:

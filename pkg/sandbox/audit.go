@@ -26,28 +26,7 @@ const (
 )
 
 // outcome names err for the audit trail.
-func outcome(err error) string {
-	if err == nil {
-		return outcomeOK
-	}
-	switch api.KindOf(err) {
-	case api.KindMalformed:
-		return "malformed"
-	case api.KindInvalid:
-		return "invalid"
-	case api.KindNotFound:
-		return "not_found"
-	case api.KindConflict:
-		return "conflict"
-	case api.KindQuota:
-		return "over_quota"
-	case api.KindUnavailable:
-		return "unavailable"
-	case api.KindTimeout:
-		return "timeout"
-	}
-	return "internal"
-}
+func outcome(err error) string { return api.Outcome(err) }
 
 // audit writes one audit line. result is the outcome; err, when set, adds
 // its detail.

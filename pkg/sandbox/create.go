@@ -54,6 +54,10 @@ func (m *Manager) create(ctx context.Context, s api.Spec, wait time.Duration) (s
 	if s, err = m.resolveTemplate(ctx, s); err != nil {
 		return api.Sandbox{}, err
 	}
+	// Before anything of the sandbox is written, so a refusal leaves nothing.
+	if err := m.owners.Check(ctx, s.Caller, s.UserID, s.ThreadID); err != nil {
+		return api.Sandbox{}, err
+	}
 	s.Token = token.New()
 	// A create that does not answer 200 leaves nothing it wrote, whatever
 	// ended it: the client gone (even after the last write: its answer has

@@ -16,6 +16,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/isolation"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/ownership"
 	"github.com/deerflow-sandbox/provisioner/pkg/quota"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/status"
@@ -57,6 +58,8 @@ type Manager struct {
 	auditLog  *slog.Logger
 	// quota counts sandboxes for the limits (package quota).
 	quota *quota.Counter
+	// owners binds user and thread ids to principals (package ownership).
+	owners *ownership.Registry
 	// nameWait bounds a create's wait for its name (awaitName) when it
 	// asked for no wait for Ready.
 	nameWait time.Duration
@@ -80,6 +83,7 @@ func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option)
 		o(m)
 	}
 	m.quota = quota.New(cfg.QuotaConfig, cfg.Namespace, client)
+	m.owners = ownership.New(cfg, client)
 	m.isolation = isolation.New(&cfg.IsolationConfig, &cfg.PodSecurityConfig, cfg.Namespace, cfg.RequestTimeout, resources.BuildNetworkPolicy(cfg), client,
 		isolation.WithReport(m.isolationVerdict))
 	return m

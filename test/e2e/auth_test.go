@@ -69,10 +69,14 @@ type door struct {
 	event  string // CloudEvent type, for event doors
 }
 
+// doors are every operation on sandbox id through every door. Its creates
+// name a user_id of their own ("u-<id>"): a principal other than default
+// may not use the user an omitted user_id becomes (docs/tenancy.md).
 func doors(id string) []door {
+	create := `{"sandbox_id":"` + id + `","user_id":"u-` + id + `"}`
 	d := []door{
 		{name: "GET /api/capabilities", method: "GET", path: "/api/capabilities"},
-		{name: "POST /api/sandboxes", method: "POST", path: "/api/sandboxes", body: `{"sandbox_id":"` + id + `"}`},
+		{name: "POST /api/sandboxes", method: "POST", path: "/api/sandboxes", body: create},
 		{name: "GET /api/sandboxes", method: "GET", path: "/api/sandboxes"},
 		{name: "GET /api/sandboxes/{id}", method: "GET", path: "/api/sandboxes/" + id},
 		{name: "DELETE /api/sandboxes/{id}", method: "DELETE", path: "/api/sandboxes/" + id},
@@ -82,10 +86,18 @@ func doors(id string) []door {
 		{name: "POST /api/reap", method: "POST", path: "/api/reap"},
 	}
 	for _, typ := range events.RequestTypes {
-		d = append(d, door{name: "event " + typ, method: "POST", path: "/", body: `{"sandbox_id":"` + id + `"}`, event: typ})
+		body := `{"sandbox_id":"` + id + `"}`
+		if typ == events.TypeCreate {
+			body = create
+		}
+		d = append(d, door{name: "event " + typ, method: "POST", path: "/", body: body, event: typ})
 	}
 	for _, op := range []string{"create", "get", "list", "destroy", "pause", "resume", "reap"} {
-		d = append(d, door{name: "POST / " + op, method: "POST", path: "/", body: `{"operation":"` + op + `","sandbox_id":"` + id + `"}`})
+		body := `{"operation":"` + op + `","sandbox_id":"` + id + `"}`
+		if op == "create" {
+			body = `{"operation":"create","sandbox_id":"` + id + `","user_id":"u-` + id + `"}`
+		}
+		d = append(d, door{name: "POST / " + op, method: "POST", path: "/", body: body})
 	}
 	return d
 }
@@ -175,7 +187,7 @@ func TestEveryDoorAuthenticated(t *testing.T) {
 	// reads, destroys, pauses, resumes and reaps.
 	// tok1 is the token principal's own: another principal's sandbox
 	// would be absent to it.
-	createTok1 := door{name: "create tok1", method: "POST", path: "/api/sandboxes", body: `{"sandbox_id":"tok1","template":"heal"}`}
+	createTok1 := door{name: "create tok1", method: "POST", path: "/api/sandboxes", body: `{"sandbox_id":"tok1","user_id":"u-tok1","template":"heal"}`}
 	expectCode(t, createTok1.send(t, f, bearer(good)), 200, "create tok1")
 	for _, d := range doors("tok1") {
 		r := d.send(t, f, bearer(good))
@@ -233,13 +245,15 @@ func TestSandboxBoundToItsOwner(t *testing.T) {
 	for _, other := range []struct {
 		body    map[string]any
 		headers map[string]string
+		want    int
 	}{
-		{map[string]any{"sandbox_id": "shared1", "user_id": "bob", "thread_id": "t1"}, nil},
-		{map[string]any{"sandbox_id": "shared1", "user_id": "alice", "thread_id": "t2"}, nil},
-		{map[string]any{"sandbox_id": "shared1", "user_id": "bob", "thread_id": "t1", "operation": "create"}, nil},
-		// Another principal, with alice's own user and thread.
-		{map[string]any{"sandbox_id": "shared1", "user_id": "alice", "thread_id": "t1", "template": "heal"}, bob},
-		{map[string]any{"sandbox_id": "shared1", "user_id": "alice", "thread_id": "t1", "operation": "create"}, bob},
+		{map[string]any{"sandbox_id": "shared1", "user_id": "bob", "thread_id": "t1"}, nil, 409},
+		{map[string]any{"sandbox_id": "shared1", "user_id": "alice", "thread_id": "t2"}, nil, 409},
+		{map[string]any{"sandbox_id": "shared1", "user_id": "bob", "thread_id": "t1", "operation": "create"}, nil, 409},
+		// Another principal, with alice's own user and thread: the user is
+		// another principal's (default's), 403 before the id is looked at.
+		{map[string]any{"sandbox_id": "shared1", "user_id": "alice", "thread_id": "t1", "template": "heal"}, bob, 403},
+		{map[string]any{"sandbox_id": "shared1", "user_id": "alice", "thread_id": "t1", "operation": "create"}, bob, 403},
 	} {
 		headers := map[string]string{"X-API-Key": function.Key}
 		if other.headers != nil {
@@ -253,8 +267,8 @@ func TestSandboxBoundToItsOwner(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.Code != 409 || r.Detail() == "" {
-			t.Errorf("create by %v (%s): %d %s, want 409 with a detail", other.body, path, r.Code, r.Raw)
+		if r.Code != other.want || r.Detail() == "" {
+			t.Errorf("create by %v (%s): %d %s, want %d with a detail", other.body, path, r.Code, r.Raw, other.want)
 		}
 		if strings.Contains(string(r.Raw), url) {
 			t.Errorf("the refusal reveals alice's sandbox: %s", r.Raw)

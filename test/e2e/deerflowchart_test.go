@@ -187,7 +187,8 @@ func TestDeerFlowChartOverlay(t *testing.T) {
 		t.Errorf("AUTH_ALLOWED_SUBJECTS names %d subjects for %d event senders: %v", len(allowed), senders, allowed)
 	}
 	// The Triggers' identities (in the new namespace) are one owner,
-	// `events`, so that what the create Trigger made the others find.
+	// `default` (the backend's own, as the chart's shared claims need), so
+	// that what the create Trigger made the others find.
 	groups, err := config.ParsePrincipalGroups(env["PROVISIONER_PRINCIPAL_GROUPS"])
 	if err != nil {
 		t.Fatalf("the rendered PROVISIONER_PRINCIPAL_GROUPS: %v", err)
@@ -195,7 +196,7 @@ func TestDeerFlowChartOverlay(t *testing.T) {
 	wantGroups := map[string]string{}
 	for _, o := range objs {
 		if o.GetKind() == "Trigger" {
-			wantGroups["system:serviceaccount:"+ns+":"+o.GetName()+"-oidc-eventing.knative.dev-trigger"] = "events"
+			wantGroups["system:serviceaccount:"+ns+":"+o.GetName()+"-oidc-eventing.knative.dev-trigger"] = "default"
 		}
 	}
 	if diff := cmp.Diff(wantGroups, groups); diff != "" {

@@ -47,7 +47,7 @@ func TestGroupedTriggersShareSandboxes(t *testing.T) {
 	asOutsider := bearerHeader(token(t, ns, "outsider", audience))
 	ctx := context.Background()
 	const id = "grp1"
-	createEvent := door{name: "event create", method: "POST", path: "/", event: events.TypeCreate, body: `{"sandbox_id":"` + id + `"}`}
+	createEvent := door{name: "event create", method: "POST", path: "/", event: events.TypeCreate, body: `{"sandbox_id":"` + id + `","user_id":"grp-user"}`}
 
 	// The create Trigger's identity creates; the sandbox is the group's.
 	created := as(t, f, asCreator, createEvent)
@@ -68,7 +68,7 @@ func TestGroupedTriggersShareSandboxes(t *testing.T) {
 		d       door
 	}{
 		{"the create Trigger", asCreator, creator, byIDDoors(id)["event destroy"]},
-		{"the destroy Trigger", asDestroyer, destroyer, door{name: "event create", method: "POST", path: "/", event: events.TypeCreate, body: `{"sandbox_id":"grp2"}`}},
+		{"the destroy Trigger", asDestroyer, destroyer, door{name: "event create", method: "POST", path: "/", event: events.TypeCreate, body: `{"sandbox_id":"grp2","user_id":"grp-user"}`}},
 		{"the destroy Trigger", asDestroyer, destroyer, byIDDoors(id)["event get"]},
 	} {
 		r := as(t, f, c.headers, c.d)

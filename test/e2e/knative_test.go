@@ -19,6 +19,7 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -31,6 +32,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
+	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/events"
 )
@@ -276,6 +278,26 @@ func TestRBACWithConfigRole(t *testing.T) {
 	err = sa.NetworkingV1().NetworkPolicies("deer-flow").Delete(ctx, "deer-flow-sandbox-isolation", metav1.DeleteOptions{})
 	if !apierrors.IsForbidden(err) {
 		t.Errorf("deleting the shared sandbox NetworkPolicy: %v, want Forbidden", err)
+	}
+	// Ownership Leases: create and get, nothing more, so the function can
+	// neither learn which ids exist nor take an id from its owner.
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-owner-u-rbac"}, Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("alice")}}
+	if lease, err = sa.CoordinationV1().Leases("deer-flow").Create(ctx, lease, metav1.CreateOptions{}); err != nil {
+		t.Errorf("creating an ownership Lease as the ServiceAccount: %v", err)
+	} else if _, err := sa.CoordinationV1().Leases("deer-flow").Get(ctx, lease.Name, metav1.GetOptions{}); err != nil {
+		t.Errorf("reading an ownership Lease as the ServiceAccount: %v", err)
+	} else {
+		lease.Spec.HolderIdentity = ptr.To("bob")
+		if _, err := sa.CoordinationV1().Leases("deer-flow").Update(ctx, lease, metav1.UpdateOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("updating an ownership Lease: %v, want Forbidden", err)
+		}
+		if err := sa.CoordinationV1().Leases("deer-flow").Delete(ctx, lease.Name, metav1.DeleteOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("deleting an ownership Lease: %v, want Forbidden", err)
+		}
+		_ = client().CoordinationV1().Leases("deer-flow").Delete(ctx, lease.Name, metav1.DeleteOptions{})
+	}
+	if _, err := sa.CoordinationV1().Leases("deer-flow").List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("listing Leases: %v, want Forbidden", err)
 	}
 	// What token verification needs, and nothing more cluster-wide.
 	if _, err := sa.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: "x"}}, metav1.CreateOptions{}); err != nil {

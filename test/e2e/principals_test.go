@@ -101,9 +101,9 @@ func TestPrincipalsCannotSeeEachOther(t *testing.T) {
 	ctx := context.Background()
 
 	expectCode(t, as(t, f, alice, door{name: "alice's create", method: "POST", path: "/api/sandboxes",
-		body: `{"sandbox_id":"alice1","template":"heal"}`}), 200, "alice's create")
+		body: `{"sandbox_id":"alice1","user_id":"alice-u","template":"heal"}`}), 200, "alice's create")
 	expectCode(t, as(t, f, bob, door{name: "bob's create", method: "POST", path: "/", event: events.TypeCreate,
-		body: `{"sandbox_id":"bob1","template":"heal"}`}), 200, "bob's create (event)")
+		body: `{"sandbox_id":"bob1","user_id":"bob-u","template":"heal"}`}), 200, "bob's create (event)")
 	uid := map[string]string{}
 	for _, id := range []string{"alice1", "bob1"} {
 		rs, err := client().AppsV1().ReplicaSets(ns).Get(ctx, "sandbox-"+id, metav1.GetOptions{})
@@ -266,10 +266,10 @@ func TestPerPrincipalQuotaAcrossDoors(t *testing.T) {
 	ns := namespace(t)
 	f := start(t, ns, map[string]string{"PROVISIONER_API_KEYS": "alice=" + aliceKey + ",bob=" + bobKey, "MAX_SANDBOXES_PER_PRINCIPAL": "2"})
 	alice, bob := keyHeader(aliceKey), keyHeader(bobKey)
-	expectCode(t, as(t, f, alice, door{name: "a1", method: "POST", path: "/api/sandboxes", body: `{"sandbox_id":"q-a1"}`}), 200, "alice's first")
+	expectCode(t, as(t, f, alice, door{name: "a1", method: "POST", path: "/api/sandboxes", body: `{"sandbox_id":"q-a1","user_id":"alice-u"}`}), 200, "alice's first")
 	expectCode(t, as(t, f, alice, door{name: "a2", method: "POST", path: "/", event: events.TypeCreate, body: `{"sandbox_id":"q-a2","user_id":"other"}`}), 200, "alice's second")
 	for _, d := range []door{
-		{name: "http", method: "POST", path: "/api/sandboxes", body: `{"sandbox_id":"q-a3"}`},
+		{name: "http", method: "POST", path: "/api/sandboxes", body: `{"sandbox_id":"q-a3","user_id":"alice-u"}`},
 		{name: "event", method: "POST", path: "/", event: events.TypeCreate, body: `{"sandbox_id":"q-a3","user_id":"third"}`},
 	} {
 		r := as(t, f, alice, d)
@@ -277,8 +277,8 @@ func TestPerPrincipalQuotaAcrossDoors(t *testing.T) {
 			t.Errorf("alice's third by %s: %d %s, want 429 naming MAX_SANDBOXES_PER_PRINCIPAL", d.name, r.Code, r.Raw)
 		}
 	}
-	expectCode(t, as(t, f, alice, door{name: "a1 again", method: "POST", path: "/api/sandboxes", body: `{"sandbox_id":"q-a1"}`}), 200, "an existing id is never refused")
-	expectCode(t, as(t, f, bob, door{name: "b1", method: "POST", path: "/api/sandboxes", body: `{"sandbox_id":"q-b1"}`}), 200, "bob's first")
+	expectCode(t, as(t, f, alice, door{name: "a1 again", method: "POST", path: "/api/sandboxes", body: `{"sandbox_id":"q-a1","user_id":"alice-u"}`}), 200, "an existing id is never refused")
+	expectCode(t, as(t, f, bob, door{name: "b1", method: "POST", path: "/api/sandboxes", body: `{"sandbox_id":"q-b1","user_id":"bob-u"}`}), 200, "bob's first")
 	var live []string
 	for _, p := range pods(t, ns, "app=deer-flow-sandbox") {
 		if p.DeletionTimestamp == nil {

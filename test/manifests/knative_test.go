@@ -150,9 +150,11 @@ func TestEventSendersCarryTheAudience(t *testing.T) {
 // TestTriggersAreOneOwner: behind the Broker each event arrives with its
 // Trigger's identity, one per operation, so 400-service.yaml groups exactly
 // the Triggers' identities as one principal: what the create Trigger made
-// the destroy Trigger can find. Every member is an allowed subject (a group
-// grants no entry), and the PingSource's identity stays out (reap judges
-// every sandbox whoever owns it; grouping it would only widen its reach).
+// the destroy Trigger can find. The group is "default", the backend key's
+// principal: one tenant, as the shipped shared claims need. Every member is
+// an allowed subject (a group grants no entry), and the PingSource's
+// identity stays out (reap judges every sandbox whoever owns it; grouping
+// it would only widen its reach).
 func TestTriggersAreOneOwner(t *testing.T) {
 	var svc servingv1.Service
 	decode(t, "400-service.yaml", &svc)
@@ -176,7 +178,7 @@ func TestTriggersAreOneOwner(t *testing.T) {
 		case schema.GroupKind{Group: "eventing.knative.dev", Kind: "Trigger"}:
 			var tr eventingv1.Trigger
 			o.into(t, &tr)
-			want[triggerSubject(&tr)] = "events"
+			want[triggerSubject(&tr)] = "default"
 		case schema.GroupKind{Group: "sources.knative.dev", Kind: "PingSource"}:
 			var ping sourcesv1.PingSource
 			o.into(t, &ping)
@@ -190,7 +192,7 @@ func TestTriggersAreOneOwner(t *testing.T) {
 		t.Errorf("%d Triggers in config/, want 7 (create, get, list, destroy, pause, resume, reap)", len(want))
 	}
 	if diff := cmp.Diff(want, groups); diff != "" {
-		t.Errorf("400-service.yaml: PROVISIONER_PRINCIPAL_GROUPS, member → group (-the Triggers as events +shipped):\n%s", diff)
+		t.Errorf("400-service.yaml: PROVISIONER_PRINCIPAL_GROUPS, member → group (-the Triggers as default +shipped):\n%s", diff)
 	}
 }
 
