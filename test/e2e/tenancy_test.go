@@ -29,7 +29,7 @@ func TestStrayPodNeverJoinsAnotherPrincipalsSandbox(t *testing.T) {
 	f := start(t, ns, map[string]string{"PROVISIONER_API_KEYS": "alice=" + aliceKey + ",bob=" + bobKey})
 	warmUp(t, f, ns, "warm", 1)
 	alice, bob := keyHeader(aliceKey), keyHeader(bobKey)
-	create := door{name: "create px", method: "POST", path: "/api/sandboxes", body: `{"sandbox_id":"px","template":"warm"}`}
+	create := door{name: "create px", method: "POST", path: "/api/sandboxes", body: `{"sandbox_id":"px","template":"warm","user_id":"alice-user"}`}
 	get := door{name: "get px", method: "GET", path: "/api/sandboxes/px"}
 	r := as(t, f, alice, create)
 	expectCode(t, r, 200, "alice's pooled create")
@@ -46,7 +46,7 @@ func TestStrayPodNeverJoinsAnotherPrincipalsSandbox(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Name: resources.PodName("px"), Namespace: ns,
 			Labels: map[string]string{keys.LabelApp: keys.LabelAppValue, keys.LabelID: "px", keys.LabelManagedBy: keys.ManagedByValue,
 				keys.LabelPrincipal: resources.PrincipalLabelValue("bob"), keys.LabelToken: "0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b"},
-			Annotations: map[string]string{keys.AnnotationPrincipal: "bob", keys.AnnotationUserID: "default", keys.AnnotationThreadID: ""}},
+			Annotations: map[string]string{keys.AnnotationPrincipal: "bob", keys.AnnotationUserID: "bob-user", keys.AnnotationThreadID: "px"}},
 		Spec: *claimed[0].Spec.DeepCopy(),
 	}
 	stray.Spec.NodeName = ""
