@@ -84,5 +84,14 @@ if ! api "$server/api/v1/namespaces/$NAMESPACE" >/dev/null 2>&1; then
   api -X POST -H 'Content-Type: application/json' "$server/api/v1/namespaces" \
     -d "{\"apiVersion\":\"v1\",\"kind\":\"Namespace\",\"metadata\":{\"name\":\"$NAMESPACE\"}}" >/dev/null
 fi
+# The API server refuses Pods in a namespace until the controller manager
+# has made its default ServiceAccount, a moment after the namespace: the
+# cluster is up for sandboxes only then.
+for _ in $(seq 1 120); do
+  api "$server/api/v1/namespaces/$NAMESPACE/serviceaccounts/default" >/dev/null 2>&1 && break
+  sleep 0.5
+done
+api "$server/api/v1/namespaces/$NAMESPACE/serviceaccounts/default" >/dev/null 2>&1 ||
+  die "the controller manager made no ServiceAccount default in namespace $NAMESPACE within 60 s (log: $kwoklog)"
 log "cluster $CLUSTER_NAME is up"
 echo "$kubeconfig"
