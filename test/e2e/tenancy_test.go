@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
@@ -109,4 +110,60 @@ func slicesEqual(a, b []string) bool {
 	slices.Sort(a)
 	slices.Sort(b)
 	return slices.Equal(a, b)
+}
+
+// TestSandboxFromBeforeTokensKeepsItsURL (issue 29, item 3) on the real
+// node: a sandbox made before tokens (here: one made now, then edited to
+// what an older function left, Pod without a token and a Service
+// selecting the id alone; a stand-in for running the older release) is
+// reached at its URL; the next create of it, as DeerFlow sends on every
+// reuse, gives it a token and its Service selects by it, in place: the
+// same URL and node port, and the sandbox still answers there.
+func TestSandboxFromBeforeTokensKeepsItsURL(t *testing.T) {
+	needRealNode(t)
+	ns := namespace(t)
+	f := start(t, ns, realEnv(t, ns, map[string]string{"SANDBOX_SERVICE_TYPE": "NodePort", "SANDBOX_INGRESS_NODE_CIDRS": "10.88.0.1/32"}))
+	body := map[string]any{"sandbox_id": "pre1", "thread_id": "t1"}
+	r := mustDo(t, f, "POST", "/api/sandboxes?wait=20s", body)
+	if r.Code != 200 || r.Body["ready"] != true {
+		t.Fatalf("create: %d %s", r.Code, r.Raw)
+	}
+	url, _ := r.Body["sandbox_url"].(string)
+	ctx := context.Background()
+	pod := runningPod(t, ns, "pre1")
+	if _, err := client().CoreV1().Pods(ns).Patch(ctx, pod.Name, types.MergePatchType,
+		[]byte(`{"metadata":{"labels":{"`+keys.LabelToken+`":null}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := client().CoreV1().Services(ns).Get(ctx, resources.ServiceName("pre1"), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.Spec.Selector = map[string]string{keys.LabelID: "pre1"}
+	if svc, err = client().CoreV1().Services(ns).Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	nodePort := svc.Spec.Ports[0].NodePort
+	answers(t, url+"/v1/sandbox", pod.Name)
+
+	r = mustDo(t, f, "POST", "/api/sandboxes?wait=20s", body)
+	if r.Code != 200 || r.Body["sandbox_url"] != url {
+		t.Fatalf("the next create of a sandbox from before tokens: %d %s; want 200 at %s", r.Code, r.Raw, url)
+	}
+	pod = runningPod(t, ns, "pre1")
+	tok := pod.Labels[keys.LabelToken]
+	if len(tok) != 32 {
+		t.Fatalf("the Pod's token after the next create: %q", tok)
+	}
+	svc, err = client().CoreV1().Services(ns).Get(ctx, resources.ServiceName("pre1"), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := svc.Spec.Selector; got[keys.LabelToken] != tok || got[keys.LabelID] != "pre1" || len(got) != 2 {
+		t.Errorf("the Service's selector after the next create: %v; want the id and %s", got, tok)
+	}
+	if svc.Spec.Ports[0].NodePort != nodePort {
+		t.Errorf("the node port moved from %d to %d", nodePort, svc.Spec.Ports[0].NodePort)
+	}
+	answers(t, url+"/v1/sandbox", pod.Name)
 }
