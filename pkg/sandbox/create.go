@@ -356,7 +356,9 @@ func (m *Manager) removeLeftover(ctx context.Context, pod *corev1.Pod) (bool, er
 	}
 	svc, err := m.client.CoreV1().Services(m.cfg.Namespace).Get(ctx, resources.ServiceName(resources.PodID(pod)), metav1.GetOptions{})
 	switch {
-	case err == nil && resources.OwnerUID(svc.OwnerReferences) == pod.UID:
+	case err == nil && (resources.OwnerUID(svc.OwnerReferences) == pod.UID || resources.SandboxOwner(svc.OwnerReferences) == nil):
+		// Its Service, or one that names no owner: a sandbox of DeerFlow's
+		// provisioner (or from before owners), whole.
 		return false, nil
 	case err != nil && !apierrors.IsNotFound(err):
 		return false, api.Classify(err, "read the Service of a leftover sandbox Pod")

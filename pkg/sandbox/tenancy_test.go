@@ -379,3 +379,35 @@ func TestClaimedPodWithoutItsServiceIsFound(t *testing.T) {
 		})
 	}
 }
+
+// TestLegacySandboxIsNoLeftover: a sandbox DeerFlow's provisioner made (a
+// Pod and a Service that names no owner, no principal) is whole, however
+// old: another principal's create of its id is refused and removes
+// nothing.
+func TestLegacySandboxIsNoLeftover(t *testing.T) {
+	client := fake.NewClientset()
+	apiServerWrites(t, client)
+	cfg := testConfig(t, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "true"})
+	m := NewManager(cfg, client)
+	bg := context.Background()
+	s := ownerSpec("legacy1")
+	pod := resources.BuildPod(cfg, s)
+	pod.CreationTimestamp = metav1.NewTime(time.Now().Add(-time.Hour))
+	if _, err := client.CoreV1().Pods("deer-flow").Create(bg, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	svc := resources.BuildService(cfg, s, metav1.OwnerReference{})
+	svc.OwnerReferences = nil
+	if _, err := client.CoreV1().Services("deer-flow").Create(bg, svc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	other := ownerSpec("legacy1")
+	other.UserID = "bobs-user"
+	if _, err := m.Create(api.WithCaller(bg, api.Caller{Principal: "bob"}), other, 0); api.KindOf(err) != api.KindConflict {
+		t.Errorf("bob's create of a legacy sandbox's id: %v; want a conflict", err)
+	}
+	want := []string{"Pod " + resources.PodName("legacy1"), "Service " + resources.ServiceName("legacy1")}
+	if diff := cmp.Diff(want, objectsLeft(t, client)); diff != "" {
+		t.Errorf("objects left (-want +got):\n%s", diff)
+	}
+}
