@@ -23,6 +23,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
 	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
+	"github.com/deerflow-sandbox/provisioner/test/framework/skip"
 )
 
 // BenchmarkRealNodeCreateToReady measures on the real node, printing the
@@ -159,7 +160,7 @@ func realNodeEnv(b *testing.B, kc *cluster.Cluster, what string) (map[string]str
 	b.Helper()
 	rn, err := realnode.Up(context.Background(), realnode.DefaultPaths(cluster.CacheDir()), realnode.Cluster{Host: kc.Config.Host, PKIDir: kc.PKIDir(), Client: kc.Client})
 	if err != nil {
-		unavailable(b, "no real node, so no %s figures: %v", what, err)
+		skip.Unavailable(b, "no real node, so no %s figures: %v", what, err)
 	}
 	useNamespace(b, kc)
 	base, err := realnode.HostBase(b.TempDir())

@@ -109,14 +109,3 @@ func podMemory(uid string) (int64, error) {
 	}
 	return 0, fmt.Errorf("no cgroup of Pod %s", uid)
 }
-
-// unavailable skips a benchmark whose real part cannot start, with the
-// reason, outside CI, and fails it under CI=true, where a skip would pass
-// off figures never measured.
-func unavailable(b *testing.B, format string, args ...any) {
-	b.Helper()
-	if os.Getenv("CI") == "true" {
-		b.Fatalf("CI=true, so failing rather than skipping: "+format, args...)
-	}
-	b.Skipf(format, args...)
-}

@@ -23,6 +23,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
 	"github.com/deerflow-sandbox/provisioner/test/framework/makerun"
 	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
+	"github.com/deerflow-sandbox/provisioner/test/framework/skip"
 )
 
 // ownRows are the p50s (ms) of the bench's own real-node rows, for the
@@ -50,13 +51,13 @@ const (
 // and a pool claim → Ready ≤ 30 ms p50.
 func BenchmarkMakeRunRealNode(b *testing.B) {
 	if os.Geteuid() != 0 {
-		unavailable(b, "make run NODE=real needs root")
+		skip.Unavailable(b, "make run NODE=real needs root")
 	}
 	if err := realnode.Preflight(realnode.DefaultPaths(cluster.CacheDir())); err != nil {
-		unavailable(b, "no real node, so no make run NODE=real figures: %v", err)
+		skip.Unavailable(b, "no real node, so no make run NODE=real figures: %v", err)
 	}
 	if h := realnode.Held(); h != nil {
-		unavailable(b, "no make run NODE=real figures: %v", h)
+		skip.Unavailable(b, "no make run NODE=real figures: %v", h)
 	}
 	ctx := context.Background()
 	repo, err := filepath.Abs("../..")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
 	"github.com/deerflow-sandbox/provisioner/test/framework/function"
+	"github.com/deerflow-sandbox/provisioner/test/framework/skip"
 )
 
 // funcCLI is the func CLI hack/install-func.sh builds (pinned, from the
@@ -22,7 +23,7 @@ func funcCLI(t *testing.T) string {
 	version := cluster.EnvOr("FUNC_VERSION", "v0.48.4")
 	bin := filepath.Join(cluster.CacheDir(), "func-"+version, "func")
 	if _, err := os.Stat(bin); err != nil {
-		unavailable(t, "no func CLI at %s: hack/install-func.sh builds it (make test-e2e does so first): %v", bin, err)
+		skip.Unavailable(t, "no func CLI at %s: hack/install-func.sh builds it (make test-e2e does so first): %v", bin, err)
 	}
 	return bin
 }

@@ -18,6 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
+	"github.com/deerflow-sandbox/provisioner/test/framework/skip"
 )
 
 // needGVisor stops a test that needs the real node's runsc handler when
@@ -27,7 +28,7 @@ func needGVisor(t *testing.T) *realnode.Node {
 	t.Helper()
 	rn := needRealNode(t)
 	if err := rn.GVisor(); err != nil {
-		unavailable(t, "the real node has no gVisor, so this test cannot run here: %v", err)
+		skip.Unavailable(t, "the real node has no gVisor, so this test cannot run here: %v", err)
 	}
 	return rn
 }

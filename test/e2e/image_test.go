@@ -34,6 +34,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
 	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
+	"github.com/deerflow-sandbox/provisioner/test/framework/skip"
 )
 
 // imageSizeBudget is the most the linux/amd64 image may weigh, compressed
@@ -94,7 +95,7 @@ func openImage(t *testing.T) builtImage {
 	t.Helper()
 	dir := filepath.Join(cluster.CacheDir(), "image", "oci")
 	if _, err := os.Stat(filepath.Join(dir, "index.json")); err != nil {
-		unavailable(t, "no image in %s: `make image` builds it (make test-e2e does so first): %v", dir, err)
+		skip.Unavailable(t, "no image in %s: `make image` builds it (make test-e2e does so first): %v", dir, err)
 	}
 	b := builtImage{dir: dir}
 	var index struct{ Manifests []ociDescriptor }
@@ -268,7 +269,7 @@ func TestImage(t *testing.T) {
 func TestPushedImageIsWhatDeployNames(t *testing.T) {
 	registry := filepath.Join(cluster.CacheDir(), "registry-"+cluster.EnvOr("REGISTRY_VERSION", "v3.1.2"), "registry")
 	if _, err := os.Stat(registry); err != nil {
-		unavailable(t, "no registry binary at %s: hack/install-registry.sh builds it (make test-e2e does so first): %v", registry, err)
+		skip.Unavailable(t, "no registry binary at %s: hack/install-registry.sh builds it (make test-e2e does so first): %v", registry, err)
 	}
 	addr, err := function.FreeAddr()
 	if err != nil {

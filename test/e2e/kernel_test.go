@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
+	"github.com/deerflow-sandbox/provisioner/test/framework/skip"
 	"golang.org/x/sys/unix"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -182,5 +183,5 @@ func needRuntimeHandler(t *testing.T, handler string) {
 		}
 		have = append(have, h.Name)
 	}
-	unavailable(t, "the real node has no %q runtime handler (it reports %v): make node builds runsc and its containerd shim", handler, have)
+	skip.Unavailable(t, "the real node has no %q runtime handler (it reports %v): make node builds runsc and its containerd shim", handler, have)
 }

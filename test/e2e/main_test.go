@@ -82,18 +82,6 @@ func run(m *testing.M) int {
 
 func client() kubernetes.Interface { return kc.Client }
 
-// unavailable stops a test whose real part (the real node, the image, the
-// func CLI, the registry) could not be had: it skips with the reason outside
-// CI and fails in CI (CI=true), where a skip would pass off a test that
-// never ran as green.
-func unavailable(t *testing.T, format string, args ...any) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("CI=true, so failing rather than skipping: "+format, args...)
-	}
-	t.Skipf(format, args...)
-}
-
 // namespace creates a namespace for one test and deletes it afterwards.
 func namespace(t *testing.T) string {
 	t.Helper()

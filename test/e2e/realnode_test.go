@@ -29,13 +29,14 @@ import (
 	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
 	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
+	"github.com/deerflow-sandbox/provisioner/test/framework/skip"
 )
 
 // needRealNode skips, saying why, when the real node could not start.
 func needRealNode(t *testing.T) *realnode.Node {
 	t.Helper()
 	if realNode == nil {
-		unavailable(t, "no real node, so this test cannot run here: %v", realNodeErr)
+		skip.Unavailable(t, "no real node, so this test cannot run here: %v", realNodeErr)
 	}
 	return realNode
 }

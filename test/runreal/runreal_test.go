@@ -21,6 +21,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
 	"github.com/deerflow-sandbox/provisioner/test/framework/makerun"
 	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
+	"github.com/deerflow-sandbox/provisioner/test/framework/skip"
 )
 
 const key = "runreal-test-key-0123456789"
@@ -41,7 +42,7 @@ const startBound = 4 * time.Minute
 // and the kernel settings it changed are back.
 func TestMakeRunRealStartsEveryTime(t *testing.T) {
 	if why := cannotRun(); why != "" {
-		unavailable(t, "%s", why)
+		skip.Unavailable(t, "%s", why)
 	}
 	repo, err := filepath.Abs("../..")
 	if err != nil {
@@ -108,16 +109,6 @@ func cannotRun() string {
 		return h.Error()
 	}
 	return ""
-}
-
-// unavailable skips with the reason outside CI and fails in CI (CI=true),
-// where a skip would pass off a test that never ran as green.
-func unavailable(t *testing.T, format string, args ...any) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("CI=true, so failing rather than skipping: "+format, args...)
-	}
-	t.Skipf(format, args...)
 }
 
 // user runs `make run` as a user does, in a cluster and state directory of
