@@ -97,13 +97,17 @@ func (b *backend) tryConnect(ctx context.Context) error {
 	}
 	if b.cfg.CreateNamespace {
 		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: b.cfg.Namespace}}
-		if _, err := client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return err
-		}
-		// The API server refuses Pods in a namespace until the controller
-		// manager has made its default ServiceAccount, a moment after the
-		// namespace. Ready means a create works, so wait for it here.
-		if err := waitServiceAccount(ctx, client, b.cfg.Namespace); err != nil {
+		_, err := client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{})
+		switch {
+		case err == nil:
+			// The API server refuses Pods in a namespace until the controller
+			// manager has made its default ServiceAccount, a moment after the
+			// namespace. Ready means a create works, so wait for it here
+			// (only for a namespace just made: a start-up pays nothing else).
+			if err := waitServiceAccount(ctx, client, b.cfg.Namespace); err != nil {
+				return err
+			}
+		case !apierrors.IsAlreadyExists(err):
 			return err
 		}
 	}

@@ -67,35 +67,17 @@ const cacheSize = 4096
 // no two ids share a Lease in practice.
 func LeaseName(f Field, id string) string {
 	sum := sha256.Sum256([]byte(id))
-	return LeasePrefix + f.short() + "-" + hex.EncodeToString(sum[:])[:40]
+	return LeasePrefix + keysOf[f].short + "-" + hex.EncodeToString(sum[:])[:40]
 }
 
-func (f Field) short() string {
-	if f == User {
-		return "u"
-	}
-	return "t"
-}
+// fieldKeys are what a Field names: the Lease name's letter, the Lease's
+// keys.LabelOwns value, and the annotation and label a sandbox carries it
+// in.
+type fieldKeys struct{ short, owns, annotation, label string }
 
-func (f Field) owns() string {
-	if f == User {
-		return keys.OwnsUser
-	}
-	return keys.OwnsThread
-}
-
-func (f Field) annotation() string {
-	if f == User {
-		return keys.AnnotationUserID
-	}
-	return keys.AnnotationThreadID
-}
-
-func (f Field) label() string {
-	if f == User {
-		return keys.LabelUser
-	}
-	return keys.LabelThread
+var keysOf = map[Field]fieldKeys{
+	User:   {"u", keys.OwnsUser, keys.AnnotationUserID, keys.LabelUser},
+	Thread: {"t", keys.OwnsThread, keys.AnnotationThreadID, keys.LabelThread},
 }
 
 // Registry checks and records who owns each user_id and thread_id.
@@ -201,9 +183,9 @@ func (r *Registry) lease(f Field, id, holder string) *coordinationv1.Lease {
 			Namespace: r.namespace,
 			Labels: map[string]string{
 				keys.LabelManagedBy: keys.ManagedByValue,
-				keys.LabelOwns:      f.owns(),
+				keys.LabelOwns:      keysOf[f].owns,
 			},
-			Annotations: map[string]string{f.annotation(): id},
+			Annotations: map[string]string{keysOf[f].annotation: id},
 		},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder},
 	}
@@ -218,7 +200,7 @@ func (r *Registry) lease(f Field, id, holder string) *coordinationv1.Lease {
 // is the operator's to adopt (docs/tenancy.md).
 func (r *Registry) liveOwner(ctx context.Context, f Field, id string) (string, error) {
 	l, err := r.client.CoreV1().Services(r.namespace).List(ctx, metav1.ListOptions{
-		LabelSelector: resources.SelectorAll + "," + f.label() + "=" + resources.LabelValue(id),
+		LabelSelector: resources.SelectorAll + "," + keysOf[f].label + "=" + resources.LabelValue(id),
 	})
 	if err != nil {
 		return "", fmt.Errorf("list the sandboxes that use %s %q: %w", f, api.Truncate(id), err)

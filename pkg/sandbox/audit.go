@@ -25,9 +25,6 @@ const (
 	outcomeHidden = "hidden"
 )
 
-// outcome names err for the audit trail.
-func outcome(err error) string { return api.Outcome(err) }
-
 // audit writes one audit line. result is the outcome; err, when set, adds
 // its detail.
 func (m *Manager) audit(ctx context.Context, operation, id, result string, err error, attrs ...slog.Attr) {

@@ -41,7 +41,7 @@ func (m *Manager) Create(ctx context.Context, s api.Spec, wait time.Duration) (a
 	}
 	s.Caller = c
 	sb, err := m.create(ctx, s, wait)
-	m.audit(ctx, "create", s.ID, outcome(err), err)
+	m.audit(ctx, "create", s.ID, api.Outcome(err), err)
 	return sb, err
 }
 
@@ -356,10 +356,8 @@ func (m *Manager) removeLeftover(ctx context.Context, pod *corev1.Pod) (bool, er
 	}
 	svc, err := m.client.CoreV1().Services(m.cfg.Namespace).Get(ctx, resources.ServiceName(resources.PodID(pod)), metav1.GetOptions{})
 	switch {
-	case err == nil && (resources.OwnerUID(svc.OwnerReferences) == pod.UID || resources.SandboxOwner(svc.OwnerReferences) == nil):
-		// Its Service, or one that names no owner: a sandbox of DeerFlow's
-		// provisioner (or from before owners), whole.
-		return false, nil
+	case err == nil && resources.Names(svc, pod.UID):
+		return false, nil // whole
 	case err != nil && !apierrors.IsNotFound(err):
 		return false, api.Classify(err, "read the Service of a leftover sandbox Pod")
 	}

@@ -36,7 +36,7 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 	result := outcomeOK
 	defer func() {
 		if err != nil {
-			result = outcome(err)
+			result = api.Outcome(err)
 		}
 		m.audit(ctx, "destroy", id, result, err)
 	}()

@@ -82,8 +82,7 @@ func chained(f found) found {
 	if w == nil || f.svc == nil {
 		return f
 	}
-	owner := resources.SandboxOwner(f.svc.OwnerReferences)
-	if (owner != nil && owner.UID != w.GetUID()) || principalOf(f.svc) != principalOf(w) {
+	if !resources.Names(f.svc, w.GetUID()) || principalOf(f.svc) != principalOf(w) {
 		f.svc = nil
 	}
 	return f
@@ -176,7 +175,10 @@ func (m *Manager) fetchObjects(ctx context.Context, id string) (found, error) {
 // it is a leftover that destroy and the reap remove. Only a miss pays this
 // list.
 func (m *Manager) claimedByLabel(ctx context.Context, id string) (found, error) {
-	l, err := m.client.CoreV1().Pods(m.cfg.Namespace).List(ctx, metav1.ListOptions{
+	// From the API server's watch cache (resourceVersion "0"): a miss
+	// costs no round trip to etcd, and a Pod missed by a stale answer is
+	// the reap's to remove.
+	l, err := m.client.CoreV1().Pods(m.cfg.Namespace).List(ctx, metav1.ListOptions{ResourceVersion: "0",
 		LabelSelector: resources.SelectorAll + "," + keys.LabelID + "=" + id + "," + keys.LabelPooled + "=true"})
 	if err != nil {
 		return found{}, api.Classify(err, "look for a claimed Pod of the sandbox")

@@ -47,7 +47,7 @@ func (m *Manager) Reap(ctx context.Context) (api.Reaped, error) {
 	for _, s := range all.Paused {
 		paused = append(paused, s.ID)
 	}
-	m.audit(ctx, "reap", "", outcome(err), err, slog.Any("removed", ids), slog.Any("paused", paused))
+	m.audit(ctx, "reap", "", api.Outcome(err), err, slog.Any("removed", ids), slog.Any("paused", paused))
 	return seen, err
 }
 
@@ -114,7 +114,7 @@ func (m *Manager) reap(ctx context.Context, c api.Caller) (all, seen api.Reaped,
 		}
 		reason := resources.ExpiryReason(p, now)
 		if svc := svcByID[id]; reason == "" && p.Labels[keys.LabelWorkload] != keys.WorkloadReplicaSetValue &&
-			(svc == nil || resources.OwnerUID(svc.OwnerReferences) != p.UID && resources.SandboxOwner(svc.OwnerReferences) != nil) && m.leftover(p) {
+			(svc == nil || !resources.Names(svc, p.UID)) && m.leftover(p) {
 			// Named by no Service: left by a failed create that could not
 			// undo (undoMade), or a stray beside a claimed Pod of its id.
 			reason = "half-made"

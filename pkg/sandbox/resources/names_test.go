@@ -5,6 +5,10 @@ import (
 	"testing"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 func TestValidateIDBoundary(t *testing.T) {
@@ -17,5 +21,32 @@ func TestValidateIDBoundary(t *testing.T) {
 	}
 	if err := api.ValidateID(ok + "a"); err == nil {
 		t.Errorf("ValidateID accepted %d characters", len(ok)+1)
+	}
+}
+
+// TestNames pins which Service belongs to a workload: its own, or one that
+// names no workload (DeerFlow's provisioner's); never another's.
+func TestNames(t *testing.T) {
+	owned := func(kind, apiVersion string, uid types.UID) *corev1.Service {
+		return &corev1.Service{ObjectMeta: metav1.ObjectMeta{OwnerReferences: []metav1.OwnerReference{{Kind: kind, APIVersion: apiVersion, UID: uid}}}}
+	}
+	tests := []struct {
+		name string
+		svc  *corev1.Service
+		want bool
+	}{
+		{"owned by the Pod", owned("Pod", "v1", "pod-1"), true},
+		{"owned by the ReplicaSet", owned("ReplicaSet", "apps/v1", "pod-1"), true},
+		{"owned by another Pod", owned("Pod", "v1", "pod-2"), false},
+		{"owned by no workload", &corev1.Service{}, true},
+		{"owned by something else only", owned("ConfigMap", "v1", "cm-1"), true},
+	}
+	got := map[string]bool{}
+	want := map[string]bool{}
+	for _, tt := range tests {
+		got[tt.name], want[tt.name] = Names(tt.svc, "pod-1"), tt.want
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Names (-want +got):\n%s", diff)
 	}
 }

@@ -85,6 +85,14 @@ func Token(obj metav1.Object) string {
 	return obj.GetLabels()[keys.LabelToken]
 }
 
+// Names reports whether svc is the Service of the workload uid: owned by
+// it, or owned by no workload at all (a sandbox of DeerFlow's provisioner,
+// which sets no owners, until a create adopts its Service).
+func Names(svc *corev1.Service, uid types.UID) bool {
+	owner := SandboxOwner(svc.OwnerReferences)
+	return owner == nil || owner.UID == uid
+}
+
 // PodOwnerRef makes pod the controller-less owner of a dependent object. Not
 // a controller reference: nothing reconciles these objects but the GC.
 func PodOwnerRef(pod *corev1.Pod) metav1.OwnerReference {
