@@ -15,6 +15,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/token"
@@ -46,6 +47,23 @@ func objectsLeft(t *testing.T, client *fake.Clientset) []string {
 		out = append(out, "Service "+s.Name)
 	}
 	return out
+}
+
+// halfMade writes alice's Pod of id with no Service, as a create that
+// failed after its Pod left it, made age ago; edit, when set, changes it
+// first (a claimed Pod's name and mark).
+func halfMade(t *testing.T, client *fake.Clientset, cfg *config.Config, id string, age time.Duration, edit func(*corev1.Pod)) {
+	t.Helper()
+	s := ownerSpec(id)
+	s.Caller, s.Token = api.Caller{Principal: "alice"}, token.New()
+	pod := resources.BuildPodFor(cfg, s)
+	pod.CreationTimestamp = metav1.NewTime(time.Now().Add(-age))
+	if edit != nil {
+		edit(pod)
+	}
+	if _, err := client.CoreV1().Pods("deer-flow").Create(context.Background(), pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestServiceSelectsItsWorkloadsToken: a new sandbox's Pod carries a random
@@ -284,13 +302,7 @@ func TestLeftoversGoOnTheNextCreateDestroyOrReap(t *testing.T) {
 			client := fake.NewClientset()
 			apiServerWrites(t, client)
 			m := NewManager(cfg, client)
-			s := ownerSpec("left1")
-			s.Caller, s.Token = api.Caller{Principal: "alice"}, token.New()
-			pod := resources.BuildPodFor(cfg, s)
-			pod.CreationTimestamp = metav1.NewTime(time.Now().Add(-time.Hour))
-			if _, err := client.CoreV1().Pods("deer-flow").Create(bg, pod, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
+			halfMade(t, client, cfg, "left1", time.Hour, nil)
 			if _, err := m.Get(alice, "left1", 0); api.KindOf(err) != api.KindNotFound {
 				t.Errorf("alice's get of her leftover: %v; want not found", err)
 			}
@@ -324,13 +336,7 @@ func TestRepairCounts(t *testing.T) {
 	if _, err := m.Create(alice, ownerSpec("whole1"), 0); err != nil {
 		t.Fatal(err)
 	}
-	s := ownerSpec("half1")
-	s.Caller, s.Token = api.Caller{Principal: "alice"}, token.New()
-	pod := resources.BuildPodFor(cfg, s)
-	pod.CreationTimestamp = metav1.Now()
-	if _, err := client.CoreV1().Pods("deer-flow").Create(bg, pod, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	halfMade(t, client, cfg, "half1", 0, nil)
 	if _, err := m.Create(alice, ownerSpec("half1"), 0); api.KindOf(err) != api.KindQuota {
 		t.Fatalf("the repair over the limit: %v; want a quota refusal", err)
 	}
@@ -359,14 +365,9 @@ func TestClaimedPodWithoutItsServiceIsFound(t *testing.T) {
 			client := fake.NewClientset()
 			apiServerWrites(t, client)
 			m := NewManager(cfg, client)
-			s := ownerSpec("lost1")
-			s.Caller, s.Token = api.Caller{Principal: "alice"}, token.New()
-			pod := resources.BuildPodFor(cfg, s)
-			pod.Name, pod.CreationTimestamp = "sandbox-pool-python-q8v4z", metav1.NewTime(time.Now().Add(-time.Hour))
-			pod.Labels[keys.LabelPooled] = "true"
-			if _, err := client.CoreV1().Pods("deer-flow").Create(bg, pod, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
+			halfMade(t, client, cfg, "lost1", time.Hour, func(p *corev1.Pod) {
+				p.Name, p.Labels[keys.LabelPooled] = "sandbox-pool-python-q8v4z", "true" // claimed from a pool
+			})
 			if _, err := m.Get(alice, "lost1", 0); api.KindOf(err) != api.KindNotFound {
 				t.Errorf("get of a claimed Pod without its Service: %v; want not found", err)
 			}

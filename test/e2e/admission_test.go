@@ -136,6 +136,12 @@ func otherGroupsOnly(warning string) bool {
 
 // refusedBy reports whether err is a refusal by the admission policy
 // policy, with message in it.
+// labels is a merge patch of an object's labels (nil removes one).
+func labels(l map[string]any) []byte {
+	p, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": l}}) // maps of strings and nils always marshal
+	return p
+}
+
 func refusedBy(err error, policy, message string) bool {
 	return err != nil && strings.Contains(err.Error(), "ValidatingAdmissionPolicy '"+policy+"'") && strings.Contains(err.Error(), message)
 }
@@ -896,17 +902,6 @@ func TestAdmissionTiesTheSandboxIDToNames(t *testing.T) {
 	ctx := context.Background()
 	a := newAdmission(t, ns, nil)
 	const podTie, rsTie = "a sandbox Pod the provisioner creates is named sandbox-<its sandbox-id>", "is named sandbox-<id> for the sandbox-id it selects"
-	mergePatch := func(v any) []byte {
-		p, err := json.Marshal(v)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	labels := func(l map[string]any) []byte {
-		return mergePatch(map[string]any{"metadata": map[string]any{"labels": l}})
-	}
-
 	t.Run("bare Pod", func(t *testing.T) {
 		p := a.pod("tie1", nil)
 		p.Name = resources.PodName("tie2")
@@ -1111,10 +1106,6 @@ func TestAdmissionPinsTheSelectorToken(t *testing.T) {
 	ctx := context.Background()
 	a := newAdmission(t, ns, nil)
 	const msg = "carries a selector token"
-	labels := func(l map[string]any) []byte {
-		p, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": l}})
-		return p
-	}
 	for name, mutate := range map[string]func(*corev1.Pod){
 		"no token":       func(p *corev1.Pod) { delete(p.Labels, keys.LabelToken) },
 		"a chosen token": func(p *corev1.Pod) { p.Labels[keys.LabelToken] = "alice" },
