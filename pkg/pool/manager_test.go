@@ -155,7 +155,7 @@ func TestClaimWritesItsServiceFirst(t *testing.T) {
 				case a.GetVerb() == "create" && a.GetResource().Resource == "services":
 					order = append(order, "create Service")
 				case a.GetVerb() == "update" && a.GetResource().Resource == "services":
-					order = append(order, "hand the Service on")
+					order = append(order, "update Service")
 				case a.GetVerb() == "patch" && a.GetResource().Resource == "pods":
 					name := a.(clienttesting.PatchAction).GetName()
 					if tt.takeFirst && taken == "" {
@@ -197,9 +197,10 @@ func TestClaimWritesItsServiceFirst(t *testing.T) {
 			var wantOrder []string
 			switch {
 			case want == "":
-				wantOrder = []string{"create Service", "claim " + taken, "create Service"} // the second is the cold way's
+				// Then the cold way's: its slot, and the slot bound to its Pod.
+				wantOrder = []string{"create Service", "claim " + taken, "create Service", "update Service"}
 			case taken != "":
-				wantOrder = []string{"create Service", "claim " + taken, "hand the Service on", "claim " + want}
+				wantOrder = []string{"create Service", "claim " + taken, "update Service", "claim " + want} // the Service handed on
 			default:
 				wantOrder = []string{"create Service", "claim " + want}
 			}

@@ -1,7 +1,8 @@
 // Package quota keeps the sandbox limits (MAX_SANDBOXES, per user, per
 // principal) with zero overshoot across any number of replicas: a create
-// counts after its own Service is written, against every sandbox Service
-// committed before it (Check says why that is enough). The count comes from
+// counts after its own Service (the sandbox's slot) is written and before
+// its workload, against every sandbox Service committed before it (Check
+// says why that is enough). The count comes from
 // a watch of the sandbox Services kept in memory (slots), not from a list
 // per create.
 package quota
@@ -87,23 +88,32 @@ func Limited(cfg config.QuotaConfig) bool {
 	return cfg.MaxSandboxes > 0 || cfg.MaxSandboxesPerUser > 0 || cfg.MaxSandboxesPerPrincipal > 0
 }
 
-// Check counts sandboxes after this call's workload and Service exist.
+// Check counts sandboxes once this call's Service (own) exists, before its
+// workload may.
 //
-// What is counted: sandbox Services. Every sandbox, a bare Pod or a
-// ReplicaSet, running or paused, has exactly one, written by its create
-// right after its workload; a Service whose Pod has ended (Succeeded or
-// Failed, as activeDeadlineSeconds leaves it) or that is being deleted does
-// not count. A workload whose Service is not yet written is not counted: its
-// create counts when it has written the Service, and removes both when
-// refused.
+// What is counted: sandbox Services. A create writes its sandbox's Service
+// first, as the sandbox's slot (owned by nothing yet), counts here with it,
+// and only once admitted writes the workload (a bare Pod or a ReplicaSet,
+// or the claim of a pooled Pod) and binds the slot to it; refused, it
+// removes the slot and never writes a workload. A destroy, the reap and a
+// failed create's undo delete the workload before its Service. So every
+// sandbox workload, from its create until its deletion starts, has a
+// Service that was admitted here and is not being deleted: the Services
+// counted bound the workloads. (Half-made workloads, without their
+// Service, come only from before slots or from a Service deleted by hand,
+// and the GC removes those with it; a create of such an id counts before
+// it repairs.) A Service whose Pod has ended (Succeeded or Failed, as
+// activeDeadlineSeconds leaves it) or that is being deleted does not count.
+// Unclaimed pooled Pods are the pool's, counted by its own limit.
 //
 // Why there is no overshoot, from any number of replicas: own is this
 // call's Service, and the count holds every sandbox Service committed
 // before it (see below). Of any set of racing creates, the one whose
-// Service was committed last therefore sees all the others, so the total
-// admitted never exceeds the limit. Racing creates at the limit can refuse
-// each other; Create then retries a few rounds with random backoff. The
-// caller deletes what it made on refusal.
+// Service was committed last therefore sees all the others, so the
+// Services admitted, and with them the workloads, never exceed the limit,
+// not even for a moment. Racing creates at the limit can refuse each
+// other; Create then retries a few rounds with random backoff. The caller
+// deletes its slot on refusal.
 //
 // Where the count comes from: the Service cache (slots), a watch of the
 // sandbox Services in this replica. Watch events come in resourceVersion

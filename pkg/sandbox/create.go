@@ -134,9 +134,15 @@ func (m *Manager) undoMade(ctx context.Context, a made) {
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.RequestTimeout)
 	defer cancel()
 	if err := m.undoCreate(uctx, w, a.svc); err != nil {
-		m.auditLog.LogAttrs(ctx, slog.LevelWarn, "a failed create could not remove what it wrote; the next create, destroy or reap of its id will",
-			slog.String("sandbox_id", w.GetLabels()[keys.LabelID]), slog.String("request_id", reqid.ID(ctx)), slog.String("error", err.Error()))
+		m.warnLeftover(ctx, w.GetLabels()[keys.LabelID], err)
 	}
+}
+
+// warnLeftover logs that a failed create could not remove what it wrote
+// (or may have written) of sandbox id.
+func (m *Manager) warnLeftover(ctx context.Context, id string, err error) {
+	m.auditLog.LogAttrs(ctx, slog.LevelWarn, "a failed create could not remove what it wrote; the next create, destroy or reap of its id will",
+		slog.String("sandbox_id", id), slog.String("request_id", reqid.ID(ctx)), slog.String("error", err.Error()))
 }
 
 // made is what one create attempt made of the sandbox: what exists of it,
@@ -163,14 +169,20 @@ func (m *Manager) createOnce(ctx context.Context, s api.Spec) (made, error) {
 		err error
 	)
 	if s.Resolved != nil && s.Resolved.Kind == template.KindReplicaSet {
-		a, err = m.createReplicaSetOnce(ctx, s)
+		a, err = m.createKindOnce(ctx, s, m.replicaSetKind())
 	} else {
-		a, err = m.createPodOnce(ctx, s)
+		a, err = m.createKindOnce(ctx, s, m.podKind())
 	}
 	if !errors.Is(err, errOtherKind) {
 		return a, err
 	}
 	return m.reuseOtherKind(ctx, s)
+}
+
+// pending reports whether svc holds id for a workload still to come: a
+// pooled Pod still to be claimed, or a cold create's slot.
+func pending(svc *corev1.Service, id string) bool {
+	return claimedOwner(svc, id) || resources.SandboxOwner(svc.OwnerReferences) == nil && resources.SlotToken(svc) != ""
 }
 
 // errOtherKind says that the sandbox's Service belongs to a live workload of
@@ -185,14 +197,15 @@ func (m *Manager) reuseOtherKind(ctx context.Context, s api.Spec) (made, error) 
 	if err != nil {
 		return made{}, err
 	}
-	if f.pod == nil && f.rs == nil && f.svc != nil && claimedOwner(f.svc, s.ID) {
+	if f.pod == nil && f.rs == nil && f.svc != nil && pending(f.svc, s.ID) {
 		// A pooled create wrote the Service and has yet to claim its Pod
-		// (claimService): wait for its one patch, or for it to give up.
+		// (claimService), or a cold create its slot and has yet to make its
+		// workload (fill): wait for that write, or for it to give up.
 		perr := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, claimLands, false, func(ctx context.Context) (bool, error) {
 			if f, err = m.fetch(ctx, s.ID); err != nil {
 				return false, err
 			}
-			return f.pod != nil || f.rs != nil || f.svc == nil || !claimedOwner(f.svc, s.ID), nil
+			return f.pod != nil || f.rs != nil || f.svc == nil || !pending(f.svc, s.ID), nil
 		})
 		if err != nil {
 			return made{}, err
@@ -220,86 +233,6 @@ func (m *Manager) reuseOtherKind(ctx context.Context, s api.Spec) (made, error) 
 		return made{}, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " is being created and deleted concurrently; retry"}
 	}
 	return made{found: f, existed: true}, nil
-}
-
-// createPodOnce makes one attempt: Pod first, then the Service and the
-// quota count concurrently. Isolation needs no write: the shared
-// NetworkPolicy selects the Pod by label from its first moment.
-func (m *Manager) createPodOnce(ctx context.Context, s api.Spec) (made, error) {
-	pod, existed, err := m.ensurePod(ctx, s)
-	if err != nil {
-		return made{}, err
-	}
-	if existed {
-		pod = reuse(ctx, m, pod, m.client.CoreV1().Pods(m.cfg.Namespace).Patch)
-		if pod, err = token.Pod(ctx, m.client.CoreV1().Pods(m.cfg.Namespace), pod); err != nil {
-			return made{}, err
-		}
-		s.Token = resources.Token(pod)
-	}
-	svc, repaired, err := m.serviceAndQuota(ctx, s, pod, resources.PodOwnerRef(pod), existed)
-	return made{found: found{pod: pod, svc: svc}, existed: existed, repaired: repaired}, err
-}
-
-// createReplicaSetOnce is createPodOnce for the ReplicaSet kind. The Pod
-// comes from the ReplicaSet controller, after this returns.
-func (m *Manager) createReplicaSetOnce(ctx context.Context, s api.Spec) (made, error) {
-	rs, existed, err := m.ensureReplicaSet(ctx, s)
-	if err != nil {
-		return made{}, err
-	}
-	if existed {
-		rs = reuse(ctx, m, rs, m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Patch)
-		if rs, err = token.ReplicaSet(ctx, m.client.AppsV1().ReplicaSets(m.cfg.Namespace), m.client.CoreV1().Pods(m.cfg.Namespace), rs, m.podsOf); err != nil {
-			return made{}, err
-		}
-		s.Token = resources.Token(rs)
-	}
-	svc, repaired, err := m.serviceAndQuota(ctx, s, rs, resources.ReplicaSetOwnerRef(rs), existed)
-	f := found{rs: rs, svc: svc}
-	if err == nil && existed && !resources.Paused(rs) {
-		if f.pod, err = m.podsOf(ctx, rs); err != nil {
-			return made{}, err
-		}
-	}
-	return made{found: f, existed: existed, repaired: repaired}, err
-}
-
-// serviceAndQuota ensures the Service owned by the workload and, for a new
-// workload, counts the quota once the Service is written: the Service is
-// the sandbox's slot (see quota.Counter.Check), so a create costs the bare floor's
-// two writes and a look into the Service cache. A new workload that gets
-// no Service (its create or read failed, or the id turned out to be the
-// other kind's: errOtherKind), that is refused, or whose count fails is
-// removed again.
-func (m *Manager) serviceAndQuota(ctx context.Context, s api.Spec, workload workloadObject, owner metav1.OwnerReference, existed bool) (*corev1.Service, bool, error) {
-	svc, repaired, svcErr := m.ensureService(ctx, s, owner, existed)
-	var quotaErr error
-	if svcErr == nil && (!existed || repaired) && quota.Limited(m.cfg.QuotaConfig) {
-		// A repair counts as a new sandbox does: its workload had no
-		// Service, so no count held it (a leftover of a failed create).
-		quotaErr = m.quota.Check(ctx, s, svc)
-	}
-	if (!existed || repaired) && (svcErr != nil || quotaErr != nil) {
-		// What this call made never became a sandbox the create answers
-		// for (no Service, or never passed the quota): it goes at once (a
-		// retry creates it anew) rather than linger uncounted and
-		// unreachable. Whatever ended the request (the client gone, the
-		// deadline), the undo runs, under a deadline of its own.
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.RequestTimeout)
-		err := m.undoCreate(uctx, workload, svc)
-		cancel()
-		if err != nil {
-			return nil, false, err
-		}
-	}
-	switch {
-	case svcErr != nil:
-		return nil, false, svcErr
-	case quotaErr != nil:
-		return nil, false, quotaErr
-	}
-	return svc, repaired, nil
 }
 
 // ensurePod creates the Pod or adopts the existing one. A Pod that is being
@@ -356,7 +289,7 @@ func (m *Manager) removeLeftover(ctx context.Context, pod *corev1.Pod) (bool, er
 	}
 	svc, err := m.client.CoreV1().Services(m.cfg.Namespace).Get(ctx, resources.ServiceName(resources.PodID(pod)), metav1.GetOptions{})
 	switch {
-	case err == nil && resources.Names(svc, pod.UID):
+	case err == nil && resources.Names(svc, pod):
 		return false, nil // whole
 	case err != nil && !apierrors.IsNotFound(err):
 		return false, api.Classify(err, "read the Service of a leftover sandbox Pod")
@@ -472,12 +405,21 @@ func (m *Manager) ensureService(ctx context.Context, s api.Spec, owner metav1.Ow
 			if err := sleepCtx(ctx, time.Duration(attempt+1)*100*time.Millisecond); err != nil {
 				return nil, false, api.Classify(err, "replace a stale sandbox Service")
 			}
+		case existing.DeletionTimestamp == nil && resources.SlotToken(existing) != "":
+			// The slot of a cold create of the id: it holds the id, unless
+			// left by a create that could not undo.
+			if !m.slotLeftover(existing) {
+				return nil, false, errOtherKind
+			}
+			if err := m.dropStale(ctx, existing); !errors.Is(err, errStale) {
+				return nil, false, err
+			}
 		case existing.DeletionTimestamp == nil:
 			// Made by DeerFlow's provisioner, which sets no owner: adopt it and
 			// keep its node port, so a URL the backend holds stays valid.
-			adopted, err := m.adopt(ctx, existing, owner, s)
+			adopted, err := svcs.Update(ctx, resources.Bind(existing, owner, s.Token, s), metav1.UpdateOptions{})
 			if err != nil {
-				return nil, false, err
+				return nil, false, api.Classify(err, "adopt the existing sandbox Service")
 			}
 			return adopted, false, nil
 		default:
@@ -488,23 +430,6 @@ func (m *Manager) ensureService(ctx context.Context, s api.Spec, owner metav1.Ow
 		}
 	}
 	return nil, false, &api.Error{Kind: api.KindConflict, Detail: "the Service of sandbox " + s.ID + " is changing concurrently; retry"}
-}
-
-func (m *Manager) adopt(ctx context.Context, svc *corev1.Service, owner metav1.OwnerReference, s api.Spec) (*corev1.Service, error) {
-	c := svc.DeepCopy()
-	c.OwnerReferences = append(c.OwnerReferences, owner)
-	resources.RecordPrincipal(c, s)
-	if owner.Kind == "ReplicaSet" {
-		if c.Labels == nil {
-			c.Labels = map[string]string{}
-		}
-		c.Labels[keys.LabelWorkload] = keys.WorkloadReplicaSetValue
-	}
-	updated, err := m.client.CoreV1().Services(m.cfg.Namespace).Update(ctx, c, metav1.UpdateOptions{})
-	if err != nil {
-		return nil, api.Classify(err, "adopt the existing sandbox Service")
-	}
-	return updated, nil
 }
 
 // ownerLives reports whether the workload ref names still exists (same UID,

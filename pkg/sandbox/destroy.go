@@ -18,15 +18,16 @@ import (
 	"k8s.io/utils/ptr"
 )
 
-// Destroy removes a sandbox's Service, then its ReplicaSet and Pod. An id that never
-// existed is not an error. Only objects that carry the sandbox's labels are
-// touched, each deleted with a UID precondition, so a Pod that merely shares
-// the name, or one created since we looked, is left alone. The order is for
-// speed: a Pod deleted while its Service still exists makes the EndpointSlice
-// controller rewrite the slice, a write that competes with the Service's own
-// (slow: it releases the cluster IP and node port) deletion. Were this call
-// to die between the two steps, the Pod is left, and a create repairs it or
-// a second delete finishes.
+// Destroy removes a sandbox's ReplicaSet and Pod, then its Service. An id
+// that never existed is not an error. Only objects that carry the
+// sandbox's labels are touched, each deleted with a UID precondition, so a
+// Pod that merely shares the name, or one created since we looked, is left
+// alone. The workload goes first because the Service is the sandbox's
+// place in the quota (quota.Counter.Check): deleted first, it would admit
+// another create while this workload still stood, one over the limit for a
+// moment. Were this call to die between the two steps, the Service is
+// left (still counted), and the next create, destroy or reap of the id
+// removes it.
 //
 // Another principal's sandbox is answered as one that never existed (nil)
 // and left alone: the caller's postcondition, "no sandbox of mine has this
@@ -57,13 +58,6 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 		result = outcomeAbsent
 		return nil
 	}
-	if f.svc != nil {
-		err := m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, f.svc.Name, metav1.DeleteOptions{
-			Preconditions: metav1.NewUIDPreconditions(string(f.svc.UID))})
-		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-			return api.Classify(err, "delete sandbox "+id)
-		}
-	}
 	// The ReplicaSet first, so that it does not replace the Pod deleted next.
 	if f.rs != nil {
 		if err := runAll([]func() error{m.deleteWorkload(ctx, f.rs, nil, false)}); err != nil {
@@ -78,7 +72,17 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 			deletes = append(deletes, m.deleteWorkload(ctx, p, nil, false))
 		}
 	}
-	return api.Classify(runAll(deletes), "delete sandbox "+id)
+	if err := runAll(deletes); err != nil {
+		return api.Classify(err, "delete sandbox "+id)
+	}
+	if f.svc != nil {
+		err := m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, f.svc.Name, metav1.DeleteOptions{
+			Preconditions: metav1.NewUIDPreconditions(string(f.svc.UID))})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return api.Classify(err, "delete sandbox "+id)
+		}
+	}
+	return nil
 }
 
 // workloadObject is a sandbox's Pod or ReplicaSet.
@@ -106,7 +110,7 @@ func (m *Manager) deleteWorkload(ctx context.Context, obj workloadObject, grace 
 }
 
 // undoCreate removes what a refused or failed create made: the workload
-// (undoWorkload), then, once it is gone, its Service, rather than leaving
+// (undoWorkload), then, once it is gone, its Service (or slot), rather than leaving
 // that to the GC, so a retry of the same id finds nothing stale. ctx must
 // not be the request's: a create that failed because its client went away
 // must still undo.
@@ -115,7 +119,10 @@ func (m *Manager) undoCreate(ctx context.Context, workload workloadObject, svc *
 	if err != nil {
 		return api.Classify(err, "remove what a refused or failed create made")
 	}
-	if removed && svc != nil && resources.OwnerUID(svc.OwnerReferences) == workload.GetUID() {
+	// Its Service: owned by it, or the slot made for it and not bound yet;
+	// never one of DeerFlow's provisioner (which names it too, but is not
+	// this create's to remove).
+	if removed && svc != nil && resources.Names(svc, workload) && (resources.SandboxOwner(svc.OwnerReferences) != nil || resources.SlotToken(svc) != "") {
 		err := m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, svc.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(svc.UID))})
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return api.Classify(err, "remove what a refused or failed create made")

@@ -82,7 +82,7 @@ func chained(f found) found {
 	if w == nil || f.svc == nil {
 		return f
 	}
-	if !resources.Names(f.svc, w.GetUID()) || principalOf(f.svc) != principalOf(w) {
+	if !resources.Names(f.svc, w) || principalOf(f.svc) != principalOf(w) {
 		f.svc = nil
 	}
 	return f

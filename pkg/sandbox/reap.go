@@ -114,7 +114,7 @@ func (m *Manager) reap(ctx context.Context, c api.Caller) (all, seen api.Reaped,
 		}
 		reason := resources.ExpiryReason(p, now)
 		if svc := svcByID[id]; reason == "" && p.Labels[keys.LabelWorkload] != keys.WorkloadReplicaSetValue &&
-			(svc == nil || !resources.Names(svc, p.UID)) && m.leftover(p) {
+			(svc == nil || !resources.Names(svc, p)) && m.leftover(p) {
 			// Named by no Service: left by a failed create that could not
 			// undo (undoMade), or a stray beside a claimed Pod of its id.
 			reason = "half-made"
@@ -132,6 +132,9 @@ func (m *Manager) reap(ctx context.Context, c api.Caller) (all, seen api.Reaped,
 		}
 		if claimedOwner(s, id) && now.Sub(s.CreationTimestamp.Time) < claimLeftover {
 			continue // a pooled create's Service, its claim's patch maybe still to come (claimService)
+		}
+		if resources.SandboxOwner(s.OwnerReferences) == nil && resources.SlotToken(s) != "" && !m.slotLeftover(s) {
+			continue // a cold create's slot, its workload maybe still to come (fill)
 		}
 		uid := s.UID
 		victims = append(victims, victim{id: id, reason: "orphaned-service", obj: s, del: func() error {

@@ -110,16 +110,17 @@ func (p contextPods) Delete(ctx context.Context, name string, opts metav1.Delete
 	return p.PodInterface.Delete(ctx, name, opts)
 }
 
-// TestCreateLeavesNothingWhenItsServiceFails fails the Service's create, or
-// its read after the create found one, once the Pod is written: the create
-// answers the failure (503, to retry) and leaves no object it wrote, its
-// Pod included, also when its client went away meanwhile (the undo does
-// not run under the request's context) and when the Pod was written to
-// since (a status write: the undo reads it again). When another create of
-// the id made the sandbox whole meanwhile (its reuse moved the Pod's
-// activity mark, and it gave the Pod a Service), that sandbox is left
-// alone: the undo's delete carries the resourceVersion it read, and a
-// moved mark ends the undo.
+// TestCreateLeavesNothingWhenItsServiceFails fails the slot's create (the
+// Service, written first), its read after the create found one, or the
+// slot's binding to the Pod once the Pod is written: the create answers
+// the failure (503, to retry) and leaves no object it wrote, its Pod
+// included, also when its client went away meanwhile (the undo does not
+// run under the request's context) and when the Pod was written to since
+// (a status write: the undo reads it again). When another create of the id
+// made the sandbox whole meanwhile (its reuse moved the Pod's activity
+// mark, and it bound the Service), that sandbox is left alone: the undo's
+// delete carries the resourceVersion it read, and a moved mark ends the
+// undo.
 func TestCreateLeavesNothingWhenItsServiceFails(t *testing.T) {
 	pods, svcs := corev1.SchemeGroupVersion.WithResource("pods"), corev1.SchemeGroupVersion.WithResource("services")
 	cfg := testConfig(t, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "true"})
@@ -131,43 +132,48 @@ func TestCreateLeavesNothingWhenItsServiceFails(t *testing.T) {
 	}
 	tests := []struct {
 		name string
-		// inject runs in place of the Service's create and says what the
-		// create gets.
+		on   string // the Service verb the fault replaces: create (the slot) or update (its binding)
+		// inject runs in place of that call and says what the create gets.
 		inject  func(e faultEnv) error
 		failGet bool // the Service's read fails too
 		want    result
 	}{
-		{name: "the Service's create fails", inject: func(faultEnv) error {
+		{name: "the slot's create fails", on: "create", inject: func(faultEnv) error {
 			return apierrors.NewInternalError(errInjected)
 		}, want: result{Kind: api.KindUnavailable}},
-		{name: "the Service exists and its read fails", inject: func(faultEnv) error {
+		{name: "the Service exists and its read fails", on: "create", inject: func(faultEnv) error {
 			return apierrors.NewAlreadyExists(svcs.GroupResource(), resources.ServiceName(s.ID))
 		}, failGet: true, want: result{Kind: api.KindUnavailable}},
-		{name: "the client goes away during the Service's create", inject: func(e faultEnv) error {
+		{name: "the client goes away during the slot's create", on: "create", inject: func(e faultEnv) error {
 			e.cancel()
 			return context.Canceled
 		}, want: result{Kind: api.KindUnavailable}},
-		{name: "the Service's create fails after a status write of the Pod", inject: func(e faultEnv) error {
+		{name: "binding the slot to the Pod fails", on: "update", inject: func(faultEnv) error {
+			return apierrors.NewInternalError(errInjected)
+		}, want: result{Kind: api.KindUnavailable}},
+		{name: "the client goes away during the binding", on: "update", inject: func(e faultEnv) error {
+			e.cancel()
+			return context.Canceled
+		}, want: result{Kind: api.KindUnavailable}},
+		{name: "the binding fails after a status write of the Pod", on: "update", inject: func(e faultEnv) error {
 			e.bump(pods, resources.PodName(s.ID), nil)
 			return apierrors.NewInternalError(errInjected)
 		}, want: result{Kind: api.KindUnavailable}},
-		{name: "another create made the sandbox whole meanwhile", inject: func(e faultEnv) error {
+		{name: "another create made the sandbox whole meanwhile", on: "update", inject: func(e faultEnv) error {
 			// Its reuse: the Pod is young, so the activity mark moves.
 			e.bump(pods, resources.PodName(s.ID), func(o metav1.Object) {
 				a := o.GetAnnotations()
 				a[keys.AnnotationLastActivity] = time.Now().UTC().Format(time.RFC3339Nano)
 				o.SetAnnotations(a)
 			})
-			client := e.client
-			obj, err := client.Tracker().Get(pods, "deer-flow", resources.PodName(s.ID))
+			obj, err := e.client.Tracker().Get(pods, "deer-flow", resources.PodName(s.ID))
 			if err != nil {
 				return err
 			}
-			theirs := resources.BuildService(cfg, s, resources.PodOwnerRef(obj.(*corev1.Pod)))
-			theirs.UID = "their-service"
-			if err := client.Tracker().Add(theirs); err != nil {
-				return err
-			}
+			// Its binding of the slot.
+			e.bump(svcs, resources.ServiceName(s.ID), func(o metav1.Object) {
+				o.SetOwnerReferences([]metav1.OwnerReference{resources.PodOwnerRef(obj.(*corev1.Pod))})
+			})
 			return apierrors.NewInternalError(errInjected)
 		}, want: result{Kind: api.KindUnavailable, Left: []string{"Pod " + resources.PodName(s.ID), "Service " + resources.ServiceName(s.ID)}}},
 	}
@@ -177,7 +183,7 @@ func TestCreateLeavesNothingWhenItsServiceFails(t *testing.T) {
 			ctx, cancel := context.WithTimeout(api.WithCaller(context.Background(), s.Caller), 10*time.Second)
 			defer cancel()
 			e := faultEnv{bump: apiServerWrites(t, client), client: client, cancel: cancel}
-			client.PrependReactor("create", "services", func(k8stesting.Action) (bool, runtime.Object, error) {
+			client.PrependReactor(tc.on, "services", func(k8stesting.Action) (bool, runtime.Object, error) {
 				return true, nil, e.inject(tc.inject)
 			})
 			if tc.failGet {

@@ -33,6 +33,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/follow"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+	"github.com/deerflow-sandbox/provisioner/pkg/token"
 	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
 	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 )
@@ -185,9 +186,17 @@ func (f floor) create(ctx context.Context, id string) error {
 	return err
 }
 
-// make creates the sandbox's Pod and Service.
+// make creates the sandbox's Pod and Service in the order that keeps the
+// quota exact (pkg/sandbox's fill): the Service first (the slot the quota
+// counts), then the Pod, then the Service bound to the Pod (its owner).
 func (f floor) make(ctx context.Context, id string) (*corev1.Pod, *corev1.Service, error) {
 	spec, err := api.CreateRequest{SandboxID: id}.Validate(f.cfg, time.Now())
+	if err != nil {
+		return nil, nil, err
+	}
+	spec.Token = token.New()
+	svcs := f.client.CoreV1().Services(ns)
+	svc, err := svcs.Create(ctx, resources.Slot(f.cfg, spec, "Pod"), metav1.CreateOptions{})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -195,7 +204,7 @@ func (f floor) make(ctx context.Context, id string) (*corev1.Pod, *corev1.Servic
 	if err != nil {
 		return nil, nil, err
 	}
-	svc, err := f.client.CoreV1().Services(ns).Create(ctx, resources.BuildService(f.cfg, spec, resources.PodOwnerRef(pod)), metav1.CreateOptions{})
+	svc, err = svcs.Update(ctx, resources.Bind(svc, resources.PodOwnerRef(pod), spec.Token, spec), metav1.UpdateOptions{})
 	return pod, svc, err
 }
 

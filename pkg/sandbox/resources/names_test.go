@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,9 +25,13 @@ func TestValidateIDBoundary(t *testing.T) {
 	}
 }
 
-// TestNames pins which Service belongs to a workload: its own, or one that
-// names no workload (DeerFlow's provisioner's); never another's.
+// TestNames pins which Service belongs to a workload: its own, a slot that
+// selects its token, or one that names no workload and selects no token
+// (DeerFlow's provisioner's); never another's.
 func TestNames(t *testing.T) {
+	slot := func(token string) *corev1.Service {
+		return &corev1.Service{Spec: corev1.ServiceSpec{Selector: ServiceSelector("x", token)}}
+	}
 	owned := func(kind, apiVersion string, uid types.UID) *corev1.Service {
 		return &corev1.Service{ObjectMeta: metav1.ObjectMeta{OwnerReferences: []metav1.OwnerReference{{Kind: kind, APIVersion: apiVersion, UID: uid}}}}
 	}
@@ -40,11 +45,14 @@ func TestNames(t *testing.T) {
 		{"owned by another Pod", owned("Pod", "v1", "pod-2"), false},
 		{"owned by no workload", &corev1.Service{}, true},
 		{"owned by something else only", owned("ConfigMap", "v1", "cm-1"), true},
+		{"a slot selecting its token", slot("tok-1"), true},
+		{"a slot selecting another token", slot("tok-2"), false},
 	}
+	w := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{UID: "pod-1", Labels: map[string]string{keys.LabelToken: "tok-1"}}}
 	got := map[string]bool{}
 	want := map[string]bool{}
 	for _, tt := range tests {
-		got[tt.name], want[tt.name] = Names(tt.svc, "pod-1"), tt.want
+		got[tt.name], want[tt.name] = Names(tt.svc, w), tt.want
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("Names (-want +got):\n%s", diff)

@@ -85,12 +85,54 @@ func Token(obj metav1.Object) string {
 	return obj.GetLabels()[keys.LabelToken]
 }
 
-// Names reports whether svc is the Service of the workload uid: owned by
-// it, or owned by no workload at all (a sandbox of DeerFlow's provisioner,
-// which sets no owners, until a create adopts its Service).
-func Names(svc *corev1.Service, uid types.UID) bool {
-	owner := SandboxOwner(svc.OwnerReferences)
-	return owner == nil || owner.UID == uid
+// Names reports whether svc is the Service of the workload w: owned by
+// it; or owned by no workload yet and selecting w's token (a create's slot,
+// made before its workload: see Slot); or owned by none and selecting no
+// token (a sandbox of DeerFlow's provisioner, which sets no owners, until a
+// create adopts its Service).
+func Names(svc *corev1.Service, w metav1.Object) bool {
+	if owner := SandboxOwner(svc.OwnerReferences); owner != nil {
+		return owner.UID == w.GetUID()
+	}
+	t := SlotToken(svc)
+	return t == "" || t == Token(w)
+}
+
+// Slot is the Service a create makes before the sandbox's workload of kind
+// ("Pod" or "ReplicaSet"): its place in the quota (quota.Counter.Check),
+// owned by nothing until the workload exists and the create binds it. It
+// selects the token the workload will carry, so no other Pod joins it.
+func Slot(cfg *config.Config, s api.Spec, kind string) *corev1.Service {
+	svc := BuildService(cfg, s, metav1.OwnerReference{Kind: kind})
+	svc.OwnerReferences = nil
+	return svc
+}
+
+// SlotToken is the token svc selects ("" for a Service from before tokens).
+func SlotToken(svc *corev1.Service) string { return svc.Spec.Selector[keys.LabelToken] }
+
+// Bind makes svc the Service of the workload ref names (as BuildService
+// would have made it): owned by it, selecting token (the workload's),
+// recording s's principal; other owners stay. The node port and cluster
+// IP stay: it is updated in place.
+func Bind(svc *corev1.Service, ref metav1.OwnerReference, token string, s api.Spec) *corev1.Service {
+	c := svc.DeepCopy()
+	refs := []metav1.OwnerReference{ref}
+	for _, r := range c.OwnerReferences {
+		if SandboxOwner([]metav1.OwnerReference{r}) == nil {
+			refs = append(refs, r)
+		}
+	}
+	c.OwnerReferences = refs
+	c.Spec.Selector = ServiceSelector(s.ID, token)
+	if ref.Kind == "ReplicaSet" {
+		if c.Labels == nil {
+			c.Labels = map[string]string{}
+		}
+		c.Labels[keys.LabelWorkload] = keys.WorkloadReplicaSetValue
+	}
+	RecordPrincipal(c, s)
+	return c
 }
 
 // PodOwnerRef makes pod the controller-less owner of a dependent object. Not

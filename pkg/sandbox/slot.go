@@ -1,0 +1,368 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/quota"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+	"github.com/deerflow-sandbox/provisioner/pkg/token"
+)
+
+// A cold create writes in this order: the slot (the sandbox's Service,
+// owned by nothing yet: resources.Slot), the quota's count with it, the
+// workload, and last the slot bound to the workload (owned by it). So no
+// workload ever exists that the quota has not admitted: the count never
+// overshoots, even for a moment, whatever fails (quota.Counter.Check says
+// why). An existing Service of the id decides what the create does
+// instead: it names the sandbox that holds the id (existing), or is the
+// slot of a racing create of the same sandbox, whose workload this create
+// may make or find (fill).
+
+// kind is what a create's steps need of one workload kind.
+type kind struct {
+	name string // "Pod" or "ReplicaSet"
+	// ensure creates the workload of s, or returns the one of its name
+	// that exists (existed), as its own kind's create finds it.
+	ensure func(ctx context.Context, s api.Spec) (workloadObject, bool, error)
+	get    func(ctx context.Context, name string) (workloadObject, error)
+	// reuse hands an existing workload to this create: checked for s's
+	// user, thread and capacity, resumed, marked active, given a token if
+	// it is from before tokens.
+	reuse func(ctx context.Context, w workloadObject, s api.Spec) (workloadObject, error)
+	ref   func(w workloadObject) metav1.OwnerReference
+	// found is what the create answers with.
+	found func(ctx context.Context, w workloadObject, svc *corev1.Service) (found, error)
+}
+
+func (m *Manager) podKind() kind {
+	pods := m.client.CoreV1().Pods(m.cfg.Namespace)
+	return kind{
+		name: "Pod",
+		ensure: func(ctx context.Context, s api.Spec) (workloadObject, bool, error) {
+			pod, existed, err := m.ensurePod(ctx, s)
+			return pod, existed, err
+		},
+		get: func(ctx context.Context, name string) (workloadObject, error) {
+			return pods.Get(ctx, name, metav1.GetOptions{})
+		},
+		reuse: func(ctx context.Context, w workloadObject, s api.Spec) (workloadObject, error) {
+			pod := w.(*corev1.Pod)
+			if err := checkOwner(pod, "Pod", s); err != nil {
+				return nil, err
+			}
+			if err := checkCapacity(pod, s); err != nil {
+				return nil, err
+			}
+			return token.Pod(ctx, pods, reuse(ctx, m, pod, pods.Patch))
+		},
+		ref: func(w workloadObject) metav1.OwnerReference { return resources.PodOwnerRef(w.(*corev1.Pod)) },
+		found: func(_ context.Context, w workloadObject, svc *corev1.Service) (found, error) {
+			return found{pod: w.(*corev1.Pod), svc: svc}, nil
+		},
+	}
+}
+
+func (m *Manager) replicaSetKind() kind {
+	rss := m.client.AppsV1().ReplicaSets(m.cfg.Namespace)
+	return kind{
+		name: "ReplicaSet",
+		ensure: func(ctx context.Context, s api.Spec) (workloadObject, bool, error) {
+			rs, existed, err := m.ensureReplicaSet(ctx, s)
+			return rs, existed, err
+		},
+		get: func(ctx context.Context, name string) (workloadObject, error) {
+			return rss.Get(ctx, name, metav1.GetOptions{})
+		},
+		reuse: func(ctx context.Context, w workloadObject, s api.Spec) (workloadObject, error) {
+			rs, err := m.reuseReplicaSet(ctx, w.(*appsv1.ReplicaSet), s)
+			if err != nil {
+				return nil, err
+			}
+			return token.ReplicaSet(ctx, rss, m.client.CoreV1().Pods(m.cfg.Namespace), reuse(ctx, m, rs, rss.Patch), m.podsOf)
+		},
+		ref: func(w workloadObject) metav1.OwnerReference {
+			return resources.ReplicaSetOwnerRef(w.(*appsv1.ReplicaSet))
+		},
+		found: func(ctx context.Context, w workloadObject, svc *corev1.Service) (found, error) {
+			rs := w.(*appsv1.ReplicaSet)
+			f := found{rs: rs, svc: svc}
+			if resources.Paused(rs) {
+				return f, nil
+			}
+			pod, err := m.podsOf(ctx, rs)
+			f.pod = pod
+			return f, err
+		},
+	}
+}
+
+// errStale says that what a create found of its id changed under it (a
+// Service left by a workload that is gone, or deleted meanwhile): the
+// create starts over.
+var errStale = errors.New("the sandbox's Service changed during the create")
+
+// createKindOnce makes one attempt at a sandbox of kind k.
+func (m *Manager) createKindOnce(ctx context.Context, s api.Spec, k kind) (made, error) {
+	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
+		if attempt > 0 {
+			if err := sleepCtx(ctx, time.Duration(attempt)*100*time.Millisecond); err != nil {
+				return made{}, api.Classify(err, "create the sandbox")
+			}
+		}
+		svc, mine, err := m.reserve(ctx, s, k.name)
+		if err == nil {
+			if owner := resources.SandboxOwner(svc.OwnerReferences); owner != nil {
+				a, err := m.existing(ctx, s, k, svc, *owner)
+				if errors.Is(err, errStale) {
+					continue
+				}
+				return a, err
+			}
+			var a made
+			a, err = m.fill(ctx, s, k, svc, mine)
+			if err == nil {
+				return a, nil
+			}
+		}
+		if !errors.Is(err, errStale) {
+			return made{}, err
+		}
+	}
+	return made{}, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " is being created and deleted concurrently; retry"}
+}
+
+// reserve makes the sandbox's slot (mine), or returns the Service of the
+// id that exists (not mine), for the caller to judge.
+func (m *Manager) reserve(ctx context.Context, s api.Spec, kindName string) (*corev1.Service, bool, error) {
+	want := resources.Slot(m.cfg, s, kindName)
+	svcs := m.client.CoreV1().Services(m.cfg.Namespace)
+	created, err := svcs.Create(ctx, want, metav1.CreateOptions{})
+	switch {
+	case err == nil:
+		return created, true, nil
+	case !apierrors.IsAlreadyExists(err):
+		m.undoUncertainSlot(ctx, err, want)
+		return nil, false, m.createFailed(err, "Service", s)
+	}
+	existing, err := svcs.Get(ctx, want.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, false, errStale
+	case err != nil:
+		return nil, false, api.Classify(err, "read the existing sandbox Service")
+	case !resources.IsSandbox(existing, s.ID):
+		return nil, false, &api.Error{Kind: api.KindConflict, Detail: "a Service named " + existing.Name + " exists and is not a sandbox's; choose another sandbox_id"}
+	case existing.DeletionTimestamp != nil:
+		return nil, false, errStale // being deleted: wait for it to go
+	}
+	return existing, false, nil
+}
+
+// existing answers a create whose id has a Service owned by a workload:
+// that workload's sandbox, if it lives and is this create's kind. A
+// Service whose workload is gone is removed (the GC would, later), and the
+// create starts over.
+func (m *Manager) existing(ctx context.Context, s api.Spec, k kind, svc *corev1.Service, owner metav1.OwnerReference) (made, error) {
+	if owner.Kind != k.name || owner.Name != resources.PodName(s.ID) {
+		live, err := m.ownerLives(ctx, owner, svc, s.ID)
+		switch {
+		case err != nil:
+			return made{}, err
+		case live:
+			return made{}, errOtherKind
+		}
+		return made{}, m.dropStale(ctx, svc)
+	}
+	w, err := k.get(ctx, owner.Name)
+	switch {
+	case apierrors.IsNotFound(err) || err == nil && (w.GetUID() != owner.UID || w.GetDeletionTimestamp() != nil):
+		return made{}, m.dropStale(ctx, svc)
+	case err != nil:
+		return made{}, api.Classify(err, "read the sandbox "+k.name)
+	}
+	if w, err = k.reuse(ctx, w, s); err != nil {
+		return made{}, err
+	}
+	svc, err = token.Reselect(ctx, m.client.CoreV1().Services(m.cfg.Namespace), svc, resources.Bind(svc, owner, resources.Token(w), s))
+	if err != nil {
+		return made{}, err
+	}
+	f, err := k.found(ctx, w, svc)
+	return made{found: f, existed: true}, err
+}
+
+// fill makes or finds the workload of a Service that no workload owns yet
+// and binds the two: this create's slot (mine), the slot of a racing create
+// of the same sandbox (in flight, or left by one that could not undo), or
+// a Service of DeerFlow's provisioner. The quota counts first, with that
+// Service as the sandbox's place: a slot that is not this create's counts
+// again, since its own create may yet be refused and remove it. A slot the
+// quota refuses goes at once, and so does a half-made workload of the id
+// (one without its Service: from before slots) that it would have repaired.
+func (m *Manager) fill(ctx context.Context, s api.Spec, k kind, svc *corev1.Service, mine bool) (made, error) {
+	if t := resources.SlotToken(svc); t != "" && !mine {
+		if !sameSandbox(svc, s) {
+			if m.slotLeftover(svc) {
+				return made{}, m.dropStale(ctx, svc)
+			}
+			return made{}, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " exists for another user or thread; choose another sandbox_id"}
+		}
+		s.Token = t
+	}
+	if quota.Limited(m.cfg.QuotaConfig) {
+		if err := m.quota.Check(ctx, s, svc); err != nil {
+			if mine {
+				m.dropSlot(ctx, svc)
+				m.dropHalfMade(ctx, s, k)
+			}
+			return made{}, err
+		}
+	}
+	w, existed, err := k.ensure(ctx, s)
+	if err == nil && existed {
+		w, err = k.reuse(ctx, w, s)
+	}
+	if err != nil {
+		if mine {
+			m.dropSlot(ctx, svc)
+		}
+		return made{}, err
+	}
+	bound, err := m.bind(ctx, svc, w, k.ref(w), s)
+	if err != nil {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.RequestTimeout)
+		defer cancel()
+		var uerr error
+		switch {
+		case !existed:
+			uerr = m.undoCreate(uctx, w, svc)
+		case mine:
+			m.dropSlot(ctx, svc)
+		}
+		return made{}, errors.Join(err, uerr)
+	}
+	f, err := k.found(ctx, w, bound)
+	return made{found: f, existed: existed, repaired: existed && mine}, err
+}
+
+// bind makes svc the Service of w (resources.Bind). A racing create of the
+// same sandbox may have bound it first: then it is read again. A slot
+// deleted meanwhile (its create was refused) is errStale.
+func (m *Manager) bind(ctx context.Context, svc *corev1.Service, w workloadObject, ref metav1.OwnerReference, s api.Spec) (*corev1.Service, error) {
+	svcs := m.client.CoreV1().Services(m.cfg.Namespace)
+	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
+		if owner := resources.SandboxOwner(svc.OwnerReferences); owner != nil && owner.UID == w.GetUID() {
+			return token.Reselect(ctx, svcs, svc, resources.Bind(svc, ref, resources.Token(w), s))
+		} else if owner != nil {
+			return nil, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " is being created concurrently; retry"}
+		}
+		updated, err := svcs.Update(ctx, resources.Bind(svc, ref, resources.Token(w), s), metav1.UpdateOptions{})
+		if err == nil {
+			return updated, nil
+		}
+		if !apierrors.IsConflict(err) {
+			if apierrors.IsNotFound(err) {
+				return nil, errStale
+			}
+			return nil, api.Classify(err, "bind the sandbox Service to its "+ref.Kind)
+		}
+		if svc, err = svcs.Get(ctx, svc.Name, metav1.GetOptions{}); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil, errStale
+			}
+			return nil, api.Classify(err, "read the sandbox Service")
+		}
+	}
+	return nil, &api.Error{Kind: api.KindConflict, Detail: "the Service of sandbox " + s.ID + " is changing concurrently; retry"}
+}
+
+// sameSandbox reports whether svc was made for s's user, thread and
+// principal, as its labels and annotation record them.
+func sameSandbox(svc *corev1.Service, s api.Spec) bool {
+	l := svc.Labels
+	return l[keys.LabelUser] == resources.LabelValue(s.UserID) && l[keys.LabelThread] == resources.LabelValue(s.ThreadID) &&
+		principalOf(svc) == principalOrLegacy(s.Caller.Principal)
+}
+
+func principalOrLegacy(p string) string {
+	if p == "" {
+		return api.LegacyPrincipal
+	}
+	return p
+}
+
+// slotLeftover reports whether svc is a slot that no create will bind
+// any more: one that owns nothing and is older than any create that made
+// it could have undone it in.
+func (m *Manager) slotLeftover(svc *corev1.Service) bool {
+	return resources.SandboxOwner(svc.OwnerReferences) == nil && resources.SlotToken(svc) != "" &&
+		time.Since(svc.CreationTimestamp.Time) > m.undoWindow()
+}
+
+// dropStale removes svc, a Service that holds an id for nothing (its
+// workload gone, or a leftover slot), with its UID and resourceVersion as
+// read, so a Service changed since stays; then the create starts over.
+func (m *Manager) dropStale(ctx context.Context, svc *corev1.Service) error {
+	err := m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, svc.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{
+		UID: &svc.UID, ResourceVersion: &svc.ResourceVersion}})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return api.Classify(err, "replace a stale sandbox Service")
+	}
+	return errStale
+}
+
+// dropSlot removes the slot this create made, under a deadline of its own
+// (the request's may be what ended it). One it cannot remove counts for
+// the quota until the next create, destroy or reap of its id removes it.
+func (m *Manager) dropSlot(ctx context.Context, svc *corev1.Service) {
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.RequestTimeout)
+	defer cancel()
+	err := m.client.CoreV1().Services(m.cfg.Namespace).Delete(uctx, svc.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(svc.UID))})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		m.warnLeftover(ctx, svc.Labels[keys.LabelID], err)
+	}
+}
+
+// dropHalfMade removes the workload of s's id that a refused create would
+// have repaired: s's own, named by no Service (the refused slot is gone),
+// unless another request has answered for it meanwhile (undoWorkload).
+func (m *Manager) dropHalfMade(ctx context.Context, s api.Spec, k kind) {
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.RequestTimeout)
+	defer cancel()
+	w, err := k.get(uctx, resources.PodName(s.ID))
+	if err != nil || w.GetDeletionTimestamp() != nil || checkOwner(w, k.name, s) != nil {
+		return
+	}
+	if _, err := m.client.CoreV1().Services(m.cfg.Namespace).Get(uctx, resources.ServiceName(s.ID), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		return
+	}
+	if _, err := m.undoWorkload(uctx, w); err != nil {
+		m.warnLeftover(ctx, s.ID, err)
+	}
+}
+
+// undoUncertainSlot follows a slot create that failed without saying
+// whether it was written (undoUncertain's twin): the Service is read back
+// and removed when it carries this create's token.
+func (m *Manager) undoUncertainSlot(ctx context.Context, err error, want *corev1.Service) {
+	var st apierrors.APIStatus
+	if errors.As(err, &st) && st.Status().Code >= 400 && st.Status().Code < 500 {
+		return
+	}
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.RequestTimeout)
+	defer cancel()
+	got, rerr := m.client.CoreV1().Services(m.cfg.Namespace).Get(uctx, want.Name, metav1.GetOptions{})
+	if rerr != nil || got.DeletionTimestamp != nil || resources.SandboxOwner(got.OwnerReferences) != nil || resources.SlotToken(got) != resources.SlotToken(want) {
+		return
+	}
+	m.dropSlot(ctx, got)
+}
