@@ -246,8 +246,7 @@ func (m *Manager) ensurePod(ctx context.Context, s api.Spec) (*corev1.Pod, bool,
 			return created, false, nil
 		}
 		if !apierrors.IsAlreadyExists(err) {
-			m.undoUncertain(ctx, err, want)
-			return nil, false, m.createFailed(err, "Pod", s)
+			return nil, false, m.undoUncertain(ctx, err, want, m.createFailed(err, "Pod", s))
 		}
 		existing, err := pods.Get(ctx, want.Name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sync"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
@@ -170,27 +169,45 @@ func (m *Manager) undoWorkload(ctx context.Context, w workloadObject) (bool, err
 	return false, fmt.Errorf("%s %s kept changing while a failed create removed it", w.GetObjectKind().GroupVersionKind().Kind, w.GetName())
 }
 
-// undoUncertain follows a workload create that failed without saying
-// whether it was written (the client gone or timed out, the API server's
-// 5xx): the workload of want's name is read back, and removed when it
-// carries want's token, so it is this create's. A refusal (a 4xx) wrote
-// nothing. When the read fails too, what may be there is a leftover.
-func (m *Manager) undoUncertain(ctx context.Context, err error, want workloadObject) {
+// undoUncertain follows a workload create that failed (err) without
+// saying whether it was written (the client gone or timed out, the API
+// server's 5xx): the workload of want's name is read back, and removed when
+// it carries want's token, so it is this create's. A refusal (a 4xx) wrote
+// nothing. It returns failed, the create's error, marked as errMayExist
+// when the workload may still be there (the read or the delete failed too):
+// a leftover, which keeps its slot so that the quota still counts it.
+func (m *Manager) undoUncertain(ctx context.Context, err error, want workloadObject, failed error) error {
 	var st apierrors.APIStatus
 	if errors.As(err, &st) && st.Status().Code >= 400 && st.Status().Code < 500 {
-		return
+		return failed
 	}
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.RequestTimeout)
 	defer cancel()
 	got, rerr := m.readWorkload(uctx, want)
-	if rerr != nil || got.GetDeletionTimestamp() != nil || resources.Token(got) != resources.Token(want) {
-		return
+	switch {
+	case apierrors.IsNotFound(rerr):
+		return failed
+	case rerr != nil:
+		return mayExist{failed}
+	case got.GetDeletionTimestamp() != nil || resources.Token(got) != resources.Token(want):
+		return failed
 	}
 	if _, uerr := m.undoWorkload(uctx, got); uerr != nil {
-		m.auditLog.LogAttrs(ctx, slog.LevelWarn, "a failed create could not remove what it may have written; the next create, destroy or reap of its id will",
-			slog.String("sandbox_id", want.GetLabels()[keys.LabelID]), slog.String("error", uerr.Error()))
+		m.warnLeftover(ctx, want.GetLabels()[keys.LabelID], uerr)
+		return mayExist{failed}
 	}
+	return failed
 }
+
+// mayExist marks a create's error after which its workload may exist.
+type mayExist struct{ error }
+
+func (e mayExist) Unwrap() error { return e.error }
+
+// errMayExist matches a mayExist (errors.Is).
+var errMayExist = errors.New("the workload may exist")
+
+func (e mayExist) Is(target error) bool { return target == errMayExist }
 
 // readWorkload reads w again, of its kind.
 func (m *Manager) readWorkload(ctx context.Context, w workloadObject) (workloadObject, error) {

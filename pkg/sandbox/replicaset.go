@@ -52,8 +52,7 @@ func (m *Manager) ensureReplicaSet(ctx context.Context, s api.Spec) (*appsv1.Rep
 			return created, false, nil
 		}
 		if !apierrors.IsAlreadyExists(err) {
-			m.undoUncertain(ctx, err, want)
-			return nil, false, m.createFailed(err, "ReplicaSet", s)
+			return nil, false, m.undoUncertain(ctx, err, want, m.createFailed(err, "ReplicaSet", s))
 		}
 		existing, err := rss.Get(ctx, want.Name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {

@@ -232,7 +232,9 @@ func (m *Manager) fill(ctx context.Context, s api.Spec, k kind, svc *corev1.Serv
 		w, err = k.reuse(ctx, w, s)
 	}
 	if err != nil {
-		if mine {
+		// A workload that may exist keeps its slot: the quota counts it
+		// until the next create, destroy or reap of the id removes both.
+		if mine && !errors.Is(err, errMayExist) {
 			m.dropSlot(ctx, svc)
 		}
 		return made{}, err

@@ -281,11 +281,13 @@ func (f floor) list(ctx context.Context) error {
 	return err
 }
 
+// delete deletes the Pod, then the Service: the Service is the sandbox's
+// place in the quota, so it goes last (pkg/sandbox's Destroy).
 func (f floor) delete(ctx context.Context, id string) error {
-	if err := f.client.CoreV1().Services(ns).Delete(ctx, resources.ServiceName(id), metav1.DeleteOptions{}); err != nil {
+	if err := f.client.CoreV1().Pods(ns).Delete(ctx, resources.PodName(id), metav1.DeleteOptions{}); err != nil {
 		return err
 	}
-	return f.client.CoreV1().Pods(ns).Delete(ctx, resources.PodName(id), metav1.DeleteOptions{})
+	return f.client.CoreV1().Services(ns).Delete(ctx, resources.ServiceName(id), metav1.DeleteOptions{})
 }
 
 func ours(fn *function.Instance, method, path string, body any) error {

@@ -191,30 +191,34 @@ func TestQuota(t *testing.T) {
 	}
 }
 
-// TestRefusalAtAFullQuotaCreatesOnePod: a quota full of sandboxes younger
-// than the settle time looks like a race, so the refused create retries; the
-// retries look for room (in the Service cache) before creating, instead of
-// creating and deleting a Pod per round.
-func TestRefusalAtAFullQuotaCreatesOnePod(t *testing.T) {
+// TestRefusalAtAFullQuotaCreatesNoWorkload: a refused create writes no
+// workload at all: its Service (the slot) is counted before any workload,
+// and refused it goes again. A quota full of sandboxes younger than the
+// settle time looks like a race, so the refused create retries; the
+// retries look for room (in the Service cache) before writing again,
+// instead of writing and deleting a slot per round.
+func TestRefusalAtAFullQuotaCreatesNoWorkload(t *testing.T) {
 	ns := namespace(t)
 	f := start(t, ns, map[string]string{"MAX_SANDBOXES": "1", "EMIT_KUBERNETES_EVENTS": "false"})
 	create(t, f, map[string]any{"sandbox_id": "y1"})
 	proxy.Reset()
 	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "y2"}), 429, "create at the limit")
 	counts := proxy.Counts()
-	// One Pod, and its undo: a delete at the version the create wrote, and
-	// a second one when the scheduler's write came first (the undo then
-	// reads the Pod and the id's Service once, to leave a sandbox another
-	// create made whole).
-	if counts["POST pods"] != 1 || counts["DELETE pods"] < 1 || counts["DELETE pods"] > 2 {
-		t.Errorf("refused create: %d Pod creates and %d Pod deletes (%v), want 1 and 1 or 2", counts["POST pods"], counts["DELETE pods"], counts)
+	if counts["POST pods"] != 0 || counts["POST replicasets"] != 0 {
+		t.Errorf("refused create: %d Pod and %d ReplicaSet creates (%v), want none", counts["POST pods"], counts["POST replicasets"], counts)
 	}
-	// The count reads the watch-backed Service cache: no Service is listed,
-	// and one is read only by the undo's second look. At the limit it asks
-	// for the ended Pods (whose Services do not count), after its create and
-	// in each retry's look.
-	if counts["GET services"] > counts["DELETE pods"]-1 || counts["GET pods"] < 2 {
-		t.Errorf("refused create: %d Service reads and %d Pod lists (%v), want one per repeated delete and at least 2", counts["GET services"], counts["GET pods"], counts)
+	if counts["POST services"] != 1 || counts["DELETE services"] != 1 {
+		t.Errorf("refused create: %d Service creates and %d Service deletes (%v), want its one slot, made and removed", counts["POST services"], counts["DELETE services"], counts)
+	}
+	// The count reads the watch-backed Service cache: no Service is read
+	// or listed. At the limit it asks for the ended Pods (whose Services do
+	// not count), after its slot and in each retry's look, and the refusal
+	// looks for a half-made Pod of the id it would have repaired.
+	if counts["GET services"] != 0 || counts["GET pods"] < 2 {
+		t.Errorf("refused create: %d Service reads and %d Pod reads (%v), want none and at least 2", counts["GET services"], counts["GET pods"], counts)
+	}
+	if p, s := pods(t, ns, "sandbox-id=y2"), services(t, ns, "sandbox-id=y2"); len(p)+len(s) != 0 {
+		t.Errorf("refused y2 left %d Pods and %d Services", len(p), len(s))
 	}
 }
 

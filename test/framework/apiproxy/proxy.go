@@ -1,14 +1,16 @@
 // Package apiproxy is a test-only reverse proxy in front of the API server.
 // The function under test talks to it over plain HTTP on loopback; it talks
 // to the API server with the cluster's admin credentials. On the way it
-// counts requests, can inject latency, and can impersonate a ServiceAccount,
-// so tests observe exactly what the function asks of Kubernetes.
+// counts requests, can inject latency and failures, and can impersonate a
+// ServiceAccount, so tests observe exactly what the function asks of
+// Kubernetes and how it fares when the API server fails.
 package apiproxy
 
 import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
 	"os"
@@ -32,6 +34,40 @@ type Proxy struct {
 	srv         *http.Server
 
 	watches, maxWatches atomic.Int64 // watches open now, and the most open at once since Reset
+
+	faults atomic.Pointer[func(*http.Request) Fault]
+}
+
+// Fault is what the proxy does with one request in place of forwarding it
+// plainly.
+type Fault int
+
+const (
+	// Forward forwards the request: no fault.
+	Forward Fault = iota
+	// FailBefore answers 503 without forwarding: nothing was done.
+	FailBefore
+	// FailAfter forwards the request and answers 500 in place of the API
+	// server's answer: whatever it wrote was written, and the caller
+	// cannot know.
+	FailAfter
+)
+
+// SetFaults makes decide choose the fault of every later request that is
+// not a watch (nil: none). decide runs concurrently.
+func (p *Proxy) SetFaults(decide func(*http.Request) Fault) {
+	if decide == nil {
+		p.faults.Store(nil)
+		return
+	}
+	p.faults.Store(&decide)
+}
+
+func (p *Proxy) fault(r *http.Request) Fault {
+	if d := p.faults.Load(); d != nil {
+		return (*d)(r)
+	}
+	return Forward
 }
 
 // Start proxies to the API server described by rc.
@@ -76,10 +112,28 @@ func Start(rc *rest.Config) (*Proxy, error) {
 				return
 			}
 		}
+		if !watch {
+			switch p.fault(r) {
+			case FailBefore:
+				failure(w, http.StatusServiceUnavailable, "ServiceUnavailable", "injected by the test proxy")
+				return
+			case FailAfter:
+				rp.ServeHTTP(httptest.NewRecorder(), r)
+				failure(w, http.StatusInternalServerError, "InternalError", "injected by the test proxy after the API server's answer")
+				return
+			}
+		}
 		rp.ServeHTTP(w, r)
 	})}
 	go func() { _ = p.srv.Serve(ln) }()
 	return p, nil
+}
+
+// failure answers as the API server answers a failure: a Status.
+func failure(w http.ResponseWriter, code int, reason, message string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	fmt.Fprintf(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","message":%q,"reason":%q,"code":%d}`, message, reason, code)
 }
 
 // Close stops the proxy.

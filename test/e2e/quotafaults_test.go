@@ -1,0 +1,243 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/test/framework/apiproxy"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
+)
+
+// TestQuotaHoldsUnderFaults: creates and destroys of a few ids race
+// through two replicas against MAX_SANDBOXES, while the API proxy fails one
+// request of the namespace in five (before the API server sees it, or after
+// it did its work, so the function cannot know), and clients give up at
+// random moments. A watch of the namespace's Pods and ReplicaSets recounts
+// the sandbox workloads on every event: the count never exceeds the limit,
+// not even for a moment (what the slot written before the workload buys:
+// quota.Counter.Check). Once the faults stop, destroying every id leaves
+// nothing: no failed create left an object the next destroy cannot find.
+//
+// The API server is real; the nodes are kwok's (a workload's count does
+// not depend on a node), and the faults are the proxy's stand-in for an
+// API server that answers 5xx.
+func TestQuotaHoldsUnderFaults(t *testing.T) {
+	ns := namespace(t)
+	const (
+		limit   = 3
+		ids     = 8
+		workers = 8
+		ops     = 160
+	)
+	env := map[string]string{"MAX_SANDBOXES": fmt.Sprint(limit), "EMIT_KUBERNETES_EVENTS": "false"}
+	replicas := []*function.Instance{start(t, ns, env), start(t, ns, env)}
+
+	w := watchWorkloads(t, ns)
+
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	var injected atomic.Int64
+	var frng sync.Mutex
+	rng := rand.New(rand.NewPCG(seed, 1))
+	proxy.SetFaults(func(r *http.Request) apiproxy.Fault {
+		if !strings.Contains(r.URL.Path, "/namespaces/"+ns+"/") {
+			return apiproxy.Forward
+		}
+		frng.Lock()
+		n := rng.IntN(10)
+		frng.Unlock()
+		switch n {
+		case 0:
+			injected.Add(1)
+			return apiproxy.FailBefore
+		case 1:
+			injected.Add(1)
+			return apiproxy.FailAfter
+		}
+		return apiproxy.Forward
+	})
+	t.Cleanup(func() { proxy.SetFaults(nil) })
+
+	var codes sync.Map // status code -> count
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(3 * time.Minute)
+	for g := 0; g < workers; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(seed, uint64(g)+2))
+			for i := 0; i < ops/workers && time.Now().Before(deadline); i++ {
+				f := replicas[r.IntN(len(replicas))]
+				id := fmt.Sprintf("qf%d", r.IntN(ids))
+				giveUp := 30 * time.Second
+				if r.IntN(3) > 0 {
+					giveUp = time.Duration(2+r.IntN(200)) * time.Millisecond
+				}
+				method, path, body := "POST", "/api/sandboxes", any(map[string]any{"sandbox_id": id})
+				if r.IntN(10) < 3 {
+					method, path, body = "DELETE", "/api/sandboxes/"+id, nil
+				}
+				code := doWithin(f, method, path, body, giveUp)
+				v, _ := codes.LoadOrStore(fmt.Sprintf("%s %d", method, code), new(atomic.Int64))
+				v.(*atomic.Int64).Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	proxy.SetFaults(nil)
+	summary := map[string]int64{}
+	codes.Range(func(k, v any) bool { summary[k.(string)] = v.(*atomic.Int64).Load(); return true })
+	peak, events := w.peak()
+	t.Logf("answers %v; %d faults injected; %d watch events; at most %d sandbox workloads at once (limit %d)", summary, injected.Load(), events, peak, limit)
+	if peak > limit {
+		t.Errorf("the quota overshot: %d sandbox workloads existed at once, limit %d; at that moment: %v", peak, limit, w.atPeak())
+	}
+	if injected.Load() == 0 || summary["POST 200"] == 0 {
+		t.Errorf("the load proved nothing: %d faults injected, %d creates admitted", injected.Load(), summary["POST 200"])
+	}
+
+	// Settled: every id destroyed leaves no sandbox object behind.
+	for i := 0; i < ids; i++ {
+		expectCode(t, mustDo(t, replicas[i%2], "DELETE", fmt.Sprintf("/api/sandboxes/qf%d", i), nil), 200, "destroy after the faults")
+	}
+	eventually(t, 30*time.Second, "no sandbox object left", func() (bool, error) {
+		left := len(pods(t, ns, "app=deer-flow-sandbox")) + len(services(t, ns, "app=deer-flow-sandbox"))
+		rss, err := client().AppsV1().ReplicaSets(ns).List(context.Background(), metav1.ListOptions{LabelSelector: "app=deer-flow-sandbox"})
+		if err != nil {
+			return false, err
+		}
+		return left+len(rss.Items) == 0, nil
+	})
+}
+
+// doWithin sends a request whose client gives up after giveUp (0 when it
+// got no answer).
+func doWithin(f *function.Instance, method, path string, body any, giveUp time.Duration) int {
+	ctx, cancel := context.WithTimeout(context.Background(), giveUp)
+	defer cancel()
+	var rd *bytes.Reader
+	if body != nil {
+		raw, _ := json.Marshal(body)
+		rd = bytes.NewReader(raw)
+	} else {
+		rd = bytes.NewReader(nil)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, f.URL+path, rd)
+	if err != nil {
+		return 0
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-API-Key", function.Key)
+	resp, err := f.Client.Do(req)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// workloadWatch counts a namespace's sandbox workloads on every watch
+// event: bare and claimed Pods that have not ended, and ReplicaSets (whose
+// Pods they stand for), until their deletion starts.
+type workloadWatch struct {
+	mu     sync.Mutex
+	live   map[string]bool
+	max    int
+	at     []string
+	events int
+}
+
+func watchWorkloads(t *testing.T, ns string) *workloadWatch {
+	t.Helper()
+	w := &workloadWatch{live: map[string]bool{}}
+	factory := informers.NewSharedInformerFactoryWithOptions(client(), 0, informers.WithNamespace(ns),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = "app=deer-flow-sandbox" }))
+	handler := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { w.observe(obj, false) },
+		UpdateFunc: func(_, obj any) { w.observe(obj, false) },
+		DeleteFunc: func(obj any) {
+			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = d.Obj
+			}
+			w.observe(obj, true)
+		},
+	}
+	if _, err := factory.Core().V1().Pods().Informer().AddEventHandler(handler); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := factory.Apps().V1().ReplicaSets().Informer().AddEventHandler(handler); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	factory.Start(stop)
+	for typ, ok := range factory.WaitForCacheSync(stop) {
+		if !ok {
+			t.Fatalf("the watch of %v did not sync", typ)
+		}
+	}
+	return w
+}
+
+func (w *workloadWatch) observe(obj any, deleted bool) {
+	var key string
+	counts := !deleted
+	switch o := obj.(type) {
+	case *corev1.Pod:
+		if o.Labels[keys.LabelWorkload] == keys.WorkloadReplicaSetValue || o.Labels[keys.LabelID] == "" {
+			return // a ReplicaSet's Pod (its ReplicaSet counts), or an unclaimed pooled one (the pool's)
+		}
+		key = "Pod " + o.Name
+		counts = counts && o.DeletionTimestamp == nil && o.Status.Phase != corev1.PodSucceeded && o.Status.Phase != corev1.PodFailed
+	case *appsv1.ReplicaSet:
+		key = "ReplicaSet " + o.Name
+		counts = counts && o.DeletionTimestamp == nil
+	default:
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.events++
+	if counts {
+		w.live[key] = true
+	} else {
+		delete(w.live, key)
+	}
+	if len(w.live) > w.max {
+		w.max = len(w.live)
+		w.at = w.at[:0]
+		for k := range w.live {
+			w.at = append(w.at, k)
+		}
+	}
+}
+
+func (w *workloadWatch) peak() (int, int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.max, w.events
+}
+
+func (w *workloadWatch) atPeak() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]string(nil), w.at...)
+}
