@@ -2,10 +2,8 @@ package sandbox
 
 import (
 	"context"
-	"encoding/json"
 	"time"
 
-	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -31,7 +29,7 @@ func reuse[T metav1.Object](ctx context.Context, m *Manager, obj T, patch func(c
 }
 
 func touchAs[T metav1.Object](ctx context.Context, m *Manager, obj T, patch func(context.Context, string, types.PatchType, []byte, metav1.PatchOptions, ...string) (T, error), force bool) T {
-	data := m.activityPatch(obj, force)
+	data := resources.ActivityPatch(obj, m.cfg.ActivityThrottle, force)
 	if data == nil {
 		return obj
 	}
@@ -40,28 +38,6 @@ func touchAs[T metav1.Object](ctx context.Context, m *Manager, obj T, patch func
 		return obj
 	}
 	return patched
-}
-
-// activityPatch is the patch that records activity on obj now, or nil when
-// there is nothing to record: not ours (DeerFlow's provisioner made it, no
-// expiry to extend), or recorded less than ActivityThrottle ago.
-func (m *Manager) activityPatch(obj metav1.Object, force bool) []byte {
-	lt, ok := resources.LifetimeOf(obj)
-	if !ok {
-		return nil
-	}
-	now, layout := time.Now().UTC().Truncate(time.Second), time.RFC3339
-	if force {
-		now, layout = time.Now().UTC(), time.RFC3339Nano
-	} else if now.Sub(lt.LastActivity) < m.cfg.ActivityThrottle {
-		return nil
-	}
-	lt.LastActivity = now
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
-		keys.AnnotationLastActivity: now.Format(layout),
-		keys.AnnotationExpiresAt:    lt.ExpiresAt().Format(time.RFC3339),
-	}}})
-	return patch
 }
 
 // undoWindow is how long after its create a workload may still be removed

@@ -12,6 +12,7 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/follow"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/quota"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
@@ -117,17 +118,17 @@ func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Dura
 	case svcErr != nil:
 		return api.Sandbox{}, true, api.Classify(svcErr, "read the sandbox Service")
 	default:
-		if !claimedOwner(svc, s.ID) {
+		if !resources.ClaimedOwner(svc, s.ID) {
 			return api.Sandbox{}, false, nil
 		}
 		f, err := m.fetch(ctx, s.ID)
 		if err != nil || f.pod == nil {
 			return api.Sandbox{}, err != nil, err // its Pod is gone: the cold way replaces the Service
 		}
-		if err := checkOwner(f.pod, "Pod", s); err != nil {
+		if err := resources.CheckOwner(f.pod, "Pod", s); err != nil {
 			return api.Sandbox{}, true, err
 		}
-		if err := checkCapacity(f.pod, s); err != nil {
+		if err := resources.CheckCapacity(f.pod, s); err != nil {
 			return api.Sandbox{}, true, err
 		}
 		f.pod = reuse(ctx, m, f.pod, m.client.CoreV1().Pods(m.cfg.Namespace).Patch)
@@ -160,7 +161,7 @@ func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Dura
 // the claim, 8 ms before it; make bench's pool rows). Made first, the
 // Service also settles races for the id before a pooled Pod is spent, and
 // a refused quota spends none. The claim then waits for the Service's
-// first EndpointSlice (awaitSlice), so that the slice lists the claimed
+// first EndpointSlice (follow.AwaitSlice), so that the slice lists the claimed
 // Pod without the EndpointSlice controller's one-second retry.
 //
 // Between the two writes the Service's owner is a pooled Pod that does not
@@ -201,7 +202,7 @@ func (c *claimService) prepare(ctx context.Context, pod *corev1.Pod) error {
 		// pooled Pod deleted meanwhile): made again below, counted again.
 		c.svc = nil
 	}
-	svc, _, err := c.m.ensureService(ctx, c.s, owner, false)
+	svc, err := c.m.ensureService(ctx, c.s, owner)
 	if err != nil {
 		c.err = err
 		return err
@@ -213,7 +214,7 @@ func (c *claimService) prepare(ctx context.Context, pod *corev1.Pod) error {
 			return err
 		}
 	}
-	c.m.awaitSlice(ctx, svc)
+	follow.AwaitSlice(ctx, c.m.client.DiscoveryV1().EndpointSlices(c.m.cfg.Namespace), svc)
 	return nil
 }
 
@@ -267,11 +268,4 @@ func (m *Manager) answer(ctx context.Context, id string, f found, wait time.Dura
 		}
 	}
 	return m.view(id, f), true, nil
-}
-
-// claimedOwner reports whether svc belongs to a Pod claimed from a pool:
-// a Pod that keeps the name its pool gave it, not sandbox-<id>.
-func claimedOwner(svc *corev1.Service, id string) bool {
-	ref := resources.SandboxOwner(svc.OwnerReferences)
-	return ref != nil && ref.Kind == "Pod" && ref.Name != resources.PodName(id)
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
-	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -15,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/admission"
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/quota"
@@ -179,12 +179,6 @@ func (m *Manager) createOnce(ctx context.Context, s api.Spec) (made, error) {
 	return m.reuseOtherKind(ctx, s)
 }
 
-// pending reports whether svc holds id for a workload still to come: a
-// pooled Pod still to be claimed, or a cold create's slot.
-func pending(svc *corev1.Service, id string) bool {
-	return claimedOwner(svc, id) || resources.SandboxOwner(svc.OwnerReferences) == nil && resources.SlotToken(svc) != ""
-}
-
 // errOtherKind says that the sandbox's Service belongs to a live workload of
 // the other kind, or of another name (a Pod claimed from a warm pool keeps
 // its pool's name): the id is taken by a sandbox the create did not expect.
@@ -197,7 +191,7 @@ func (m *Manager) reuseOtherKind(ctx context.Context, s api.Spec) (made, error) 
 	if err != nil {
 		return made{}, err
 	}
-	if f.pod == nil && f.rs == nil && f.svc != nil && pending(f.svc, s.ID) {
+	if f.pod == nil && f.rs == nil && f.svc != nil && resources.Pending(f.svc, s.ID) {
 		// A pooled create wrote the Service and has yet to claim its Pod
 		// (claimService), or a cold create its slot and has yet to make its
 		// workload (fill): wait for that write, or for it to give up.
@@ -205,7 +199,7 @@ func (m *Manager) reuseOtherKind(ctx context.Context, s api.Spec) (made, error) 
 			if f, err = m.fetch(ctx, s.ID); err != nil {
 				return false, err
 			}
-			return f.pod != nil || f.rs != nil || f.svc == nil || !pending(f.svc, s.ID), nil
+			return f.pod != nil || f.rs != nil || f.svc == nil || !resources.Pending(f.svc, s.ID), nil
 		})
 		if err != nil {
 			return made{}, err
@@ -223,10 +217,10 @@ func (m *Manager) reuseOtherKind(ctx context.Context, s api.Spec) (made, error) 
 			f.pod = nil
 		}
 	case f.pod != nil:
-		if err := checkOwner(f.pod, "Pod", s); err != nil {
+		if err := resources.CheckOwner(f.pod, "Pod", s); err != nil {
 			return made{}, err
 		}
-		if err := checkCapacity(f.pod, s); err != nil {
+		if err := resources.CheckCapacity(f.pod, s); err != nil {
 			return made{}, err
 		}
 	default:
@@ -255,7 +249,7 @@ func (m *Manager) ensurePod(ctx context.Context, s api.Spec) (*corev1.Pod, bool,
 		if err != nil {
 			return nil, false, api.Classify(err, "read the existing sandbox Pod")
 		}
-		if err := checkOwner(existing, "Pod", s); err != nil {
+		if err := resources.CheckOwner(existing, "Pod", s); err != nil {
 			// Another's, unless a failed create left it: then it goes, and
 			// this create makes the id anew.
 			if removed, lerr := m.removeLeftover(ctx, existing); lerr != nil || !removed {
@@ -269,7 +263,7 @@ func (m *Manager) ensurePod(ctx context.Context, s api.Spec) (*corev1.Pod, bool,
 			}
 			continue
 		}
-		if err := checkCapacity(existing, s); err != nil {
+		if err := resources.CheckCapacity(existing, s); err != nil {
 			return nil, false, err
 		}
 		return existing, true, nil
@@ -306,92 +300,55 @@ func (m *Manager) removeLeftover(ctx context.Context, pod *corev1.Pod) (bool, er
 
 // createFailed explains a failed create of the sandbox's kind of object;
 // a missing namespace is the operator's to fix, and a refusal by admission
-// names what refused it (see admissionRefusal).
+// names what refused it (see admission.Refusal).
 func (m *Manager) createFailed(err error, kind string, s api.Spec) error {
 	if apierrors.IsNotFound(err) {
 		return &api.Error{Kind: api.KindInternal, Err: err,
 			Detail: "namespace " + m.cfg.Namespace + " does not exist; create it (or set CREATE_NAMESPACE=true)"}
 	}
-	if refused := admissionRefusal(m.cfg, err, s, kind); refused != nil {
+	if refused := admission.Refusal(m.cfg, err, s, kind); refused != nil {
 		return refused
 	}
 	return api.Classify(err, "create the sandbox "+kind)
 }
 
-// checkOwner refuses to hand a sandbox to anyone but the user and thread it
-// was made for. DeerFlow derives ids from user and thread, so without this
-// anyone who can create could pre-create another user's sandbox and receive
-// that user's agent traffic, or take over an existing one. The detail names
-// neither the owner nor the URL.
-func checkOwner(obj metav1.Object, kind string, s api.Spec) error {
-	if !resources.IsSandbox(obj, s.ID) {
-		return &api.Error{Kind: api.KindConflict, Detail: "a " + kind + " named " + obj.GetName() + " exists and is not a sandbox; choose another sandbox_id"}
-	}
-	if a := obj.GetAnnotations(); a[keys.AnnotationUserID] != s.UserID || a[keys.AnnotationThreadID] != s.ThreadID || !s.Caller.Sees(obj) {
-		return &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " exists for another user or thread; choose another sandbox_id"}
-	}
-	return nil
-}
-
-// checkCapacity refuses to reuse a Pod that was created for fewer shell
-// sessions than now requested, so DeerFlow's backend replaces it.
-func checkCapacity(obj metav1.Object, s api.Spec) error {
-	if s.MaxShellSessions == 0 {
-		return nil
-	}
-	have, err := strconv.Atoi(obj.GetAnnotations()[keys.AnnotationMaxShellSessions])
-	if err != nil {
-		return &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " exists but was created without max_shell_sessions; delete it and create it again to get " + strconv.Itoa(s.MaxShellSessions)}
-	}
-	if have < s.MaxShellSessions {
-		return &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " exists with capacity for " + strconv.Itoa(have) +
-			" shell sessions, fewer than the " + strconv.Itoa(s.MaxShellSessions) + " requested; delete it and create it again"}
-	}
-	return nil
-}
-
-// ensureService creates the Service owned by the workload, adopting or
-// replacing an existing one. It reports whether it had to create one for a
-// workload that already existed (a repair). For a workload that already
-// existed it reads first, since the Service most likely exists too
-// (DeerFlow creates on every reuse). A Service owned by a live workload of
-// the other kind is errOtherKind.
-func (m *Manager) ensureService(ctx context.Context, s api.Spec, owner metav1.OwnerReference, readFirst bool) (*corev1.Service, bool, error) {
+// ensureService creates a pooled create's Service, owned by the pooled Pod
+// its claim tries (claimService), adopting or replacing an existing one. A
+// Service that holds the id for another sandbox (a live workload of either
+// kind, a cold create's young slot) is errOtherKind.
+func (m *Manager) ensureService(ctx context.Context, s api.Spec, owner metav1.OwnerReference) (*corev1.Service, error) {
 	want := resources.BuildService(m.cfg, s, owner)
 	svcs := m.client.CoreV1().Services(m.cfg.Namespace)
 	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
-		if !readFirst {
-			created, err := svcs.Create(ctx, want, metav1.CreateOptions{})
-			if err == nil {
-				return created, true, nil
-			}
-			if !apierrors.IsAlreadyExists(err) {
-				return nil, false, api.Classify(err, "create the sandbox Service")
-			}
+		created, err := svcs.Create(ctx, want, metav1.CreateOptions{})
+		if err == nil {
+			return created, nil
 		}
-		readFirst = false
+		if !apierrors.IsAlreadyExists(err) {
+			return nil, api.Classify(err, "create the sandbox Service")
+		}
 		existing, err := svcs.Get(ctx, want.Name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			continue
 		}
 		if err != nil {
-			return nil, false, api.Classify(err, "read the existing sandbox Service")
+			return nil, api.Classify(err, "read the existing sandbox Service")
 		}
 		if !resources.IsSandbox(existing, s.ID) {
-			return nil, false, &api.Error{Kind: api.KindConflict, Detail: "a Service named " + existing.Name + " exists and is not a sandbox's; choose another sandbox_id"}
+			return nil, &api.Error{Kind: api.KindConflict, Detail: "a Service named " + existing.Name + " exists and is not a sandbox's; choose another sandbox_id"}
 		}
 		current := resources.SandboxOwner(existing.OwnerReferences)
 		switch {
 		case current != nil && current.UID == owner.UID && existing.DeletionTimestamp == nil:
 			svc, err := token.Reselect(ctx, svcs, existing, want)
-			return svc, false, err
+			return svc, err
 		case current != nil && (current.Kind != owner.Kind || current.Name != owner.Name) && existing.DeletionTimestamp == nil:
 			live, err := m.ownerLives(ctx, *current, existing, s.ID)
 			if err != nil {
-				return nil, false, err
+				return nil, err
 			}
 			if live {
-				return nil, false, errOtherKind
+				return nil, errOtherKind
 			}
 			fallthrough // left over from a workload that is gone: replace it
 		case current != nil:
@@ -399,36 +356,36 @@ func (m *Manager) ensureService(ctx context.Context, s api.Spec, owner metav1.Ow
 			// it anyway): remove it now so the new one gets its Service.
 			err := svcs.Delete(ctx, existing.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(existing.UID))})
 			if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-				return nil, false, api.Classify(err, "replace a stale sandbox Service")
+				return nil, api.Classify(err, "replace a stale sandbox Service")
 			}
 			if err := sleepCtx(ctx, time.Duration(attempt+1)*100*time.Millisecond); err != nil {
-				return nil, false, api.Classify(err, "replace a stale sandbox Service")
+				return nil, api.Classify(err, "replace a stale sandbox Service")
 			}
 		case existing.DeletionTimestamp == nil && resources.SlotToken(existing) != "":
 			// The slot of a cold create of the id: it holds the id, unless
 			// left by a create that could not undo.
 			if !m.slotLeftover(existing) {
-				return nil, false, errOtherKind
+				return nil, errOtherKind
 			}
 			if err := m.dropStale(ctx, existing); !errors.Is(err, errStale) {
-				return nil, false, err
+				return nil, err
 			}
 		case existing.DeletionTimestamp == nil:
 			// Made by DeerFlow's provisioner, which sets no owner: adopt it and
 			// keep its node port, so a URL the backend holds stays valid.
 			adopted, err := svcs.Update(ctx, resources.Bind(existing, owner, s.Token, s), metav1.UpdateOptions{})
 			if err != nil {
-				return nil, false, api.Classify(err, "adopt the existing sandbox Service")
+				return nil, api.Classify(err, "adopt the existing sandbox Service")
 			}
-			return adopted, false, nil
+			return adopted, nil
 		default:
 			// Being deleted without an owner: wait for it to go.
 			if err := sleepCtx(ctx, time.Duration(attempt+1)*100*time.Millisecond); err != nil {
-				return nil, false, api.Classify(err, "replace a stale sandbox Service")
+				return nil, api.Classify(err, "replace a stale sandbox Service")
 			}
 		}
 	}
-	return nil, false, &api.Error{Kind: api.KindConflict, Detail: "the Service of sandbox " + s.ID + " is changing concurrently; retry"}
+	return nil, &api.Error{Kind: api.KindConflict, Detail: "the Service of sandbox " + s.ID + " is changing concurrently; retry"}
 }
 
 // ownerLives reports whether the workload ref names still exists (same UID,

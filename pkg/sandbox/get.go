@@ -82,19 +82,10 @@ func chained(f found) found {
 	if w == nil || f.svc == nil {
 		return f
 	}
-	if !resources.Names(f.svc, w) || principalOf(f.svc) != principalOf(w) {
+	if !resources.Names(f.svc, w) || resources.PrincipalOf(f.svc) != resources.PrincipalOf(w) {
 		f.svc = nil
 	}
 	return f
-}
-
-// principalOf is the principal an object records; one that records none
-// is from before principals: the legacy principal's.
-func principalOf(obj metav1.Object) string {
-	if p := obj.GetAnnotations()[keys.AnnotationPrincipal]; p != "" {
-		return p
-	}
-	return api.LegacyPrincipal
 }
 
 func (m *Manager) fetchObjects(ctx context.Context, id string) (found, error) {
@@ -125,14 +116,14 @@ func (m *Manager) fetchObjects(ctx context.Context, id string) (found, error) {
 		// stray (a failed create of the id, maybe another principal's);
 		// otherwise the Service is an older Pod's, which the GC removes.
 		if ref := resources.SandboxOwner(f.svc.OwnerReferences); ref != nil && ref.Kind == "Pod" && ref.UID != f.pod.UID {
-			if claimedOwner(f.svc, id) {
+			if resources.ClaimedOwner(f.svc, id) {
 				f.stray, f.pod = f.pod, nil
 			} else {
 				f.svc = nil
 			}
 		}
 	}
-	if f.pod == nil && f.svc != nil && claimedOwner(f.svc, id) {
+	if f.pod == nil && f.svc != nil && resources.ClaimedOwner(f.svc, id) {
 		// Claimed from a warm pool: its Pod keeps the name the pool gave it.
 		pod, err := m.client.CoreV1().Pods(m.cfg.Namespace).Get(ctx, resources.SandboxOwner(f.svc.OwnerReferences).Name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) || (err == nil && (pod.DeletionTimestamp != nil || resources.PodID(pod) != id)) {

@@ -3,23 +3,19 @@ package sandbox
 import (
 	"context"
 	"log/slog"
-	"net"
-	"strconv"
 	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/follow"
 	"github.com/deerflow-sandbox/provisioner/pkg/isolation"
-	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/ownership"
 	"github.com/deerflow-sandbox/provisioner/pkg/quota"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/status"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 	"github.com/deerflow-sandbox/provisioner/pkg/waitslot"
 )
@@ -78,7 +74,7 @@ func WithObserver(o Observer) Option { return func(m *Manager) { m.observer = o 
 func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option) *Manager {
 	m := &Manager{cfg: cfg, client: client, recorder: nopRecorder{}, observer: nopObserver{},
 		waits: waitslot.New(cfg.MaxConcurrentWaits), templates: template.NewStore(client, cfg), auditLog: slog.Default(),
-		nameWait: defaultNameWait}
+		nameWait: follow.DefaultNameWait}
 	for _, o := range opts {
 		o(m)
 	}
@@ -121,63 +117,9 @@ func (nopObserver) Reaped(string)               {}
 func (nopObserver) QuotaRefused(string)         {}
 func (nopObserver) Isolation(string, bool)      {}
 
-// view joins what exists of a sandbox into a Sandbox.
+// view joins what exists of a sandbox into a Sandbox (resources.View).
 func (m *Manager) view(id string, f found) api.Sandbox {
-	sb := api.Sandbox{ID: id, Status: api.StatusNotFound}
-	if f.svc != nil {
-		sb.URL = m.url(f.svc)
-	} else {
-		sb.Missing = append(sb.Missing, "service")
-	}
-	if w := f.workload(); w != nil {
-		if n, err := strconv.Atoi(w.GetAnnotations()[keys.AnnotationMaxShellSessions]); err == nil {
-			sb.MaxShellSessions = &n
-		}
-		sb.ExpiresAt = w.GetAnnotations()[keys.AnnotationExpiresAt]
-	}
-	switch {
-	case f.rs != nil && resources.Paused(f.rs):
-		sb.Status = api.StatusPaused
-		return sb
-	case f.rs != nil && f.pod == nil:
-		// The ReplicaSet is (re)creating its Pod.
-		sb.Status = string(corev1.PodPending)
-		return sb
-	case f.pod == nil:
-		sb.Missing = append(sb.Missing, "pod")
-		return sb
-	}
-	pod := f.pod
-	sb.Pooled = pod.Labels[keys.LabelPooled] == "true"
-	sb.Status = string(pod.Status.Phase)
-	if sb.Status == "" {
-		sb.Status = string(corev1.PodPending)
-	}
-	sb.Ready = status.Ready(pod) && f.svc != nil
-	// A Pod that DeerFlow cannot reach is not alive to it: without a Service
-	// it reports Pending, so the backend's next create repairs it.
-	if f.svc == nil && sb.Status == string(corev1.PodRunning) {
-		sb.Status = string(corev1.PodPending)
-	}
-	return sb
-}
-
-// url is how the agent backend reaches the sandbox: the node port on
-// NODE_HOST, or the Service's cluster DNS name.
-func (m *Manager) url(svc *corev1.Service) string {
-	if svc.Spec.Type == corev1.ServiceTypeNodePort {
-		for _, p := range svc.Spec.Ports {
-			if p.NodePort != 0 {
-				return "http://" + joinHostPort(m.cfg.NodeHost, p.NodePort)
-			}
-		}
-		return ""
-	}
-	return "http://" + joinHostPort(svc.Name+"."+svc.Namespace+".svc.cluster.local", m.cfg.ContainerPort)
-}
-
-func joinHostPort(host string, port int32) string {
-	return net.JoinHostPort(host, strconv.Itoa(int(port)))
+	return resources.View(m.cfg, id, f.pod, f.rs, f.svc)
 }
 
 // Templates lists the sandbox templates (GET /api/templates, and the names

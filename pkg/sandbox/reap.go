@@ -130,7 +130,7 @@ func (m *Manager) reap(ctx context.Context, c api.Caller) (all, seen api.Reaped,
 		if live[id] || s.Labels[keys.LabelManagedBy] != keys.ManagedByValue || s.DeletionTimestamp != nil || resources.ServiceID(s) == "" {
 			continue
 		}
-		if claimedOwner(s, id) && now.Sub(s.CreationTimestamp.Time) < claimLeftover {
+		if resources.ClaimedOwner(s, id) && now.Sub(s.CreationTimestamp.Time) < claimLeftover {
 			continue // a pooled create's Service, its claim's patch maybe still to come (claimService)
 		}
 		if resources.SandboxOwner(s.OwnerReferences) == nil && resources.SlotToken(s) != "" && !m.slotLeftover(s) {

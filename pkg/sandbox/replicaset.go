@@ -70,13 +70,13 @@ func (m *Manager) ensureReplicaSet(ctx context.Context, s api.Spec) (*appsv1.Rep
 // reuseReplicaSet hands an existing ReplicaSet sandbox to a create: only to
 // its own user and thread, with enough capacity, resumed if paused.
 func (m *Manager) reuseReplicaSet(ctx context.Context, rs *appsv1.ReplicaSet, s api.Spec) (*appsv1.ReplicaSet, error) {
-	if err := checkOwner(rs, "ReplicaSet", s); err != nil {
+	if err := resources.CheckOwner(rs, "ReplicaSet", s); err != nil {
 		return nil, err
 	}
 	if rs.DeletionTimestamp != nil {
 		return nil, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " is being deleted; retry in a moment"}
 	}
-	if err := checkCapacity(rs, s); err != nil {
+	if err := resources.CheckCapacity(rs, s); err != nil {
 		return nil, err
 	}
 	if resources.Paused(rs) {

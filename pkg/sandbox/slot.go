@@ -19,13 +19,11 @@ import (
 
 // A cold create writes in this order: the slot (the sandbox's Service,
 // owned by nothing yet: resources.Slot), the quota's count with it, the
-// workload, and last the slot bound to the workload (owned by it). So no
-// workload ever exists that the quota has not admitted: the count never
-// overshoots, even for a moment, whatever fails (quota.Counter.Check says
-// why). An existing Service of the id decides what the create does
-// instead: it names the sandbox that holds the id (existing), or is the
-// slot of a racing create of the same sandbox, whose workload this create
-// may make or find (fill).
+// workload, and last the slot bound to the workload. So no workload exists
+// that the quota has not admitted, even for a moment, whatever fails
+// (quota.Counter.Check says why). An existing Service of the id names the
+// sandbox that holds it (existing), or is the slot of a racing create of
+// the same sandbox, whose workload this create may make or find (fill).
 
 // kind is what a create's steps need of one workload kind.
 type kind struct {
@@ -56,10 +54,10 @@ func (m *Manager) podKind() kind {
 		},
 		reuse: func(ctx context.Context, w workloadObject, s api.Spec) (workloadObject, error) {
 			pod := w.(*corev1.Pod)
-			if err := checkOwner(pod, "Pod", s); err != nil {
+			if err := resources.CheckOwner(pod, "Pod", s); err != nil {
 				return nil, err
 			}
-			if err := checkCapacity(pod, s); err != nil {
+			if err := resources.CheckCapacity(pod, s); err != nil {
 				return nil, err
 			}
 			return token.Pod(ctx, pods, reuse(ctx, m, pod, pods.Patch))
@@ -105,9 +103,8 @@ func (m *Manager) replicaSetKind() kind {
 	}
 }
 
-// errStale says that what a create found of its id changed under it (a
-// Service left by a workload that is gone, or deleted meanwhile): the
-// create starts over.
+// errStale: what a create found of its id changed under it (a Service of
+// a workload gone, or deleted meanwhile); the create starts over.
 var errStale = errors.New("the sandbox's Service changed during the create")
 
 // createKindOnce makes one attempt at a sandbox of kind k.
@@ -210,7 +207,7 @@ func (m *Manager) existing(ctx context.Context, s api.Spec, k kind, svc *corev1.
 // (one without its Service: from before slots) that it would have repaired.
 func (m *Manager) fill(ctx context.Context, s api.Spec, k kind, svc *corev1.Service, mine bool) (made, error) {
 	if t := resources.SlotToken(svc); t != "" && !mine {
-		if !sameSandbox(svc, s) {
+		if !resources.SameSandbox(svc, s) {
 			if m.slotLeftover(svc) {
 				return made{}, m.dropStale(ctx, svc)
 			}
@@ -287,21 +284,6 @@ func (m *Manager) bind(ctx context.Context, svc *corev1.Service, w workloadObjec
 	return nil, &api.Error{Kind: api.KindConflict, Detail: "the Service of sandbox " + s.ID + " is changing concurrently; retry"}
 }
 
-// sameSandbox reports whether svc was made for s's user, thread and
-// principal, as its labels and annotation record them.
-func sameSandbox(svc *corev1.Service, s api.Spec) bool {
-	l := svc.Labels
-	return l[keys.LabelUser] == resources.LabelValue(s.UserID) && l[keys.LabelThread] == resources.LabelValue(s.ThreadID) &&
-		principalOf(svc) == principalOrLegacy(s.Caller.Principal)
-}
-
-func principalOrLegacy(p string) string {
-	if p == "" {
-		return api.LegacyPrincipal
-	}
-	return p
-}
-
 // slotLeftover reports whether svc is a slot that no create will bind
 // any more: one that owns nothing and is older than any create that made
 // it could have undone it in.
@@ -341,7 +323,7 @@ func (m *Manager) dropHalfMade(ctx context.Context, s api.Spec, k kind) {
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.RequestTimeout)
 	defer cancel()
 	w, err := k.get(uctx, resources.PodName(s.ID))
-	if err != nil || w.GetDeletionTimestamp() != nil || checkOwner(w, k.name, s) != nil {
+	if err != nil || w.GetDeletionTimestamp() != nil || resources.CheckOwner(w, k.name, s) != nil {
 		return
 	}
 	if _, err := m.client.CoreV1().Services(m.cfg.Namespace).Get(uctx, resources.ServiceName(s.ID), metav1.GetOptions{}); !apierrors.IsNotFound(err) {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/follow"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
@@ -88,4 +89,12 @@ func (m *Manager) waitReady(ctx context.Context, id string, f found, wait time.D
 	}
 	sb.WaitTimedOut = err != nil
 	return sb, nil
+}
+
+// awaitName holds an answer until cluster DNS can answer the sandbox's
+// name, in Headless mode only (follow.AwaitName says why).
+func (m *Manager) awaitName(ctx context.Context, svc *corev1.Service, pod *corev1.Pod, bound time.Duration) {
+	if m.cfg.ServiceType == config.ServiceHeadless {
+		follow.AwaitName(ctx, m.client.DiscoveryV1().EndpointSlices(m.cfg.Namespace), svc, pod, bound)
+	}
 }

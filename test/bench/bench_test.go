@@ -233,7 +233,7 @@ func (f floor) waitName(ctx context.Context, svc *corev1.Service, uid types.UID)
 }
 
 // waitSlice is a claim's wait, between its Service and its patch, for the
-// Service's first EndpointSlice (sandbox.awaitSlice): at most 250 ms.
+// Service's first EndpointSlice (follow.AwaitSlice): at most 250 ms.
 func (f floor) waitSlice(ctx context.Context, svc *corev1.Service) {
 	_ = f.watchSlices(ctx, svc, 250*time.Millisecond, func(*discoveryv1.EndpointSlice) bool { return true })
 }

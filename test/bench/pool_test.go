@@ -23,8 +23,8 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/follow"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
 	"github.com/deerflow-sandbox/provisioner/test/framework/function"
@@ -159,7 +159,7 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 	// floorClaim is what a claim needs, with bare client-go, in a claim's
 	// order (sandbox.claimService): the Service first, owned by the Pod
 	// about to be claimed, then (once the Service's first EndpointSlice is
-	// there, as sandbox.awaitSlice waits) the claim's conditional patch.
+	// there, as follow.AwaitSlice waits) the claim's conditional patch.
 	// At c > 1 claim i of a round starts at the i-th Pod by name, so that
 	// the floor's racing claims never lose a write to each other: the
 	// floor is the cost of claims that are perfectly spread.
@@ -374,7 +374,7 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 // unnamed counts the function's Headless creates answered before their
 // name resolved (its log says so for each).
 func unnamed(fn *function.Instance) int {
-	lines := logLines(fn, sandbox.LogAnsweredUnnamed)
+	lines := logLines(fn, follow.LogAnsweredUnnamed)
 	if lines == "" {
 		return 0
 	}

@@ -22,7 +22,6 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/follow"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 )
@@ -227,7 +226,7 @@ func TestHeadlessCreateUnderTheRole(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(string(log), sandbox.LogAnsweredUnnamed) {
+	if strings.Contains(string(log), follow.LogAnsweredUnnamed) {
 		t.Errorf("the function answered without the name; its log:\n%s", log)
 	}
 }

@@ -1,4 +1,4 @@
-package sandbox
+package follow
 
 import (
 	"context"
@@ -7,19 +7,18 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
+	typeddiscoveryv1 "k8s.io/client-go/kubernetes/typed/discovery/v1"
 
-	"github.com/deerflow-sandbox/provisioner/pkg/config"
-	"github.com/deerflow-sandbox/provisioner/pkg/follow"
 	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
 )
 
-// defaultNameWait bounds how long a create that does not wait for Ready
+// DefaultNameWait bounds how long a create that does not wait for Ready
 // holds its answer for the sandbox's name (Headless mode): the Pod gets its
 // address when the kubelet starts its sandbox, about a third of a second on
 // the real node; a Pod still unscheduled after this is answered without.
-const defaultNameWait = 5 * time.Second
+const DefaultNameWait = 5 * time.Second
 
-// awaitName, in Headless mode, holds the answer until cluster DNS can
+// AwaitName, for a Service of Headless mode, holds the answer until cluster DNS can
 // answer the sandbox's name: until an EndpointSlice of its Service lists
 // the address of pod (of any Pod when pod is nil: a ReplicaSet's Pod not
 // yet seen). Cluster DNS answers a headless name that lists no address
@@ -31,8 +30,8 @@ const defaultNameWait = 5 * time.Second
 // when bound runs out, or the slices cannot be read, the answer goes as
 // it is and the log says so (at Warn: a client may be denied the name
 // for the negative TTL).
-func (m *Manager) awaitName(ctx context.Context, svc *corev1.Service, pod *corev1.Pod, bound time.Duration) {
-	if m.cfg.ServiceType != config.ServiceHeadless || svc == nil || bound <= 0 {
+func AwaitName(ctx context.Context, slices typeddiscoveryv1.EndpointSliceInterface, svc *corev1.Service, pod *corev1.Pod, bound time.Duration) {
+	if svc == nil || bound <= 0 {
 		return
 	}
 	start := time.Now()
@@ -40,14 +39,14 @@ func (m *Manager) awaitName(ctx context.Context, svc *corev1.Service, pod *corev
 	if pod != nil {
 		uid = pod.UID
 	}
-	err := follow.Slices(ctx, m.client.DiscoveryV1().EndpointSlices(m.cfg.Namespace), svc, bound, func(s *discoveryv1.EndpointSlice) bool { return follow.ListsAddress(s, svc.Name, uid) })
+	err := Slices(ctx, slices, svc, bound, func(s *discoveryv1.EndpointSlice) bool { return ListsAddress(s, svc.Name, uid) })
 	if err != nil {
 		reqid.Logger(ctx).Warn(LogAnsweredUnnamed,
 			"service", svc.Name, "waited", time.Since(start).Round(time.Millisecond), "error", err)
 	}
 }
 
-// awaitSlice holds a pooled create's claim until the EndpointSlice
+// AwaitSlice holds a pooled create's claim until the EndpointSlice
 // controller has written the first (empty) slice of the claim's new
 // Service, for at most claimSliceWait. The controller, syncing the Service
 // again when the claimed Pod matches it, refuses to go on while its own
@@ -57,13 +56,13 @@ func (m *Manager) awaitName(ctx context.Context, svc *corev1.Service, pod *corev
 // bare client-go, 30 claims each way, 2026-11-25; README "Warm pools"), so
 // its URL answered a second late. Seen here, the slice is all but
 // certainly in the controller's cache too: none in thirty.
-func (m *Manager) awaitSlice(ctx context.Context, svc *corev1.Service) {
-	if err := follow.Slices(ctx, m.client.DiscoveryV1().EndpointSlices(m.cfg.Namespace), svc, claimSliceWait, func(*discoveryv1.EndpointSlice) bool { return true }); err != nil {
+func AwaitSlice(ctx context.Context, slices typeddiscoveryv1.EndpointSliceInterface, svc *corev1.Service) {
+	if err := Slices(ctx, slices, svc, claimSliceWait, func(*discoveryv1.EndpointSlice) bool { return true }); err != nil {
 		reqid.Logger(ctx).Debug("claiming before the sandbox Service's first EndpointSlice was seen", "service", svc.Name, "error", err)
 	}
 }
 
-// claimSliceWait bounds awaitSlice: the controller writes a new Service's
+// claimSliceWait bounds AwaitSlice: the controller writes a new Service's
 // slice within milliseconds; a claim does not wait on a slow one for long.
 const claimSliceWait = 250 * time.Millisecond
 

@@ -1,4 +1,4 @@
-package sandbox
+package admission
 
 import (
 	"errors"
@@ -87,10 +87,10 @@ func TestAdmissionRefusalNamesWhatRefused(t *testing.T) {
 			if tc.spec != nil {
 				tc.spec(&s)
 			}
-			got := admissionRefusal(cfg, tc.err, s, "Pod")
+			got := Refusal(cfg, tc.err, s, "Pod")
 			if tc.want == nil {
 				if got != nil {
-					t.Fatalf("admissionRefusal = %v, want nil", got)
+					t.Fatalf("Refusal = %v, want nil", got)
 				}
 				if d := api.DetailOf(api.Classify(tc.err, "create the sandbox Pod")); strings.Contains(tc.err.Error(), "cannot create") && !strings.Contains(d, "check its Role") {
 					t.Errorf("classify detail %q, want RBAC's", d)
@@ -98,7 +98,7 @@ func TestAdmissionRefusalNamesWhatRefused(t *testing.T) {
 				return
 			}
 			if got == nil {
-				t.Fatal("admissionRefusal = nil, want a refusal")
+				t.Fatal("Refusal = nil, want a refusal")
 			}
 			detail := api.DetailOf(got)
 			var missing []string

@@ -1,4 +1,7 @@
-package sandbox
+// Package admission explains the API server's refusals by admission
+// (Pod Security, admission policies, webhooks, LimitRanges, quotas) to the
+// caller: what refused, what it refused, and whose it is to fix.
+package admission
 
 import (
 	"fmt"
@@ -24,7 +27,7 @@ var (
 	rbacRefusal        = regexp.MustCompile(`cannot [a-z]+ resource "`)
 )
 
-// admissionRefusal explains a create the API server refused at admission,
+// Refusal explains a create the API server refused at admission,
 // naming what refused it and what it refused, so that nobody is sent to a
 // Role that was never the problem. A refusal caused by what the request
 // asked for (resources beyond a LimitRange) is the caller's to fix (422);
@@ -32,7 +35,7 @@ var (
 // host-path mode, an admission policy out of step with the settings, a
 // template) is the operator's (500, naming the setting). It returns nil for
 // anything that is not an admission refusal.
-func admissionRefusal(cfg *config.Config, err error, s api.Spec, kind string) error {
+func Refusal(cfg *config.Config, err error, s api.Spec, kind string) error {
 	if !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package sandbox
+package resources
 
 import (
 	"testing"
@@ -38,8 +38,7 @@ func TestSandboxURL(t *testing.T) {
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			m := NewManager(testConfig(t, tc.env), nil)
-			if got := m.url(&tc.svc); got != tc.want {
+			if got := URL(testConfig(t, tc.env), &tc.svc); got != tc.want {
 				t.Errorf("url = %q, want %q", got, tc.want)
 			}
 		})

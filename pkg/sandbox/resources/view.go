@@ -1,0 +1,81 @@
+package resources
+
+import (
+	"net"
+	"strconv"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/status"
+)
+
+// View joins what exists of a sandbox (its bare or current Pod, its
+// ReplicaSet, its Service; nil when absent) into the Sandbox answered for it.
+func View(cfg *config.Config, id string, pod *corev1.Pod, rs *appsv1.ReplicaSet, svc *corev1.Service) api.Sandbox {
+	sb := api.Sandbox{ID: id, Status: api.StatusNotFound}
+	if svc != nil {
+		sb.URL = URL(cfg, svc)
+	} else {
+		sb.Missing = append(sb.Missing, "service")
+	}
+	var w metav1.Object
+	switch {
+	case rs != nil:
+		w = rs
+	case pod != nil:
+		w = pod
+	}
+	if w != nil {
+		if n, err := strconv.Atoi(w.GetAnnotations()[keys.AnnotationMaxShellSessions]); err == nil {
+			sb.MaxShellSessions = &n
+		}
+		sb.ExpiresAt = w.GetAnnotations()[keys.AnnotationExpiresAt]
+	}
+	switch {
+	case rs != nil && Paused(rs):
+		sb.Status = api.StatusPaused
+		return sb
+	case rs != nil && pod == nil:
+		// The ReplicaSet is (re)creating its Pod.
+		sb.Status = string(corev1.PodPending)
+		return sb
+	case pod == nil:
+		sb.Missing = append(sb.Missing, "pod")
+		return sb
+	}
+	sb.Pooled = pod.Labels[keys.LabelPooled] == "true"
+	sb.Status = string(pod.Status.Phase)
+	if sb.Status == "" {
+		sb.Status = string(corev1.PodPending)
+	}
+	sb.Ready = status.Ready(pod) && svc != nil
+	// A Pod that DeerFlow cannot reach is not alive to it: without a Service
+	// it reports Pending, so the backend's next create repairs it.
+	if svc == nil && sb.Status == string(corev1.PodRunning) {
+		sb.Status = string(corev1.PodPending)
+	}
+	return sb
+}
+
+// URL is how the agent backend reaches the sandbox of svc: the node port
+// on NODE_HOST, or the Service's cluster DNS name.
+func URL(cfg *config.Config, svc *corev1.Service) string {
+	if svc.Spec.Type == corev1.ServiceTypeNodePort {
+		for _, p := range svc.Spec.Ports {
+			if p.NodePort != 0 {
+				return "http://" + joinHostPort(cfg.NodeHost, p.NodePort)
+			}
+		}
+		return ""
+	}
+	return "http://" + joinHostPort(svc.Name+"."+svc.Namespace+".svc.cluster.local", cfg.ContainerPort)
+}
+
+func joinHostPort(host string, port int32) string {
+	return net.JoinHostPort(host, strconv.Itoa(int(port)))
+}
