@@ -24,7 +24,7 @@ declare -A rank=(
   [pkg/api]=3 [pkg/sandbox/status]=3
   [pkg/sandbox/resources]=4 [pkg/problem]=4 [pkg/readywait]=4 [pkg/auth]=4 [pkg/waitslot]=4
   [pkg/admission]=4
-  [pkg/quota]=5 [pkg/isolation]=5 [pkg/follow]=5 [pkg/token]=5 [pkg/ownership]=5
+  [pkg/quota]=5 [pkg/remove]=5 [pkg/isolation]=5 [pkg/follow]=5 [pkg/token]=5 [pkg/ownership]=5
   [pkg/sandbox]=6
   [pkg/pool]=7
   [pkg/httpapi]=8 [pkg/events]=8

@@ -169,7 +169,7 @@ func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Dura
 // as the winner's (errOtherKind) and waits for the claim to land
 // (reuseOtherKind); a claim that never lands (its replica stopped between
 // the writes) leaves a Service that a create replaces once it is older
-// than claimLeftover (see ownerLives).
+// than any create could be (see ownerLives).
 type claimService struct {
 	m   *Manager
 	s   api.Spec

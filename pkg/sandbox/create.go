@@ -287,7 +287,7 @@ func (m *Manager) removeLeftover(ctx context.Context, pod *corev1.Pod) (bool, er
 	case err != nil && !apierrors.IsNotFound(err):
 		return false, api.Classify(err, "read the Service of a leftover sandbox Pod")
 	}
-	err = m.deleteWorkload(ctx, pod, ptr.To(int64(0)), true)()
+	err = m.rm.Workload(ctx, pod, ptr.To(int64(0)), true)()
 	if err != nil && !apierrors.IsNotFound(err) {
 		if apierrors.IsConflict(err) {
 			return false, nil
@@ -391,7 +391,8 @@ func (m *Manager) ensureService(ctx context.Context, s api.Spec, owner metav1.Ow
 // ownerLives reports whether the workload ref names still exists (same UID,
 // not being deleted) and holds svc for id. A Pod that does not carry id is
 // a pooled Pod whose claim wrote svc first (claimService) and holds it
-// while that claim may yet land: until svc is older than claimLeftover.
+// while that claim may yet land: until svc is older than any create could
+// be (undoWindow), as a slot is.
 func (m *Manager) ownerLives(ctx context.Context, ref metav1.OwnerReference, svc *corev1.Service, id string) (bool, error) {
 	var (
 		obj metav1.Object
@@ -412,18 +413,10 @@ func (m *Manager) ownerLives(ctx context.Context, ref metav1.OwnerReference, svc
 		return false, nil
 	}
 	if pod, ok := obj.(*corev1.Pod); ok && resources.PodID(pod) != id {
-		return time.Since(svc.CreationTimestamp.Time) < claimLeftover, nil
+		return time.Since(svc.CreationTimestamp.Time) < m.undoWindow(), nil
 	}
 	return true, nil
 }
-
-// claimLeftover is how old the Service of a claim whose Pod never took
-// the id must be before a create replaces it. A claim sends its one patch
-// right after the Service and the quota's count (seconds at worst, each
-// call ended by the API server's request timeout, a minute by default), so
-// a younger one may still land; an older one was left by a replica that
-// stopped between the two writes.
-const claimLeftover = 5 * time.Minute
 
 // claimLands bounds how long a create that lost its id to a pooled create
 // waits for that claim's Pod to take the id (normally one patch).

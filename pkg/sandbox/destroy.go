@@ -3,18 +3,16 @@ package sandbox
 import (
 	"context"
 	"errors"
-	"fmt"
-	"sync"
+	"time"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/remove"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/utils/ptr"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // Destroy removes a sandbox's ReplicaSet and Pod, then its Service. An id
@@ -50,16 +48,38 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 	case hidden:
 		result = outcomeHidden
 		if f.stray != nil {
-			return api.Classify(runAll([]func() error{m.deleteWorkload(ctx, f.stray, nil, false)}), "delete sandbox "+id)
+			return api.Classify(remove.All([]func() error{m.rm.Workload(ctx, f.stray, nil, false)}), "delete sandbox "+id)
 		}
 		return nil
 	case f.svc == nil && f.workload() == nil && f.stray == nil:
 		result = outcomeAbsent
 		return nil
 	}
+	if f.workload() == nil && f.svc != nil {
+		// A create or claim of the id in flight (its slot, or a Service
+		// owned by the pooled Pod it claims) is waited for, as a racing
+		// create waits (reuseOtherKind): its Service goes only once no
+		// workload it admitted can still appear, or the quota would not
+		// count that workload. A workload the read missed (made
+		// meanwhile) goes by the Service's owner reference.
+		if resources.Pending(f.svc, id) && !m.slotLeftover(f.svc) {
+			_ = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, claimLands, true, func(ctx context.Context) (bool, error) {
+				g, _, err := m.fetchVisible(ctx, id)
+				if err == nil {
+					f = g
+				}
+				return err == nil && (f.workload() != nil || f.svc == nil || !resources.Pending(f.svc, id)), nil
+			})
+		}
+		if ref := resources.SandboxOwner(f.svc.OwnerReferences); ref != nil && f.workload() == nil && !resources.ClaimedOwner(f.svc, id) {
+			if err := remove.All([]func() error{m.rm.Owner(ctx, *ref)}); err != nil {
+				return api.Classify(err, "delete sandbox "+id)
+			}
+		}
+	}
 	// The ReplicaSet first, so that it does not replace the Pod deleted next.
 	if f.rs != nil {
-		if err := runAll([]func() error{m.deleteWorkload(ctx, f.rs, nil, false)}); err != nil {
+		if err := remove.All([]func() error{m.rm.Workload(ctx, f.rs, nil, false)}); err != nil {
 			return api.Classify(err, "delete sandbox "+id)
 		}
 	}
@@ -68,10 +88,10 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 	var deletes []func() error
 	for _, p := range []*corev1.Pod{f.pod, f.stray} {
 		if p != nil {
-			deletes = append(deletes, m.deleteWorkload(ctx, p, nil, false))
+			deletes = append(deletes, m.rm.Workload(ctx, p, nil, false))
 		}
 	}
-	if err := runAll(deletes); err != nil {
+	if err := remove.All(deletes); err != nil {
 		return api.Classify(err, "delete sandbox "+id)
 	}
 	if f.svc != nil {
@@ -84,37 +104,13 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 	return nil
 }
 
-// workloadObject is a sandbox's Pod or ReplicaSet.
-type workloadObject interface {
-	metav1.Object
-	runtime.Object
-}
-
-// deleteWorkload deletes a Pod or ReplicaSet with a UID precondition (so an
-// object created since is left alone); the dependents go in the background.
-// Judged, it also carries the resourceVersion the caller judged, so an
-// object changed since (a sandbox used since the reap looked) is left alone.
-func (m *Manager) deleteWorkload(ctx context.Context, obj workloadObject, grace *int64, judged bool) func() error {
-	background := metav1.DeletePropagationBackground
-	opts := metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(obj.GetUID())), PropagationPolicy: &background, GracePeriodSeconds: grace}
-	if judged {
-		opts.Preconditions.ResourceVersion = ptr.To(obj.GetResourceVersion())
-	}
-	return func() error {
-		if _, ok := obj.(*appsv1.ReplicaSet); ok {
-			return m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Delete(ctx, obj.GetName(), opts)
-		}
-		return m.client.CoreV1().Pods(m.cfg.Namespace).Delete(ctx, obj.GetName(), opts)
-	}
-}
-
 // undoCreate removes what a refused or failed create made: the workload
 // (undoWorkload), then, once it is gone, its Service (or slot), rather than leaving
 // that to the GC, so a retry of the same id finds nothing stale. ctx must
 // not be the request's: a create that failed because its client went away
 // must still undo.
 func (m *Manager) undoCreate(ctx context.Context, workload workloadObject, svc *corev1.Service) error {
-	removed, err := m.undoWorkload(ctx, workload)
+	removed, err := m.rm.Undo(ctx, workload)
 	if err != nil {
 		return api.Classify(err, "remove what a refused or failed create made")
 	}
@@ -128,45 +124,6 @@ func (m *Manager) undoCreate(ctx context.Context, workload workloadObject, svc *
 		}
 	}
 	return nil
-}
-
-// undoWorkload deletes the workload w that a failed create wrote, unless
-// another request has answered for it since, and reports whether it did.
-// The delete carries w's UID and the resourceVersion last read, so nothing
-// else is removed in its stead and nothing changed unseen. A workload
-// changed since (the scheduler, the kubelet or its controller write it
-// too) is read again: one whose activity mark moved was answered for by
-// another request (a create that found it, or a get: see reuse) and stays;
-// otherwise it goes at the version read. No grace period: it never served
-// anyone, and a retry of the create must not wait for it to terminate.
-func (m *Manager) undoWorkload(ctx context.Context, w workloadObject) (bool, error) {
-	obj := w
-	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
-		err := m.deleteWorkload(ctx, obj, ptr.To(int64(0)), true)()
-		switch {
-		case err == nil:
-			return true, nil
-		case apierrors.IsNotFound(err):
-			return false, nil
-		case !apierrors.IsConflict(err):
-			return false, err
-		}
-		cur, err := m.readWorkload(ctx, w)
-		if apierrors.IsNotFound(err) {
-			return false, nil
-		}
-		if err != nil {
-			return false, err
-		}
-		if cur.GetUID() != w.GetUID() || cur.GetDeletionTimestamp() != nil {
-			return false, nil // gone, and another object took the name
-		}
-		if cur.GetAnnotations()[keys.AnnotationLastActivity] != w.GetAnnotations()[keys.AnnotationLastActivity] {
-			return false, nil // answered for by another request: its sandbox now
-		}
-		obj = cur
-	}
-	return false, fmt.Errorf("%s %s kept changing while a failed create removed it", w.GetObjectKind().GroupVersionKind().Kind, w.GetName())
 }
 
 // undoUncertain follows a workload create that failed (err) without
@@ -183,7 +140,7 @@ func (m *Manager) undoUncertain(ctx context.Context, err error, want workloadObj
 	}
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.RequestTimeout)
 	defer cancel()
-	got, rerr := m.readWorkload(uctx, want)
+	got, rerr := m.rm.Read(uctx, want)
 	switch {
 	case apierrors.IsNotFound(rerr):
 		return failed
@@ -192,7 +149,7 @@ func (m *Manager) undoUncertain(ctx context.Context, err error, want workloadObj
 	case got.GetDeletionTimestamp() != nil || resources.Token(got) != resources.Token(want):
 		return failed
 	}
-	if _, uerr := m.undoWorkload(uctx, got); uerr != nil {
+	if _, uerr := m.rm.Undo(uctx, got); uerr != nil {
 		m.warnLeftover(ctx, want.GetLabels()[keys.LabelID], uerr)
 		return mayExist{failed}
 	}
@@ -209,28 +166,5 @@ var errMayExist = errors.New("the workload may exist")
 
 func (e mayExist) Is(target error) bool { return target == errMayExist }
 
-// readWorkload reads w again, of its kind.
-func (m *Manager) readWorkload(ctx context.Context, w workloadObject) (workloadObject, error) {
-	if _, ok := w.(*appsv1.ReplicaSet); ok {
-		return m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Get(ctx, w.GetName(), metav1.GetOptions{})
-	}
-	return m.client.CoreV1().Pods(m.cfg.Namespace).Get(ctx, w.GetName(), metav1.GetOptions{})
-}
-
-// runAll runs deletes concurrently. An object already gone, or replaced by a
-// newer one (a failed precondition), counts as done.
-func runAll(deletes []func() error) error {
-	errs := make([]error, len(deletes))
-	var wg sync.WaitGroup
-	for i, del := range deletes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := del(); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-				errs[i] = err
-			}
-		}()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
+// workloadObject is a sandbox's Pod or ReplicaSet.
+type workloadObject = remove.Object

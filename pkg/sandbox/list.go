@@ -22,7 +22,7 @@ func (m *Manager) List(ctx context.Context) ([]api.Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	all, err := m.listAll(ctx, listSelector(c))
+	all, err := m.listAll(ctx, listSelector(c), false)
 	if err != nil {
 		return nil, err
 	}
@@ -85,9 +85,20 @@ func (e everything) byID() map[string]*found {
 	return out
 }
 
-func (m *Manager) listAll(ctx context.Context, selector string) (everything, error) {
+// listAll lists every sandbox object selector selects. servicesFirst
+// lists the Services before the workloads (the reap): every Service bound
+// then has its workload in the later lists, so none is taken for an orphan
+// because its workload was created between the lists.
+func (m *Manager) listAll(ctx context.Context, selector string, servicesFirst bool) (everything, error) {
 	var e everything
 	opts := metav1.ListOptions{LabelSelector: selector}
+	if servicesFirst {
+		l, err := m.client.CoreV1().Services(m.cfg.Namespace).List(ctx, opts)
+		if err != nil {
+			return e, api.Classify(err, "list sandbox Services")
+		}
+		e.svcs = l.Items
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		l, err := m.client.CoreV1().Pods(m.cfg.Namespace).List(gctx, opts)
@@ -106,6 +117,9 @@ func (m *Manager) listAll(ctx context.Context, selector string) (everything, err
 		return nil
 	})
 	g.Go(func() error {
+		if servicesFirst {
+			return nil
+		}
 		l, err := m.client.CoreV1().Services(m.cfg.Namespace).List(gctx, opts)
 		if err != nil {
 			return api.Classify(err, "list sandbox Services")

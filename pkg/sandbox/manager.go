@@ -15,6 +15,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/isolation"
 	"github.com/deerflow-sandbox/provisioner/pkg/ownership"
 	"github.com/deerflow-sandbox/provisioner/pkg/quota"
+	"github.com/deerflow-sandbox/provisioner/pkg/remove"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 	"github.com/deerflow-sandbox/provisioner/pkg/waitslot"
@@ -41,6 +42,7 @@ type Observer interface {
 type Manager struct {
 	cfg      *config.Config
 	client   kubernetes.Interface
+	rm       remove.Remover // deletes with preconditions
 	recorder Recorder
 	observer Observer
 	// waits counts the requests of this replica that are waiting for
@@ -72,7 +74,7 @@ func WithObserver(o Observer) Option { return func(m *Manager) { m.observer = o 
 
 // NewManager returns a Manager over client.
 func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option) *Manager {
-	m := &Manager{cfg: cfg, client: client, recorder: nopRecorder{}, observer: nopObserver{},
+	m := &Manager{cfg: cfg, client: client, rm: remove.Remover{Client: client, Namespace: cfg.Namespace}, recorder: nopRecorder{}, observer: nopObserver{},
 		waits: waitslot.New(cfg.MaxConcurrentWaits), templates: template.NewStore(client, cfg), auditLog: slog.Default(),
 		nameWait: follow.DefaultNameWait}
 	for _, o := range opts {

@@ -56,7 +56,7 @@ func (m *Manager) Reap(ctx context.Context) (api.Reaped, error) {
 // caller's: it judges every sandbox, whoever created it (the operation
 // itself is gated per principal, PROVISIONER_PRINCIPAL_OPERATIONS).
 func (m *Manager) reap(ctx context.Context, c api.Caller) (all, seen api.Reaped, err error) {
-	objs, err := m.listAll(ctx, resources.SelectorAll)
+	objs, err := m.listAll(ctx, resources.SelectorAll, true)
 	if err != nil {
 		return api.Reaped{}, api.Reaped{}, err
 	}
@@ -73,7 +73,7 @@ func (m *Manager) reap(ctx context.Context, c api.Caller) (all, seen api.Reaped,
 	// expire deletes an expired workload as judged, then its Service.
 	expire := func(id, reason string, obj workloadObject, svc *corev1.Service) {
 		victims = append(victims, victim{id: id, reason: reason, obj: obj, del: func() error {
-			return m.deleteOwnedService(ctx, m.deleteWorkload(ctx, obj, nil, true)(), svc, obj.GetUID())
+			return m.deleteOwnedService(ctx, m.rm.Workload(ctx, obj, nil, true)(), svc, obj.GetUID())
 		}})
 	}
 	svcByID := map[string]*corev1.Service{}
@@ -130,7 +130,7 @@ func (m *Manager) reap(ctx context.Context, c api.Caller) (all, seen api.Reaped,
 		if live[id] || s.Labels[keys.LabelManagedBy] != keys.ManagedByValue || s.DeletionTimestamp != nil || resources.ServiceID(s) == "" {
 			continue
 		}
-		if resources.ClaimedOwner(s, id) && now.Sub(s.CreationTimestamp.Time) < claimLeftover {
+		if resources.ClaimedOwner(s, id) && now.Sub(s.CreationTimestamp.Time) < m.undoWindow() {
 			continue // a pooled create's Service, its claim's patch maybe still to come (claimService)
 		}
 		if resources.SandboxOwner(s.OwnerReferences) == nil && resources.SlotToken(s) != "" && !m.slotLeftover(s) {

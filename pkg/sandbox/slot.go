@@ -207,6 +207,9 @@ func (m *Manager) existing(ctx context.Context, s api.Spec, k kind, svc *corev1.
 // (one without its Service: from before slots) that it would have repaired.
 func (m *Manager) fill(ctx context.Context, s api.Spec, k kind, svc *corev1.Service, mine bool) (made, error) {
 	if t := resources.SlotToken(svc); t != "" && !mine {
+		if slotKind(svc) != k.name && !m.slotLeftover(svc) {
+			return made{}, errOtherKind // a create of the other kind holds the id: its sandbox is the answer
+		}
 		if !resources.SameSandbox(svc, s) {
 			if m.slotLeftover(svc) {
 				return made{}, m.dropStale(ctx, svc)
@@ -251,6 +254,14 @@ func (m *Manager) fill(ctx context.Context, s api.Spec, k kind, svc *corev1.Serv
 	}
 	f, err := k.found(ctx, w, bound)
 	return made{found: f, existed: existed, repaired: existed && mine}, err
+}
+
+// slotKind is the workload kind a slot was made for.
+func slotKind(svc *corev1.Service) string {
+	if svc.Labels[keys.LabelWorkload] == keys.WorkloadReplicaSetValue {
+		return "ReplicaSet"
+	}
+	return "Pod"
 }
 
 // bind makes svc the Service of w (resources.Bind). A racing create of the
@@ -329,7 +340,7 @@ func (m *Manager) dropHalfMade(ctx context.Context, s api.Spec, k kind) {
 	if _, err := m.client.CoreV1().Services(m.cfg.Namespace).Get(uctx, resources.ServiceName(s.ID), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		return
 	}
-	if _, err := m.undoWorkload(uctx, w); err != nil {
+	if _, err := m.rm.Undo(uctx, w); err != nil {
 		m.warnLeftover(ctx, s.ID, err)
 	}
 }

@@ -128,24 +128,27 @@ func TestQuotaHoldsUnderFaults(t *testing.T) {
 	})
 }
 
-// doWithin sends a request whose client gives up after giveUp (0 when it
-// got no answer).
+// doWithin sends a request with the test API key whose client gives up
+// after giveUp (0 when it got no answer).
 func doWithin(f *function.Instance, method, path string, body any, giveUp time.Duration) int {
+	return doWithinHeaders(f, map[string]string{"X-API-Key": function.Key}, method, path, body, giveUp)
+}
+
+func doWithinHeaders(f *function.Instance, headers map[string]string, method, path string, body any, giveUp time.Duration) int {
 	ctx, cancel := context.WithTimeout(context.Background(), giveUp)
 	defer cancel()
-	var rd *bytes.Reader
+	var raw []byte
 	if body != nil {
-		raw, _ := json.Marshal(body)
-		rd = bytes.NewReader(raw)
-	} else {
-		rd = bytes.NewReader(nil)
+		raw, _ = json.Marshal(body)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, f.URL+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, f.URL+path, bytes.NewReader(raw))
 	if err != nil {
 		return 0
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-API-Key", function.Key)
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
 	resp, err := f.Client.Do(req)
 	if err != nil {
 		return 0
@@ -159,15 +162,17 @@ func doWithin(f *function.Instance, method, path string, body any, giveUp time.D
 // Pods they stand for), until their deletion starts.
 type workloadWatch struct {
 	mu     sync.Mutex
-	live   map[string]bool
+	live   map[string]string // key -> the principal it records
 	max    int
 	at     []string
 	events int
+	// byPrincipal is the most workloads of each principal at once.
+	byPrincipal map[string]int
 }
 
 func watchWorkloads(t *testing.T, ns string) *workloadWatch {
 	t.Helper()
-	w := &workloadWatch{live: map[string]bool{}}
+	w := &workloadWatch{live: map[string]string{}, byPrincipal: map[string]int{}}
 	factory := informers.NewSharedInformerFactoryWithOptions(client(), 0, informers.WithNamespace(ns),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = "app=deer-flow-sandbox" }))
 	handler := cache.ResourceEventHandlerFuncs{
@@ -213,13 +218,21 @@ func (w *workloadWatch) observe(obj any, deleted bool) {
 	default:
 		return
 	}
+	principal := obj.(metav1.Object).GetAnnotations()[keys.AnnotationPrincipal]
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.events++
 	if counts {
-		w.live[key] = true
+		w.live[key] = principal
 	} else {
 		delete(w.live, key)
+	}
+	of := map[string]int{}
+	for _, p := range w.live {
+		of[p]++
+	}
+	for p, n := range of {
+		w.byPrincipal[p] = max(w.byPrincipal[p], n)
 	}
 	if len(w.live) > w.max {
 		w.max = len(w.live)
@@ -234,6 +247,16 @@ func (w *workloadWatch) peak() (int, int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.max, w.events
+}
+
+func (w *workloadWatch) principalPeaks() map[string]int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := map[string]int{}
+	for p, n := range w.byPrincipal {
+		out[p] = n
+	}
+	return out
 }
 
 func (w *workloadWatch) atPeak() []string {

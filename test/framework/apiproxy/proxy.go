@@ -8,6 +8,7 @@ package apiproxy
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -51,7 +52,12 @@ const (
 	// server's answer: whatever it wrote was written, and the caller
 	// cannot know.
 	FailAfter
+	// Slow forwards the request after a pause of up to SlowBy.
+	Slow
 )
+
+// SlowBy bounds the pause of a Slow request.
+const SlowBy = 300 * time.Millisecond
 
 // SetFaults makes decide choose the fault of every later request that is
 // not a watch (nil: none). decide runs concurrently.
@@ -117,6 +123,12 @@ func Start(rc *rest.Config) (*Proxy, error) {
 			case FailBefore:
 				failure(w, http.StatusServiceUnavailable, "ServiceUnavailable", "injected by the test proxy")
 				return
+			case Slow:
+				select {
+				case <-time.After(time.Duration(rand.Int64N(int64(SlowBy)))):
+				case <-r.Context().Done():
+					return
+				}
 			case FailAfter:
 				rp.ServeHTTP(httptest.NewRecorder(), r)
 				failure(w, http.StatusInternalServerError, "InternalError", "injected by the test proxy after the API server's answer")
