@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"strings"
@@ -131,10 +132,13 @@ func TestQuotaHoldsUnderFaults(t *testing.T) {
 // doWithin sends a request with the test API key whose client gives up
 // after giveUp (0 when it got no answer).
 func doWithin(f *function.Instance, method, path string, body any, giveUp time.Duration) int {
-	return doWithinHeaders(f, map[string]string{"X-API-Key": function.Key}, method, path, body, giveUp)
+	code, _ := doWithinHeaders(f, map[string]string{"X-API-Key": function.Key}, method, path, body, giveUp)
+	return code
 }
 
-func doWithinHeaders(f *function.Instance, headers map[string]string, method, path string, body any, giveUp time.Duration) int {
+// doWithinHeaders is doWithin with the given headers; it returns the
+// answer's body too.
+func doWithinHeaders(f *function.Instance, headers map[string]string, method, path string, body any, giveUp time.Duration) (int, string) {
 	ctx, cancel := context.WithTimeout(context.Background(), giveUp)
 	defer cancel()
 	var raw []byte
@@ -143,7 +147,7 @@ func doWithinHeaders(f *function.Instance, headers map[string]string, method, pa
 	}
 	req, err := http.NewRequestWithContext(ctx, method, f.URL+path, bytes.NewReader(raw))
 	if err != nil {
-		return 0
+		return 0, ""
 	}
 	req.Header.Set("Content-Type", "application/json")
 	for k, v := range headers {
@@ -151,10 +155,11 @@ func doWithinHeaders(f *function.Instance, headers map[string]string, method, pa
 	}
 	resp, err := f.Client.Do(req)
 	if err != nil {
-		return 0
+		return 0, ""
 	}
-	resp.Body.Close()
-	return resp.StatusCode
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	return resp.StatusCode, string(out)
 }
 
 // workloadWatch counts a namespace's sandbox workloads on every watch

@@ -188,6 +188,13 @@ func TestSoak(t *testing.T) {
 			}(rand.New(rand.NewPCG(seed, uint64(g))))
 		}
 	}
+	go func() { // progress, for a long make soak
+		for tick := time.NewTicker(30 * time.Second); time.Now().Before(end); <-tick.C {
+			s.mu.Lock()
+			t.Logf("soak: %d operations so far, %s left", s.ops, time.Until(end).Round(time.Second))
+			s.mu.Unlock()
+		}
+	}()
 	// One replica killed mid-load and started again; the API server
 	// stopped and started once.
 	time.Sleep(dur / 3)
@@ -297,7 +304,12 @@ func (s *soak) violate(format string, args ...any) {
 
 // send is one request as principal p; 0 when the client got no answer.
 func (s *soak) send(f *function.Instance, p soakPrincipal, method, path string, body any, giveUp time.Duration) int {
-	code := doWithinKey(f, p.key, method, path, body, giveUp)
+	code, answer := doWithinKey(f, p.key, method, path, body, giveUp)
+	if code == http.StatusInternalServerError {
+		// A 500 says the operator must fix something; a fault of the API
+		// server is the caller's to retry (503). Never one under faults.
+		s.violate("%s %s as %s answered 500: %s", method, path, p.name, answer)
+	}
 	s.mu.Lock()
 	if s.answers == nil {
 		s.answers = map[string]int{}
@@ -552,6 +564,6 @@ func (s *soak) checkSettled() {
 }
 
 // doWithinKey is doWithin with principal key's API key.
-func doWithinKey(f *function.Instance, key, method, path string, body any, giveUp time.Duration) int {
+func doWithinKey(f *function.Instance, key, method, path string, body any, giveUp time.Duration) (int, string) {
 	return doWithinHeaders(f, map[string]string{"X-API-Key": key}, method, path, body, giveUp)
 }
