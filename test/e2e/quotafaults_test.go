@@ -55,27 +55,7 @@ func TestQuotaHoldsUnderFaults(t *testing.T) {
 
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
-	var injected atomic.Int64
-	var frng sync.Mutex
-	rng := rand.New(rand.NewPCG(seed, 1))
-	proxy.SetFaults(func(r *http.Request) apiproxy.Fault {
-		if !strings.Contains(r.URL.Path, "/namespaces/"+ns+"/") {
-			return apiproxy.Forward
-		}
-		frng.Lock()
-		n := rng.IntN(10)
-		frng.Unlock()
-		switch n {
-		case 0:
-			injected.Add(1)
-			return apiproxy.FailBefore
-		case 1:
-			injected.Add(1)
-			return apiproxy.FailAfter
-		}
-		return apiproxy.Forward
-	})
-	t.Cleanup(func() { proxy.SetFaults(nil) })
+	faults := injectFaults(t, ns, seed, 10, 10, 0)
 
 	var codes sync.Map // status code -> count
 	var wg sync.WaitGroup
@@ -104,15 +84,16 @@ func TestQuotaHoldsUnderFaults(t *testing.T) {
 	}
 	wg.Wait()
 	proxy.SetFaults(nil)
+	injected := faults.total()
 	summary := map[string]int64{}
 	codes.Range(func(k, v any) bool { summary[k.(string)] = v.(*atomic.Int64).Load(); return true })
 	peak, events := w.peak()
-	t.Logf("answers %v; %d faults injected; %d watch events; at most %d sandbox workloads at once (limit %d)", summary, injected.Load(), events, peak, limit)
+	t.Logf("answers %v; %d faults injected; %d watch events; at most %d sandbox workloads at once (limit %d)", summary, injected, events, peak, limit)
 	if peak > limit {
 		t.Errorf("the quota overshot: %d sandbox workloads existed at once, limit %d; at that moment: %v", peak, limit, w.atPeak())
 	}
-	if injected.Load() == 0 || summary["POST 200"] == 0 {
-		t.Errorf("the load proved nothing: %d faults injected, %d creates admitted", injected.Load(), summary["POST 200"])
+	if injected == 0 || summary["POST 200"] == 0 {
+		t.Errorf("the load proved nothing: %d faults injected, %d creates admitted", injected, summary["POST 200"])
 	}
 
 	// Settled: every id destroyed leaves no sandbox object behind.
@@ -127,6 +108,58 @@ func TestQuotaHoldsUnderFaults(t *testing.T) {
 		}
 		return left+len(rss.Items) == 0, nil
 	})
+}
+
+// faultCounts counts the faults injected, by kind.
+type faultCounts struct{ m sync.Map }
+
+func (c *faultCounts) add(kind string) {
+	v, _ := c.m.LoadOrStore(kind, new(atomic.Int64))
+	v.(*atomic.Int64).Add(1)
+}
+
+func (c *faultCounts) byKind() map[string]int64 {
+	out := map[string]int64{}
+	c.m.Range(func(k, v any) bool { out[k.(string)] = v.(*atomic.Int64).Load(); return true })
+	return out
+}
+
+func (c *faultCounts) total() (n int64) {
+	for _, v := range c.byKind() {
+		n += v
+	}
+	return n
+}
+
+// injectFaults makes the API proxy fail or slow the requests of namespace
+// ns until the test ends: of every 100, before fail before the API server
+// sees them, after fail after it did their work, and slow are slowed.
+func injectFaults(t *testing.T, ns string, seed uint64, before, after, slow int) *faultCounts {
+	c := &faultCounts{}
+	var mu sync.Mutex
+	rng := rand.New(rand.NewPCG(seed, 0))
+	proxy.SetFaults(func(r *http.Request) apiproxy.Fault {
+		if !strings.Contains(r.URL.Path, "/namespaces/"+ns+"/") {
+			return apiproxy.Forward
+		}
+		mu.Lock()
+		n := rng.IntN(100)
+		mu.Unlock()
+		switch {
+		case n < before:
+			c.add("5xx before the API server")
+			return apiproxy.FailBefore
+		case n < before+after:
+			c.add("5xx after the API server's work")
+			return apiproxy.FailAfter
+		case n < before+after+slow:
+			c.add("latency")
+			return apiproxy.Slow
+		}
+		return apiproxy.Forward
+	})
+	t.Cleanup(func() { proxy.SetFaults(nil) })
+	return c
 }
 
 // doWithin sends a request with the test API key whose client gives up

@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,7 +21,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
-	"github.com/deerflow-sandbox/provisioner/test/framework/apiproxy"
 	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 )
 
@@ -144,34 +142,7 @@ func TestSoak(t *testing.T) {
 		x.state = stateAbsent
 	}
 
-	var faults sync.Map // kind -> *atomic.Int64
-	fault := func(kind string) {
-		v, _ := faults.LoadOrStore(kind, new(atomic.Int64))
-		v.(*atomic.Int64).Add(1)
-	}
-	var frng sync.Mutex
-	rng := rand.New(rand.NewPCG(seed, 0))
-	proxy.SetFaults(func(r *http.Request) apiproxy.Fault {
-		if !strings.Contains(r.URL.Path, "/namespaces/"+ns+"/") {
-			return apiproxy.Forward
-		}
-		frng.Lock()
-		n := rng.IntN(100)
-		frng.Unlock()
-		switch {
-		case n < 4:
-			fault("5xx before the API server")
-			return apiproxy.FailBefore
-		case n < 8:
-			fault("5xx after the API server's work")
-			return apiproxy.FailAfter
-		case n < 14:
-			fault("latency")
-			return apiproxy.Slow
-		}
-		return apiproxy.Forward
-	})
-	t.Cleanup(func() { proxy.SetFaults(nil) })
+	faults := injectFaults(t, ns, seed, 4, 4, 6)
 
 	end := time.Now().Add(dur)
 	var wg sync.WaitGroup
@@ -200,7 +171,7 @@ func TestSoak(t *testing.T) {
 	time.Sleep(dur / 3)
 	victim := replicas[1].Load()
 	victim.Kill()
-	fault("replica killed")
+	faults.add("replica killed")
 	time.Sleep(2 * time.Second)
 	restarted, err := function.StartBinary(bin, env, filepath.Join(t.TempDir(), "replica1-again.log"))
 	if err != nil {
@@ -209,7 +180,7 @@ func TestSoak(t *testing.T) {
 	replicas[1].Store(restarted)
 	time.Sleep(time.Until(end.Add(-dur / 3)))
 	restore := outage(t)
-	fault("API server restarted")
+	faults.add("API server restarted")
 	time.Sleep(3 * time.Second)
 	restore()
 	wg.Wait()
@@ -233,8 +204,7 @@ func TestSoak(t *testing.T) {
 			s.violate("%d sandbox workloads of %s at once, over MAX_SANDBOXES_PER_PRINCIPAL=%d", n, p, soakPerPrinc)
 		}
 	}
-	injected := map[string]int64{}
-	faults.Range(func(k, v any) bool { injected[k.(string)] = v.(*atomic.Int64).Load(); return true })
+	injected := faults.byKind()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	t.Logf("soak: seed %d; %d operations %v; faults injected %v; %d watch events, at most %d workloads at once (per principal %v); violations: %d",
