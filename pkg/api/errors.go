@@ -119,6 +119,11 @@ func Classify(err error, action string) error {
 		return Errorf(KindInvalid, err, "the Kubernetes API server rejected the objects built to %s: %s", action, apierrors.ReasonForError(err))
 	case apierrors.IsTooManyRequests(err) || apierrors.IsServiceUnavailable(err) || apierrors.IsInternalError(err) || apierrors.IsUnexpectedServerError(err):
 		return Errorf(KindUnavailable, err, "the Kubernetes API server is overloaded or unavailable while trying to %s; retry", action)
+	case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) || apierrors.IsNotFound(err):
+		// An object changed, appeared or went between a read and a write:
+		// another request acted on the sandbox meanwhile. Never a 404 (the
+		// caller's sandbox may well exist) and never the operator's 500.
+		return Errorf(KindConflict, err, "the sandbox changed while trying to %s; retry", action)
 	}
 	var netErr net.Error
 	if errors.As(err, &netErr) {
