@@ -63,8 +63,21 @@ func (n *Node) GVisor() error { return n.gvisorErr }
 //     to calls into the node's kernel: one more layer, and the attack
 //     table's syscall rows are refused under both runtimes for the same
 //     reason (runsc ignores the profile without it);
-//   - debug-log: runsc's info-level logs in the state directory, one file
-//     per command (boot, gofer, create, …), for failures.
+//   - overlay2, not set, is runsc's default root:self: the root filesystem's
+//     writes go to a tmpfs inside the sandbox, backed by a file in the
+//     container's root directory, so the image on the node is never
+//     written and the kubelet counts the writes against the Pod's ephemeral
+//     storage. root:memory would move them into the Pod's memory to save
+//     the ~5 ms the backing file takes to create per container, which the
+//     create → Ready benchmark cannot tell from its noise.
+//
+// runsc's own logs (debug-log: one file per runsc command, boot, gofer,
+// create, start, state, kill, …, thousands of files in one directory per
+// benchmark run) are written only with RUNSC_DEBUG_LOG=1: they are for
+// debugging a sandbox that fails, not needed to run one, and every runsc
+// command the shim makes on the way to a Ready sandbox would write one.
+// Without them runsc still writes its panics to the Pod's log directory
+// (gvisor_panic.log, the shim's --panic-log), and the shim still logs.
 //
 // runsc manages cgroups itself and handles this machine's cgroup v1
 // hierarchy (cgroupfs, as the kubelet's); it applies the Pod's limits to its
@@ -85,9 +98,10 @@ log_path = %q
   platform = %q
   network = 'sandbox'
   oci-seccomp = 'true'
-  debug-log = %q
-`, filepath.Join(n.paths.GVisorBin, "runsc"), filepath.Join(dir, "root"), filepath.Join(dir, "logs")+"/",
-		GVisorPlatform, filepath.Join(dir, "logs")+"/")
+`, filepath.Join(n.paths.GVisorBin, "runsc"), filepath.Join(dir, "root"), filepath.Join(dir, "logs")+"/", GVisorPlatform)
+	if os.Getenv("RUNSC_DEBUG_LOG") == "1" {
+		config += fmt.Sprintf("  debug-log = %q\n", filepath.Join(dir, "logs")+"/")
+	}
 	path := filepath.Join(dir, "runsc.toml")
 	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
 		return "", err

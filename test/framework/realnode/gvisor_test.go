@@ -69,9 +69,35 @@ func TestRunscRuntime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`binary_name = "` + filepath.Join(bin, "runsc") + `"`, `platform = "systrap"`, "network = 'sandbox'"} {
+	for _, want := range []string{`binary_name = "` + filepath.Join(bin, "runsc") + `"`, `platform = "systrap"`, "network = 'sandbox'", "oci-seccomp = 'true'"} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("runsc.toml lacks %q:\n%s", want, b)
 		}
+	}
+	if strings.Contains(string(b), "debug-log") {
+		t.Errorf("runsc.toml sets debug-log without RUNSC_DEBUG_LOG=1:\n%s", b)
+	}
+}
+
+// TestRunscDebugLog: RUNSC_DEBUG_LOG=1 adds runsc's own logs, in the
+// directory the shim's go to.
+func TestRunscDebugLog(t *testing.T) {
+	t.Setenv("RUNSC_DEBUG_LOG", "1")
+	bin := t.TempDir()
+	for _, f := range []string{"runsc", "containerd-shim-runsc-v1"} {
+		if err := os.WriteFile(filepath.Join(bin, f), nil, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := &Node{State: t.TempDir(), paths: Paths{GVisorBin: bin}}
+	if _, err := n.runscRuntime(); err != nil || n.GVisor() != nil {
+		t.Fatal(err, n.GVisor())
+	}
+	b, err := os.ReadFile(filepath.Join(n.State, "runsc", "runsc.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `debug-log = "` + filepath.Join(n.State, "runsc", "logs") + `/"`; !strings.Contains(string(b), want) {
+		t.Errorf("runsc.toml lacks %q:\n%s", want, b)
 	}
 }
