@@ -1,0 +1,108 @@
+package resources
+
+import (
+	"maps"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
+)
+
+const slotToken = "0123456789abcdef0123456789abcdef"
+
+// TestSlot pins the Service a cold create writes before its workload:
+// owned by nothing, selecting the token the workload will carry, labelled
+// with the kind it is for (a ReplicaSet's), recording the principal.
+func TestSlot(t *testing.T) {
+	s := testSpec()
+	s.Token = slotToken
+	s.Caller = api.Caller{Principal: "alice"}
+	want := func(extra map[string]string) *corev1.Service {
+		l := wantLabels()
+		maps.Copy(l, map[string]string{"sandbox.deerflow.dev/token": slotToken, "sandbox.deerflow.dev/principal": PrincipalLabelValue("alice")})
+		maps.Copy(l, extra)
+		return &corev1.Service{
+			TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+			ObjectMeta: metav1.ObjectMeta{Name: "sandbox-0123456789abcdef-svc", Namespace: "deer-flow", Labels: l,
+				Annotations: map[string]string{"sandbox.deerflow.dev/principal": "alice"}},
+			Spec: corev1.ServiceSpec{
+				Type:     corev1.ServiceTypeNodePort,
+				Selector: map[string]string{"sandbox-id": "0123456789abcdef", "sandbox.deerflow.dev/token": slotToken},
+				Ports:    []corev1.ServicePort{{Name: "http", Port: 8080, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}},
+			},
+		}
+	}
+	cfg := testConfig(t, nil)
+	got := map[string]*corev1.Service{"Pod": Slot(cfg, s, "Pod"), "ReplicaSet": Slot(cfg, s, "ReplicaSet")}
+	wants := map[string]*corev1.Service{"Pod": want(nil), "ReplicaSet": want(map[string]string{"sandbox.deerflow.dev/workload": "replicaset"})}
+	if diff := cmp.Diff(wants, got); diff != "" {
+		t.Errorf("Slot (-want +got):\n%s", diff)
+	}
+	if SlotToken(got["Pod"]) != slotToken {
+		t.Errorf("SlotToken = %q", SlotToken(got["Pod"]))
+	}
+}
+
+// TestBind pins what binding changes of a Service: its sandbox owner (other
+// owners stay), its selector (the workload's token), its principal; the
+// rest, node port included, stays.
+func TestBind(t *testing.T) {
+	s := testSpec()
+	s.Caller = api.Caller{Principal: "alice"}
+	other := metav1.OwnerReference{APIVersion: "v1", Kind: "ConfigMap", Name: "x", UID: "cm"}
+	stale := metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: "old", UID: "old"}
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "sandbox-0123456789abcdef-svc", OwnerReferences: []metav1.OwnerReference{stale, other}},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"sandbox-id": "0123456789abcdef"},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 8080, NodePort: 31234}}},
+	}
+	pod := PodOwnerRef(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-0123456789abcdef", UID: "new"}})
+	got := Bind(svc, pod, slotToken, s)
+	want := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "sandbox-0123456789abcdef-svc",
+			OwnerReferences: []metav1.OwnerReference{pod, other},
+			Labels:          map[string]string{"sandbox.deerflow.dev/principal": PrincipalLabelValue("alice")},
+			Annotations:     map[string]string{"sandbox.deerflow.dev/principal": "alice"}},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"sandbox-id": "0123456789abcdef", "sandbox.deerflow.dev/token": slotToken},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 8080, NodePort: 31234}}},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Bind (-want +got):\n%s", diff)
+	}
+	if len(svc.OwnerReferences) != 2 || svc.OwnerReferences[0].UID != "old" {
+		t.Errorf("Bind changed its argument: %v", svc.OwnerReferences)
+	}
+	rs := metav1.OwnerReference{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "sandbox-0123456789abcdef", UID: "rs", BlockOwnerDeletion: ptr.To(false)}
+	if l := Bind(svc, rs, slotToken, s).Labels["sandbox.deerflow.dev/workload"]; l != "replicaset" {
+		t.Errorf("a ReplicaSet's bound Service is labelled workload=%q, want replicaset", l)
+	}
+}
+
+// TestPending: a Service holds its id for a workload still to come while
+// it is a cold create's slot, or owned by a pooled Pod not yet claimed.
+func TestPending(t *testing.T) {
+	slot := &corev1.Service{Spec: corev1.ServiceSpec{Selector: ServiceSelector("a", slotToken)}}
+	deerflows := &corev1.Service{Spec: corev1.ServiceSpec{Selector: ServiceSelector("a", "")}}
+	owned := func(name string) *corev1.Service {
+		return &corev1.Service{ObjectMeta: metav1.ObjectMeta{OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: name}}},
+			Spec: corev1.ServiceSpec{Selector: ServiceSelector("a", slotToken)}}
+	}
+	got := map[string]bool{
+		"slot":                      Pending(slot, "a"),
+		"DeerFlow's, no owner":      Pending(deerflows, "a"),
+		"owned by its Pod":          Pending(owned(PodName("a")), "a"),
+		"owned by a pooled Pod":     Pending(owned("sandbox-pool-x-abcde"), "a"),
+		"claimed owner of a pooled": ClaimedOwner(owned("sandbox-pool-x-abcde"), "a"),
+		"claimed owner of its own":  ClaimedOwner(owned(PodName("a")), "a"),
+	}
+	want := map[string]bool{"slot": true, "DeerFlow's, no owner": false, "owned by its Pod": false, "owned by a pooled Pod": true,
+		"claimed owner of a pooled": true, "claimed owner of its own": false}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+}
