@@ -318,7 +318,7 @@ func (p *Pool) claim(ctx context.Context, pod *corev1.Pod, hash string, c sandbo
 		case apierrors.IsNotFound(err):
 			return nil, true, nil
 		case !apierrors.IsConflict(err):
-			return nil, false, err
+			return p.readBack(ctx, pod.Name, c, err)
 		}
 		if pod, err = pods.Get(ctx, pod.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
 			return nil, true, nil
@@ -330,6 +330,29 @@ func (p *Pool) claim(ctx context.Context, pod *corev1.Pod, hash string, c sandbo
 		}
 	}
 	return nil, false, nil
+}
+
+// readBack follows a claim's patch that failed (err) without saying
+// whether it landed (the API server's 5xx, a timeout, the client gone): the
+// Pod is read again, under a deadline of its own, and is this claim's when
+// it carries the claim's id and token. A refusal (a 4xx) wrote nothing.
+// When the read fails too, c.Uncertain is told: the Pod may be claimed.
+func (p *Pool) readBack(ctx context.Context, name string, c sandbox.Claim, err error) (*corev1.Pod, bool, error) {
+	var st apierrors.APIStatus
+	if errors.As(err, &st) && st.Status().Code >= 400 && st.Status().Code < 500 {
+		return nil, false, err
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.RequestTimeout)
+	defer cancel()
+	got, rerr := p.client.CoreV1().Pods(p.cfg.Namespace).Get(rctx, name, metav1.GetOptions{})
+	switch {
+	case rerr == nil && got.DeletionTimestamp == nil && got.Labels[keys.LabelID] == c.Labels[keys.LabelID] &&
+		got.Labels[keys.LabelToken] != "" && got.Labels[keys.LabelToken] == c.Labels[keys.LabelToken]:
+		return got, false, nil
+	case rerr != nil && !apierrors.IsNotFound(rerr) && c.Uncertain != nil:
+		c.Uncertain()
+	}
+	return nil, false, err
 }
 
 // Missed implements sandbox.Pool.

@@ -51,6 +51,10 @@ type Claim struct {
 	Labels, Annotations map[string]string
 	MaxLifetime         time.Duration
 	Prepare             func(ctx context.Context, pod *corev1.Pod) error
+	// Uncertain, when set, is told that a claim's write failed without
+	// saying whether it landed, and a read could not tell either: the Pod
+	// may be claimed, so its Service must stay (claimService.giveUp).
+	Uncertain func()
 }
 
 // WithPool serves creates of pooled templates from warm pools.
@@ -142,7 +146,7 @@ func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Dura
 	}
 	cs := &claimService{m: m, s: s}
 	pod := m.pool.ClaimFrom(ctx, t, hash, ready, Claim{Labels: meta.Labels, Annotations: meta.Annotations,
-		MaxLifetime: s.MaxLifetime, Prepare: cs.prepare})
+		MaxLifetime: s.MaxLifetime, Prepare: cs.prepare, Uncertain: func() { cs.uncertain = true }})
 	if pod == nil {
 		return cs.giveUp(ctx, wait)
 	}
@@ -175,6 +179,9 @@ type claimService struct {
 	s   api.Spec
 	svc *corev1.Service // the Service this create made, owned by the Pod it tries
 	err error           // why a Prepare ended the claim
+	// uncertain: a claim's write may have landed unseen; the Service stays
+	// (the quota counts it), and the reap removes it if no claim did.
+	uncertain bool
 }
 
 // prepare is the claim's Prepare: the Service made (and the quota counted)
@@ -231,6 +238,10 @@ func (c *claimService) giveUp(ctx context.Context, wait time.Duration) (api.Sand
 			return api.Sandbox{}, true, rerr
 		}
 		return m.answer(ctx, c.s.ID, a.found, wait)
+	}
+	if c.uncertain {
+		return api.Sandbox{}, true, &api.Error{Kind: api.KindUnavailable,
+			Detail: "the Kubernetes API server failed while a pooled sandbox was being claimed, and whether the claim landed cannot be told yet; retry"}
 	}
 	if c.svc != nil {
 		derr := m.client.CoreV1().Services(m.cfg.Namespace).Delete(context.WithoutCancel(ctx), c.svc.Name,

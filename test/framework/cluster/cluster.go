@@ -127,6 +127,12 @@ func UpWith(ctx context.Context, name string, o Options) (*Cluster, error) {
 		// The API server's default Service range (a /24) runs out long before
 		// the load and list tests do.
 		"--extra-args", "kube-apiserver=service-cluster-ip-range=10.96.0.0/16",
+		// One scheduler and one controller manager, so no leader election:
+		// with it, an API server down for longer than the renew deadline
+		// (the fault tests and the soak restart it, under load) makes them
+		// exit for a lost lease, and nothing would schedule again.
+		"--extra-args", "kube-scheduler=leader-elect=false",
+		"--extra-args", "kube-controller-manager=leader-elect=false",
 		// kwok fakes only its own nodes (kwokctl scale node annotates them),
 		// never the real node's status or its Pods'.
 		"--extra-args", "kwok-controller=manage-all-nodes=false",
