@@ -3,9 +3,11 @@ package pool
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -422,4 +424,56 @@ func claimSpec(t *testing.T, cfg *config.Config, id string, mutate func(*api.Cre
 		t.Fatal(err)
 	}
 	return s
+}
+
+// TestClaimThatLandedUnseen: the claim's patch lands but its answer is a
+// 500 (the API server failed after writing). The claim reads the Pod back:
+// it carries the claim, so it is this create's sandbox. When that read
+// fails too, nothing can tell whether the Pod is claimed: the create
+// answers 503 and its Service stays, so the quota still counts a Pod that
+// may be claimed (the reap removes the Service if no claim landed).
+func TestClaimThatLandedUnseen(t *testing.T) {
+	tests := []struct {
+		name        string
+		failRead    bool
+		wantKind    api.Kind // -1: answered 200
+		wantPooled  bool
+		wantService bool
+	}{
+		{name: "the read back finds the claim", wantKind: -1, wantPooled: true, wantService: true},
+		{name: "the read back fails too", failRead: true, wantKind: api.KindUnavailable, wantService: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, tmpl, cs := claimCluster(t, true)
+			var patched atomic.Bool
+			cs.PrependReactor("patch", "pods", func(a clienttesting.Action) (bool, runtime.Object, error) {
+				if patched.Load() {
+					return false, nil, nil
+				}
+				if _, _, err := clienttesting.ObjectReaction(cs.Tracker())(a); err != nil {
+					return true, nil, err
+				}
+				patched.Store(true)
+				return true, nil, apierrors.NewInternalError(errors.New("injected after the write"))
+			})
+			cs.PrependReactor("get", "pods", func(clienttesting.Action) (bool, runtime.Object, error) {
+				if tt.failRead && patched.Load() {
+					return true, nil, apierrors.NewServiceUnavailable("injected")
+				}
+				return false, nil, nil
+			})
+			m := sandbox.NewManager(cfg, cs, sandbox.WithPool(newPool(cfg, cs, &counts{}, tmpl)))
+			sb, err := m.Create(alice, claimSpec(t, cfg, "abc", nil), 0)
+			kind := api.Kind(-1)
+			if err != nil {
+				kind = api.KindOf(err)
+			}
+			_, serr := cs.CoreV1().Services(ns).Get(context.Background(), "sandbox-abc-svc", metav1.GetOptions{})
+			got := []any{kind, sb.Pooled, serr == nil}
+			if diff := cmp.Diff([]any{tt.wantKind, tt.wantPooled, tt.wantService}, got); diff != "" {
+				t.Errorf("error kind, pooled, Service kept (-want +got):\n%s\nerror: %v", diff, err)
+			}
+		})
+	}
 }
