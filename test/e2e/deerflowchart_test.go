@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
@@ -318,19 +319,27 @@ func TestDeerFlowChartOverlay(t *testing.T) {
 	applyServerSide(t, objs)
 	// The policies take a moment to be in force: wait until they refuse,
 	// for the overlay's ServiceAccount, a Pod without the sandbox label, so
-	// that the create below passes them, not just their absence.
+	// that the create below passes them, not just their absence. The
+	// policy and its binding reach the API server's admission cache
+	// separately, and config/'s binding (same name, config/'s parameters)
+	// refuses that Pod too: wait as well until a Pod mounting the chart's
+	// home claim, which only the overlay's parameters allow, is admitted.
 	sa := "system:serviceaccount:" + ns + ":sandbox-provisioner"
 	rc := rest.CopyConfig(kc.Config)
 	rc.Impersonate = rest.ImpersonationConfig{UserName: sa}
 	asSA := kubernetes.NewForConfigOrDie(rc)
-	eventually(t, 30*time.Second, "the overlay's admission policy in force", func() (bool, error) {
-		spec, err := api.CreateRequest{SandboxID: "probe"}.Validate(cfg, time.Now())
+	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	eventually(t, 30*time.Second, "the overlay's admission policy and binding in force", func() (bool, error) {
+		spec, err := api.CreateRequest{SandboxID: "probe", ThreadID: ptr.To("t0"), UserID: ptr.To("user-0")}.Validate(cfg, time.Now())
 		if err != nil {
 			return false, err
 		}
 		p := resources.BuildPod(cfg, spec)
+		if _, err := asSA.CoreV1().Pods(ns).Create(context.Background(), p, dryRun); err != nil {
+			return false, err
+		}
 		delete(p.Labels, "app")
-		_, err = asSA.CoreV1().Pods(ns).Create(context.Background(), p, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		_, err = asSA.CoreV1().Pods(ns).Create(context.Background(), p, dryRun)
 		return refusedBy(err, podPolicy, ""), err
 	})
 
