@@ -42,9 +42,23 @@ const LegacyPrincipal = config.DefaultPrincipal
 // Sees reports whether c may see obj: an administrator sees everything, a
 // principal what records it, and LegacyPrincipal also what records none.
 func (c Caller) Sees(obj metav1.Object) bool {
-	owner, ok := obj.GetAnnotations()[keys.AnnotationPrincipal]
-	if !ok {
-		owner = LegacyPrincipal
+	return c.Admin || (c.Principal != "" && PrincipalOf(obj) == c.Principal)
+}
+
+// PrincipalOf is the principal obj records; one that records none is from
+// before principals: LegacyPrincipal's.
+func PrincipalOf(obj metav1.Object) string {
+	if p := obj.GetAnnotations()[keys.AnnotationPrincipal]; p != "" {
+		return p
 	}
-	return c.Admin || (c.Principal != "" && owner == c.Principal)
+	return LegacyPrincipal
+}
+
+// Records is the principal c's sandboxes record, as PrincipalOf reads it
+// back: c's own, LegacyPrincipal's for a caller without one.
+func (c Caller) Records() string {
+	if c.Principal == "" {
+		return LegacyPrincipal
+	}
+	return c.Principal
 }

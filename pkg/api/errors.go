@@ -94,6 +94,14 @@ func DetailOf(err error) string {
 	return "internal error"
 }
 
+// Refused reports whether err is the API server's refusal of a write (a
+// 4xx status): the write did not happen. Anything else (a 5xx, a timeout,
+// the client gone) may have been written before it failed, and is read back.
+func Refused(err error) bool {
+	var st apierrors.APIStatus
+	return errors.As(err, &st) && st.Status().Code >= 400 && st.Status().Code < 500
+}
+
 // Classify turns an error from the API server into a domain error. Its main
 // job is the rule DeerFlow depends on: a transient failure must never look
 // like "not found", or the backend throws away a healthy sandbox.

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -44,5 +45,32 @@ func TestClassify(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("kinds (-want +got):\n%s", diff)
+	}
+}
+
+func TestRefused(t *testing.T) {
+	gr := schema.GroupResource{Resource: "pods"}
+	cases := map[string]struct {
+		err  error
+		want bool
+	}{
+		"already exists":         {apierrors.NewAlreadyExists(gr, "p"), true},
+		"forbidden by admission": {apierrors.NewForbidden(gr, "p", errors.New("denied")), true},
+		"invalid":                {apierrors.NewBadRequest("bad"), true},
+		"too many requests":      {apierrors.NewTooManyRequests("busy", 1), true},
+		"wrapped refusal":        {fmt.Errorf("create: %w", apierrors.NewConflict(gr, "p", errors.New("changed"))), true},
+		"internal error":         {apierrors.NewInternalError(errors.New("boom")), false},
+		"service unavailable":    {apierrors.NewServiceUnavailable("down"), false},
+		"server timeout":         {apierrors.NewServerTimeout(gr, "create", 1), false},
+		"client deadline":        {context.DeadlineExceeded, false},
+		"client gone":            {context.Canceled, false},
+		"no error":               {nil, false},
+	}
+	got, want := map[string]bool{}, map[string]bool{}
+	for name, c := range cases {
+		got[name], want[name] = Refused(c.err), c.want
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Refused (-want +got):\n%s", diff)
 	}
 }

@@ -37,6 +37,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
@@ -338,8 +339,7 @@ func (p *Pool) claim(ctx context.Context, pod *corev1.Pod, hash string, c sandbo
 // it carries the claim's id and token. A refusal (a 4xx) wrote nothing.
 // When the read fails too, c.Uncertain is told: the Pod may be claimed.
 func (p *Pool) readBack(ctx context.Context, name string, c sandbox.Claim, err error) (*corev1.Pod, bool, error) {
-	var st apierrors.APIStatus
-	if errors.As(err, &st) && st.Status().Code >= 400 && st.Status().Code < 500 {
+	if api.Refused(err) {
 		return nil, false, err
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.RequestTimeout)

@@ -71,6 +71,16 @@ func (c *Counter) Synced(ctx context.Context, within time.Duration) bool {
 	return c.slots != nil && c.slots.synced(ctx, within)
 }
 
+// Holds reports whether the Service cache holds a sandbox Service named
+// name: a hint only (the cache may be behind), false when there is no cache.
+func (c *Counter) Holds(name string) bool {
+	if c.slots == nil || !c.running.Load() || !c.slots.informer.HasSynced() {
+		return false
+	}
+	_, ok, _ := c.slots.informer.GetStore().GetByKey(c.namespace + "/" + name)
+	return ok
+}
+
 // settled is how old a sandbox must be to count as a long-lived one rather
 // than a racing create that may yet withdraw.
 const settled = 3 * time.Second

@@ -367,7 +367,11 @@ func (m *Manager) ensureService(ctx context.Context, s api.Spec, owner metav1.Ow
 			if !m.slotLeftover(existing) {
 				return nil, errOtherKind
 			}
-			if err := m.dropStale(ctx, existing); !errors.Is(err, errStale) {
+			answered, err := m.dropLeftoverSlot(ctx, existing)
+			switch {
+			case answered:
+				return nil, errOtherKind
+			case !errors.Is(err, errStale):
 				return nil, err
 			}
 		case existing.DeletionTimestamp == nil:

@@ -134,8 +134,7 @@ func (m *Manager) undoCreate(ctx context.Context, workload workloadObject, svc *
 // when the workload may still be there (the read or the delete failed too):
 // a leftover, which keeps its slot so that the quota still counts it.
 func (m *Manager) undoUncertain(ctx context.Context, err error, want workloadObject, failed error) error {
-	var st apierrors.APIStatus
-	if errors.As(err, &st) && st.Status().Code >= 400 && st.Status().Code < 500 {
+	if api.Refused(err) {
 		return failed
 	}
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.RequestTimeout)

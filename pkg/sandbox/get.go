@@ -82,7 +82,7 @@ func chained(f found) found {
 	if w == nil || f.svc == nil {
 		return f
 	}
-	if !resources.Names(f.svc, w) || resources.PrincipalOf(f.svc) != resources.PrincipalOf(w) {
+	if !resources.Names(f.svc, w) || api.PrincipalOf(f.svc) != api.PrincipalOf(w) {
 		f.svc = nil
 	}
 	return f

@@ -122,3 +122,57 @@ func TestCreateLeavesNothingWhenTheCountFails(t *testing.T) {
 		})
 	}
 }
+
+// TestCreateAgainWritesNoService: DeerFlow creates a sandbox again each
+// time it reuses it. With a limit set (the default), the quota's Service cache shows the
+// id's Service, so the create of it again writes no Service (whose refusal
+// would cost the API server's admission and NodePort allocator) and is
+// answered with the sandbox that exists; without the cache (no limit) it
+// writes one, refused as AlreadyExists, as before. Client-go's fake
+// clientset stands in for the API server.
+func TestCreateAgainWritesNoService(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		env            map[string]string
+		wantSvcCreates int
+	}{
+		{name: "with a limit: the cache answers", env: map[string]string{"MAX_SANDBOXES": "5", "SANDBOX_NETWORK_POLICY_ENSURE": "true"}, wantSvcCreates: 0},
+		{name: "without a limit: no cache", env: map[string]string{"MAX_SANDBOXES": "0", "SANDBOX_NETWORK_POLICY_ENSURE": "true"}, wantSvcCreates: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := fake.NewClientset()
+			apiServerWrites(t, client)
+			m := NewManager(testConfig(t, tc.env), client)
+			ctx, cancel := context.WithTimeout(api.WithCaller(context.Background(), api.Caller{Principal: "default"}), 10*time.Second)
+			defer cancel()
+			m.Run(ctx)
+			s := api.Spec{ID: "again1", UserID: "u", ThreadID: "t", IdleTimeout: time.Hour, MaxLifetime: time.Hour}
+			first, err := m.Create(ctx, s, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m.quota.Synced(ctx, 5*time.Second) {
+				// The cache holds the Service once its watch event came.
+				deadline := time.Now().Add(5 * time.Second)
+				for !m.quota.Holds(resources.ServiceName(s.ID)) && time.Now().Before(deadline) {
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
+			var svcCreates int
+			client.PrependReactor("create", "services", func(k8stesting.Action) (bool, runtime.Object, error) {
+				svcCreates++
+				return false, nil, nil
+			})
+			again, err := m.Create(ctx, s, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(first, again); diff != "" {
+				t.Errorf("the create again answered another sandbox (-first +again):\n%s", diff)
+			}
+			if svcCreates != tc.wantSvcCreates {
+				t.Errorf("the create again wrote %d Services, want %d", svcCreates, tc.wantSvcCreates)
+			}
+		})
+	}
+}

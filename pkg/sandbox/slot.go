@@ -139,9 +139,21 @@ func (m *Manager) createKindOnce(ctx context.Context, s api.Spec, k kind) (made,
 
 // reserve makes the sandbox's slot (mine), or returns the Service of the
 // id that exists (not mine), for the caller to judge.
+//
+// DeerFlow creates a sandbox again each time it reuses it, so the id's
+// Service often exists. A create of it would be refused only after the API
+// server's admission and its NodePort allocator had run, so the quota's
+// Service cache (in memory, when a limit is set) is asked first: what it
+// holds is read from etcd before it is judged, and a Service it misses is
+// refused by the create as before.
 func (m *Manager) reserve(ctx context.Context, s api.Spec, kindName string) (*corev1.Service, bool, error) {
 	want := resources.Slot(m.cfg, s, kindName)
 	svcs := m.client.CoreV1().Services(m.cfg.Namespace)
+	if m.quota.Holds(want.Name) {
+		if existing, err := svcs.Get(ctx, want.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return judge(existing, err, s)
+		}
+	}
 	created, err := svcs.Create(ctx, want, metav1.CreateOptions{})
 	switch {
 	case err == nil:
@@ -151,9 +163,16 @@ func (m *Manager) reserve(ctx context.Context, s api.Spec, kindName string) (*co
 		return nil, false, m.createFailed(err, "Service", s)
 	}
 	existing, err := svcs.Get(ctx, want.Name, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
+	if apierrors.IsNotFound(err) {
 		return nil, false, errStale
+	}
+	return judge(existing, err, s)
+}
+
+// judge returns the id's existing Service (read from etcd with err) for
+// the caller to judge, or errStale when it is going.
+func judge(existing *corev1.Service, err error, s api.Spec) (*corev1.Service, bool, error) {
+	switch {
 	case err != nil:
 		return nil, false, api.Classify(err, "read the existing sandbox Service")
 	case !resources.IsSandbox(existing, s.ID):
@@ -207,13 +226,20 @@ func (m *Manager) existing(ctx context.Context, s api.Spec, k kind, svc *corev1.
 // (one without its Service: from before slots) that it would have repaired.
 func (m *Manager) fill(ctx context.Context, s api.Spec, k kind, svc *corev1.Service, mine bool) (made, error) {
 	if t := resources.SlotToken(svc); t != "" && !mine {
-		if slotKind(svc) != k.name && !m.slotLeftover(svc) {
-			return made{}, errOtherKind // a create of the other kind holds the id: its sandbox is the answer
-		}
-		if !resources.SameSandbox(svc, s) {
-			if m.slotLeftover(svc) {
-				return made{}, m.dropStale(ctx, svc)
+		other := slotKind(svc) != k.name || !resources.SameSandbox(svc, s)
+		if other && m.slotLeftover(svc) {
+			// Left by a create that failed and could not undo: it and the
+			// workload that create may have written go, unless another
+			// request has answered with that workload since.
+			answered, err := m.dropLeftoverSlot(ctx, svc)
+			if !answered {
+				return made{}, err
 			}
+		}
+		switch {
+		case slotKind(svc) != k.name:
+			return made{}, errOtherKind // a create of the other kind holds the id: its sandbox is the answer
+		case other:
 			return made{}, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " exists for another user or thread; choose another sandbox_id"}
 		}
 		s.Token = t
@@ -315,6 +341,37 @@ func (m *Manager) dropStale(ctx context.Context, svc *corev1.Service) error {
 	return errStale
 }
 
+// dropLeftoverSlot removes svc, a leftover slot (slotLeftover), with the
+// workload its create may have written (errMayExist): the one of the
+// slot's kind and id that carries its token, first, so that the quota
+// counts the slot until that workload's deletion has started. A workload
+// that another request has answered with since (remove.Remover.Undo) stays,
+// and so does its slot: answered is true. Otherwise the error is errStale
+// (the create starts over) or why the removal failed.
+func (m *Manager) dropLeftoverSlot(ctx context.Context, svc *corev1.Service) (answered bool, err error) {
+	id := svc.Labels[keys.LabelID]
+	var w workloadObject
+	if slotKind(svc) == "ReplicaSet" {
+		w, err = m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Get(ctx, resources.PodName(id), metav1.GetOptions{})
+	} else {
+		w, err = m.client.CoreV1().Pods(m.cfg.Namespace).Get(ctx, resources.PodName(id), metav1.GetOptions{})
+	}
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return false, api.Classify(err, "read the workload of a leftover sandbox Service")
+	case w.GetDeletionTimestamp() == nil && resources.Token(w) == resources.SlotToken(svc):
+		removed, err := m.rm.Undo(ctx, w)
+		if err != nil {
+			return false, api.Classify(err, "remove the workload of a leftover sandbox Service")
+		}
+		if !removed {
+			return true, nil
+		}
+	}
+	return false, m.dropStale(ctx, svc)
+}
+
 // dropSlot removes the slot this create made, under a deadline of its own
 // (the request's may be what ended it). One it cannot remove counts for
 // the quota until the next create, destroy or reap of its id removes it.
@@ -349,8 +406,7 @@ func (m *Manager) dropHalfMade(ctx context.Context, s api.Spec, k kind) {
 // whether it was written (undoUncertain's twin): the Service is read back
 // and removed when it carries this create's token.
 func (m *Manager) undoUncertainSlot(ctx context.Context, err error, want *corev1.Service) {
-	var st apierrors.APIStatus
-	if errors.As(err, &st) && st.Status().Code >= 400 && st.Status().Code < 500 {
+	if api.Refused(err) {
 		return
 	}
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.RequestTimeout)

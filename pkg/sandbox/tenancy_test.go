@@ -412,3 +412,91 @@ func TestLegacySandboxIsNoLeftover(t *testing.T) {
 		t.Errorf("objects left (-want +got):\n%s", diff)
 	}
 }
+
+// TestLeftoverSlotGoesWithWhatItsCreateWrote: a slot left by a create that
+// failed and could not undo (its workload may have been written: it was
+// kept so the quota counts it) is, once older than any create could be,
+// removed by the next create of its id that cannot use it (another kind,
+// another user or principal), and with it the workload that create wrote
+// (the one of the slot's kind carrying its token). The new sandbox's
+// Service says the kind it is bound to. (The soak found a Pod bound to a
+// ReplicaSet's leftover slot, still labelled for a ReplicaSet, and that
+// ReplicaSet left running uncounted.)
+func TestLeftoverSlotGoesWithWhatItsCreateWrote(t *testing.T) {
+	cfg := testConfig(t, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "true"})
+	bg := context.Background()
+	id := "slotleft1"
+	leftover := func(t *testing.T, client *fake.Clientset, kind string, written bool) {
+		t.Helper()
+		s := ownerSpec(id)
+		s.Caller, s.Token = api.Caller{Principal: "alice"}, token.New()
+		slot := resources.Slot(cfg, s, kind)
+		slot.CreationTimestamp = metav1.NewTime(time.Now().Add(-time.Hour))
+		if _, err := client.CoreV1().Services("deer-flow").Create(bg, slot, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if !written {
+			return
+		}
+		var err error
+		if kind == "ReplicaSet" {
+			_, err = client.AppsV1().ReplicaSets("deer-flow").Create(bg, resources.BuildReplicaSet(cfg, s), metav1.CreateOptions{})
+		} else {
+			_, err = client.CoreV1().Pods("deer-flow").Create(bg, resources.BuildPodFor(cfg, s), metav1.CreateOptions{})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	type outcome struct {
+		ReplicaSets   int
+		PodPrincipal  string
+		ServiceOwner  string // the kind that owns the Service
+		ServiceLabel  string // its workload label
+		SelectsThePod bool
+	}
+	tests := []struct {
+		name    string
+		kind    string
+		written bool
+		caller  string
+		user    string
+	}{
+		{name: "a ReplicaSet's slot with its ReplicaSet; alice creates a Pod sandbox", kind: "ReplicaSet", written: true, caller: "alice"},
+		{name: "a ReplicaSet's slot, nothing written; alice creates a Pod sandbox", kind: "ReplicaSet", caller: "alice"},
+		{name: "alice's Pod slot with its Pod; bob creates the id", kind: "Pod", written: true, caller: "bob", user: "bobs-user"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			client := fake.NewClientset()
+			apiServerWrites(t, client)
+			m := NewManager(cfg, client)
+			leftover(t, client, tc.kind, tc.written)
+			s := ownerSpec(id)
+			if tc.user != "" {
+				s.UserID = tc.user
+			}
+			if _, err := m.Create(api.WithCaller(bg, api.Caller{Principal: tc.caller}), s, 0); err != nil {
+				t.Fatal(err)
+			}
+			rss, err := client.AppsV1().ReplicaSets("deer-flow").List(bg, metav1.ListOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pod, perr := client.CoreV1().Pods("deer-flow").Get(bg, resources.PodName(id), metav1.GetOptions{})
+			svc, serr := client.CoreV1().Services("deer-flow").Get(bg, resources.ServiceName(id), metav1.GetOptions{})
+			if perr != nil || serr != nil {
+				t.Fatal(perr, serr)
+			}
+			got := outcome{ReplicaSets: len(rss.Items), PodPrincipal: pod.Annotations[keys.AnnotationPrincipal],
+				ServiceLabel: svc.Labels[keys.LabelWorkload], SelectsThePod: resources.Names(svc, pod)}
+			if o := resources.SandboxOwner(svc.OwnerReferences); o != nil {
+				got.ServiceOwner = o.Kind
+			}
+			want := outcome{PodPrincipal: tc.caller, ServiceOwner: "Pod", SelectsThePod: true}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("after the create (-want +got):\n%s", diff)
+			}
+		})
+	}
+}

@@ -26,6 +26,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+	sandboxtoken "github.com/deerflow-sandbox/provisioner/pkg/token"
 	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
 )
 
@@ -334,6 +335,7 @@ func TestDeerFlowChartOverlay(t *testing.T) {
 		if err != nil {
 			return false, err
 		}
+		spec.Token = sandboxtoken.New()
 		p := resources.BuildPod(cfg, spec)
 		if _, err := asSA.CoreV1().Pods(ns).Create(context.Background(), p, dryRun); err != nil {
 			return false, err

@@ -4,12 +4,16 @@ package e2e
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -87,10 +91,10 @@ func TestQuotaHoldsUnderFaults(t *testing.T) {
 	injected := faults.total()
 	summary := map[string]int64{}
 	codes.Range(func(k, v any) bool { summary[k.(string)] = v.(*atomic.Int64).Load(); return true })
-	peak, events := w.peak()
-	t.Logf("answers %v; %d faults injected; %d watch events; at most %d sandbox workloads at once (limit %d)", summary, injected, events, peak, limit)
-	if peak > limit {
-		t.Errorf("the quota overshot: %d sandbox workloads existed at once, limit %d; at that moment: %v", peak, limit, w.atPeak())
+	pk := w.peaks()
+	t.Logf("answers %v; %d faults injected; %d watch events; at most %d sandbox workloads at once (limit %d)", summary, injected, pk.events, pk.max, limit)
+	if pk.max > limit {
+		t.Errorf("the quota overshot: %d sandbox workloads existed at once, limit %d; at that moment: %v", pk.max, limit, pk.at)
 	}
 	if injected == 0 || summary["POST 200"] == 0 {
 		t.Errorf("the load proved nothing: %d faults injected, %d creates admitted", injected, summary["POST 200"])
@@ -195,32 +199,47 @@ func doWithinHeaders(f *function.Instance, headers map[string]string, method, pa
 	return resp.StatusCode, string(out)
 }
 
-// workloadWatch counts a namespace's sandbox workloads on every watch
-// event: bare and claimed Pods that have not ended, and ReplicaSets (whose
-// Pods they stand for), until their deletion starts.
+// workloadWatch counts a namespace's sandbox workloads at every moment of
+// the API server's history: bare and claimed Pods that have not ended, and
+// ReplicaSets (whose Pods they stand for), until their deletion starts.
+//
+// Pods and ReplicaSets come on two watches, and neither waits for the
+// other: a Pod's deletion can arrive after a ReplicaSet created later
+// (after an API server restart, one watch may be seconds behind the
+// other). So the events are kept with their resourceVersion (etcd's
+// revision, one order for every kind) and replayed in that order. A
+// deletion a watch missed (an API server restart: the informer's relist
+// reports it without its revision) is placed at the newest revision seen
+// when it was reported: the latest it can have happened, so the count
+// never misses a moment over the limit (it may count one too many).
 type workloadWatch struct {
 	mu     sync.Mutex
-	live   map[string]string // key -> the principal it records
-	max    int
-	at     []string
-	events int
-	// byPrincipal is the most workloads of each principal at once.
-	byPrincipal map[string]int
+	log    []workloadEvent
+	newest uint64 // the newest resourceVersion seen on either watch
+	missed int    // deletions reported without their revision
+}
+
+type workloadEvent struct {
+	rv        uint64
+	key       string // "Pod <name>" or "ReplicaSet <name>"
+	principal string
+	counts    bool // the workload counts from this revision on
 }
 
 func watchWorkloads(t *testing.T, ns string) *workloadWatch {
 	t.Helper()
-	w := &workloadWatch{live: map[string]string{}, byPrincipal: map[string]int{}}
+	w := &workloadWatch{}
 	factory := informers.NewSharedInformerFactoryWithOptions(client(), 0, informers.WithNamespace(ns),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = "app=deer-flow-sandbox" }))
 	handler := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { w.observe(obj, false) },
-		UpdateFunc: func(_, obj any) { w.observe(obj, false) },
+		AddFunc:    func(obj any) { w.observe(obj, false, false) },
+		UpdateFunc: func(_, obj any) { w.observe(obj, false, false) },
 		DeleteFunc: func(obj any) {
-			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			d, missed := obj.(cache.DeletedFinalStateUnknown)
+			if missed {
 				obj = d.Obj
 			}
-			w.observe(obj, true)
+			w.observe(obj, true, missed)
 		},
 	}
 	if _, err := factory.Core().V1().Pods().Informer().AddEventHandler(handler); err != nil {
@@ -240,65 +259,78 @@ func watchWorkloads(t *testing.T, ns string) *workloadWatch {
 	return w
 }
 
-func (w *workloadWatch) observe(obj any, deleted bool) {
-	var key string
-	counts := !deleted
+func (w *workloadWatch) observe(obj any, deleted, missed bool) {
+	e := workloadEvent{counts: !deleted}
 	switch o := obj.(type) {
 	case *corev1.Pod:
 		if o.Labels[keys.LabelWorkload] == keys.WorkloadReplicaSetValue || o.Labels[keys.LabelID] == "" {
 			return // a ReplicaSet's Pod (its ReplicaSet counts), or an unclaimed pooled one (the pool's)
 		}
-		key = "Pod " + o.Name
-		counts = counts && o.DeletionTimestamp == nil && o.Status.Phase != corev1.PodSucceeded && o.Status.Phase != corev1.PodFailed
+		e.key = "Pod " + o.Name
+		e.counts = e.counts && o.DeletionTimestamp == nil && o.Status.Phase != corev1.PodSucceeded && o.Status.Phase != corev1.PodFailed
 	case *appsv1.ReplicaSet:
-		key = "ReplicaSet " + o.Name
-		counts = counts && o.DeletionTimestamp == nil
+		e.key = "ReplicaSet " + o.Name
+		e.counts = e.counts && o.DeletionTimestamp == nil
 	default:
 		return
 	}
-	principal := obj.(metav1.Object).GetAnnotations()[keys.AnnotationPrincipal]
+	m := obj.(metav1.Object)
+	e.principal = m.GetAnnotations()[keys.AnnotationPrincipal]
+	rv, err := strconv.ParseUint(m.GetResourceVersion(), 10, 64)
+	if err != nil {
+		return
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.events++
-	if counts {
-		w.live[key] = principal
-	} else {
-		delete(w.live, key)
+	w.newest = max(w.newest, rv)
+	e.rv = rv
+	if missed {
+		e.rv = w.newest
+		w.missed++
 	}
-	of := map[string]int{}
-	for _, p := range w.live {
-		of[p]++
-	}
-	for p, n := range of {
-		w.byPrincipal[p] = max(w.byPrincipal[p], n)
-	}
-	if len(w.live) > w.max {
-		w.max = len(w.live)
-		w.at = w.at[:0]
-		for k := range w.live {
-			w.at = append(w.at, k)
+	w.log = append(w.log, e)
+}
+
+// workloadPeaks is the watch's history replayed: the most workloads at
+// once (and which), the most of each principal, the events, and the
+// deletions placed at the latest revision they can have happened at.
+type workloadPeaks struct {
+	max         int
+	at          []string
+	byPrincipal map[string]int
+	events      int
+	missed      int
+}
+
+func (w *workloadWatch) peaks() workloadPeaks {
+	w.mu.Lock()
+	log := slices.Clone(w.log)
+	out := workloadPeaks{byPrincipal: map[string]int{}, events: len(w.log), missed: w.missed}
+	w.mu.Unlock()
+	// Stable: one object's events at one revision (a relist repeating an
+	// update) keep the order they came in.
+	slices.SortStableFunc(log, func(a, b workloadEvent) int { return cmp.Compare(a.rv, b.rv) })
+	live := map[string]string{}
+	for i, e := range log {
+		if e.counts {
+			live[e.key] = e.principal
+		} else {
+			delete(live, e.key)
+		}
+		if i+1 < len(log) && log[i+1].rv == e.rv {
+			continue // the moment is after every event of its revision
+		}
+		of := map[string]int{}
+		for _, p := range live {
+			of[p]++
+		}
+		for p, n := range of {
+			out.byPrincipal[p] = max(out.byPrincipal[p], n)
+		}
+		if len(live) > out.max {
+			out.max = len(live)
+			out.at = slices.Sorted(maps.Keys(live))
 		}
 	}
-}
-
-func (w *workloadWatch) peak() (int, int) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.max, w.events
-}
-
-func (w *workloadWatch) principalPeaks() map[string]int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	out := map[string]int{}
-	for p, n := range w.byPrincipal {
-		out[p] = n
-	}
 	return out
-}
-
-func (w *workloadWatch) atPeak() []string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return append([]string(nil), w.at...)
 }

@@ -203,12 +203,11 @@ func TestSoak(t *testing.T) {
 	}
 	s.checkSettled()
 
-	peak, events := w.peak()
-	perPrincipal := w.principalPeaks()
-	if peak > soakLimit {
-		s.violate("%d sandbox workloads at once, over MAX_SANDBOXES=%d: %v", peak, soakLimit, w.atPeak())
+	pk := w.peaks()
+	if pk.max > soakLimit {
+		s.violate("%d sandbox workloads at once, over MAX_SANDBOXES=%d (%d deletions the watch missed counted until it saw them): %v", pk.max, soakLimit, pk.missed, pk.at)
 	}
-	for p, n := range perPrincipal {
+	for p, n := range pk.byPrincipal {
 		if n > soakPerPrinc {
 			s.violate("%d sandbox workloads of %s at once, over MAX_SANDBOXES_PER_PRINCIPAL=%d", n, p, soakPerPrinc)
 		}
@@ -216,8 +215,8 @@ func TestSoak(t *testing.T) {
 	injected := faults.byKind()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t.Logf("soak: seed %d; %d operations %v; faults injected %v; %d watch events, at most %d workloads at once (per principal %v); violations: %d",
-		seed, s.ops, s.answers, injected, events, peak, perPrincipal, len(s.violations))
+	t.Logf("soak: seed %d; %d operations %v; faults injected %v; %d watch events (%d deletions missed), at most %d workloads at once (per principal %v); violations: %d",
+		seed, s.ops, s.answers, injected, pk.events, pk.missed, pk.max, pk.byPrincipal, len(s.violations))
 	for _, v := range s.violations {
 		t.Error(v)
 	}
@@ -439,8 +438,11 @@ func (s *soak) whole(x *soakID) error {
 		switch {
 		case err != nil && !apierrors.IsNotFound(err):
 			return nil
-		case err != nil || rs.DeletionTimestamp != nil || rs.Spec.Template.Labels[keys.LabelToken] != tok || rs.Annotations[keys.AnnotationPrincipal] != x.owner.name:
-			return fmt.Errorf("no live ReplicaSet of %s with its Service's token (%v)", x.owner.name, err)
+		case err != nil:
+			return fmt.Errorf("no ReplicaSet (its Service, owned by %v, selects token %s)", svc.OwnerReferences, tok)
+		case rs.DeletionTimestamp != nil || rs.Spec.Template.Labels[keys.LabelToken] != tok || rs.Annotations[keys.AnnotationPrincipal] != x.owner.name:
+			return fmt.Errorf("no live ReplicaSet of %s with its Service's token: ReplicaSet %s (deleted %v, token %s, principal %q); Service owned by %v, token %s",
+				x.owner.name, rs.UID, rs.DeletionTimestamp, rs.Spec.Template.Labels[keys.LabelToken], rs.Annotations[keys.AnnotationPrincipal], svc.OwnerReferences, tok)
 		}
 		return nil
 	}

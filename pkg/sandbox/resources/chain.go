@@ -44,28 +44,12 @@ func CheckCapacity(obj metav1.Object, s api.Spec) error {
 	return nil
 }
 
-// PrincipalOf is the principal an object records; one that records none
-// is from before principals: the legacy principal's.
-func PrincipalOf(obj metav1.Object) string {
-	if p := obj.GetAnnotations()[keys.AnnotationPrincipal]; p != "" {
-		return p
-	}
-	return api.LegacyPrincipal
-}
-
 // SameSandbox reports whether svc was made for s's user, thread and
 // principal, as its labels and annotation record them.
 func SameSandbox(svc *corev1.Service, s api.Spec) bool {
 	l := svc.Labels
 	return l[keys.LabelUser] == LabelValue(s.UserID) && l[keys.LabelThread] == LabelValue(s.ThreadID) &&
-		PrincipalOf(svc) == principalOrLegacy(s.Caller.Principal)
-}
-
-func principalOrLegacy(p string) string {
-	if p == "" {
-		return api.LegacyPrincipal
-	}
-	return p
+		api.PrincipalOf(svc) == s.Caller.Records()
 }
 
 // ClaimedOwner reports whether svc belongs to a Pod claimed from a pool:

@@ -125,11 +125,15 @@ func Bind(svc *corev1.Service, ref metav1.OwnerReference, token string, s api.Sp
 	}
 	c.OwnerReferences = refs
 	c.Spec.Selector = ServiceSelector(s.ID, token)
+	if c.Labels == nil {
+		c.Labels = map[string]string{}
+	}
+	// The kind bound, whatever the slot was made for (a leftover slot of
+	// the other kind is never bound: see fill, but a label must not lie).
 	if ref.Kind == "ReplicaSet" {
-		if c.Labels == nil {
-			c.Labels = map[string]string{}
-		}
 		c.Labels[keys.LabelWorkload] = keys.WorkloadReplicaSetValue
+	} else {
+		delete(c.Labels, keys.LabelWorkload)
 	}
 	RecordPrincipal(c, s)
 	return c

@@ -78,8 +78,13 @@ func TestBind(t *testing.T) {
 		t.Errorf("Bind changed its argument: %v", svc.OwnerReferences)
 	}
 	rs := metav1.OwnerReference{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "sandbox-0123456789abcdef", UID: "rs", BlockOwnerDeletion: ptr.To(false)}
-	if l := Bind(svc, rs, slotToken, s).Labels["sandbox.deerflow.dev/workload"]; l != "replicaset" {
+	rsBound := Bind(svc, rs, slotToken, s)
+	if l := rsBound.Labels["sandbox.deerflow.dev/workload"]; l != "replicaset" {
 		t.Errorf("a ReplicaSet's bound Service is labelled workload=%q, want replicaset", l)
+	}
+	// A Service labelled for a ReplicaSet, bound to a Pod, says Pod.
+	if l, ok := Bind(rsBound, pod, slotToken, s).Labels["sandbox.deerflow.dev/workload"]; ok {
+		t.Errorf("a Pod's bound Service is labelled workload=%q, want no such label", l)
 	}
 }
 
