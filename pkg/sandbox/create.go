@@ -3,7 +3,6 @@ package sandbox
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"math/rand/v2"
 	"time"
 
@@ -18,7 +17,6 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/quota"
-	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 	"github.com/deerflow-sandbox/provisioner/pkg/token"
@@ -41,7 +39,7 @@ func (m *Manager) Create(ctx context.Context, s api.Spec, wait time.Duration) (a
 	}
 	s.Caller = c
 	sb, err := m.create(ctx, s, wait)
-	m.audit(ctx, "create", s.ID, api.Outcome(err), err)
+	m.audit.Record(ctx, "create", s.ID, api.Outcome(err), err)
 	return sb, err
 }
 
@@ -134,15 +132,8 @@ func (m *Manager) undoMade(ctx context.Context, a made) {
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.RequestTimeout)
 	defer cancel()
 	if err := m.undoCreate(uctx, w, a.svc); err != nil {
-		m.warnLeftover(ctx, w.GetLabels()[keys.LabelID], err)
+		m.audit.Leftover(ctx, w.GetLabels()[keys.LabelID], err)
 	}
-}
-
-// warnLeftover logs that a failed create could not remove what it wrote
-// (or may have written) of sandbox id.
-func (m *Manager) warnLeftover(ctx context.Context, id string, err error) {
-	m.auditLog.LogAttrs(ctx, slog.LevelWarn, "a failed create could not remove what it wrote; the next create, destroy or reap of its id will",
-		slog.String("sandbox_id", id), slog.String("request_id", reqid.ID(ctx)), slog.String("error", err.Error()))
 }
 
 // made is what one create attempt made of the sandbox: what exists of it,

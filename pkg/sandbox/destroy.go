@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/audit"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/remove"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
@@ -31,12 +32,12 @@ import (
 // id", holds, and the answer tells it nothing about the other's. The audit
 // line says which it was.
 func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
-	result := outcomeOK
+	result := audit.OK
 	defer func() {
 		if err != nil {
 			result = api.Outcome(err)
 		}
-		m.audit(ctx, "destroy", id, result, err)
+		m.audit.Record(ctx, "destroy", id, result, err)
 	}()
 	if err := api.ValidateID(id); err != nil {
 		return err
@@ -46,13 +47,13 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 	case err != nil:
 		return err
 	case hidden:
-		result = outcomeHidden
+		result = audit.Hidden
 		if f.stray != nil {
 			return api.Classify(remove.All([]func() error{m.rm.Workload(ctx, f.stray, nil, false)}), "delete sandbox "+id)
 		}
 		return nil
 	case f.svc == nil && f.workload() == nil && f.stray == nil:
-		result = outcomeAbsent
+		result = audit.Absent
 		return nil
 	}
 	if f.workload() == nil && f.svc != nil {
@@ -149,7 +150,7 @@ func (m *Manager) undoUncertain(ctx context.Context, err error, want workloadObj
 		return failed
 	}
 	if _, uerr := m.rm.Undo(uctx, got); uerr != nil {
-		m.warnLeftover(ctx, want.GetLabels()[keys.LabelID], uerr)
+		m.audit.Leftover(ctx, want.GetLabels()[keys.LabelID], uerr)
 		return mayExist{failed}
 	}
 	return failed

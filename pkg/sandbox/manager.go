@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"context"
-	"log/slog"
 	"sync"
 	"time"
 
@@ -10,6 +9,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/audit"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/follow"
 	"github.com/deerflow-sandbox/provisioner/pkg/isolation"
@@ -53,7 +53,7 @@ type Manager struct {
 	failing   sync.Map // check name -> struct{}
 	templates *template.Store
 	pool      Pool
-	auditLog  *slog.Logger
+	audit     audit.Log
 	// quota counts sandboxes for the limits (package quota).
 	quota *quota.Counter
 	// owners binds user and thread ids to principals (package ownership).
@@ -75,7 +75,7 @@ func WithObserver(o Observer) Option { return func(m *Manager) { m.observer = o 
 // NewManager returns a Manager over client.
 func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option) *Manager {
 	m := &Manager{cfg: cfg, client: client, rm: remove.Remover{Client: client, Namespace: cfg.Namespace}, recorder: nopRecorder{}, observer: nopObserver{},
-		waits: waitslot.New(cfg.MaxConcurrentWaits), templates: template.NewStore(client, cfg), auditLog: slog.Default(),
+		waits: waitslot.New(cfg.MaxConcurrentWaits), templates: template.NewStore(client, cfg),
 		nameWait: follow.DefaultNameWait}
 	for _, o := range opts {
 		o(m)

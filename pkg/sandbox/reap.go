@@ -47,7 +47,7 @@ func (m *Manager) Reap(ctx context.Context) (api.Reaped, error) {
 	for _, s := range all.Paused {
 		paused = append(paused, s.ID)
 	}
-	m.audit(ctx, "reap", "", api.Outcome(err), err, slog.Any("removed", ids), slog.Any("paused", paused))
+	m.audit.Record(ctx, "reap", "", api.Outcome(err), err, slog.Any("removed", ids), slog.Any("paused", paused))
 	return seen, err
 }
 

@@ -157,7 +157,7 @@ func (m *Manager) podsOf(ctx context.Context, rs *appsv1.ReplicaSet) (*corev1.Po
 // and data stay, and it reports Paused. Pausing a paused sandbox is a no-op.
 func (m *Manager) Pause(ctx context.Context, id string) (api.Sandbox, error) {
 	sb, err := m.setPaused(ctx, id, true, 0)
-	m.audit(ctx, "pause", id, api.Outcome(err), err)
+	m.audit.Record(ctx, "pause", id, api.Outcome(err), err)
 	return sb, err
 }
 
@@ -165,7 +165,7 @@ func (m *Manager) Pause(ctx context.Context, id string) (api.Sandbox, error) {
 // URL. With wait > 0 it waits for the Pod to be Ready.
 func (m *Manager) Resume(ctx context.Context, id string, wait time.Duration) (api.Sandbox, error) {
 	sb, err := m.setPaused(ctx, id, false, wait)
-	m.audit(ctx, "resume", id, api.Outcome(err), err)
+	m.audit.Record(ctx, "resume", id, api.Outcome(err), err)
 	return sb, err
 }
 

@@ -380,7 +380,7 @@ func (m *Manager) dropSlot(ctx context.Context, svc *corev1.Service) {
 	defer cancel()
 	err := m.client.CoreV1().Services(m.cfg.Namespace).Delete(uctx, svc.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(svc.UID))})
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-		m.warnLeftover(ctx, svc.Labels[keys.LabelID], err)
+		m.audit.Leftover(ctx, svc.Labels[keys.LabelID], err)
 	}
 }
 
@@ -398,7 +398,7 @@ func (m *Manager) dropHalfMade(ctx context.Context, s api.Spec, k kind) {
 		return
 	}
 	if _, err := m.rm.Undo(uctx, w); err != nil {
-		m.warnLeftover(ctx, s.ID, err)
+		m.audit.Leftover(ctx, s.ID, err)
 	}
 }
 
