@@ -35,7 +35,9 @@ var (
 // host-path mode, an admission policy out of step with the settings, a
 // template) is the operator's (500, naming the setting). It returns nil for
 // anything that is not an admission refusal.
-func Refusal(cfg *config.Config, err error, s api.Spec, kind string) error {
+// The settings it names come from namespace (the sandboxes') and df (the
+// host-path or PVC mode).
+func Refusal(namespace string, df *config.DeerFlowConfig, err error, s api.Spec, kind string) error {
 	if !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) {
 		return nil
 	}
@@ -54,14 +56,14 @@ func Refusal(cfg *config.Config, err error, s api.Spec, kind string) error {
 	case podSecurityRefusal.MatchString(msg):
 		m := podSecurityRefusal.FindStringSubmatch(msg)
 		fix := "run sandboxes in PVC mode (USERDATA_PVC_NAME and SKILLS_PVC_NAME) or relax the namespace's pod-security.kubernetes.io/enforce label"
-		if cfg.UserdataPVCName != "" && cfg.SkillsPVCName != "" {
+		if df.UserdataPVCName != "" && df.SkillsPVCName != "" {
 			fix = "check the namespace's pod-security.kubernetes.io/enforce label and the sandbox settings (SANDBOX_CAPABILITIES_ADD, SANDBOX_RUN_AS_USER)"
 		}
-		return operator("Pod Security %q in namespace %s: %s; %s", m[1], cfg.Namespace, m[2], fix)
+		return operator("Pod Security %q in namespace %s: %s; %s", m[1], namespace, m[2], fix)
 	case policyRefusal.MatchString(msg):
 		m := policyRefusal.FindStringSubmatch(msg)
 		return operator("the admission policy %s: %s; the function's settings (DEER_FLOW_HOST_BASE_DIR, THREADS_HOST_PATH, SANDBOX_CAPABILITIES_ADD, SANDBOX_RUN_AS_USER) "+
-			"and the policy's parameters (ConfigMap sandbox-admission in namespace %s) must agree", m[1], m[2], cfg.Namespace)
+			"and the policy's parameters (ConfigMap sandbox-admission in namespace %s) must agree", m[1], m[2], namespace)
 	case webhookRefusal.MatchString(msg):
 		m := webhookRefusal.FindStringSubmatch(msg)
 		return operator("the admission webhook %s: %s", m[1], m[2])

@@ -87,7 +87,7 @@ func TestAdmissionRefusalNamesWhatRefused(t *testing.T) {
 			if tc.spec != nil {
 				tc.spec(&s)
 			}
-			got := Refusal(cfg, tc.err, s, "Pod")
+			got := Refusal(cfg.Namespace, &cfg.DeerFlowConfig, tc.err, s, "Pod")
 			if tc.want == nil {
 				if got != nil {
 					t.Fatalf("Refusal = %v, want nil", got)

@@ -92,10 +92,10 @@ type Registry struct {
 	owners *lru.Cache
 }
 
-// New returns the Registry of cfg's namespace. It enforces ownership when
-// more than one principal may create sandboxes (config.MultiplePrincipals).
-func New(cfg *config.Config, client kubernetes.Interface) *Registry {
-	return &Registry{namespace: cfg.Namespace, client: client, enforce: cfg.MultiplePrincipals(), owners: lru.New(cacheSize)}
+// New returns the Registry of namespace. It enforces ownership when more
+// than one principal may create sandboxes (config.AuthConfig.MultiplePrincipals).
+func New(namespace string, auth *config.AuthConfig, client kubernetes.Interface) *Registry {
+	return &Registry{namespace: namespace, client: client, enforce: auth.MultiplePrincipals(), owners: lru.New(cacheSize)}
 }
 
 // Check lets c create a sandbox for user and thread, or refuses with a

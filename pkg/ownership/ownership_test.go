@@ -45,7 +45,8 @@ var twoPrincipals = map[string]string{
 func registry(t *testing.T, env map[string]string, objs ...runtime.Object) (*Registry, *fake.Clientset) {
 	t.Helper()
 	client := fake.NewClientset(objs...)
-	return New(configtest.Load(t, env), client), client
+	cfg := configtest.Load(t, env)
+	return New(cfg.Namespace, &cfg.AuthConfig, client), client
 }
 
 func caller(p string) api.Caller { return api.Caller{Principal: p, Admin: p == "ops"} }
@@ -139,7 +140,8 @@ func TestCheckSurvivesTheCache(t *testing.T) {
 	if got := check(r1, caller("alice"), "u1", "t1"); got != ok() {
 		t.Fatalf("alice's first use: %+v", got)
 	}
-	r2 := New(configtest.Load(t, twoPrincipals), client)
+	cfg2 := configtest.Load(t, twoPrincipals)
+	r2 := New(cfg2.Namespace, &cfg2.AuthConfig, client)
 	if got := check(r2, caller("bob"), "u1", "tb"); got.Kind != api.KindForbidden {
 		t.Errorf("bob on another replica: %+v, want KindForbidden", got)
 	}
@@ -193,7 +195,7 @@ func TestRaceHasOneWinner(t *testing.T) {
 		for i := range racers {
 			wg.Go(func() {
 				p := fmt.Sprintf("p%d", i)
-				results[i] = New(cfg, client).Check(context.Background(), caller(p), "race-user", fmt.Sprintf("thread-%d-%s", round, p))
+				results[i] = New(cfg.Namespace, &cfg.AuthConfig, client).Check(context.Background(), caller(p), "race-user", fmt.Sprintf("thread-%d-%s", round, p))
 			})
 		}
 		wg.Wait()

@@ -297,7 +297,7 @@ func (m *Manager) createFailed(err error, kind string, s api.Spec) error {
 		return &api.Error{Kind: api.KindInternal, Err: err,
 			Detail: "namespace " + m.cfg.Namespace + " does not exist; create it (or set CREATE_NAMESPACE=true)"}
 	}
-	if refused := admission.Refusal(m.cfg, err, s, kind); refused != nil {
+	if refused := admission.Refusal(m.cfg.Namespace, &m.cfg.DeerFlowConfig, err, s, kind); refused != nil {
 		return refused
 	}
 	return api.Classify(err, "create the sandbox "+kind)

@@ -81,7 +81,7 @@ func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option)
 		o(m)
 	}
 	m.quota = quota.New(cfg.QuotaConfig, cfg.Namespace, client)
-	m.owners = ownership.New(cfg, client)
+	m.owners = ownership.New(cfg.Namespace, &cfg.AuthConfig, client)
 	m.isolation = isolation.New(&cfg.IsolationConfig, &cfg.PodSecurityConfig, cfg.Namespace, cfg.RequestTimeout, resources.BuildNetworkPolicy(cfg), client,
 		isolation.WithReport(m.isolationVerdict))
 	return m

@@ -110,7 +110,7 @@ func hasVolume(vs []corev1.Volume, name string) bool {
 //     THREADS_HOST_PATH/<thread>/user-data;
 //   - extra mounts, less those the Lark init container or broker provide;
 //   - the Lark runtime emptyDir, read-only, when either is on.
-func sandboxMounts(cfg *config.Config, s api.Spec) mountTable {
+func sandboxMounts(cfg *config.DeerFlowConfig, s api.Spec) mountTable {
 	var t mountTable
 	if s.Resolved == nil || s.Resolved.DeerFlowMounts {
 		if cfg.SkillsPVCName != "" {
@@ -157,7 +157,7 @@ func larkSuperseded(s api.Spec) map[string]bool {
 
 // brokerMounts are the broker sidecar's: the credential extra mounts the
 // request carried, at the sidecar's own paths.
-func brokerMounts(cfg *config.Config, s api.Spec) mountTable {
+func brokerMounts(cfg *config.DeerFlowConfig, s api.Spec) mountTable {
 	var t mountTable
 	for _, p := range []struct{ from, to string }{
 		{mountLarkConfig, brokerConfigDir}, {mountLarkLocks, brokerLocksDir}, {mountLarkData, brokerDataDir},
@@ -176,7 +176,7 @@ func brokerMounts(cfg *config.Config, s api.Spec) mountTable {
 // DeerFlow does; otherwise from the node. A path outside the requester's
 // own tree is shared with other tenants and is read-only whatever the
 // request says.
-func extraEntry(cfg *config.Config, at string, m api.Mount) mountEntry {
+func extraEntry(cfg *config.DeerFlowConfig, at string, m api.Mount) mountEntry {
 	readOnly := m.ReadOnly || hostRootOf(cfg, m.HostPath).shared
 	if cfg.UserdataPVCName != "" {
 		return mountEntry{path: at, volume: pvcVolume(userDataVolume, cfg.UserdataPVCName, false),
@@ -188,13 +188,13 @@ func extraEntry(cfg *config.Config, at string, m api.Mount) mountEntry {
 
 // claimSubPath is DeerFlow's _extra_mount_pvc_sub_path: the host path's
 // place under the base, below deer-flow/ on the claim.
-func claimSubPath(cfg *config.Config, hostPath string) string {
+func claimSubPath(cfg *config.DeerFlowConfig, hostPath string) string {
 	return path.Join(claimPrefix, strings.TrimPrefix(hostPath, cfg.HostBaseDir+"/"))
 }
 
 // skillsClaimSubPath formats SKILLS_PVC_SUBPATH_TEMPLATE as DeerFlow does
 // (str.format with user_id and thread_id); empty mounts the whole claim.
-func skillsClaimSubPath(cfg *config.Config, s api.Spec) string {
+func skillsClaimSubPath(cfg *config.DeerFlowConfig, s api.Spec) string {
 	return strings.NewReplacer("{user_id}", s.UserID, "{thread_id}", s.ThreadID).Replace(cfg.SkillsPVCSubpathTemplate)
 }
 
@@ -220,7 +220,7 @@ type hostRoot struct {
 //
 // The request's validation has already checked that user and thread paths
 // are the requester's own.
-func hostRootOf(cfg *config.Config, hostPath string) hostRoot {
+func hostRootOf(cfg *config.DeerFlowConfig, hostPath string) hostRoot {
 	if rest, ok := below(hostPath, cfg.ThreadsHostPath); ok {
 		owner, sub, _ := strings.Cut(rest, "/")
 		return hostRoot{volume: hostPathVolume(hostThreadVolume, path.Join(cfg.ThreadsHostPath, owner), corev1.HostPathDirectoryOrCreate), sub: sub}
@@ -236,7 +236,7 @@ func hostRootOf(cfg *config.Config, hostPath string) hostRoot {
 	return hostRoot{volume: hostPathVolume(sharedVolumeName(top, root), root, corev1.HostPathDirectory), sub: sub, shared: true}
 }
 
-func hostEntry(cfg *config.Config, at, hostPath string, readOnly bool) mountEntry {
+func hostEntry(cfg *config.DeerFlowConfig, at, hostPath string, readOnly bool) mountEntry {
 	r := hostRootOf(cfg, hostPath)
 	return mountEntry{path: at, volume: r.volume, subPath: r.sub, readOnly: readOnly || r.shared}
 }
@@ -304,7 +304,7 @@ func addLarkContainers(cfg *config.Config, s api.Spec, pod *corev1.Pod) {
 			Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("200m"), corev1.ResourceMemory: resource.MustParse("128Mi")},
 		},
 	}
-	brokerMounts(cfg, s).apply(&pod.Spec, &broker)
+	brokerMounts(&cfg.DeerFlowConfig, s).apply(&pod.Spec, &broker)
 	pod.Spec.Containers = append(pod.Spec.Containers, broker)
 	sb := &pod.Spec.Containers[0]
 	sb.Env = append(sb.Env, corev1.EnvVar{Name: "DEERFLOW_LARK_BROKER_URL", Value: brokerURL})

@@ -80,7 +80,7 @@ func BuildPod(cfg *config.Config, s api.Spec) *corev1.Pod {
 	if len(pod.Spec.NodeSelector) == 0 {
 		pod.Spec.NodeSelector = nil
 	}
-	sandboxMounts(cfg, s).apply(&pod.Spec, &pod.Spec.Containers[0])
+	sandboxMounts(&cfg.DeerFlowConfig, s).apply(&pod.Spec, &pod.Spec.Containers[0])
 	if cfg.ReadOnlyRootFS {
 		pod.Spec.Volumes = append(pod.Spec.Volumes, emptyDirVolume("tmp"))
 		pod.Spec.Containers[0].VolumeMounts = append(pod.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "tmp", MountPath: "/tmp"})
