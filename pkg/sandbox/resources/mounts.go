@@ -278,12 +278,12 @@ func addLarkContainers(cfg *config.Config, s api.Spec, pod *corev1.Pod) {
 		pod.Spec.InitContainers = append(pod.Spec.InitContainers, corev1.Container{
 			Name: "lark-cli-shim-init", Image: cfg.LarkCLIBrokerImage, ImagePullPolicy: corev1.PullIfNotPresent,
 			Args: []string{"install-shim", mountLarkRuntime}, Env: runtimeEnv,
-			VolumeMounts: runtimeRW, SecurityContext: containerSecurityContext(cfg, none),
+			VolumeMounts: runtimeRW, SecurityContext: containerSecurityContext(&cfg.PodSecurityConfig, none),
 		})
 	case s.LarkCLIRuntime:
 		pod.Spec.InitContainers = append(pod.Spec.InitContainers, corev1.Container{
 			Name: "lark-cli-init", Image: cfg.LarkCLIInitImage, ImagePullPolicy: corev1.PullIfNotPresent,
-			Env: runtimeEnv, VolumeMounts: runtimeRW, SecurityContext: containerSecurityContext(cfg, none),
+			Env: runtimeEnv, VolumeMounts: runtimeRW, SecurityContext: containerSecurityContext(&cfg.PodSecurityConfig, none),
 		})
 	}
 	if !s.LarkCLIBroker {
@@ -298,7 +298,7 @@ func addLarkContainers(cfg *config.Config, s api.Spec, pod *corev1.Pod) {
 	}
 	broker := corev1.Container{
 		Name: "lark-cli-broker", Image: cfg.LarkCLIBrokerImage, ImagePullPolicy: corev1.PullIfNotPresent,
-		Args: []string{"serve"}, Env: env, SecurityContext: containerSecurityContext(cfg, none),
+		Args: []string{"serve"}, Env: env, SecurityContext: containerSecurityContext(&cfg.PodSecurityConfig, none),
 		Resources: corev1.ResourceRequirements{
 			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
 			Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("200m"), corev1.ResourceMemory: resource.MustParse("128Mi")},

@@ -49,7 +49,7 @@ func BuildPod(cfg *config.Config, s api.Spec) *corev1.Pod {
 				Resources: corev1.ResourceRequirements{
 					Requests: corev1.ResourceList{
 						corev1.ResourceCPU:              minQuantity(resource.MustParse(cfg.CPURequest), s.CPULimit),
-						corev1.ResourceMemory:           memoryRequest(cfg, s),
+						corev1.ResourceMemory:           memoryRequest(&cfg.ResourcesConfig, s),
 						corev1.ResourceEphemeralStorage: resource.MustParse(cfg.EphemeralStorage),
 					},
 					Limits: corev1.ResourceList{
@@ -58,7 +58,7 @@ func BuildPod(cfg *config.Config, s api.Spec) *corev1.Pod {
 						corev1.ResourceEphemeralStorage: resource.MustParse(cfg.EphemeralStorage),
 					},
 				},
-				SecurityContext: containerSecurityContext(cfg, cfg.CapabilitiesAdd),
+				SecurityContext: containerSecurityContext(&cfg.PodSecurityConfig, cfg.CapabilitiesAdd),
 			}},
 			RestartPolicy:                 corev1.RestartPolicyAlways,
 			ActiveDeadlineSeconds:         ptr.To(int64(s.MaxLifetime / time.Second)),
@@ -68,7 +68,7 @@ func BuildPod(cfg *config.Config, s api.Spec) *corev1.Pod {
 			NodeSelector:                  cfg.NodeSelector,
 			Tolerations:                   tolerations,
 			TerminationGracePeriodSeconds: ptr.To(int64(10)),
-			SecurityContext:               podSecurityContext(cfg),
+			SecurityContext:               podSecurityContext(&cfg.PodSecurityConfig),
 		},
 	}
 	if cfg.UserNamespace {
@@ -87,7 +87,7 @@ func BuildPod(cfg *config.Config, s api.Spec) *corev1.Pod {
 	}
 	addLarkContainers(cfg, s, pod)
 	if s.Resolved != nil {
-		applyTemplate(cfg, s.Resolved, pod)
+		applyTemplate(&cfg.PodSecurityConfig, s.Resolved, pod)
 	}
 	return pod
 }
@@ -157,7 +157,7 @@ func probe(port int32, period, failures, delay int32) *corev1.Probe {
 	}
 }
 
-func podSecurityContext(cfg *config.Config) *corev1.PodSecurityContext {
+func podSecurityContext(cfg *config.PodSecurityConfig) *corev1.PodSecurityContext {
 	sc := &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}}
 	if cfg.RunAsUser >= 0 {
 		sc.RunAsUser = ptr.To(cfg.RunAsUser)
@@ -169,7 +169,7 @@ func podSecurityContext(cfg *config.Config) *corev1.PodSecurityContext {
 	return sc
 }
 
-func containerSecurityContext(cfg *config.Config, add []string) *corev1.SecurityContext {
+func containerSecurityContext(cfg *config.PodSecurityConfig, add []string) *corev1.SecurityContext {
 	caps := &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}
 	for _, c := range add {
 		caps.Add = append(caps.Add, corev1.Capability(c))
@@ -185,7 +185,7 @@ func containerSecurityContext(cfg *config.Config, add []string) *corev1.Security
 
 // memoryRequest is the limit itself by default, so that the scheduler
 // reserves all a sandbox may use and no sandbox can overcommit its node.
-func memoryRequest(cfg *config.Config, s api.Spec) resource.Quantity {
+func memoryRequest(cfg *config.ResourcesConfig, s api.Spec) resource.Quantity {
 	if cfg.MemoryRequestEqualsLimit {
 		return s.MemoryLimit
 	}

@@ -16,7 +16,7 @@ import (
 // sandbox labels and annotations, security contexts, service account and
 // token, DeerFlow's mounts, the port, lifetimes) stays as built. The
 // template was validated (package template), so nothing here re-checks it.
-func applyTemplate(cfg *config.Config, t *template.Template, pod *corev1.Pod) {
+func applyTemplate(cfg *config.PodSecurityConfig, t *template.Template, pod *corev1.Pod) {
 	tp := t.Pod.DeepCopy()
 	pod.Labels = overlay(tp.Labels, pod.Labels)
 	pod.Annotations = overlay(tp.Annotations, pod.Annotations)
@@ -62,7 +62,7 @@ func applyTemplate(cfg *config.Config, t *template.Template, pod *corev1.Pod) {
 // resources it derived (cpu, memory, ephemeral storage), its environment
 // variables and mounts, and the security context (capabilities only grow,
 // within the allow-list both were checked against).
-func mergeSandbox(cfg *config.Config, sb, t *corev1.Container) {
+func mergeSandbox(cfg *config.PodSecurityConfig, sb, t *corev1.Container) {
 	if t.Image != "" {
 		sb.Image = t.Image
 	}
@@ -101,7 +101,7 @@ func mergeSandbox(cfg *config.Config, sb, t *corev1.Container) {
 // hardened is the provisioner's container security context, with the
 // allow-listed capabilities the template adds and, if it asks, a read-only
 // root file system (which only tightens).
-func hardened(cfg *config.Config, base []string, from *corev1.SecurityContext) *corev1.SecurityContext {
+func hardened(cfg *config.PodSecurityConfig, base []string, from *corev1.SecurityContext) *corev1.SecurityContext {
 	add := slices.Clone(base)
 	readOnly := false
 	if from != nil {
