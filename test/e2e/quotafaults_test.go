@@ -213,6 +213,10 @@ func doWithinHeaders(f *function.Instance, headers map[string]string, method, pa
 // when it was reported: the latest it can have happened, so the count
 // never misses a moment over the limit (it may count one too many).
 type workloadWatch struct {
+	t    *testing.T
+	ns   string
+	stop func() // ends the current watch
+
 	mu     sync.Mutex
 	log    []workloadEvent
 	newest uint64 // the newest resourceVersion seen on either watch
@@ -228,8 +232,16 @@ type workloadEvent struct {
 
 func watchWorkloads(t *testing.T, ns string) *workloadWatch {
 	t.Helper()
-	w := &workloadWatch{}
-	factory := informers.NewSharedInformerFactoryWithOptions(client(), 0, informers.WithNamespace(ns),
+	w := &workloadWatch{t: t, ns: ns}
+	w.stop, _ = w.start()
+	t.Cleanup(func() { w.stop() })
+	return w
+}
+
+// start watches both kinds from a list, into w's log, until stop; stores
+// are what the lists and the events since hold.
+func (w *workloadWatch) start() (stop func(), stores []cache.Store) {
+	factory := informers.NewSharedInformerFactoryWithOptions(client(), 0, informers.WithNamespace(w.ns),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = "app=deer-flow-sandbox" }))
 	handler := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { w.observe(obj, false, false) },
@@ -242,21 +254,57 @@ func watchWorkloads(t *testing.T, ns string) *workloadWatch {
 			w.observe(obj, true, missed)
 		},
 	}
-	if _, err := factory.Core().V1().Pods().Informer().AddEventHandler(handler); err != nil {
-		t.Fatal(err)
+	for _, inf := range []cache.SharedIndexInformer{factory.Core().V1().Pods().Informer(), factory.Apps().V1().ReplicaSets().Informer()} {
+		if _, err := inf.AddEventHandler(handler); err != nil {
+			w.t.Fatal(err)
+		}
+		stores = append(stores, inf.GetStore())
 	}
-	if _, err := factory.Apps().V1().ReplicaSets().Informer().AddEventHandler(handler); err != nil {
-		t.Fatal(err)
-	}
-	stop := make(chan struct{})
-	t.Cleanup(func() { close(stop) })
-	factory.Start(stop)
-	for typ, ok := range factory.WaitForCacheSync(stop) {
+	ch := make(chan struct{})
+	factory.Start(ch)
+	for typ, ok := range factory.WaitForCacheSync(ch) {
 		if !ok {
-			t.Fatalf("the watch of %v did not sync", typ)
+			w.t.Fatalf("the watch of %v did not sync", typ)
 		}
 	}
-	return w
+	var once sync.Once
+	return func() { once.Do(func() { close(ch); factory.Shutdown() }) }, stores
+}
+
+// rebase replaces the watch with a new one, from a new list, once the API
+// server is back after a restart: the old watch's own relist would report
+// what was deleted meanwhile without its revision, and a slow reconnect
+// leaves the two kinds' watches apart. A workload the log holds live and
+// the new list lacks was deleted at a revision the watch never saw: it is
+// placed at the newest revision the new list shows, the latest it can have
+// happened (counted as missed). The caller keeps writes from starting
+// until rebase returns, so that nothing created meanwhile counts beside a
+// deletion placed late.
+func (w *workloadWatch) rebase() {
+	time.Sleep(time.Second) // what the old watch received before the restart, delivered
+	w.stop()
+	stop, stores := w.start()
+	w.stop = stop
+	present := map[string]bool{}
+	for _, st := range stores {
+		for _, obj := range st.List() {
+			switch o := obj.(type) {
+			case *corev1.Pod:
+				present["Pod "+o.Name] = true
+			case *appsv1.ReplicaSet:
+				present["ReplicaSet "+o.Name] = true
+			}
+		}
+	}
+	pk := w.replay()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for key, principal := range pk.live {
+		if !present[key] {
+			w.log = append(w.log, workloadEvent{rv: w.newest, key: key, principal: principal})
+			w.missed++
+		}
+	}
 }
 
 func (w *workloadWatch) observe(obj any, deleted, missed bool) {
@@ -295,6 +343,7 @@ func (w *workloadWatch) observe(obj any, deleted, missed bool) {
 // once (and which), the most of each principal, the events, and the
 // deletions placed at the latest revision they can have happened at.
 type workloadPeaks struct {
+	live        map[string]string // at the end: key -> principal
 	max         int
 	at          []string
 	byPrincipal map[string]int
@@ -302,7 +351,9 @@ type workloadPeaks struct {
 	missed      int
 }
 
-func (w *workloadWatch) peaks() workloadPeaks {
+func (w *workloadWatch) peaks() workloadPeaks { return w.replay() }
+
+func (w *workloadWatch) replay() workloadPeaks {
 	w.mu.Lock()
 	log := slices.Clone(w.log)
 	out := workloadPeaks{byPrincipal: map[string]int{}, events: len(w.log), missed: w.missed}
@@ -332,5 +383,6 @@ func (w *workloadWatch) peaks() workloadPeaks {
 			out.at = slices.Sorted(maps.Keys(live))
 		}
 	}
+	out.live = live
 	return out
 }

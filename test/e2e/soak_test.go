@@ -51,8 +51,9 @@ const (
 // sandboxes, while clients give up at random, the API proxy answers 5xx
 // (before and after the API server's work) and slows requests, one replica
 // is killed and started again, and (soaks of soakRestartFrom or more:
-// make soak) the API server is stopped and started once. SOAK_SEED replays a run's choices (the faults' timing is the
-// machine's).
+// make soak) the API server is stopped and started once under the requests
+// in flight (new ones wait until the checker's watch sees again).
+// SOAK_SEED replays a run's choices (the faults' timing is the machine's).
 //
 // The checker holds the history against the cluster, read straight from
 // the API server (never through the faults):
@@ -161,7 +162,9 @@ func TestSoak(t *testing.T) {
 			go func(r *rand.Rand) {
 				defer wg.Done()
 				for time.Now().Before(end) {
+					s.enter()
 					s.step(r, p, wk)
+					s.inflight.Add(-1)
 				}
 			}(rand.New(rand.NewPCG(seed, uint64(g))))
 		}
@@ -187,10 +190,17 @@ func TestSoak(t *testing.T) {
 	replicas[1].Store(restarted)
 	time.Sleep(time.Until(end.Add(-dur / 3)))
 	if dur >= soakRestartFrom {
+		// Requests in flight meet the restart; new ones wait until the
+		// workload watch sees again (workloadWatch.rebase says why).
+		held := s.hold()
 		restore := outage(t)
 		faults.add("API server restarted")
 		time.Sleep(3 * time.Second)
 		restore()
+		s.drain(30 * time.Second)
+		w.rebase()
+		close(held)
+		s.gate.Store(nil)
 	}
 	wg.Wait()
 	proxy.SetFaults(nil)
@@ -259,10 +269,37 @@ type soak struct {
 	replicas *[2]atomic.Pointer[function.Instance]
 	ids      map[string]*soakID
 
+	// gate, when set, holds new steps until it is closed; inflight counts
+	// the steps under way.
+	gate     atomic.Pointer[chan struct{}]
+	inflight atomic.Int64
+
 	mu         sync.Mutex
 	ops        int
 	answers    map[string]int
 	violations []string
+}
+
+// enter waits at the gate, if one is set, and counts a step under way.
+func (s *soak) enter() {
+	if g := s.gate.Load(); g != nil {
+		<-*g
+	}
+	s.inflight.Add(1)
+}
+
+// hold sets the gate; closing what it returns opens it.
+func (s *soak) hold() chan struct{} {
+	g := make(chan struct{})
+	s.gate.Store(&g)
+	return g
+}
+
+// drain waits, at most within, until no step is under way.
+func (s *soak) drain(within time.Duration) {
+	for deadline := time.Now().Add(within); s.inflight.Load() > 0 && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 func (s *soak) sortedIDs() []*soakID {
