@@ -23,7 +23,7 @@ declare -A rank=(
   [pkg/config/configtest]=2 [pkg/template]=2 [pkg/kube]=2
   [pkg/api]=3 [pkg/sandbox/status]=3
   [pkg/sandbox/resources]=4 [pkg/problem]=4 [pkg/readywait]=4 [pkg/auth]=4 [pkg/waitslot]=4
-  [pkg/admission]=4 [pkg/audit]=4
+  [pkg/admission]=4 [pkg/audit]=4 [pkg/api/apitest]=4
   [pkg/quota]=5 [pkg/remove]=5 [pkg/isolation]=5 [pkg/follow]=5 [pkg/token]=5 [pkg/ownership]=5
   [pkg/sandbox]=6
   [pkg/pool]=7

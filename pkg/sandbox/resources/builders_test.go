@@ -3,9 +3,6 @@ package resources
 import (
 	"maps"
 	"testing"
-	"time"
-
-	"github.com/deerflow-sandbox/provisioner/pkg/config/configtest"
 
 	"github.com/google/go-cmp/cmp"
 	appsv1 "k8s.io/api/apps/v1"
@@ -17,21 +14,16 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/api/apitest"
+	"github.com/deerflow-sandbox/provisioner/pkg/config/configtest"
 )
 
-var created = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+var created = apitest.Created
 
 // testConfig is the configuration the environment gives, with env set first.
 var testConfig = configtest.Load
 
-func testSpec() api.Spec {
-	return api.Spec{
-		ID: "0123456789abcdef", ThreadID: "t1", UserID: "user-1",
-		IdleTimeout: time.Hour, MaxLifetime: 24 * time.Hour,
-		CPULimit: resource.MustParse("1"), MemoryLimit: resource.MustParse("1Gi"),
-		Now: created,
-	}
-}
+func testSpec() api.Spec { return apitest.Spec() }
 
 func wantLabels() map[string]string {
 	return map[string]string{
