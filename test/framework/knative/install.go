@@ -105,8 +105,9 @@ func Install(ctx context.Context, cfg *rest.Config, repoRoot string, s Settings,
 		return len(pending) == 0, nil
 	})
 	if err != nil {
-		pending, _ := a.unavailable(ctx)
-		return fmt.Errorf("Knative's Deployments not Available after %s: %s: %w", time.Since(start).Round(time.Second), strings.Join(pending, ", "), err)
+		pending, _ := a.unavailable(context.WithoutCancel(ctx))
+		return fmt.Errorf("Knative's Deployments not Available after %s: %s (%s): %w", time.Since(start).Round(time.Second), strings.Join(pending, ", "),
+			a.whyNotReady(context.WithoutCancel(ctx)), err)
 	}
 	logf("CoreDNS, Traefik, Knative Serving and Eventing Available after %s", time.Since(start).Round(time.Second))
 	return nil
@@ -203,6 +204,50 @@ func (a *applier) unavailable(ctx context.Context) ([]string, error) {
 		}
 	}
 	return pending, nil
+}
+
+// whyNotReady says, for each Pod of the system namespaces that is not
+// Ready, what holds it: its phase, an unmet condition's message, and each
+// container's waiting or last terminated reason (an install that times out
+// then says why, not only what).
+func (a *applier) whyNotReady(ctx context.Context) string {
+	var out []string
+	for _, ns := range SystemNamespaces {
+		l, err := a.client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			out = append(out, ns+": "+err.Error())
+			continue
+		}
+		for _, p := range l.Items {
+			var why []string
+			ready := false
+			for _, c := range p.Status.Conditions {
+				if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+					ready = true
+				}
+				if c.Status != corev1.ConditionTrue && c.Message != "" {
+					why = append(why, string(c.Type)+": "+c.Message)
+				}
+			}
+			if ready {
+				continue
+			}
+			for _, cs := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
+				switch {
+				case cs.State.Waiting != nil:
+					why = append(why, cs.Name+" waiting: "+cs.State.Waiting.Reason+" "+cs.State.Waiting.Message)
+				case cs.LastTerminationState.Terminated != nil:
+					t := cs.LastTerminationState.Terminated
+					why = append(why, fmt.Sprintf("%s exited %d: %s %s", cs.Name, t.ExitCode, t.Reason, t.Message))
+				}
+			}
+			out = append(out, fmt.Sprintf("%s/%s %s [%s]", ns, p.Name, p.Status.Phase, strings.Join(why, "; ")))
+		}
+	}
+	if len(out) == 0 {
+		return "no Pod of theirs exists"
+	}
+	return strings.Join(out, "; ")
 }
 
 func available(d *appsv1.Deployment) bool {
