@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
@@ -153,10 +154,9 @@ func TestCreateAgainWritesNoService(t *testing.T) {
 			}
 			if m.quota.Synced(ctx, 5*time.Second) {
 				// The cache holds the Service once its watch event came.
-				deadline := time.Now().Add(5 * time.Second)
-				for !m.quota.Holds(resources.ServiceName(s.ID)) && time.Now().Before(deadline) {
-					time.Sleep(10 * time.Millisecond)
-				}
+				_ = wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+					return m.quota.Holds(resources.ServiceName(s.ID)), nil
+				})
 			}
 			var svcCreates int
 			client.PrependReactor("create", "services", func(k8stesting.Action) (bool, runtime.Object, error) {

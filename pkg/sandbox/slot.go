@@ -349,13 +349,11 @@ func (m *Manager) dropStale(ctx context.Context, svc *corev1.Service) error {
 // and so does its slot: answered is true. Otherwise the error is errStale
 // (the create starts over) or why the removal failed.
 func (m *Manager) dropLeftoverSlot(ctx context.Context, svc *corev1.Service) (answered bool, err error) {
-	id := svc.Labels[keys.LabelID]
-	var w workloadObject
+	k := m.podKind()
 	if slotKind(svc) == "ReplicaSet" {
-		w, err = m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Get(ctx, resources.PodName(id), metav1.GetOptions{})
-	} else {
-		w, err = m.client.CoreV1().Pods(m.cfg.Namespace).Get(ctx, resources.PodName(id), metav1.GetOptions{})
+		k = m.replicaSetKind()
 	}
+	w, err := k.get(ctx, resources.PodName(svc.Labels[keys.LabelID]))
 	switch {
 	case apierrors.IsNotFound(err):
 	case err != nil:

@@ -296,7 +296,7 @@ func (w *workloadWatch) rebase() {
 			}
 		}
 	}
-	pk := w.replay()
+	pk := w.peaks()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for key, principal := range pk.live {
@@ -351,9 +351,7 @@ type workloadPeaks struct {
 	missed      int
 }
 
-func (w *workloadWatch) peaks() workloadPeaks { return w.replay() }
-
-func (w *workloadWatch) replay() workloadPeaks {
+func (w *workloadWatch) peaks() workloadPeaks {
 	w.mu.Lock()
 	log := slices.Clone(w.log)
 	out := workloadPeaks{byPrincipal: map[string]int{}, events: len(w.log), missed: w.missed}

@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/test/framework/function"
@@ -297,9 +298,9 @@ func (s *soak) hold() chan struct{} {
 
 // drain waits, at most within, until no step is under way.
 func (s *soak) drain(within time.Duration) {
-	for deadline := time.Now().Add(within); s.inflight.Load() > 0 && time.Now().Before(deadline); {
-		time.Sleep(50 * time.Millisecond)
-	}
+	_ = wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, within, true, func(context.Context) (bool, error) {
+		return s.inflight.Load() == 0, nil
+	})
 }
 
 func (s *soak) sortedIDs() []*soakID {
