@@ -23,9 +23,9 @@ func touch[T metav1.Object](ctx context.Context, m *Manager, obj T, patch func(c
 // (a failed create removes what it wrote: undoWorkload) is marked however
 // recently it was, to the nanosecond, so that the mark always changes:
 // that undo sees that another request answered for the workload, and
-// leaves it.
+// leaves it. A claimed pooled Pod is as young as its claim (SandboxSince).
 func reuse[T metav1.Object](ctx context.Context, m *Manager, obj T, patch func(context.Context, string, types.PatchType, []byte, metav1.PatchOptions, ...string) (T, error)) T {
-	return touchAs(ctx, m, obj, patch, time.Since(obj.GetCreationTimestamp().Time) < m.undoWindow())
+	return touchAs(ctx, m, obj, patch, time.Since(resources.SandboxSince(obj)) < m.undoWindow())
 }
 
 func touchAs[T metav1.Object](ctx context.Context, m *Manager, obj T, patch func(context.Context, string, types.PatchType, []byte, metav1.PatchOptions, ...string) (T, error), force bool) T {

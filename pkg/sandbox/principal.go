@@ -71,9 +71,12 @@ func (m *Manager) fetchVisible(ctx context.Context, id string) (f found, hidden 
 
 // leftover reports whether pod, which no Service of its sandbox names, is
 // older than any create that wrote it could have undone it in: what a
-// failed create that could not undo left (see undoMade).
+// failed create that could not undo left (see undoMade). A pooled Pod's
+// age counts from its claim: the reap lists Services before Pods, and a
+// claim between the two lists (Service first, then the Pod's claim) shows
+// it an old Pod that no listed Service names.
 func (m *Manager) leftover(pod *corev1.Pod) bool {
-	return time.Since(pod.CreationTimestamp.Time) > m.undoWindow()
+	return time.Since(resources.SandboxSince(pod)) > m.undoWindow()
 }
 
 // listSelector selects the sandboxes the caller may list: all of them for

@@ -56,6 +56,7 @@ func halfMade(t *testing.T, client *fake.Clientset, cfg *config.Config, id strin
 	t.Helper()
 	s := ownerSpec(id)
 	s.Caller, s.Token = api.Caller{Principal: "alice"}, token.New()
+	s.Now = time.Now().Add(-age) // its created-at: when its create ran
 	pod := resources.BuildPodFor(cfg, s)
 	pod.CreationTimestamp = metav1.NewTime(time.Now().Add(-age))
 	if edit != nil {
@@ -302,7 +303,7 @@ func TestLeftoversGoOnTheNextCreateDestroyOrReap(t *testing.T) {
 			client := fake.NewClientset()
 			apiServerWrites(t, client)
 			m := NewManager(cfg, client)
-			halfMade(t, client, cfg, "left1", time.Hour, nil)
+			halfMade(t, client, cfg, "left1", 10*time.Minute, nil)
 			if _, err := m.Get(alice, "left1", 0); api.KindOf(err) != api.KindNotFound {
 				t.Errorf("alice's get of her leftover: %v; want not found", err)
 			}
@@ -365,7 +366,7 @@ func TestClaimedPodWithoutItsServiceIsFound(t *testing.T) {
 			client := fake.NewClientset()
 			apiServerWrites(t, client)
 			m := NewManager(cfg, client)
-			halfMade(t, client, cfg, "lost1", time.Hour, func(p *corev1.Pod) {
+			halfMade(t, client, cfg, "lost1", 10*time.Minute, func(p *corev1.Pod) {
 				p.Name, p.Labels[keys.LabelPooled] = "sandbox-pool-python-q8v4z", "true" // claimed from a pool
 			})
 			if _, err := m.Get(alice, "lost1", 0); api.KindOf(err) != api.KindNotFound {

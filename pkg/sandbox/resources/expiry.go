@@ -36,6 +36,18 @@ func LifetimeOf(obj metav1.Object) (Lifetime, bool) {
 	return Lifetime{Created: created, LastActivity: last, Idle: time.Duration(idle) * time.Second, Max: time.Duration(max) * time.Second}, true
 }
 
+// SandboxSince is when obj became a sandbox: the later of its creation and
+// its created-at annotation. They differ for a pooled Pod, made long before
+// a claim turned it into a sandbox (and wrote created-at): how long it has
+// been one is what says whether the create that made it is over.
+func SandboxSince(obj metav1.Object) time.Time {
+	since := obj.GetCreationTimestamp().Time
+	if c, err := time.Parse(time.RFC3339, obj.GetAnnotations()[keys.AnnotationCreatedAt]); err == nil && c.After(since) {
+		since = c
+	}
+	return since
+}
+
 // ExpiresAt is the earlier of l's idle deadline and its lifetime cap.
 func (l Lifetime) ExpiresAt() time.Time {
 	return ExpiresAt(l.Created, l.LastActivity, l.Idle, l.Max)
