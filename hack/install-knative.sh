@@ -35,14 +35,11 @@ build() {
 serving=(activator autoscaler controller queue webhook)
 eventing=(controller webhook mtchannel_broker broker/ingress broker/filter
   in_memory/channel_controller in_memory/channel_dispatcher mtping)
-build knative-serving "serving-$KNATIVE_SERVING_VERSION" "${serving[@]/#/knative.dev/serving/cmd/}"
-build knative-eventing "eventing-$KNATIVE_EVENTING_VERSION" "${eventing[@]/#/knative.dev/eventing/cmd/}"
-build coredns "coredns-$COREDNS_VERSION" github.com/coredns/coredns
-build traefik "traefik-$TRAEFIK_VERSION" github.com/traefik/traefik/v3/cmd/traefik
-
-# Images: dev.local/<name>:<version>. dev.local is on Serving's list of
-# registries whose tags it never resolves to digests, which it could not do
-# offline. Knative's Pods run as a numeric non-root user.
+build_serving() { build knative-serving "serving-$KNATIVE_SERVING_VERSION" "${serving[@]/#/knative.dev/serving/cmd/}"; }
+build_eventing() { build knative-eventing "eventing-$KNATIVE_EVENTING_VERSION" "${eventing[@]/#/knative.dev/eventing/cmd/}"; }
+build_coredns() { build coredns "coredns-$COREDNS_VERSION" github.com/coredns/coredns; }
+build_traefik() { build traefik "traefik-$TRAEFIK_VERSION" github.com/traefik/traefik/v3/cmd/traefik; }
+side_by_side serving=build_serving eventing=build_eventing coredns=build_coredns traefik=build_traefik
 mkimage="$KNATIVE_BIN_DIR/mkimage"
 [[ -x $mkimage ]] || (cd "$REPO_ROOT" && go build -trimpath -ldflags "-s -w" -o "$mkimage" ./test/images/mkimage)
 image() { # image NAME TAG BINARY

@@ -59,6 +59,22 @@ run_with_progress() {
   wait "$pid"
   log "$label: done in $((SECONDS - start))s"
 }
+# side_by_side LABEL=COMMAND...: runs each COMMAND (a script or a function,
+# no arguments) in the background, its lines prefixed with [LABEL], waits
+# for all of them and dies naming those that failed. Cold, a build spends
+# much of its time fetching modules, which overlaps with another's compiling.
+side_by_side() {
+  local pids=() labels=() failed=() spec i
+  for spec in "$@"; do
+    labels+=("${spec%%=*}")
+    ("${spec#*=}" 2>&1 | sed -u "s/^/[${spec%%=*}] /" >&2) &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || failed+=("${labels[$i]}")
+  done
+  [[ ${#failed[@]} -eq 0 ]] || die "${failed[*]} failed (see the lines starting with [${failed[0]}]; run again to retry: what was built is cached)"
+}
 # Real Knative on the real node (make knative): versions the module proxy
 # serves (see hack/tools/{knative-serving,knative-eventing,traefik,coredns}).
 KNATIVE_SERVING_VERSION=${KNATIVE_SERVING_VERSION:-v0.50.0}
