@@ -78,16 +78,26 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 			}
 		}
 	}
-	// The ReplicaSet first, so that it does not replace the Pod deleted next.
+	// The ReplicaSet first, so that it does not replace the Pods deleted next.
+	pods := []*corev1.Pod{f.pod, f.stray}
 	if f.rs != nil {
 		if err := remove.All([]func() error{m.rm.Workload(ctx, f.rs, nil, false)}); err != nil {
 			return api.Classify(err, "delete sandbox "+id)
 		}
+		// Its Pods, read after it went: the read before may have missed one
+		// its controller made since (after a create or resume answered
+		// without waiting), which would run on after the 200 until the
+		// garbage collector came.
+		mine, err := m.replicaSetPods(ctx, f.rs)
+		if err != nil {
+			return err
+		}
+		pods = append(mine, f.stray)
 	}
-	// A bare Pod, or the ReplicaSet's current one: deleted now rather than
-	// left to the garbage collector, so the sandbox stops at once.
+	// Deleted now rather than left to the garbage collector, so the
+	// sandbox stops at once.
 	var deletes []func() error
-	for _, p := range []*corev1.Pod{f.pod, f.stray} {
+	for _, p := range pods {
 		if p != nil {
 			deletes = append(deletes, m.rm.Workload(ctx, p, nil, false))
 		}

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"sort"
 	"time"
 
@@ -121,19 +122,13 @@ func (m *Manager) scale(ctx context.Context, rs *appsv1.ReplicaSet, replicas int
 	return out, nil
 }
 
-// replicaSetPod picks the ReplicaSet's current Pod out of pods: the live one
-// it controls, Ready first, then the newest.
-func replicaSetPod(rs *appsv1.ReplicaSet, pods []corev1.Pod) *corev1.Pod {
-	var mine []*corev1.Pod
-	for i := range pods {
-		p := &pods[i]
-		if ref := metav1.GetControllerOf(p); ref != nil && ref.UID == rs.UID && p.DeletionTimestamp == nil {
-			mine = append(mine, p)
-		}
-	}
-	if len(mine) == 0 {
+// replicaSetPod picks the ReplicaSet's current Pod out of its live Pods
+// (controlled): Ready first, then the newest.
+func replicaSetPod(controlled []*corev1.Pod) *corev1.Pod {
+	if len(controlled) == 0 {
 		return nil
 	}
+	mine := slices.Clone(controlled)
 	sort.Slice(mine, func(i, j int) bool {
 		if status.Ready(mine[i]) != status.Ready(mine[j]) {
 			return status.Ready(mine[i])
@@ -143,14 +138,33 @@ func replicaSetPod(rs *appsv1.ReplicaSet, pods []corev1.Pod) *corev1.Pod {
 	return mine[0]
 }
 
-// podsOf lists the Pods of one ReplicaSet sandbox (one call, by label).
+// controlledBy keeps the live Pods of pods that rs controls (by UID).
+func controlledBy(rs *appsv1.ReplicaSet, pods []corev1.Pod) []*corev1.Pod {
+	var mine []*corev1.Pod
+	for i := range pods {
+		if p := &pods[i]; p.DeletionTimestamp == nil && metav1.IsControlledBy(p, rs) {
+			mine = append(mine, p)
+		}
+	}
+	return mine
+}
+
+// podsOf finds the current Pod of one ReplicaSet sandbox (one call).
 func (m *Manager) podsOf(ctx context.Context, rs *appsv1.ReplicaSet) (*corev1.Pod, error) {
+	pods, err := m.replicaSetPods(ctx, rs)
+	return replicaSetPod(pods), err
+}
+
+// replicaSetPods lists the live Pods that rs controls (one call, by label),
+// from the API server's storage: never a cached answer that may miss one
+// its controller just made.
+func (m *Manager) replicaSetPods(ctx context.Context, rs *appsv1.ReplicaSet) ([]*corev1.Pod, error) {
 	list, err := m.client.CoreV1().Pods(m.cfg.Namespace).List(ctx, metav1.ListOptions{
 		LabelSelector: metav1.FormatLabelSelector(&metav1.LabelSelector{MatchLabels: resources.ReplicaSetSelector(rs.Labels[keys.LabelID])})})
 	if err != nil {
 		return nil, api.Classify(err, "list the sandbox's Pods")
 	}
-	return replicaSetPod(rs, list.Items), nil
+	return controlledBy(rs, list.Items), nil
 }
 
 // Pause scales a ReplicaSet sandbox to zero: its Pod goes, its Service, URL

@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -135,4 +136,66 @@ func pause(m *Manager, ctx context.Context, id string) error {
 func resume(m *Manager, ctx context.Context, id string) error {
 	_, err := m.Resume(ctx, id, 0)
 	return err
+}
+
+// TestDestroyStopsEveryPodOfItsReplicaSet: a destroy answered 200 leaves
+// no Pod of the ReplicaSet running, including one its controller made
+// after the destroy read the sandbox (a create or resume answered without
+// waiting for it): the fake has no garbage collector, as the real one may
+// come late. A Pod that carries the labels but that the ReplicaSet does not
+// control stays.
+func TestDestroyStopsEveryPodOfItsReplicaSet(t *testing.T) {
+	tests := []struct {
+		name      string
+		before    bool // the controller made the Pod before the destroy's read
+		otherOwns bool // another ReplicaSet controls the Pod
+		wantLeft  []string
+	}{
+		{name: "made before the read", before: true, wantLeft: []string{}},
+		{name: "made between the read and the delete", wantLeft: []string{}},
+		{name: "controlled by another ReplicaSet", otherOwns: true, wantLeft: []string{"sandbox-rs1-x7k2q"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "true"})
+			s := ownerSpec("rs1")
+			s.Caller = api.Caller{Principal: "alice"}
+			rs := resources.BuildReplicaSet(cfg, s)
+			rs.UID = "rs-1"
+			svc := resources.BuildService(cfg, s, resources.ReplicaSetOwnerRef(rs))
+			pod := &corev1.Pod{ObjectMeta: *rs.Spec.Template.ObjectMeta.DeepCopy(), Spec: *rs.Spec.Template.Spec.DeepCopy()}
+			pod.Name, pod.Namespace, pod.UID = "sandbox-rs1-x7k2q", cfg.Namespace, "pod-1"
+			owner := rs
+			if tc.otherOwns {
+				owner = rs.DeepCopy()
+				owner.UID = "rs-0"
+			}
+			pod.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(owner, appsv1.SchemeGroupVersion.WithKind("ReplicaSet"))}
+			client := fake.NewClientset(rs, svc)
+			if tc.before || tc.otherOwns {
+				if err := client.Tracker().Add(pod); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				client.PrependReactor("delete", "replicasets", func(k8stesting.Action) (bool, runtime.Object, error) {
+					return false, nil, client.Tracker().Add(pod)
+				})
+			}
+			m := NewManager(cfg, client)
+			if err := m.Destroy(api.WithCaller(context.Background(), s.Caller), s.ID); err != nil {
+				t.Fatal(err)
+			}
+			l, err := client.CoreV1().Pods(cfg.Namespace).List(context.Background(), metav1.ListOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			left := []string{}
+			for _, p := range l.Items {
+				left = append(left, p.Name)
+			}
+			if diff := cmp.Diff(tc.wantLeft, left); diff != "" {
+				t.Errorf("Pods left after the destroy (-want +got):\n%s", diff)
+			}
+		})
+	}
 }
