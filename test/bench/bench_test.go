@@ -87,6 +87,13 @@ type sample struct {
 }
 
 // run performs n ops at concurrency c, bounded by a deadline.
+// TestMain removes the function binary the benchmarks built.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	function.Cleanup()
+	os.Exit(code)
+}
+
 func run(n, c int, op func(i int) error) sample {
 	var (
 		mu   sync.Mutex

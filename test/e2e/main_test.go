@@ -38,6 +38,7 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
+	defer function.Cleanup()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	start := time.Now()

@@ -56,6 +56,7 @@ var (
 func TestMain(m *testing.M) { os.Exit(run(m)) }
 
 func run(m *testing.M) int {
+	defer function.Cleanup()
 	root, _ = filepath.Abs(filepath.Join("..", ".."))
 	logf := func(format string, args ...any) {
 		fmt.Fprintf(os.Stderr, "knative suite: "+format+"\n", args...)

@@ -70,6 +70,15 @@ func Binary() (string, error) {
 	return builtBin, buildErr
 }
 
+// Cleanup removes what Binary built (44 MB a test process, which would
+// otherwise pile up under the temporary directory run after run). A
+// TestMain defers it.
+func Cleanup() {
+	if builtBin != "" {
+		_ = os.RemoveAll(filepath.Dir(builtBin))
+	}
+}
+
 // Start runs the function binary with env and waits until it is ready; it is
 // stopped (SIGTERM, as the kubelet does) when the test ends.
 func Start(t testing.TB, env map[string]string) *Instance {
