@@ -79,7 +79,7 @@ func (e everything) byID() map[string]*found {
 	}
 	for _, f := range out {
 		if f.rs != nil && !resources.Paused(f.rs) {
-			f.pod = replicaSetPod(controlledBy(f.rs, e.pods))
+			f.pod = resources.CurrentPod(resources.ControlledPods(f.rs, e.pods))
 		}
 	}
 	return out

@@ -3,8 +3,6 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
-	"slices"
-	"sort"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -16,7 +14,6 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/status"
 )
 
 // found is what exists of one sandbox: its Service and either a bare Pod or
@@ -122,37 +119,10 @@ func (m *Manager) scale(ctx context.Context, rs *appsv1.ReplicaSet, replicas int
 	return out, nil
 }
 
-// replicaSetPod picks the ReplicaSet's current Pod out of its live Pods
-// (controlled): Ready first, then the newest.
-func replicaSetPod(controlled []*corev1.Pod) *corev1.Pod {
-	if len(controlled) == 0 {
-		return nil
-	}
-	mine := slices.Clone(controlled)
-	sort.Slice(mine, func(i, j int) bool {
-		if status.Ready(mine[i]) != status.Ready(mine[j]) {
-			return status.Ready(mine[i])
-		}
-		return mine[j].CreationTimestamp.Before(&mine[i].CreationTimestamp)
-	})
-	return mine[0]
-}
-
-// controlledBy keeps the live Pods of pods that rs controls (by UID).
-func controlledBy(rs *appsv1.ReplicaSet, pods []corev1.Pod) []*corev1.Pod {
-	var mine []*corev1.Pod
-	for i := range pods {
-		if p := &pods[i]; p.DeletionTimestamp == nil && metav1.IsControlledBy(p, rs) {
-			mine = append(mine, p)
-		}
-	}
-	return mine
-}
-
 // podsOf finds the current Pod of one ReplicaSet sandbox (one call).
 func (m *Manager) podsOf(ctx context.Context, rs *appsv1.ReplicaSet) (*corev1.Pod, error) {
 	pods, err := m.replicaSetPods(ctx, rs)
-	return replicaSetPod(pods), err
+	return resources.CurrentPod(pods), err
 }
 
 // replicaSetPods lists the live Pods that rs controls (one call, by label),
@@ -164,7 +134,7 @@ func (m *Manager) replicaSetPods(ctx context.Context, rs *appsv1.ReplicaSet) ([]
 	if err != nil {
 		return nil, api.Classify(err, "list the sandbox's Pods")
 	}
-	return controlledBy(rs, list.Items), nil
+	return resources.ControlledPods(rs, list.Items), nil
 }
 
 // Pause scales a ReplicaSet sandbox to zero: its Pod goes, its Service, URL

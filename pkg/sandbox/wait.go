@@ -58,7 +58,7 @@ func (m *Manager) waitReady(ctx context.Context, id string, f found, wait time.D
 		err  error
 	)
 	if f.rs != nil {
-		last, err = follow.ReplicaSetPod(wctx, m.client.CoreV1().Pods(m.cfg.Namespace), f.rs, func(all []corev1.Pod) *corev1.Pod { return replicaSetPod(controlledBy(f.rs, all)) }, settled)
+		last, err = follow.ReplicaSetPod(wctx, m.client.CoreV1().Pods(m.cfg.Namespace), f.rs, func(all []corev1.Pod) *corev1.Pod { return resources.CurrentPod(resources.ControlledPods(f.rs, all)) }, settled)
 	} else {
 		last, err = follow.Pod(wctx, m.client.CoreV1().Pods(m.cfg.Namespace), f.pod, settled)
 	}

@@ -2,6 +2,8 @@ package resources
 
 import (
 	"maps"
+	"slices"
+	"sort"
 	"strconv"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/status"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -66,4 +69,31 @@ func ReplicaSetSelector(id string) map[string]string {
 // ReplicaSetOwnerRef makes the ReplicaSet the owner of the sandbox's Service.
 func ReplicaSetOwnerRef(rs *appsv1.ReplicaSet) metav1.OwnerReference {
 	return metav1.OwnerReference{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: rs.Name, UID: rs.UID, BlockOwnerDeletion: ptr.To(false)}
+}
+
+// CurrentPod picks the ReplicaSet's current Pod out of its live Pods
+// (controlled): Ready first, then the newest.
+func CurrentPod(controlled []*corev1.Pod) *corev1.Pod {
+	if len(controlled) == 0 {
+		return nil
+	}
+	mine := slices.Clone(controlled)
+	sort.Slice(mine, func(i, j int) bool {
+		if status.Ready(mine[i]) != status.Ready(mine[j]) {
+			return status.Ready(mine[i])
+		}
+		return mine[j].CreationTimestamp.Before(&mine[i].CreationTimestamp)
+	})
+	return mine[0]
+}
+
+// ControlledPods keeps the live Pods of pods that rs controls (by UID).
+func ControlledPods(rs *appsv1.ReplicaSet, pods []corev1.Pod) []*corev1.Pod {
+	var mine []*corev1.Pod
+	for i := range pods {
+		if p := &pods[i]; p.DeletionTimestamp == nil && metav1.IsControlledBy(p, rs) {
+			mine = append(mine, p)
+		}
+	}
+	return mine
 }

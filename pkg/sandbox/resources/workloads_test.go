@@ -177,3 +177,63 @@ func TestPoolPodTemplate(t *testing.T) {
 		t.Errorf("specs that differ only in identity hash to %d shapes, want 1", len(hashes))
 	}
 }
+
+// TestControlledPodsAndCurrentPod: a ReplicaSet's Pods are the live ones
+// it controls by UID (not by labels, which another ReplicaSet's Pod may
+// carry); its current one is the Ready one, else the newest.
+func TestControlledPodsAndCurrentPod(t *testing.T) {
+	rs := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-x", UID: "rs-1"}}
+	other := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-x", UID: "rs-0"}}
+	now := time.Now()
+	pod := func(name string, owner *appsv1.ReplicaSet, age time.Duration, ready, going bool) corev1.Pod {
+		p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.NewTime(now.Add(-age))}}
+		if owner != nil {
+			p.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(owner, appsv1.SchemeGroupVersion.WithKind("ReplicaSet"))}
+		}
+		if ready {
+			p.Status.Phase = corev1.PodRunning
+			p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+		}
+		if going {
+			p.DeletionTimestamp = ptr.To(metav1.NewTime(now))
+		}
+		return p
+	}
+	tests := []struct {
+		name        string
+		pods        []corev1.Pod
+		wantPods    []string
+		wantCurrent string
+	}{
+		{name: "none", wantCurrent: ""},
+		{name: "the Ready one before a newer one",
+			pods:     []corev1.Pod{pod("old-ready", rs, time.Minute, true, false), pod("new", rs, time.Second, false, false)},
+			wantPods: []string{"old-ready", "new"}, wantCurrent: "old-ready"},
+		{name: "the newest when none is Ready",
+			pods:     []corev1.Pod{pod("old", rs, time.Minute, false, false), pod("new", rs, time.Second, false, false)},
+			wantPods: []string{"old", "new"}, wantCurrent: "new"},
+		{name: "another ReplicaSet's, an unowned and a terminating Pod are not its",
+			pods: []corev1.Pod{pod("other", other, time.Second, true, false), pod("bare", nil, time.Second, true, false),
+				pod("going", rs, time.Second, true, true), pod("mine", rs, time.Minute, false, false)},
+			wantPods: []string{"mine"}, wantCurrent: "mine"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			mine := ControlledPods(rs, tc.pods)
+			var names []string
+			for _, p := range mine {
+				names = append(names, p.Name)
+			}
+			if diff := cmp.Diff(tc.wantPods, names); diff != "" {
+				t.Errorf("ControlledPods (-want +got):\n%s", diff)
+			}
+			current := ""
+			if p := CurrentPod(mine); p != nil {
+				current = p.Name
+			}
+			if current != tc.wantCurrent {
+				t.Errorf("CurrentPod = %q, want %q", current, tc.wantCurrent)
+			}
+		})
+	}
+}
