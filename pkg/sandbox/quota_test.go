@@ -143,6 +143,16 @@ func TestCreateAgainWritesNoService(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			client := fake.NewClientset()
 			apiServerWrites(t, client)
+			// Registered before the informers start (a reactor added while
+			// they list is a data race): counts once the first create is done.
+			var counting atomic.Bool
+			var svcCreates atomic.Int32
+			client.PrependReactor("create", "services", func(k8stesting.Action) (bool, runtime.Object, error) {
+				if counting.Load() {
+					svcCreates.Add(1)
+				}
+				return false, nil, nil
+			})
 			m := NewManager(testConfig(t, tc.env), client)
 			ctx, cancel := context.WithTimeout(api.WithCaller(context.Background(), api.Caller{Principal: "default"}), 10*time.Second)
 			defer cancel()
@@ -158,11 +168,7 @@ func TestCreateAgainWritesNoService(t *testing.T) {
 					return m.quota.Holds(resources.ServiceName(s.ID)), nil
 				})
 			}
-			var svcCreates int
-			client.PrependReactor("create", "services", func(k8stesting.Action) (bool, runtime.Object, error) {
-				svcCreates++
-				return false, nil, nil
-			})
+			counting.Store(true)
 			again, err := m.Create(ctx, s, 0)
 			if err != nil {
 				t.Fatal(err)
@@ -170,8 +176,8 @@ func TestCreateAgainWritesNoService(t *testing.T) {
 			if diff := cmp.Diff(first, again); diff != "" {
 				t.Errorf("the create again answered another sandbox (-first +again):\n%s", diff)
 			}
-			if svcCreates != tc.wantSvcCreates {
-				t.Errorf("the create again wrote %d Services, want %d", svcCreates, tc.wantSvcCreates)
+			if n := int(svcCreates.Load()); n != tc.wantSvcCreates {
+				t.Errorf("the create again wrote %d Services, want %d", n, tc.wantSvcCreates)
 			}
 		})
 	}
