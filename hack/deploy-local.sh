@@ -56,7 +56,8 @@ if [[ -z "$key" ]]; then
   log "generated the API key Secret $NS/sandbox-provisioner"
 fi
 
-KUSTOMIZE_DIR="$REPO_ROOT/test/overlays/knative-local" "$REPO_ROOT/hack/deploy.sh" "$REGISTRY_ADDR/deer-flow/sandbox-provisioner:local" >&2
+# The image for this machine's node only (hack/image.sh).
+PLATFORM="linux/$(go env GOARCH)" KUSTOMIZE_DIR="$REPO_ROOT/test/overlays/knative-local" "$REPO_ROOT/hack/deploy.sh" "$REGISTRY_ADDR/deer-flow/sandbox-provisioner:local" >&2
 
 log "waiting for the Knative Service, the Broker, the Triggers and the PingSource to be Ready"
 for what in ksvc/sandbox-provisioner broker/default "triggers --all" "pingsources --all" "eventpolicies --all"; do

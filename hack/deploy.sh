@@ -19,7 +19,9 @@ IMAGE=${1:-${IMAGE:-}}
 "$REPO_ROOT/hack/install-kube.sh"
 KUBECTL="$KUBE_BIN_DIR/kubectl"
 
-PUSH=1 "$REPO_ROOT/hack/image.sh" "$IMAGE"
+# Every platform func builds, unless PLATFORM names one (deploy-local.sh:
+# this machine's).
+PUSH=1 PLATFORM=${PLATFORM:-all} "$REPO_ROOT/hack/image.sh" "$IMAGE"
 digest=$(cat "$IMAGE_DIR/digest")
 name=$IMAGE
 last=${name##*/}

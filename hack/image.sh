@@ -5,9 +5,15 @@
 #   hack/image.sh [IMAGE]     IMAGE defaults to func.yaml's registry + name
 #   PUSH=1 hack/image.sh IMAGE     also pushes it, as `func build --push` does
 #
-# The host builder makes func's three platforms (linux/amd64, arm64,
-# arm/v7); func v0.48.4 refuses --platform for it ("only supported with the
-# S2I builder"), so the tests' image is the one `make deploy` ships.
+#   PLATFORM=linux/arm64 hack/image.sh   another platform; PLATFORM=all for
+#                                   func's three (linux/amd64, arm64, arm/v7)
+#
+# By default the image is built for this machine's platform only: the
+# tests, `make run NODE=real` and the local Knative cluster run it here, and
+# the other two platforms cost a cold run three minutes of compiling for
+# nothing (func refuses --platform for the host builder; hack/patches lets
+# it). `make deploy`, for clusters whose nodes may differ, builds all three
+# by the same builder from the same staged source and flags.
 #
 # func v0.48.4's host builder puts the function's whole directory into the
 # image's /func layer and ignores .funcignore, and it rewrites func.yaml. So
@@ -30,6 +36,8 @@ log "staged $(find "$stage" -type f | wc -l) files for the image (tracked files 
 # Go must complete its requirements from our go.mod: -mod=mod, from the
 # module cache or proxy. -s drops symbols and DWARF (smaller image).
 args=(build --builder=host --path "$stage")
+PLATFORM=${PLATFORM:-linux/$(go env GOARCH)}
+[[ "$PLATFORM" == all ]] || args+=(--platform "$PLATFORM")
 [[ -n "$IMAGE" ]] && args+=(--image "$IMAGE")
 [[ "${PUSH:-0}" == 1 ]] && args+=(--push)
 cd "$stage"
