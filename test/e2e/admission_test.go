@@ -1077,18 +1077,21 @@ func TestAdmissionDeletesOnlySandboxesAndPools(t *testing.T) {
 	uid := func(u types.UID) metav1.DeleteOptions {
 		return metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(u)), PropagationPolicy: &background}
 	}
-	for what, del := range map[string]func() error{
-		"a sandbox's Service": func() error { return sa.CoreV1().Services(ns).Delete(ctx, svc.Name, uid(svc.UID)) },
-		"a sandbox's Pod":     func() error { return sa.CoreV1().Pods(ns).Delete(ctx, pod.Name, uid(pod.UID)) },
-		"a sandbox's ReplicaSet": func() error {
-			return sa.AppsV1().ReplicaSets(ns).Delete(ctx, rs.Name, uid(rs.UID))
-		},
-		"a pool's unclaimed Pod": func() error {
+	// In order: the Service before the Pod that owns it, which the garbage
+	// collector would otherwise remove first (a NotFound, not a refusal).
+	for _, tc := range []struct {
+		what string
+		del  func() error
+	}{
+		{"a sandbox's Service", func() error { return sa.CoreV1().Services(ns).Delete(ctx, svc.Name, uid(svc.UID)) }},
+		{"a sandbox's Pod", func() error { return sa.CoreV1().Pods(ns).Delete(ctx, pod.Name, uid(pod.UID)) }},
+		{"a sandbox's ReplicaSet", func() error { return sa.AppsV1().ReplicaSets(ns).Delete(ctx, rs.Name, uid(rs.UID)) }},
+		{"a pool's unclaimed Pod", func() error {
 			return sa.CoreV1().Pods(ns).Delete(ctx, pooled.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pooled.UID}})
-		},
+		}},
 	} {
-		if err := del(); err != nil {
-			t.Errorf("the function's delete of %s is refused: %v", what, err)
+		if err := tc.del(); err != nil {
+			t.Errorf("the function's delete of %s is refused: %v", tc.what, err)
 		}
 	}
 	if err := sa.AppsV1().ReplicaSets(ns).Delete(ctx, poolRS.Name, uid(poolRS.UID)); err != nil {
