@@ -69,7 +69,7 @@ func (f *Function) Start(ctx context.Context, cfg map[string]string) error {
 	// The audit trail is written whatever LOG_LEVEL says.
 	audit := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("component", "sandbox-provisioner")
 	f.backend = newBackend(c, m, f.log, audit)
-	authn := auth.FromConfig(c, f.backend)
+	authn := auth.FromConfig(&c.AuthConfig, f.backend)
 	f.api = httpapi.New(c, authn, f.backend, m)
 	f.events = events.New(c, authn, f.backend, m)
 	go f.backend.connect(runCtx)

@@ -185,7 +185,7 @@ func (c clock) Now() time.Time { return c.a.now() }
 
 // FromConfig returns the Authenticator the configuration describes (which
 // config.Validate has checked).
-func FromConfig(c *config.Config, reviewer Reviewer) *Authenticator {
+func FromConfig(c *config.AuthConfig, reviewer Reviewer) *Authenticator {
 	keys, _ := config.ParseAPIKeys(c.APIKeys, "")
 	ops, _ := config.ParsePrincipalOperations(c.PrincipalOperations)
 	groups, _ := config.ParsePrincipalGroups(c.PrincipalGroups)

@@ -77,7 +77,7 @@ func newHandler(t testing.TB, env map[string]string) (*Handler, *fakeOps) {
 		t.Fatal(err)
 	}
 	ops := &fakeOps{}
-	return New(cfg, auth.FromConfig(cfg, nil), ops, metrics.New()), ops
+	return New(cfg, auth.FromConfig(&cfg.AuthConfig, nil), ops, metrics.New()), ops
 }
 
 func binaryEvent(typ, subject, data string, extra map[string]string) *http.Request {
@@ -423,7 +423,7 @@ func TestBrokeredEventNeverAuthenticatesByDataKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	ops := &fakeOps{}
-	h := New(cfg, auth.FromConfig(cfg, tokenReviewer{good: trigger}), ops, metrics.New())
+	h := New(cfg, auth.FromConfig(&cfg.AuthConfig, tokenReviewer{good: trigger}), ops, metrics.New())
 	bearer := func(tok string) map[string]string { return map[string]string{"Authorization": "Bearer " + tok} }
 	withAlice := `{"sandbox_id":"abc","api_key":"` + aliceKey + `"}`
 	invoke := func(body string, headers map[string]string) *http.Request {

@@ -45,7 +45,7 @@ func newAPI(t *testing.T, env map[string]string) *API {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return New(cfg, auth.FromConfig(cfg, nil), unavailable{}, metrics.New())
+	return New(cfg, auth.FromConfig(&cfg.AuthConfig, nil), unavailable{}, metrics.New())
 }
 
 const key = "0123456789abcdef-key"

@@ -39,7 +39,7 @@ func TestTemplateReadsWriteNothing(t *testing.T) {
 	}
 	cs := clientset(pt, orphan)
 	m := sandbox.NewManager(cfg, cs, sandbox.WithPool(New(cfg, cs, nil, nil)))
-	door := httpapi.New(cfg, auth.FromConfig(cfg, nil), m, metrics.New())
+	door := httpapi.New(cfg, auth.FromConfig(&cfg.AuthConfig, nil), m, metrics.New())
 
 	for _, path := range []string{"/api/templates", "/api/capabilities"} {
 		r := httptest.NewRequest("GET", path, nil)
