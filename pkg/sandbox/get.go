@@ -152,7 +152,7 @@ func (m *Manager) fetchObjects(ctx context.Context, id string) (found, error) {
 	// this sandbox's Pod; destroy removes it too.
 	f.rs, f.stray, f.pod = rs, f.pod, nil
 	if !resources.Paused(rs) {
-		if f.pod, err = m.podsOf(ctx, rs); err != nil {
+		if f.pod, err = m.currentPodOf(ctx, rs); err != nil {
 			return found{}, err
 		}
 	}

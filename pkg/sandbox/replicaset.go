@@ -119,8 +119,8 @@ func (m *Manager) scale(ctx context.Context, rs *appsv1.ReplicaSet, replicas int
 	return out, nil
 }
 
-// podsOf finds the current Pod of one ReplicaSet sandbox (one call).
-func (m *Manager) podsOf(ctx context.Context, rs *appsv1.ReplicaSet) (*corev1.Pod, error) {
+// currentPodOf finds the current Pod of one ReplicaSet sandbox (one call).
+func (m *Manager) currentPodOf(ctx context.Context, rs *appsv1.ReplicaSet) (*corev1.Pod, error) {
 	pods, err := m.replicaSetPods(ctx, rs)
 	return resources.CurrentPod(pods), err
 }

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 )
 
@@ -80,15 +82,11 @@ func TestPauseAndResumeNeverActOnAReplicaSetMadeAgain(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := testConfig(t, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "true"})
-			s := ownerSpec("rs1")
-			s.Caller = api.Caller{Principal: "alice"}
-			rs := resources.BuildReplicaSet(cfg, s)
-			rs.UID, rs.ResourceVersion = "rs-1", "10"
+			cfg, s, rs, svc := aliceReplicaSet(t)
+			rs.ResourceVersion = "10"
 			if tc.paused {
 				rs.Spec.Replicas = ptr.To(int32(0))
 			}
-			svc := resources.BuildService(cfg, s, resources.ReplicaSetOwnerRef(rs))
 			client := fake.NewClientset(rs, svc)
 			rsGVR := appsv1.SchemeGroupVersion.WithResource("replicasets")
 			patchPreconditions(client, "replicasets")
@@ -128,6 +126,18 @@ func TestPauseAndResumeNeverActOnAReplicaSetMadeAgain(t *testing.T) {
 	}
 }
 
+// aliceReplicaSet is alice's ReplicaSet sandbox rs1 (UID rs-1) and its
+// Service, as a create writes them.
+func aliceReplicaSet(t *testing.T) (*config.Config, api.Spec, *appsv1.ReplicaSet, *corev1.Service) {
+	t.Helper()
+	cfg := testConfig(t, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "true"})
+	s := ownerSpec("rs1")
+	s.Caller = api.Caller{Principal: "alice"}
+	rs := resources.BuildReplicaSet(cfg, s)
+	rs.UID = "rs-1"
+	return cfg, s, rs, resources.BuildService(cfg, s, resources.ReplicaSetOwnerRef(rs))
+}
+
 func pause(m *Manager, ctx context.Context, id string) error {
 	_, err := m.Pause(ctx, id)
 	return err
@@ -157,12 +167,7 @@ func TestDestroyStopsEveryPodOfItsReplicaSet(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := testConfig(t, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "true"})
-			s := ownerSpec("rs1")
-			s.Caller = api.Caller{Principal: "alice"}
-			rs := resources.BuildReplicaSet(cfg, s)
-			rs.UID = "rs-1"
-			svc := resources.BuildService(cfg, s, resources.ReplicaSetOwnerRef(rs))
+			cfg, s, rs, svc := aliceReplicaSet(t)
 			pod := &corev1.Pod{ObjectMeta: *rs.Spec.Template.ObjectMeta.DeepCopy(), Spec: *rs.Spec.Template.Spec.DeepCopy()}
 			pod.Name, pod.Namespace, pod.UID = "sandbox-rs1-x7k2q", cfg.Namespace, "pod-1"
 			owner := rs
@@ -176,14 +181,21 @@ func TestDestroyStopsEveryPodOfItsReplicaSet(t *testing.T) {
 				if err := client.Tracker().Add(pod); err != nil {
 					t.Fatal(err)
 				}
-			} else {
-				client.PrependReactor("delete", "replicasets", func(k8stesting.Action) (bool, runtime.Object, error) {
-					return false, nil, client.Tracker().Add(pod)
-				})
 			}
+			var added error = errors.New("the ReplicaSet was never deleted")
+			client.PrependReactor("delete", "replicasets", func(k8stesting.Action) (bool, runtime.Object, error) {
+				added = nil
+				if !tc.before && !tc.otherOwns {
+					added = client.Tracker().Add(pod) // the fake drops a reactor's error when unhandled
+				}
+				return false, nil, nil
+			})
 			m := NewManager(cfg, client)
 			if err := m.Destroy(api.WithCaller(context.Background(), s.Caller), s.ID); err != nil {
 				t.Fatal(err)
+			}
+			if added != nil {
+				t.Fatalf("the Pod made between the read and the delete: %v", added)
 			}
 			l, err := client.CoreV1().Pods(cfg.Namespace).List(context.Background(), metav1.ListOptions{})
 			if err != nil {

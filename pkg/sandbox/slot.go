@@ -85,7 +85,7 @@ func (m *Manager) replicaSetKind() kind {
 			if err != nil {
 				return nil, err
 			}
-			return token.ReplicaSet(ctx, rss, m.client.CoreV1().Pods(m.cfg.Namespace), reuse(ctx, m, rs, rss.Patch), m.podsOf)
+			return token.ReplicaSet(ctx, rss, m.client.CoreV1().Pods(m.cfg.Namespace), reuse(ctx, m, rs, rss.Patch), m.currentPodOf)
 		},
 		ref: func(w workloadObject) metav1.OwnerReference {
 			return resources.ReplicaSetOwnerRef(w.(*appsv1.ReplicaSet))
@@ -96,7 +96,7 @@ func (m *Manager) replicaSetKind() kind {
 			if resources.Paused(rs) {
 				return f, nil
 			}
-			pod, err := m.podsOf(ctx, rs)
+			pod, err := m.currentPodOf(ctx, rs)
 			f.pod = pod
 			return f, err
 		},
