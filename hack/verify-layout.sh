@@ -18,7 +18,7 @@ fail() { printf '  %s\n' "$*" >&2; failed=1; }
 # Ranks, lowest first. A package missing here is refused, so a new one is
 # placed on purpose.
 declare -A rank=(
-  [pkg/keys]=0 [pkg/reqid]=0 [pkg/metrics]=0 [pkg/eventlimit]=0
+  [pkg/keys]=0 [pkg/sleep]=0 [pkg/reqid]=0 [pkg/metrics]=0 [pkg/eventlimit]=0
   [pkg/config]=1
   [pkg/config/configtest]=2 [pkg/template]=2 [pkg/kube]=2
   [pkg/api]=3 [pkg/sandbox/status]=3

@@ -428,7 +428,10 @@ func claimSpec(t *testing.T, cfg *config.Config, id string, mutate func(*api.Cre
 
 // TestClaimThatLandedUnseen: the claim's patch lands but its answer is a
 // 500 (the API server failed after writing). The claim reads the Pod back:
-// it carries the claim, so it is this create's sandbox. When that read
+// it carries the claim, so it is this create's sandbox, also when the
+// patch lands only after that read (it reads again once a cut write must
+// have landed, the Pod being at the version the patch was conditional
+// on). When that read
 // fails too, nothing can tell whether the Pod is claimed: the create
 // answers 503 and its Service stays, so the quota still counts a Pod that
 // may be claimed (the reap removes the Service if no claim landed).
@@ -436,30 +439,45 @@ func TestClaimThatLandedUnseen(t *testing.T) {
 	tests := []struct {
 		name        string
 		failRead    bool
+		landsLate   bool     // the patch reaches the store only once the first read back has answered
 		wantKind    api.Kind // -1: answered 200
 		wantPooled  bool
 		wantService bool
 	}{
 		{name: "the read back finds the claim", wantKind: -1, wantPooled: true, wantService: true},
+		{name: "the patch lands after the first read back", landsLate: true, wantKind: -1, wantPooled: true, wantService: true},
 		{name: "the read back fails too", failRead: true, wantKind: api.KindUnavailable, wantService: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg, tmpl, cs := claimCluster(t, true)
-			var patched atomic.Bool
+			var (
+				patched atomic.Bool
+				late    atomic.Pointer[clienttesting.Action]
+			)
 			cs.PrependReactor("patch", "pods", func(a clienttesting.Action) (bool, runtime.Object, error) {
 				if patched.Load() {
 					return false, nil, nil
 				}
-				if _, _, err := clienttesting.ObjectReaction(cs.Tracker())(a); err != nil {
+				patched.Store(true)
+				if tt.landsLate {
+					late.Store(&a)
+				} else if _, _, err := clienttesting.ObjectReaction(cs.Tracker())(a); err != nil {
 					return true, nil, err
 				}
-				patched.Store(true)
 				return true, nil, apierrors.NewInternalError(errors.New("injected after the write"))
 			})
-			cs.PrependReactor("get", "pods", func(clienttesting.Action) (bool, runtime.Object, error) {
+			cs.PrependReactor("get", "pods", func(a clienttesting.Action) (bool, runtime.Object, error) {
 				if tt.failRead && patched.Load() {
 					return true, nil, apierrors.NewServiceUnavailable("injected")
+				}
+				if p := late.Swap(nil); p != nil {
+					// Answered as the store was before the patch landed.
+					handled, obj, err := clienttesting.ObjectReaction(cs.Tracker())(a)
+					if _, _, perr := clienttesting.ObjectReaction(cs.Tracker())(*p); perr != nil {
+						t.Error(perr)
+					}
+					return handled, obj, err
 				}
 				return false, nil, nil
 			})

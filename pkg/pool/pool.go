@@ -40,8 +40,10 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/remove"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+	"github.com/deerflow-sandbox/provisioner/pkg/sleep"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
@@ -72,6 +74,8 @@ type Pool struct {
 	observe Observer
 	log     *slog.Logger
 	now     func() time.Time
+	// lands is how long a cut claim's patch may still land (remove.WriteLands).
+	lands time.Duration
 
 	mu      sync.Mutex
 	ensured map[string]ensured // by template name: what this replica last made sure of
@@ -104,7 +108,7 @@ func New(cfg *config.Config, client kubernetes.Interface, observe Observer, log 
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Pool{cfg: cfg, client: client, observe: observe, log: log, now: time.Now, ensured: map[string]ensured{}, held: map[types.UID]time.Time{}}
+	return &Pool{cfg: cfg, client: client, observe: observe, log: log, now: time.Now, lands: remove.WriteLands, ensured: map[string]ensured{}, held: map[types.UID]time.Time{}}
 }
 
 // Name is the name of template's pool ReplicaSet: sandbox-pool- and the
@@ -319,7 +323,7 @@ func (p *Pool) claim(ctx context.Context, pod *corev1.Pod, hash string, c sandbo
 		case apierrors.IsNotFound(err):
 			return nil, true, nil
 		case !apierrors.IsConflict(err):
-			return p.readBack(ctx, pod.Name, c, err)
+			return p.readBack(ctx, pod, c, err)
 		}
 		if pod, err = pods.Get(ctx, pod.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
 			return nil, true, nil
@@ -333,24 +337,40 @@ func (p *Pool) claim(ctx context.Context, pod *corev1.Pod, hash string, c sandbo
 	return nil, false, nil
 }
 
-// readBack follows a claim's patch that failed (err) without saying
+// readBack follows a claim's patch of pod that failed (err) without saying
 // whether it landed (the API server's 5xx, a timeout, the client gone): the
 // Pod is read again, under a deadline of its own, and is this claim's when
-// it carries the claim's id and token. A refusal (a 4xx) wrote nothing.
-// When the read fails too, c.Uncertain is told: the Pod may be claimed.
-func (p *Pool) readBack(ctx context.Context, name string, c sandbox.Claim, err error) (*corev1.Pod, bool, error) {
+// it carries the claim's id and token. A Pod still at the version the
+// patch was conditional on may yet take it (a cut write can land after a
+// read made at once: remove.WriteLands), so it is read once more when such
+// a write must have landed; a Pod at any other version never will. A
+// refusal (a 4xx) wrote nothing. When a read fails, c.Uncertain is told:
+// the Pod may be claimed.
+func (p *Pool) readBack(ctx context.Context, pod *corev1.Pod, c sandbox.Claim, err error) (*corev1.Pod, bool, error) {
 	if api.Refused(err) {
 		return nil, false, err
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.RequestTimeout)
 	defer cancel()
-	got, rerr := p.client.CoreV1().Pods(p.cfg.Namespace).Get(rctx, name, metav1.GetOptions{})
-	switch {
-	case rerr == nil && got.DeletionTimestamp == nil && got.Labels[keys.LabelID] == c.Labels[keys.LabelID] &&
-		got.Labels[keys.LabelToken] != "" && got.Labels[keys.LabelToken] == c.Labels[keys.LabelToken]:
-		return got, false, nil
-	case rerr != nil && !apierrors.IsNotFound(rerr) && c.Uncertain != nil:
-		c.Uncertain()
+	for _, wait := range []time.Duration{0, p.lands} {
+		var got *corev1.Pod
+		rerr := sleep.For(rctx, wait)
+		if rerr == nil {
+			got, rerr = p.client.CoreV1().Pods(p.cfg.Namespace).Get(rctx, pod.Name, metav1.GetOptions{})
+		}
+		switch {
+		case rerr == nil && got.DeletionTimestamp == nil && got.Labels[keys.LabelID] == c.Labels[keys.LabelID] &&
+			got.Labels[keys.LabelToken] != "" && got.Labels[keys.LabelToken] == c.Labels[keys.LabelToken]:
+			return got, false, nil
+		case rerr != nil && !apierrors.IsNotFound(rerr):
+			if c.Uncertain != nil {
+				c.Uncertain()
+			}
+			return nil, false, err
+		case rerr == nil && got.ResourceVersion == pod.ResourceVersion:
+			continue
+		}
+		return nil, false, err
 	}
 	return nil, false, err
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -18,13 +19,27 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+	"github.com/deerflow-sandbox/provisioner/pkg/sleep"
 )
 
 // Remover deletes in one namespace.
 type Remover struct {
 	Client    kubernetes.Interface
 	Namespace string
+	// Lands is how long after its request was cut a write may still land
+	// (0: WriteLands).
+	Lands time.Duration
 }
+
+// WriteLands bounds how long a write may still land after its request was
+// cut (the client gone or timed out, a 5xx from the API server). The API
+// server does not stop a write that etcd has already been sent: a read
+// made at once may come before it commits, and find nothing. On a single
+// etcd a write commits within one fsync (milliseconds; seconds when the
+// disk stalls); two seconds leave room for that, and the undo that waits
+// runs off the request's path, with its slot kept meanwhile.
+const WriteLands = 2 * time.Second
 
 // maxAttempts bounds Undo's rounds: each one that loses learns the newer
 // version.
@@ -102,6 +117,42 @@ func (r Remover) Undo(ctx context.Context, w Object) (bool, error) {
 		obj = cur
 	}
 	return false, fmt.Errorf("%s %s kept changing while a failed create removed it", w.GetObjectKind().GroupVersionKind().Kind, w.GetName())
+}
+
+// UndoCut follows a create of want that failed without saying whether it
+// was written (its request cut: the client gone or timed out, the API
+// server's 5xx). The workload of want's name is read back and, when it
+// carries want's token (so it is that create's), removed (Undo). A read
+// that finds none reads again once a cut write must have landed (Lands):
+// only then is "not written" certain enough to give up the create's slot,
+// since a workload landing after its slot is gone is one the quota does
+// not count. mayExist says the workload may still be there (a read or the
+// delete failed): the caller keeps its slot, so the quota counts it until
+// the next create, destroy or reap of the id removes both.
+func (r Remover) UndoCut(ctx context.Context, want Object) (mayExist bool, err error) {
+	lands := r.Lands
+	if lands == 0 {
+		lands = WriteLands
+	}
+	for _, wait := range []time.Duration{0, lands} {
+		if err := sleep.For(ctx, wait); err != nil {
+			return true, err
+		}
+		got, err := r.Read(ctx, want)
+		switch {
+		case apierrors.IsNotFound(err):
+			continue
+		case err != nil:
+			return true, err
+		case got.GetDeletionTimestamp() != nil || resources.Token(got) != resources.Token(want):
+			continue // not this create's: it may yet land once that one is gone
+		}
+		if _, err := r.Undo(ctx, got); err != nil {
+			return true, err
+		}
+		return false, nil
+	}
+	return false, nil
 }
 
 // Read reads w again, of its kind.

@@ -18,6 +18,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/quota"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+	"github.com/deerflow-sandbox/provisioner/pkg/sleep"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 	"github.com/deerflow-sandbox/provisioner/pkg/token"
 )
@@ -86,7 +87,7 @@ func (m *Manager) create(ctx context.Context, s api.Spec, wait time.Duration) (s
 			// so that the next round admits some of them, and create again only
 			// if a count shows room, so that a quota full of young sandboxes
 			// does not cost a workload created and deleted per round.
-			if err := sleepCtx(ctx, time.Duration(attempt)*time.Duration(50+rand.IntN(150))*time.Millisecond); err != nil {
+			if err := sleep.For(ctx, time.Duration(attempt)*time.Duration(50+rand.IntN(150))*time.Millisecond); err != nil {
 				return api.Sandbox{}, api.Classify(err, "create the sandbox")
 			}
 			err = m.quota.Check(ctx, s, nil)
@@ -349,7 +350,7 @@ func (m *Manager) ensureService(ctx context.Context, s api.Spec, owner metav1.Ow
 			if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 				return nil, api.Classify(err, "replace a stale sandbox Service")
 			}
-			if err := sleepCtx(ctx, time.Duration(attempt+1)*100*time.Millisecond); err != nil {
+			if err := sleep.For(ctx, time.Duration(attempt+1)*100*time.Millisecond); err != nil {
 				return nil, api.Classify(err, "replace a stale sandbox Service")
 			}
 		case existing.DeletionTimestamp == nil && resources.SlotToken(existing) != "":
@@ -375,7 +376,7 @@ func (m *Manager) ensureService(ctx context.Context, s api.Spec, owner metav1.Ow
 			return adopted, nil
 		default:
 			// Being deleted without an owner: wait for it to go.
-			if err := sleepCtx(ctx, time.Duration(attempt+1)*100*time.Millisecond); err != nil {
+			if err := sleep.For(ctx, time.Duration(attempt+1)*100*time.Millisecond); err != nil {
 				return nil, api.Classify(err, "replace a stale sandbox Service")
 			}
 		}
@@ -416,14 +417,3 @@ func (m *Manager) ownerLives(ctx context.Context, ref metav1.OwnerReference, svc
 // claimLands bounds how long a create that lost its id to a pooled create
 // waits for that claim's Pod to take the id (normally one patch).
 const claimLands = 3 * time.Second
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}

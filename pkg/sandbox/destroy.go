@@ -138,43 +138,32 @@ func (m *Manager) undoCreate(ctx context.Context, workload workloadObject, svc *
 }
 
 // undoUncertain follows a workload create that failed (err) without
-// saying whether it was written (the client gone or timed out, the API
-// server's 5xx): the workload of want's name is read back, and removed when
-// it carries want's token, so it is this create's. A refusal (a 4xx) wrote
-// nothing. It returns failed, the create's error, marked as errMayExist
-// when the workload may still be there (the read or the delete failed too):
-// a leftover, which keeps its slot so that the quota still counts it.
+// saying whether it was written: a refusal (a 4xx) wrote nothing; any other
+// failure is undone (remove.Remover.UndoCut). It returns failed, the
+// create's error, marked as errMayExist when the workload may still be
+// there: a leftover, which keeps its slot so that the quota still counts it.
 func (m *Manager) undoUncertain(ctx context.Context, err error, want workloadObject, failed error) error {
 	if api.Refused(err) {
 		return failed
 	}
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.RequestTimeout)
 	defer cancel()
-	got, rerr := m.rm.Read(uctx, want)
-	switch {
-	case apierrors.IsNotFound(rerr):
-		return failed
-	case rerr != nil:
-		return mayExist{failed}
-	case got.GetDeletionTimestamp() != nil || resources.Token(got) != resources.Token(want):
-		return failed
-	}
-	if _, uerr := m.rm.Undo(uctx, got); uerr != nil {
+	if mayExist, uerr := m.rm.UndoCut(uctx, want); mayExist {
 		m.audit.Leftover(ctx, want.GetLabels()[keys.LabelID], uerr)
-		return mayExist{failed}
+		return mayExistErr{failed}
 	}
 	return failed
 }
 
-// mayExist marks a create's error after which its workload may exist.
-type mayExist struct{ error }
+// mayExistErr marks a create's error after which its workload may exist.
+type mayExistErr struct{ error }
 
-func (e mayExist) Unwrap() error { return e.error }
+func (e mayExistErr) Unwrap() error { return e.error }
 
-// errMayExist matches a mayExist (errors.Is).
+// errMayExist matches a mayExistErr (errors.Is).
 var errMayExist = errors.New("the workload may exist")
 
-func (e mayExist) Is(target error) bool { return target == errMayExist }
+func (e mayExistErr) Is(target error) bool { return target == errMayExist }
 
 // workloadObject is a sandbox's Pod or ReplicaSet.
 type workloadObject = remove.Object

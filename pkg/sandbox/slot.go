@@ -14,6 +14,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/quota"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+	"github.com/deerflow-sandbox/provisioner/pkg/sleep"
 	"github.com/deerflow-sandbox/provisioner/pkg/token"
 )
 
@@ -111,7 +112,7 @@ var errStale = errors.New("the sandbox's Service changed during the create")
 func (m *Manager) createKindOnce(ctx context.Context, s api.Spec, k kind) (made, error) {
 	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
 		if attempt > 0 {
-			if err := sleepCtx(ctx, time.Duration(attempt)*100*time.Millisecond); err != nil {
+			if err := sleep.For(ctx, time.Duration(attempt)*100*time.Millisecond); err != nil {
 				return made{}, api.Classify(err, "create the sandbox")
 			}
 		}
@@ -371,12 +372,15 @@ func (m *Manager) dropLeftoverSlot(ctx context.Context, svc *corev1.Service) (an
 }
 
 // dropSlot removes the slot this create made, under a deadline of its own
-// (the request's may be what ended it). One it cannot remove counts for
-// the quota until the next create, destroy or reap of its id removes it.
+// (the request's may be what ended it), as it was made: a racing create of
+// the same sandbox that has filled and bound it since (fill) answered with
+// it, and it stays. One it cannot remove counts for the quota until the
+// next create, destroy or reap of its id removes it.
 func (m *Manager) dropSlot(ctx context.Context, svc *corev1.Service) {
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.RequestTimeout)
 	defer cancel()
-	err := m.client.CoreV1().Services(m.cfg.Namespace).Delete(uctx, svc.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(svc.UID))})
+	err := m.client.CoreV1().Services(m.cfg.Namespace).Delete(uctx, svc.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{
+		UID: &svc.UID, ResourceVersion: &svc.ResourceVersion}})
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		m.audit.Leftover(ctx, svc.Labels[keys.LabelID], err)
 	}

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"regexp"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -198,9 +199,11 @@ func TestStrayPodNeverTakesAClaimedSandbox(t *testing.T) {
 
 // TestCreateWithoutItsAnswerLeavesNothing: a create whose client goes away
 // after its last write, or whose Pod create fails without saying whether it
-// was written (a 5xx after the write), leaves no object; one refused by the
-// API server (a 4xx) wrote nothing to undo, and a Pod of the name that is
-// not this create's (another token) stays.
+// was written (a 5xx after the write), leaves no object, also when the cut
+// write lands only after the first read back (it is read again once it
+// must have landed); one refused by the API server (a 4xx) wrote nothing
+// to undo, and a Pod of the name that is not this create's (another token)
+// stays.
 func TestCreateWithoutItsAnswerLeavesNothing(t *testing.T) {
 	cfg := testConfig(t, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "true"})
 	pods := corev1.SchemeGroupVersion.WithResource("pods")
@@ -211,8 +214,11 @@ func TestCreateWithoutItsAnswerLeavesNothing(t *testing.T) {
 		// react stands in for the API server's answer to the Pod's or the
 		// Service's create (nil: the create goes through).
 		pod, svc func(e faultEnv, a k8stesting.Action) (bool, runtime.Object, error)
-		want     []string
-		wantKind api.Kind
+		// landsLate: the Pod's cut create reaches the store only once the
+		// first read of the Pod has answered (not found).
+		landsLate bool
+		want      []string
+		wantKind  api.Kind
 	}{
 		{name: "the client goes away after the Service is written", svc: func(e faultEnv, a k8stesting.Action) (bool, runtime.Object, error) {
 			e.cancel()
@@ -230,6 +236,9 @@ func TestCreateWithoutItsAnswerLeavesNothing(t *testing.T) {
 			}
 			return true, nil, context.DeadlineExceeded
 		}, wantKind: api.KindTimeout},
+		{name: "the client times out and the Pod lands after the first read", pod: func(faultEnv, k8stesting.Action) (bool, runtime.Object, error) {
+			return true, nil, context.DeadlineExceeded
+		}, landsLate: true, wantKind: api.KindTimeout},
 		{name: "another's Pod of the name appears and the API server answers 500", pod: func(e faultEnv, a k8stesting.Action) (bool, runtime.Object, error) {
 			other := a.(k8stesting.CreateAction).GetObject().DeepCopyObject().(*corev1.Pod)
 			other.Labels[keys.LabelToken] = token.New()
@@ -254,7 +263,28 @@ func TestCreateWithoutItsAnswerLeavesNothing(t *testing.T) {
 			if tc.svc != nil {
 				client.PrependReactor("create", "services", func(a k8stesting.Action) (bool, runtime.Object, error) { return tc.svc(e, a) })
 			}
-			_, err := NewManager(cfg, client).Create(ctx, s, 0)
+			var cut atomic.Pointer[corev1.Pod]
+			if tc.landsLate {
+				client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+					cut.Store(a.(k8stesting.CreateAction).GetObject().(*corev1.Pod))
+					return false, nil, nil // not stored: handled by tc.pod, which runs first
+				})
+				client.PrependReactor("get", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+					if p := cut.Swap(nil); p != nil {
+						if err := client.Tracker().Create(pods, p, "deer-flow"); err != nil {
+							t.Error(err)
+						}
+						return true, nil, apierrors.NewNotFound(pods.GroupResource(), p.Name)
+					}
+					return false, nil, nil
+				})
+			}
+			m := NewManager(cfg, client)
+			m.rm.Lands = 10 * time.Millisecond
+			_, err := m.Create(ctx, s, 0)
+			if tc.landsLate && cut.Load() != nil {
+				t.Error("the cut Pod never landed: the row tests nothing")
+			}
 			if err == nil {
 				t.Fatal("the create answered 200")
 			}
