@@ -5,7 +5,10 @@
 #   - the import graph flows one way, door → contract → operations →
 #     builders → keys, by the ranks below (a package imports only packages
 #     of a lower rank), so nothing climbs back up;
-#   - no package holds more than MAX_PACKAGE_LINES (2,500) non-test lines.
+#   - no package holds more than MAX_PACKAGE_LINES (2,500) non-test lines;
+#   - the builders, the templates and the request's validation take the
+#     groups objects are made from (config.Objects), not the whole
+#     configuration with its keys.
 # It has no update-layout.sh twin: what it finds is fixed by hand.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
@@ -65,7 +68,14 @@ while read -r dir; do
   (( n <= max_lines )) || fail "${dir#./} has $n non-test lines (at most $max_lines): split it by reason to change"
 done < <(go list -f '{{.Dir}}' ./pkg/... ./fn/... ./cmd/... . | sed "s|^$REPO_ROOT|.|")
 
+# Packages that take config.Objects, never the whole config.Config.
+for dir in pkg/sandbox/resources pkg/template pkg/api; do
+  while read -r hit; do
+    [[ -n "$hit" ]] && fail "$hit: takes the whole configuration; take config.Objects (the groups objects are made from)"
+  done < <(grep -n '\*config\.Config\b' "$dir"/*.go 2>/dev/null | grep -v '_test\.go:' || true)
+done
+
 if (( failed )); then
   die "the layout check failed (see above)"
 fi
-log "layout: builders pure, imports one way, every package within $max_lines lines"
+log "layout: builders pure and given config.Objects, imports one way, every package within $max_lines lines"

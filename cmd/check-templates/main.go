@@ -95,7 +95,7 @@ func checkFile(cfg *config.Config, file string) (int, []error) {
 			errs = append(errs, fmt.Errorf("PodTemplate %q lacks the label %s, so the provisioner would not see it", pt.Name, keys.LabelTemplate))
 			continue
 		}
-		if _, err := template.FromPodTemplate(&pt, cfg); err != nil {
+		if _, err := template.FromPodTemplate(&pt, cfg.Objects()); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -195,7 +195,7 @@ func jsonTypeName(goType string) string {
 }
 
 // Validate turns a request into a Spec, or explains what is wrong with it.
-func (r CreateRequest) Validate(cfg *config.Config, now time.Time) (Spec, error) {
+func (r CreateRequest) Validate(cfg config.Objects, now time.Time) (Spec, error) {
 	if err := ValidateID(r.SandboxID); err != nil {
 		return Spec{}, err
 	}
@@ -355,7 +355,7 @@ func boundedQuantity(field, v, def, min, max string) (resource.Quantity, error) 
 // clean and under the DeerFlow base directory, container paths from the
 // allow-list, and no container path twice. A host path inside DeerFlow's
 // per-user or per-thread layout must belong to the requesting user and thread.
-func validateMounts(cfg *config.Config, in []ExtraMount, user, thread string) ([]Mount, error) {
+func validateMounts(cfg config.Objects, in []ExtraMount, user, thread string) ([]Mount, error) {
 	if len(in) > maxExtraMounts {
 		return nil, Invalidf("extra_mounts has %d entries; at most %d are allowed", len(in), maxExtraMounts)
 	}
@@ -399,7 +399,7 @@ func validateMounts(cfg *config.Config, in []ExtraMount, user, thread string) ([
 // in DeerFlow's layout: <base>/users/<user>/..., <base>/users/<user>/threads/
 // <thread>/..., and <THREADS_HOST_PATH>/<thread>/.... A path that stops at a
 // directory holding everyone's data (<base>/users) counts as foreign too.
-func foreignOwner(cfg *config.Config, hp, user, thread string) string {
+func foreignOwner(cfg config.Objects, hp, user, thread string) string {
 	if rest, ok := strings.CutPrefix(hp, cfg.ThreadsHostPath+"/"); ok || hp == cfg.ThreadsHostPath {
 		if seg := strings.Split(rest, "/"); seg[0] != thread {
 			return "thread"

@@ -189,7 +189,7 @@ func TestValidateCreateRequest(t *testing.T) {
 			req, err := DecodeCreateRequest([]byte(tc.body))
 			var got Spec
 			if err == nil {
-				got, err = req.Validate(cfg, now)
+				got, err = req.Validate(cfg.Objects(), now)
 			}
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(DetailOf(err), tc.wantErr) || KindOf(err) != tc.kind {

@@ -6,7 +6,9 @@
 // holds its variables and its validation), embedded in Config without a name.
 // envconfig does not prefix an anonymous embedded struct, so every variable
 // keeps its name (TestVariableNames pins them), and Go promotes the groups'
-// fields, so cfg.Namespace still reads Config's K8S_NAMESPACE.
+// fields, so cfg.Namespace still reads Config's K8S_NAMESPACE. A package
+// gets only the groups it reads: one group (auth, quota), or Objects, the
+// groups sandbox objects are made from.
 package config
 
 import (

@@ -233,7 +233,7 @@ func (h *Handler) create(ctx context.Context, data []byte, subject string) (any,
 	if err != nil {
 		return nil, "", err
 	}
-	spec, err := req.Validate(h.cfg, time.Now())
+	spec, err := req.Validate(h.cfg.Objects(), time.Now())
 	if err != nil {
 		return nil, "", err
 	}

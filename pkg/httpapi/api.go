@@ -177,7 +177,7 @@ func (a *API) create(w http.ResponseWriter, r *http.Request) int {
 	if err != nil {
 		return problem.Write(w, err)
 	}
-	spec, err := req.Validate(a.cfg, a.now())
+	spec, err := req.Validate(a.cfg.Objects(), a.now())
 	if err != nil {
 		return problem.Write(w, err)
 	}

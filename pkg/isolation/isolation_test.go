@@ -13,7 +13,7 @@ import (
 // the protocol left to the API server's default, is the same policy; a
 // dropped rule, a widened range or a lost policy type is not.
 func TestSpecDiffIsSemantic(t *testing.T) {
-	want := resources.BuildNetworkPolicy(testConfig(t, nil)).Spec
+	want := resources.BuildNetworkPolicy(testConfig(t, nil).Objects()).Spec
 	tests := []struct {
 		name   string
 		mutate func(*networkingv1.NetworkPolicySpec)

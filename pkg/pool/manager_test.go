@@ -382,7 +382,7 @@ func inFlight(t *testing.T, cfg *config.Config, cs *fake.Clientset, s api.Spec, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc := resources.BuildService(cfg, s, resources.PodOwnerRef(pod))
+	svc := resources.BuildService(cfg.Objects(), s, resources.PodOwnerRef(pod))
 	svc.UID, svc.CreationTimestamp = "svc-uid", metav1.NewTime(time.Now().Add(-age))
 	if _, err := cs.CoreV1().Services(ns).Create(context.Background(), svc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -419,7 +419,7 @@ func claimSpec(t *testing.T, cfg *config.Config, id string, mutate func(*api.Cre
 	if mutate != nil {
 		mutate(&req)
 	}
-	s, err := req.Validate(cfg, time.Now())
+	s, err := req.Validate(cfg.Objects(), time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

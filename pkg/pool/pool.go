@@ -133,7 +133,7 @@ func poolValue(tmpl string) string {
 // as a create of t with nothing else would shape them, labelled as
 // sandboxes (for the NetworkPolicy) without an id, and owned by the
 // PodTemplate, so deleting the template deletes its pool.
-func Build(cfg *config.Config, t *template.Template) *appsv1.ReplicaSet {
+func Build(cfg config.Objects, t *template.Template) *appsv1.ReplicaSet {
 	tpl := resources.PoolPodTemplate(cfg, resources.PoolSpec(cfg, t))
 	lv := poolValue(t.Name)
 	tpl.Labels[keys.LabelPool] = lv
@@ -430,7 +430,7 @@ func claimPatch(pod *corev1.Pod, c sandbox.Claim, now time.Time) ([]byte, error)
 func (p *Pool) ensureSoon(t *template.Template) {
 	key := t.ResourceVersion
 	if t.PoolSize > 0 {
-		key += "/" + resources.PoolPodTemplate(p.cfg, resources.PoolSpec(p.cfg, t)).Labels[keys.LabelPoolHash]
+		key += "/" + resources.PoolPodTemplate(p.cfg.Objects(), resources.PoolSpec(p.cfg.Objects(), t)).Labels[keys.LabelPoolHash]
 	}
 	p.mu.Lock()
 	e, ok := p.ensured[t.Name]
@@ -478,7 +478,7 @@ func (p *Pool) ensure(ctx context.Context, t *template.Template, have *appsv1.Re
 	if t.PoolSize == 0 {
 		return p.remove(ctx, have)
 	}
-	want := Build(p.cfg, t)
+	want := Build(p.cfg.Objects(), t)
 	if have == nil {
 		_, err := rss.Create(ctx, want, metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {
@@ -581,7 +581,7 @@ func (p *Pool) Describe(ctx context.Context, sums []template.Summary, valid []*t
 		if sum == nil || sum.Pool == nil || have == nil {
 			continue
 		}
-		if have.Spec.Template.Labels[keys.LabelPoolHash] == Build(p.cfg, t).Spec.Template.Labels[keys.LabelPoolHash] {
+		if have.Spec.Template.Labels[keys.LabelPoolHash] == Build(p.cfg.Objects(), t).Spec.Template.Labels[keys.LabelPoolHash] {
 			sum.Pool.Ready = min(int(have.Status.ReadyReplicas), t.PoolSize)
 		}
 	}

@@ -51,7 +51,7 @@ func pooled(t *testing.T, cfg *config.Config, size int) *template.Template {
 			Annotations: map[string]string{keys.TemplatePoolSize: strconv.Itoa(size), keys.TemplateDeerFlowMounts: "false"}},
 		Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "sandbox", Image: "sandbox:1"}}}},
 	}
-	tmpl, err := template.FromPodTemplate(pt, cfg)
+	tmpl, err := template.FromPodTemplate(pt, cfg.Objects())
 	if err != nil || tmpl.PoolError != "" {
 		t.Fatalf("template: %v %s", err, tmpl.PoolError)
 	}
@@ -60,7 +60,7 @@ func pooled(t *testing.T, cfg *config.Config, size int) *template.Template {
 
 // poolPod is a pooled Pod of tmpl as its ReplicaSet would make it.
 func poolPod(cfg *config.Config, tmpl *template.Template, name string, ready bool) *corev1.Pod {
-	rs := Build(cfg, tmpl)
+	rs := Build(cfg.Objects(), tmpl)
 	cond := corev1.ConditionFalse
 	if ready {
 		cond = corev1.ConditionTrue
@@ -151,7 +151,7 @@ func newPool(cfg *config.Config, cs *fake.Clientset, c *counts, tmpl *template.T
 }
 
 func hashOf(cfg *config.Config, tmpl *template.Template) string {
-	return Build(cfg, tmpl).Spec.Template.Labels[keys.LabelPoolHash]
+	return Build(cfg.Objects(), tmpl).Spec.Template.Labels[keys.LabelPoolHash]
 }
 
 func TestClaimHandsOutOnlyReadyUnclaimedPodsOfTheShape(t *testing.T) {
@@ -342,7 +342,7 @@ func TestClaimLooksAgainWhenTheCacheOffersNothing(t *testing.T) {
 func TestBuild(t *testing.T) {
 	cfg := testConfig(t)
 	tmpl := pooled(t, cfg, 3)
-	rs := Build(cfg, tmpl)
+	rs := Build(cfg.Objects(), tmpl)
 	if rs.Name != "sandbox-pool-warm" || ptr.Deref(rs.Spec.Replicas, 0) != 3 {
 		t.Errorf("name %s replicas %d, want sandbox-pool-warm of 3", rs.Name, ptr.Deref(rs.Spec.Replicas, 0))
 	}
@@ -373,7 +373,7 @@ func TestBuild(t *testing.T) {
 	// The admission policy admits a pool's ReplicaSet only as
 	// sandbox-pool-<the pool label it selects>.
 	for _, tp := range []*template.Template{tmpl, &long} {
-		got := Build(cfg, tp)
+		got := Build(cfg.Objects(), tp)
 		if want := "sandbox-pool-" + got.Spec.Selector.MatchLabels[keys.LabelPool]; got.Name != want {
 			t.Errorf("template %s: ReplicaSet %s, want %s (named for the pool it selects)", tp.Name, got.Name, want)
 		}
@@ -394,14 +394,14 @@ func TestEnsure(t *testing.T) {
 		name: "absent, made", size: 2, want: ptr.To(int32(2)), verbs: []string{"get", "create"},
 	}, {
 		name: "resized", size: 4, have: func() *appsv1.ReplicaSet {
-			rs := Build(cfg, pooled(t, cfg, 2))
+			rs := Build(cfg.Objects(), pooled(t, cfg, 2))
 			rs.ResourceVersion = "5"
 			return rs
 		}(), want: ptr.To(int32(4)), verbs: []string{"get", "update"},
 	}, {
-		name: "unchanged, left alone", size: 2, have: Build(cfg, pooled(t, cfg, 2)), want: ptr.To(int32(2)), verbs: []string{"get"},
+		name: "unchanged, left alone", size: 2, have: Build(cfg.Objects(), pooled(t, cfg, 2)), want: ptr.To(int32(2)), verbs: []string{"get"},
 	}, {
-		name: "no pool any more, deleted", size: 0, have: Build(cfg, pooled(t, cfg, 2)), want: nil, verbs: []string{"get", "delete"},
+		name: "no pool any more, deleted", size: 0, have: Build(cfg.Objects(), pooled(t, cfg, 2)), want: nil, verbs: []string{"get", "delete"},
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -440,7 +440,7 @@ func TestEnsureReshapeDropsOldPodsButNotClaimedOnes(t *testing.T) {
 	cfg := testConfig(t)
 	ctx := context.Background()
 	tmpl := pooled(t, cfg, 2)
-	old := Build(cfg, tmpl)
+	old := Build(cfg.Objects(), tmpl)
 	old.Spec.Template.Labels[keys.LabelPoolHash] = "0ld"
 	stale := poolPod(cfg, tmpl, "stale", true)
 	stale.Labels[keys.LabelPoolHash] = "0ld"
@@ -469,9 +469,9 @@ func TestDescribe(t *testing.T) {
 	cfg := testConfig(t)
 	ctx := context.Background()
 	tmpl := pooled(t, cfg, 3)
-	have := Build(cfg, tmpl)
+	have := Build(cfg.Objects(), tmpl)
 	have.Status.ReadyReplicas = 2
-	orphan := Build(cfg, pooled(t, cfg, 1))
+	orphan := Build(cfg.Objects(), pooled(t, cfg, 1))
 	orphan.Name = Name("gone")
 	cs := clientset(have, orphan)
 	p := New(cfg, cs, nil, nil)
@@ -491,7 +491,7 @@ func TestKeep(t *testing.T) {
 	cfg := testConfig(t)
 	ctx := context.Background()
 	tmpl := pooled(t, cfg, 3)
-	orphan := Build(cfg, pooled(t, cfg, 1))
+	orphan := Build(cfg.Objects(), pooled(t, cfg, 1))
 	orphan.Name = Name("gone")
 	cs := clientset(orphan)
 	p := New(cfg, cs, nil, nil)

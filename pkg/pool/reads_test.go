@@ -30,7 +30,7 @@ func TestTemplateReadsWriteNothing(t *testing.T) {
 	const key = "0123456789abcdef-key"
 	t.Setenv("PROVISIONER_API_KEY", key)
 	cfg, tmpl, _ := claimCluster(t) // a pooled template "warm", no pooled Pod
-	orphan := Build(cfg, pooled(t, cfg, 1))
+	orphan := Build(cfg.Objects(), pooled(t, cfg, 1))
 	orphan.Name = Name("gone")
 	pt := &corev1.PodTemplate{
 		ObjectMeta: metav1.ObjectMeta{Name: "warm", Namespace: ns, UID: tmpl.UID, Labels: map[string]string{keys.LabelTemplate: "true"},

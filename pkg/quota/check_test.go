@@ -27,7 +27,7 @@ func TestCheck(t *testing.T) {
 	var objs []runtime.Object
 	for i, who := range []struct{ user, principal string }{{"alice", "p1"}, {"alice", "p2"}, {"bob", "p2"}} {
 		s := api.Spec{ID: fmt.Sprintf("s%d", i), UserID: who.user, ThreadID: "t", Caller: api.Caller{Principal: who.principal}}
-		svc := resources.BuildService(testConfig(t, nil), s, resources.PodOwnerRef(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: resources.PodName(s.ID), UID: types.UID("pod-" + s.ID)}}))
+		svc := resources.BuildService(testConfig(t, nil).Objects(), s, resources.PodOwnerRef(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: resources.PodName(s.ID), UID: types.UID("pod-" + s.ID)}}))
 		resources.RecordPrincipal(svc, s)
 		objs = append(objs, svc)
 	}

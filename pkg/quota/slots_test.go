@@ -66,7 +66,7 @@ func TestSlotsBoundedBy(t *testing.T) {
 			revisions(client)
 			ctx := context.Background()
 			svc := func(id string) *corev1.Service {
-				s, err := client.CoreV1().Services("deer-flow").Create(ctx, resources.BuildService(testConfig(t, nil), api.Spec{ID: id},
+				s, err := client.CoreV1().Services("deer-flow").Create(ctx, resources.BuildService(testConfig(t, nil).Objects(), api.Spec{ID: id},
 					resources.PodOwnerRef(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: resources.PodName(id)}})), metav1.CreateOptions{})
 				if err != nil {
 					t.Fatal(err)
@@ -112,7 +112,7 @@ func TestSlotsBoundedBy(t *testing.T) {
 func TestSlotsBoundedByNeedsARevision(t *testing.T) {
 	client := fake.NewClientset()
 	revisions(client)
-	if _, err := client.CoreV1().Services("deer-flow").Create(context.Background(), resources.BuildService(testConfig(t, nil), api.Spec{ID: "s0"},
+	if _, err := client.CoreV1().Services("deer-flow").Create(context.Background(), resources.BuildService(testConfig(t, nil).Objects(), api.Spec{ID: "s0"},
 		resources.PodOwnerRef(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: resources.PodName("s0")}})), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

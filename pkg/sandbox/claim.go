@@ -67,8 +67,8 @@ func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Dura
 	if m.pool == nil || t == nil || t.PoolSize == 0 {
 		return api.Sandbox{}, false, nil
 	}
-	hash := resources.PoolPodTemplate(m.cfg, s).Labels[keys.LabelPoolHash]
-	if hash != resources.PoolPodTemplate(m.cfg, resources.PoolSpec(m.cfg, t)).Labels[keys.LabelPoolHash] {
+	hash := resources.PoolPodTemplate(m.cfg.Objects(), s).Labels[keys.LabelPoolHash]
+	if hash != resources.PoolPodTemplate(m.cfg.Objects(), resources.PoolSpec(m.cfg.Objects(), t)).Labels[keys.LabelPoolHash] {
 		m.pool.Missed(t)
 		return api.Sandbox{}, false, nil
 	}

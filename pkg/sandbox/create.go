@@ -224,7 +224,7 @@ func (m *Manager) reuseOtherKind(ctx context.Context, s api.Spec) (made, error) 
 // ensurePod creates the Pod or adopts the existing one. A Pod that is being
 // deleted is not "already there": we wait for it to go, then create anew.
 func (m *Manager) ensurePod(ctx context.Context, s api.Spec) (*corev1.Pod, bool, error) {
-	want := resources.BuildPodFor(m.cfg, s)
+	want := resources.BuildPodFor(m.cfg.Objects(), s)
 	pods := m.client.CoreV1().Pods(m.cfg.Namespace)
 	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
 		created, err := pods.Create(ctx, want, metav1.CreateOptions{})
@@ -309,7 +309,7 @@ func (m *Manager) createFailed(err error, kind string, s api.Spec) error {
 // Service that holds the id for another sandbox (a live workload of either
 // kind, a cold create's young slot) is errOtherKind.
 func (m *Manager) ensureService(ctx context.Context, s api.Spec, owner metav1.OwnerReference) (*corev1.Service, error) {
-	want := resources.BuildService(m.cfg, s, owner)
+	want := resources.BuildService(m.cfg.Objects(), s, owner)
 	svcs := m.client.CoreV1().Services(m.cfg.Namespace)
 	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
 		created, err := svcs.Create(ctx, want, metav1.CreateOptions{})

@@ -20,7 +20,7 @@ import (
 // against a real one.
 func TestIsolationRechecked(t *testing.T) {
 	cfg := testConfig(t, map[string]string{"SANDBOX_NETWORK_POLICY_CHECK_TTL": "0s"})
-	client := fake.NewClientset(resources.BuildNetworkPolicy(cfg))
+	client := fake.NewClientset(resources.BuildNetworkPolicy(cfg.Objects()))
 	gets := 0
 	client.PrependReactor("get", "networkpolicies", func(k8stesting.Action) (bool, runtime.Object, error) {
 		gets++
@@ -47,11 +47,11 @@ func TestIsolationRechecked(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("deleted", true, "does not exist")
-	if _, err := nps.Create(ctx, resources.BuildNetworkPolicy(cfg), metav1.CreateOptions{}); err != nil {
+	if _, err := nps.Create(ctx, resources.BuildNetworkPolicy(cfg.Objects()), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	check("restored", false, "")
-	altered := resources.BuildNetworkPolicy(cfg)
+	altered := resources.BuildNetworkPolicy(cfg.Objects())
 	altered.Spec.Egress = altered.Spec.Egress[:1]
 	altered.ResourceVersion = "altered"
 	if _, err := nps.Update(ctx, altered, metav1.UpdateOptions{}); err != nil {

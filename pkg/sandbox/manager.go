@@ -75,14 +75,14 @@ func WithObserver(o Observer) Option { return func(m *Manager) { m.observer = o 
 // NewManager returns a Manager over client.
 func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option) *Manager {
 	m := &Manager{cfg: cfg, client: client, rm: remove.Remover{Client: client, Namespace: cfg.Namespace}, recorder: nopRecorder{}, observer: nopObserver{},
-		waits: waitslot.New(cfg.MaxConcurrentWaits), templates: template.NewStore(client, cfg),
+		waits: waitslot.New(cfg.MaxConcurrentWaits), templates: template.NewStore(client, cfg.Objects()),
 		nameWait: follow.DefaultNameWait}
 	for _, o := range opts {
 		o(m)
 	}
 	m.quota = quota.New(cfg.QuotaConfig, cfg.Namespace, client)
 	m.owners = ownership.New(cfg.Namespace, &cfg.AuthConfig, client)
-	m.isolation = isolation.New(&cfg.IsolationConfig, &cfg.PodSecurityConfig, cfg.Namespace, cfg.RequestTimeout, resources.BuildNetworkPolicy(cfg), client,
+	m.isolation = isolation.New(&cfg.IsolationConfig, &cfg.PodSecurityConfig, cfg.Namespace, cfg.RequestTimeout, resources.BuildNetworkPolicy(cfg.Objects()), client,
 		isolation.WithReport(m.isolationVerdict))
 	return m
 }
@@ -121,7 +121,7 @@ func (nopObserver) Isolation(string, bool)      {}
 
 // view joins what exists of a sandbox into a Sandbox (resources.View).
 func (m *Manager) view(id string, f found) api.Sandbox {
-	return resources.View(m.cfg, id, f.pod, f.rs, f.svc)
+	return resources.View(m.cfg.Objects(), id, f.pod, f.rs, f.svc)
 }
 
 // Templates lists the sandbox templates (GET /api/templates, and the names

@@ -69,7 +69,7 @@ func TestPrincipalsSeeOnlyTheirOwn(t *testing.T) {
 		}
 	}
 	// A sandbox from before principals: no annotation, no label.
-	legacy := resources.BuildPod(m.cfg, ownerSpec("old1"))
+	legacy := resources.BuildPod(m.cfg.Objects(), ownerSpec("old1"))
 	legacy.CreationTimestamp = metav1.Now() // as the API server stamps it: a young Pod, not a leftover
 	if _, err := client.CoreV1().Pods("deer-flow").Create(bg, legacy, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

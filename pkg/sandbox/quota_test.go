@@ -29,7 +29,7 @@ import (
 // removes its Pod and Service, so nothing lingers that no count admitted.
 func TestCreateLeavesNothingWhenTheCountFails(t *testing.T) {
 	olderPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: resources.PodName("older"), Namespace: "deer-flow", UID: "pod-older", Labels: resources.Labels(api.Spec{ID: "older"})}}
-	olderSvc := resources.BuildService(testConfig(t, nil), api.Spec{ID: "older"}, resources.PodOwnerRef(olderPod))
+	olderSvc := resources.BuildService(testConfig(t, nil).Objects(), api.Spec{ID: "older"}, resources.PodOwnerRef(olderPod))
 	olderSvc.CreationTimestamp = metav1.NewTime(time.Now().Add(-time.Hour))
 	existing := []runtime.Object{olderPod, olderSvc}
 	tests := []struct {

@@ -57,7 +57,7 @@ func TestReapAnswersOnlyWhatTheCallerSees(t *testing.T) {
 				}
 			}
 			// A sandbox from before principals: no annotation, no label.
-			if _, err := client.CoreV1().Pods("deer-flow").Create(bg, resources.BuildPod(m.cfg, expired("old1")), metav1.CreateOptions{}); err != nil {
+			if _, err := client.CoreV1().Pods("deer-flow").Create(bg, resources.BuildPod(m.cfg.Objects(), expired("old1")), metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			audit.Reset()

@@ -42,7 +42,7 @@ func (f found) workload() workloadObject {
 // the same user and thread); a paused one is resumed, so DeerFlow's create
 // on a paused sandbox brings it back.
 func (m *Manager) ensureReplicaSet(ctx context.Context, s api.Spec) (*appsv1.ReplicaSet, bool, error) {
-	want := resources.BuildReplicaSet(m.cfg, s)
+	want := resources.BuildReplicaSet(m.cfg.Objects(), s)
 	rss := m.client.AppsV1().ReplicaSets(m.cfg.Namespace)
 	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
 		created, err := rss.Create(ctx, want, metav1.CreateOptions{})

@@ -133,9 +133,9 @@ func aliceReplicaSet(t *testing.T) (*config.Config, api.Spec, *appsv1.ReplicaSet
 	cfg := testConfig(t, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "true"})
 	s := ownerSpec("rs1")
 	s.Caller = api.Caller{Principal: "alice"}
-	rs := resources.BuildReplicaSet(cfg, s)
+	rs := resources.BuildReplicaSet(cfg.Objects(), s)
 	rs.UID = "rs-1"
-	return cfg, s, rs, resources.BuildService(cfg, s, resources.ReplicaSetOwnerRef(rs))
+	return cfg, s, rs, resources.BuildService(cfg.Objects(), s, resources.ReplicaSetOwnerRef(rs))
 }
 
 func pause(m *Manager, ctx context.Context, id string) error {

@@ -148,7 +148,7 @@ func (m *Manager) createKindOnce(ctx context.Context, s api.Spec, k kind) (made,
 // holds is read from etcd before it is judged, and a Service it misses is
 // refused by the create as before.
 func (m *Manager) reserve(ctx context.Context, s api.Spec, kindName string) (*corev1.Service, bool, error) {
-	want := resources.Slot(m.cfg, s, kindName)
+	want := resources.Slot(m.cfg.Objects(), s, kindName)
 	svcs := m.client.CoreV1().Services(m.cfg.Namespace)
 	if m.quota.Holds(want.Name) {
 		if existing, err := svcs.Get(ctx, want.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {

@@ -58,7 +58,7 @@ func halfMade(t *testing.T, client *fake.Clientset, cfg *config.Config, id strin
 	s := ownerSpec(id)
 	s.Caller, s.Token = api.Caller{Principal: "alice"}, token.New()
 	s.Now = time.Now().Add(-age) // its created-at: when its create ran
-	pod := resources.BuildPodFor(cfg, s)
+	pod := resources.BuildPodFor(cfg.Objects(), s)
 	pod.CreationTimestamp = metav1.NewTime(time.Now().Add(-age))
 	if edit != nil {
 		edit(pod)
@@ -102,7 +102,7 @@ func TestServiceSelectsItsWorkloadsToken(t *testing.T) {
 	// From before tokens: the Pod has none, the Service selects the id.
 	old := ownerSpec("old1")
 	old.Caller = api.Caller{Principal: "alice"}
-	pod, err := client.CoreV1().Pods("deer-flow").Create(ctx, resources.BuildPodFor(cfg, old), metav1.CreateOptions{})
+	pod, err := client.CoreV1().Pods("deer-flow").Create(ctx, resources.BuildPodFor(cfg.Objects(), old), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func TestServiceSelectsItsWorkloadsToken(t *testing.T) {
 	if pod, err = client.CoreV1().Pods("deer-flow").Update(ctx, pod, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	svc := resources.BuildService(cfg, old, resources.PodOwnerRef(pod))
+	svc := resources.BuildService(cfg.Objects(), old, resources.PodOwnerRef(pod))
 	svc.Spec.Ports[0].NodePort = 31234
 	if _, err := client.CoreV1().Services("deer-flow").Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -156,20 +156,20 @@ func TestStrayPodNeverTakesAClaimedSandbox(t *testing.T) {
 
 	hers := ownerSpec("px")
 	hers.Caller, hers.Token = api.Caller{Principal: "alice"}, token.New()
-	claimed := resources.BuildPodFor(cfg, hers)
+	claimed := resources.BuildPodFor(cfg.Objects(), hers)
 	claimed.Name, claimed.UID, claimed.CreationTimestamp = "sandbox-pool-python-x7k2q", "claimed", metav1.Now()
 	claimed.Labels[keys.LabelPooled] = "true"
 	if _, err := client.CoreV1().Pods("deer-flow").Create(bg, claimed, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	svc := resources.BuildService(cfg, hers, resources.PodOwnerRef(claimed))
+	svc := resources.BuildService(cfg.Objects(), hers, resources.PodOwnerRef(claimed))
 	svc.Spec.Ports[0].NodePort = 31001 // as the API server allocates it
 	if _, err := client.CoreV1().Services("deer-flow").Create(bg, svc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	his := ownerSpec("px")
 	his.Caller, his.Token = api.Caller{Principal: "bob"}, token.New()
-	stray := resources.BuildPodFor(cfg, his)
+	stray := resources.BuildPodFor(cfg.Objects(), his)
 	stray.UID, stray.CreationTimestamp = "stray", metav1.Now()
 	if _, err := client.CoreV1().Pods("deer-flow").Create(bg, stray, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -423,12 +423,12 @@ func TestLegacySandboxIsNoLeftover(t *testing.T) {
 	m := NewManager(cfg, client)
 	bg := context.Background()
 	s := ownerSpec("legacy1")
-	pod := resources.BuildPod(cfg, s)
+	pod := resources.BuildPod(cfg.Objects(), s)
 	pod.CreationTimestamp = metav1.NewTime(time.Now().Add(-time.Hour))
 	if _, err := client.CoreV1().Pods("deer-flow").Create(bg, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	svc := resources.BuildService(cfg, s, metav1.OwnerReference{})
+	svc := resources.BuildService(cfg.Objects(), s, metav1.OwnerReference{})
 	svc.OwnerReferences = nil
 	if _, err := client.CoreV1().Services("deer-flow").Create(bg, svc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -461,7 +461,7 @@ func TestLeftoverSlotGoesWithWhatItsCreateWrote(t *testing.T) {
 		t.Helper()
 		s := ownerSpec(id)
 		s.Caller, s.Token = api.Caller{Principal: "alice"}, token.New()
-		slot := resources.Slot(cfg, s, kind)
+		slot := resources.Slot(cfg.Objects(), s, kind)
 		slot.CreationTimestamp = metav1.NewTime(time.Now().Add(-time.Hour))
 		if _, err := client.CoreV1().Services("deer-flow").Create(bg, slot, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -471,9 +471,9 @@ func TestLeftoverSlotGoesWithWhatItsCreateWrote(t *testing.T) {
 		}
 		var err error
 		if kind == "ReplicaSet" {
-			_, err = client.AppsV1().ReplicaSets("deer-flow").Create(bg, resources.BuildReplicaSet(cfg, s), metav1.CreateOptions{})
+			_, err = client.AppsV1().ReplicaSets("deer-flow").Create(bg, resources.BuildReplicaSet(cfg.Objects(), s), metav1.CreateOptions{})
 		} else {
-			_, err = client.CoreV1().Pods("deer-flow").Create(bg, resources.BuildPodFor(cfg, s), metav1.CreateOptions{})
+			_, err = client.CoreV1().Pods("deer-flow").Create(bg, resources.BuildPodFor(cfg.Objects(), s), metav1.CreateOptions{})
 		}
 		if err != nil {
 			t.Fatal(err)

@@ -34,7 +34,7 @@ var ErrNotFound = errors.New("no such sandbox template")
 // requests but hold the few templates (the function scales to zero).
 type Store struct {
 	client   kubernetes.Interface
-	cfg      *config.Config
+	cfg      config.Objects
 	ttl      time.Duration
 	now      func() time.Time
 	informer cache.SharedIndexInformer
@@ -54,7 +54,7 @@ type entry struct {
 }
 
 // NewStore returns a Store reading PodTemplates in cfg.Namespace.
-func NewStore(client kubernetes.Interface, cfg *config.Config) *Store {
+func NewStore(client kubernetes.Interface, cfg config.Objects) *Store {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(cfg.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = keys.LabelTemplate }))
 	return &Store{client: client, cfg: cfg, ttl: cfg.TemplateCacheTTL, now: time.Now, entries: map[string]entry{},

@@ -29,7 +29,7 @@ func storeFor(t *testing.T, cs *fake.Clientset) *Store {
 	cfg := testConfig(t)
 	cfg.Namespace = "ns"
 	cfg.TemplateCacheTTL = 0 // on demand, every use reads
-	return NewStore(cs, cfg)
+	return NewStore(cs, cfg.Objects())
 }
 
 // TestStoreReadsOnDemandUntilWatched: without its watch (not started, or

@@ -102,7 +102,7 @@ var reservedMountRoots = []string{"/mnt/skills", "/mnt/user-data", "/mnt/integra
 // FromPodTemplate validates pt against what a sandbox may be under cfg and
 // returns the template, or an *Error naming the first field that would
 // weaken a sandbox or that is malformed.
-func FromPodTemplate(pt *corev1.PodTemplate, cfg *config.Config) (*Template, error) {
+func FromPodTemplate(pt *corev1.PodTemplate, cfg config.Objects) (*Template, error) {
 	v := validator{tmpl: pt.Name, cfg: cfg}
 	t := &Template{Name: pt.Name, UID: pt.UID, ResourceVersion: pt.ResourceVersion, Kind: KindPod, IdleAction: IdleDelete,
 		PausedTimeout: defaultPausedTimeout, Port: cfg.ContainerPort, DeerFlowMounts: true, Pod: *pt.Template.DeepCopy()}
@@ -120,7 +120,7 @@ func FromPodTemplate(pt *corev1.PodTemplate, cfg *config.Config) (*Template, err
 
 type validator struct {
 	tmpl string
-	cfg  *config.Config
+	cfg  config.Objects
 }
 
 func (v validator) bad(field, format string, args ...any) error {

@@ -50,7 +50,7 @@ func python() *corev1.PodTemplate {
 
 func TestFromPodTemplateAccepts(t *testing.T) {
 	pt := python()
-	got, err := FromPodTemplate(pt, testConfig(t))
+	got, err := FromPodTemplate(pt, testConfig(t).Objects())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +186,7 @@ func TestFromPodTemplateRefuses(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			pt := python()
 			tt.mutate(pt)
-			_, err := FromPodTemplate(pt, testConfig(t))
+			_, err := FromPodTemplate(pt, testConfig(t).Objects())
 			var te *Error
 			if !errors.As(err, &te) {
 				t.Fatalf("error %v, want a template error", err)
@@ -249,7 +249,7 @@ func TestFromPodTemplateAllowLists(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			pt := python()
 			tt.mutate(pt)
-			_, err := FromPodTemplate(pt, cfg)
+			_, err := FromPodTemplate(pt, cfg.Objects())
 			if (err == nil) != tt.ok {
 				t.Errorf("FromPodTemplate: %v, want accepted %v", err, tt.ok)
 			}
@@ -280,7 +280,7 @@ func TestPoolSetting(t *testing.T) {
 			for k, v := range tt.annotations {
 				pt.Annotations[k] = v
 			}
-			got, err := FromPodTemplate(pt, testConfig(t))
+			got, err := FromPodTemplate(pt, testConfig(t).Objects())
 			if err != nil {
 				t.Fatalf("a pool setting refused the template itself: %v", err)
 			}

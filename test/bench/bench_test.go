@@ -197,17 +197,17 @@ func (f floor) create(ctx context.Context, id string) error {
 // quota exact (pkg/sandbox's fill): the Service first (the slot the quota
 // counts), then the Pod, then the Service bound to the Pod (its owner).
 func (f floor) make(ctx context.Context, id string) (*corev1.Pod, *corev1.Service, error) {
-	spec, err := api.CreateRequest{SandboxID: id}.Validate(f.cfg, time.Now())
+	spec, err := api.CreateRequest{SandboxID: id}.Validate(f.cfg.Objects(), time.Now())
 	if err != nil {
 		return nil, nil, err
 	}
 	spec.Token = token.New()
 	svcs := f.client.CoreV1().Services(ns)
-	svc, err := svcs.Create(ctx, resources.Slot(f.cfg, spec, "Pod"), metav1.CreateOptions{})
+	svc, err := svcs.Create(ctx, resources.Slot(f.cfg.Objects(), spec, "Pod"), metav1.CreateOptions{})
 	if err != nil {
 		return nil, nil, err
 	}
-	pod, err := f.client.CoreV1().Pods(ns).Create(ctx, resources.BuildPod(f.cfg, spec), metav1.CreateOptions{})
+	pod, err := f.client.CoreV1().Pods(ns).Create(ctx, resources.BuildPod(f.cfg.Objects(), spec), metav1.CreateOptions{})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -164,7 +164,7 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 	// the floor's racing claims never lose a write to each other: the
 	// floor is the cost of claims that are perfectly spread.
 	floorClaimService := func(id string, i int) (*corev1.Service, error) {
-		spec, err := api.CreateRequest{SandboxID: id, Template: "warm"}.Validate(fl.cfg, time.Now())
+		spec, err := api.CreateRequest{SandboxID: id, Template: "warm"}.Validate(fl.cfg.Objects(), time.Now())
 		if err != nil {
 			return nil, err
 		}
@@ -192,7 +192,7 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 				owner := resources.PodOwnerRef(p)
 				switch {
 				case svc == nil:
-					if svc, err = svcs.Create(ctx, resources.BuildService(fl.cfg, spec, owner), metav1.CreateOptions{}); err == nil {
+					if svc, err = svcs.Create(ctx, resources.BuildService(fl.cfg.Objects(), spec, owner), metav1.CreateOptions{}); err == nil {
 						fl.waitSlice(ctx, svc)
 					}
 				case svc.OwnerReferences[0].UID != p.UID:

@@ -179,7 +179,7 @@ func (a admission) spec(id string, req *api.CreateRequest, tmpl string) api.Spec
 		r = *req
 		r.SandboxID = id
 	}
-	s, err := r.Validate(a.cfg, time.Now())
+	s, err := r.Validate(a.cfg.Objects(), time.Now())
 	if err != nil {
 		a.t.Fatal(err)
 	}
@@ -190,7 +190,7 @@ func (a admission) spec(id string, req *api.CreateRequest, tmpl string) api.Spec
 		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(objs[0].Object, &pt); err != nil {
 			a.t.Fatal(err)
 		}
-		if s.Resolved, err = template.FromPodTemplate(&pt, a.cfg); err != nil {
+		if s.Resolved, err = template.FromPodTemplate(&pt, a.cfg.Objects()); err != nil {
 			a.t.Fatal(err)
 		}
 	}
@@ -199,17 +199,17 @@ func (a admission) spec(id string, req *api.CreateRequest, tmpl string) api.Spec
 
 // pod is the Pod the function builds for id (with req's options).
 func (a admission) pod(id string, req *api.CreateRequest) *corev1.Pod {
-	return resources.BuildPod(a.cfg, a.spec(id, req, ""))
+	return resources.BuildPod(a.cfg.Objects(), a.spec(id, req, ""))
 }
 
 func (a admission) replicaSet(id string, req *api.CreateRequest) *appsv1.ReplicaSet {
-	return resources.BuildReplicaSet(a.cfg, a.spec(id, req, ""))
+	return resources.BuildReplicaSet(a.cfg.Objects(), a.spec(id, req, ""))
 }
 
 func (a admission) service(id string, typ corev1.ServiceType, owner metav1.OwnerReference) *corev1.Service {
 	cfg := *a.cfg
 	cfg.ServiceType = string(typ)
-	return resources.BuildService(&cfg, a.spec(id, nil, ""), owner)
+	return resources.BuildService(cfg.Objects(), a.spec(id, nil, ""), owner)
 }
 
 // TestAdmissionAdmitsTheFunctionsObjects is the positive control: what the
@@ -268,7 +268,7 @@ func TestAdmissionAdmitsTheFunctionsObjects(t *testing.T) {
 			s := tc.a.spec(id, tc.req, tc.tmpl)
 			var owner metav1.OwnerReference
 			if tc.rs {
-				rs, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, resources.BuildReplicaSet(tc.a.cfg, s), metav1.CreateOptions{})
+				rs, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, resources.BuildReplicaSet(tc.a.cfg.Objects(), s), metav1.CreateOptions{})
 				if err != nil {
 					t.Fatalf("the ReplicaSet the function builds is refused: %v", err)
 				}
@@ -279,7 +279,7 @@ func TestAdmissionAdmitsTheFunctionsObjects(t *testing.T) {
 					}
 				}
 			} else {
-				pod, err := sa.CoreV1().Pods(ns).Create(ctx, resources.BuildPod(tc.a.cfg, s), metav1.CreateOptions{})
+				pod, err := sa.CoreV1().Pods(ns).Create(ctx, resources.BuildPod(tc.a.cfg.Objects(), s), metav1.CreateOptions{})
 				if err != nil {
 					t.Fatalf("the Pod the function builds is refused: %v", err)
 				}
@@ -295,7 +295,7 @@ func TestAdmissionAdmitsTheFunctionsObjects(t *testing.T) {
 				}
 			}
 			for _, typ := range []corev1.ServiceType{corev1.ServiceTypeNodePort, corev1.ServiceTypeClusterIP} {
-				svc := resources.BuildService(withServiceType(tc.a.cfg, typ), s, owner)
+				svc := resources.BuildService(withServiceType(tc.a.cfg, typ).Objects(), s, owner)
 				created, err := sa.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
 				if err != nil {
 					t.Fatalf("the %s Service the function builds is refused: %v", typ, err)
@@ -868,11 +868,11 @@ func TestAdmissionAdmitsListedStorage(t *testing.T) {
 func warmPool(t *testing.T, ns string, sa kubernetes.Interface, a admission, name string) (*template.Template, *appsv1.ReplicaSet, *corev1.Pod) {
 	t.Helper()
 	ctx := context.Background()
-	tmpl, err := template.FromPodTemplate(pooledTemplate(name, 1, corev1.PodSpec{}), a.cfg)
+	tmpl, err := template.FromPodTemplate(pooledTemplate(name, 1, corev1.PodSpec{}), a.cfg.Objects())
 	if err != nil {
 		t.Fatal(err)
 	}
-	rs, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, pool.Build(a.cfg, tmpl), metav1.CreateOptions{})
+	rs, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, pool.Build(a.cfg.Objects(), tmpl), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("the warm pool's ReplicaSet the function builds is refused: %v", err)
 	}
@@ -939,7 +939,7 @@ func TestAdmissionTiesTheSandboxIDToNames(t *testing.T) {
 		meta := &metav1.ObjectMeta{Labels: resources.Labels(s), Annotations: resources.Annotations(s)}
 		resources.RecordPrincipal(meta, s)
 		meta.Labels[pooledLabel] = "true"
-		hash := resources.PoolPodTemplate(a.cfg, resources.PoolSpec(a.cfg, tmpl)).Labels[keys.LabelPoolHash]
+		hash := resources.PoolPodTemplate(a.cfg.Objects(), resources.PoolSpec(a.cfg.Objects(), tmpl)).Labels[keys.LabelPoolHash]
 		claimed := pool.New(a.cfg, sa, nil, nil).Claim(ctx, tmpl, hash, sandbox.Claim{Labels: meta.Labels, Annotations: meta.Annotations, MaxLifetime: time.Hour})
 		if claimed == nil {
 			t.Fatalf("the function's claim of a pooled Pod of %s (pool %s) failed; see the log", tmpl.Name, poolValue)

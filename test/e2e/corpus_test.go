@@ -49,19 +49,19 @@ func TestFuzzCorpusAcceptedByAPIServer(t *testing.T) {
 		if err != nil {
 			continue
 		}
-		spec, err := req.Validate(cfg, time.Now())
+		spec, err := req.Validate(cfg.Objects(), time.Now())
 		if err != nil {
 			continue
 		}
 		accepted++
 		spec.Token = strings.Repeat("0c", 16) // as the function gives every sandbox a token
-		pod, err := sa.CoreV1().Pods(ns).Create(ctx, resources.BuildPod(cfg, spec), dry)
+		pod, err := sa.CoreV1().Pods(ns).Create(ctx, resources.BuildPod(cfg.Objects(), spec), dry)
 		if err != nil {
 			t.Errorf("%s: the API server refuses the Pod built from an accepted request: %v", filepath.Base(file), err)
 			continue
 		}
 		pod.UID = "00000000-0000-0000-0000-000000000001" // dry run assigns none; the owner reference needs one
-		if _, err := sa.CoreV1().Services(ns).Create(ctx, resources.BuildService(cfg, spec, resources.PodOwnerRef(pod)), dry); err != nil {
+		if _, err := sa.CoreV1().Services(ns).Create(ctx, resources.BuildService(cfg.Objects(), spec, resources.PodOwnerRef(pod)), dry); err != nil {
 			t.Errorf("%s: the API server refuses the Service: %v", filepath.Base(file), err)
 		}
 	}

@@ -306,7 +306,7 @@ func TestDeerFlowChartOverlay(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the function refuses the rendered settings: %v", err)
 	}
-	if diff := cmp.Diff(resources.BuildNetworkPolicy(cfg), &sandboxPolicy); diff != "" {
+	if diff := cmp.Diff(resources.BuildNetworkPolicy(cfg.Objects()), &sandboxPolicy); diff != "" {
 		t.Errorf("the rendered sandbox policy differs from what the function builds with the rendered settings (-built +rendered):\n%s", diff)
 	}
 
@@ -331,12 +331,12 @@ func TestDeerFlowChartOverlay(t *testing.T) {
 	asSA := kubernetes.NewForConfigOrDie(rc)
 	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
 	eventually(t, 30*time.Second, "the overlay's admission policy and binding in force", func() (bool, error) {
-		spec, err := api.CreateRequest{SandboxID: "probe", ThreadID: ptr.To("t0"), UserID: ptr.To("user-0")}.Validate(cfg, time.Now())
+		spec, err := api.CreateRequest{SandboxID: "probe", ThreadID: ptr.To("t0"), UserID: ptr.To("user-0")}.Validate(cfg.Objects(), time.Now())
 		if err != nil {
 			return false, err
 		}
 		spec.Token = sandboxtoken.New()
-		p := resources.BuildPod(cfg, spec)
+		p := resources.BuildPod(cfg.Objects(), spec)
 		if _, err := asSA.CoreV1().Pods(ns).Create(context.Background(), p, dryRun); err != nil {
 			return false, err
 		}

@@ -236,7 +236,7 @@ func TestSharedNetworkPolicyIsWhatTheFunctionBuilds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(resources.BuildNetworkPolicy(cfg), &shipped); diff != "" {
+	if diff := cmp.Diff(resources.BuildNetworkPolicy(cfg.Objects()), &shipped); diff != "" {
 		t.Errorf("config/701-networkpolicy-sandboxes.yaml differs from resources.BuildNetworkPolicy's defaults (-built +shipped):\n%s", diff)
 	}
 }

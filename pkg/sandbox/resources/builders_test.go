@@ -230,7 +230,7 @@ func TestBuildPod(t *testing.T) {
 			if tc.spec != nil {
 				tc.spec(&s)
 			}
-			if diff := cmp.Diff(tc.want, BuildPod(cfg, s)); diff != "" {
+			if diff := cmp.Diff(tc.want, BuildPod(cfg.Objects(), s)); diff != "" {
 				t.Errorf("BuildPod (-want +got):\n%s", diff)
 			}
 		})
@@ -292,7 +292,7 @@ func TestBuildService(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := testConfig(t, tc.env)
-			if diff := cmp.Diff(tc.want, BuildService(cfg, testSpec(), tc.owner)); diff != "" {
+			if diff := cmp.Diff(tc.want, BuildService(cfg.Objects(), testSpec(), tc.owner)); diff != "" {
 				t.Errorf("BuildService (-want +got):\n%s", diff)
 			}
 		})
@@ -365,7 +365,7 @@ func TestBuildNetworkPolicy(t *testing.T) {
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if diff := cmp.Diff(tc.want, BuildNetworkPolicy(testConfig(t, tc.env))); diff != "" {
+			if diff := cmp.Diff(tc.want, BuildNetworkPolicy(testConfig(t, tc.env).Objects())); diff != "" {
 				t.Errorf("BuildNetworkPolicy (-want +got):\n%s", diff)
 			}
 		})

@@ -347,11 +347,11 @@ func TestMountsMatchDeerFlow(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			s, err := req.Validate(cfg, created)
+			s, err := req.Validate(cfg.Objects(), created)
 			if err != nil {
 				t.Fatalf("DeerFlow's request refused: %v", err)
 			}
-			pod := BuildPod(cfg, s)
+			pod := BuildPod(cfg.Objects(), s)
 			got := map[string]map[string]string{}
 			for _, c := range allContainers(pod) {
 				got[c.Name] = sees(t, pod, c.Name)
@@ -378,7 +378,7 @@ func TestLarkContainersMatchDeerFlow(t *testing.T) {
 		s := testSpec()
 		s.LarkCLIRuntime, s.LarkCLIBroker = runtime, broker
 		out := map[string]shape{}
-		for _, c := range allContainers(BuildPod(cfg, s)) {
+		for _, c := range allContainers(BuildPod(cfg.Objects(), s)) {
 			out[c.Name] = shape{Image: c.Image, Args: c.Args, Env: c.Env}
 		}
 		return out

@@ -55,17 +55,17 @@ func FuzzCreateRequest(f *testing.F) {
 			}
 			return
 		}
-		s, err := req.Validate(cfg, created)
+		s, err := req.Validate(cfg.Objects(), created)
 		if err != nil {
 			if api.KindOf(err) != api.KindInvalid || api.DetailOf(err) == "" {
 				t.Fatalf("validation error without kind or detail: %v", err)
 			}
 			return
 		}
-		checkInvariants(t, s, BuildPod(cfg, s))
-		checkMounts(t, cfg, s, BuildPod(cfg, s))
-		checkMounts(t, pvc, s, BuildPod(pvc, s))
-		svc := BuildService(cfg, s, PodOwnerRef(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: PodName(s.ID), UID: "u"}}))
+		checkInvariants(t, s, BuildPod(cfg.Objects(), s))
+		checkMounts(t, cfg, s, BuildPod(cfg.Objects(), s))
+		checkMounts(t, pvc, s, BuildPod(pvc.Objects(), s))
+		svc := BuildService(cfg.Objects(), s, PodOwnerRef(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: PodName(s.ID), UID: "u"}}))
 		if msgs := validation.IsDNS1123Label(svc.Name); len(msgs) > 0 {
 			t.Fatalf("Service name %q: %v", svc.Name, msgs)
 		}

@@ -269,7 +269,7 @@ func sharedVolumeName(top, root string) string {
 // (pattern B) supersedes the init container (pattern A): its image installs
 // a shim into the runtime directory, and its sidecar holds the user's
 // credentials, which the sandbox container never mounts.
-func addLarkContainers(cfg *config.Config, s api.Spec, pod *corev1.Pod) {
+func addLarkContainers(cfg config.Objects, s api.Spec, pod *corev1.Pod) {
 	none := []string{}
 	runtimeRW := []corev1.VolumeMount{{Name: larkRuntimeVolume, MountPath: mountLarkRuntime}}
 	runtimeEnv := []corev1.EnvVar{{Name: "LARK_CLI_RUNTIME_DEST", Value: mountLarkRuntime}}
@@ -278,12 +278,12 @@ func addLarkContainers(cfg *config.Config, s api.Spec, pod *corev1.Pod) {
 		pod.Spec.InitContainers = append(pod.Spec.InitContainers, corev1.Container{
 			Name: "lark-cli-shim-init", Image: cfg.LarkCLIBrokerImage, ImagePullPolicy: corev1.PullIfNotPresent,
 			Args: []string{"install-shim", mountLarkRuntime}, Env: runtimeEnv,
-			VolumeMounts: runtimeRW, SecurityContext: containerSecurityContext(&cfg.PodSecurityConfig, none),
+			VolumeMounts: runtimeRW, SecurityContext: containerSecurityContext(cfg.PodSecurityConfig, none),
 		})
 	case s.LarkCLIRuntime:
 		pod.Spec.InitContainers = append(pod.Spec.InitContainers, corev1.Container{
 			Name: "lark-cli-init", Image: cfg.LarkCLIInitImage, ImagePullPolicy: corev1.PullIfNotPresent,
-			Env: runtimeEnv, VolumeMounts: runtimeRW, SecurityContext: containerSecurityContext(&cfg.PodSecurityConfig, none),
+			Env: runtimeEnv, VolumeMounts: runtimeRW, SecurityContext: containerSecurityContext(cfg.PodSecurityConfig, none),
 		})
 	}
 	if !s.LarkCLIBroker {
@@ -298,13 +298,13 @@ func addLarkContainers(cfg *config.Config, s api.Spec, pod *corev1.Pod) {
 	}
 	broker := corev1.Container{
 		Name: "lark-cli-broker", Image: cfg.LarkCLIBrokerImage, ImagePullPolicy: corev1.PullIfNotPresent,
-		Args: []string{"serve"}, Env: env, SecurityContext: containerSecurityContext(&cfg.PodSecurityConfig, none),
+		Args: []string{"serve"}, Env: env, SecurityContext: containerSecurityContext(cfg.PodSecurityConfig, none),
 		Resources: corev1.ResourceRequirements{
 			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
 			Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("200m"), corev1.ResourceMemory: resource.MustParse("128Mi")},
 		},
 	}
-	brokerMounts(&cfg.DeerFlowConfig, s).apply(&pod.Spec, &broker)
+	brokerMounts(cfg.DeerFlowConfig, s).apply(&pod.Spec, &broker)
 	pod.Spec.Containers = append(pod.Spec.Containers, broker)
 	sb := &pod.Spec.Containers[0]
 	sb.Env = append(sb.Env, corev1.EnvVar{Name: "DEERFLOW_LARK_BROKER_URL", Value: brokerURL})

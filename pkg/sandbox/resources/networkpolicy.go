@@ -25,7 +25,7 @@ const EgressDenyAll = "deny-all"
 // NodePort mode, from the node addresses the operator names): never from
 // another sandbox. Egress: DNS to the cluster DNS only, and the internet
 // except private, link-local, CGNAT and metadata ranges; or nothing at all.
-func BuildNetworkPolicy(cfg *config.Config) *networkingv1.NetworkPolicy {
+func BuildNetworkPolicy(cfg config.Objects) *networkingv1.NetworkPolicy {
 	port := intstr.FromInt32(cfg.ContainerPort)
 	backend := networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{MatchLabels: cfg.IngressFromPodLabels}}
 	if len(cfg.IngressFromNamespace) > 0 {

@@ -20,7 +20,7 @@ import (
 
 // BuildPod returns the sandbox Pod for spec. It is a pure function of its
 // arguments, which is what the builder tests pin.
-func BuildPod(cfg *config.Config, s api.Spec) *corev1.Pod {
+func BuildPod(cfg config.Objects, s api.Spec) *corev1.Pod {
 	var env []corev1.EnvVar
 	if s.MaxShellSessions > 0 {
 		env = append(env, corev1.EnvVar{Name: "MAX_SHELL_SESSIONS", Value: strconv.Itoa(s.MaxShellSessions)})
@@ -49,7 +49,7 @@ func BuildPod(cfg *config.Config, s api.Spec) *corev1.Pod {
 				Resources: corev1.ResourceRequirements{
 					Requests: corev1.ResourceList{
 						corev1.ResourceCPU:              minQuantity(resource.MustParse(cfg.CPURequest), s.CPULimit),
-						corev1.ResourceMemory:           memoryRequest(&cfg.ResourcesConfig, s),
+						corev1.ResourceMemory:           memoryRequest(cfg.ResourcesConfig, s),
 						corev1.ResourceEphemeralStorage: resource.MustParse(cfg.EphemeralStorage),
 					},
 					Limits: corev1.ResourceList{
@@ -58,7 +58,7 @@ func BuildPod(cfg *config.Config, s api.Spec) *corev1.Pod {
 						corev1.ResourceEphemeralStorage: resource.MustParse(cfg.EphemeralStorage),
 					},
 				},
-				SecurityContext: containerSecurityContext(&cfg.PodSecurityConfig, cfg.CapabilitiesAdd),
+				SecurityContext: containerSecurityContext(cfg.PodSecurityConfig, cfg.CapabilitiesAdd),
 			}},
 			RestartPolicy:                 corev1.RestartPolicyAlways,
 			ActiveDeadlineSeconds:         ptr.To(int64(s.MaxLifetime / time.Second)),
@@ -68,7 +68,7 @@ func BuildPod(cfg *config.Config, s api.Spec) *corev1.Pod {
 			NodeSelector:                  cfg.NodeSelector,
 			Tolerations:                   tolerations,
 			TerminationGracePeriodSeconds: ptr.To(int64(10)),
-			SecurityContext:               podSecurityContext(&cfg.PodSecurityConfig),
+			SecurityContext:               podSecurityContext(cfg.PodSecurityConfig),
 		},
 	}
 	if cfg.UserNamespace {
@@ -80,14 +80,14 @@ func BuildPod(cfg *config.Config, s api.Spec) *corev1.Pod {
 	if len(pod.Spec.NodeSelector) == 0 {
 		pod.Spec.NodeSelector = nil
 	}
-	sandboxMounts(&cfg.DeerFlowConfig, s).apply(&pod.Spec, &pod.Spec.Containers[0])
+	sandboxMounts(cfg.DeerFlowConfig, s).apply(&pod.Spec, &pod.Spec.Containers[0])
 	if cfg.ReadOnlyRootFS {
 		pod.Spec.Volumes = append(pod.Spec.Volumes, emptyDirVolume("tmp"))
 		pod.Spec.Containers[0].VolumeMounts = append(pod.Spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "tmp", MountPath: "/tmp"})
 	}
 	addLarkContainers(cfg, s, pod)
 	if s.Resolved != nil {
-		applyTemplate(&cfg.PodSecurityConfig, s.Resolved, pod)
+		applyTemplate(cfg.PodSecurityConfig, s.Resolved, pod)
 	}
 	return pod
 }

@@ -17,7 +17,7 @@ import (
 
 // PoolSpec is what a pooled Pod of t is built from: a create that asks for
 // t and nothing else.
-func PoolSpec(cfg *config.Config, t *template.Template) api.Spec {
+func PoolSpec(cfg config.Objects, t *template.Template) api.Spec {
 	s, _ := api.CreateRequest{SandboxID: "pool", Template: t.Name}.Validate(cfg, time.Time{}) // valid by construction
 	return WithTemplate(s, t)
 }
@@ -33,7 +33,7 @@ var poolIdentity = []string{keys.AnnotationUserID, keys.AnnotationThreadID, keys
 // hash make interchangeable Pods: that is the test of whether a request may
 // take a pooled Pod, so any field a request can set (mounts, env, shell
 // sessions, resources, Lark containers) sends it the cold way by itself.
-func PoolPodTemplate(cfg *config.Config, s api.Spec) corev1.PodTemplateSpec {
+func PoolPodTemplate(cfg config.Objects, s api.Spec) corev1.PodTemplateSpec {
 	pod := BuildPod(cfg, s)
 	for _, k := range []string{keys.LabelID, keys.LabelUser, keys.LabelThread, keys.LabelToken} {
 		delete(pod.Labels, k)

@@ -23,11 +23,11 @@ func TestPoolShape(t *testing.T) {
 			Annotations: map[string]string{keys.TemplatePoolSize: "2", keys.TemplateDeerFlowMounts: "false"}},
 		Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "sandbox", Image: "sandbox:1"}}}},
 	}
-	tmpl, err := template.FromPodTemplate(pt, cfg)
+	tmpl, err := template.FromPodTemplate(pt, cfg.Objects())
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool := PoolPodTemplate(cfg, PoolSpec(cfg, tmpl)).Labels[keys.LabelPoolHash]
+	pool := PoolPodTemplate(cfg.Objects(), PoolSpec(cfg.Objects(), tmpl)).Labels[keys.LabelPoolHash]
 	tests := []struct {
 		name     string
 		req      api.CreateRequest
@@ -48,12 +48,12 @@ func TestPoolShape(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			tt.req.SandboxID, tt.req.Template = "abc123", "warm"
-			s, err := tt.req.Validate(cfg, time.Now())
+			s, err := tt.req.Validate(cfg.Objects(), time.Now())
 			if err != nil {
 				t.Fatal(err)
 			}
 			s = WithTemplate(s, tmpl)
-			got := PoolPodTemplate(cfg, s).Labels[keys.LabelPoolHash] == pool
+			got := PoolPodTemplate(cfg.Objects(), s).Labels[keys.LabelPoolHash] == pool
 			if got != tt.poolable {
 				t.Errorf("poolable = %v, want %v", got, tt.poolable)
 			}

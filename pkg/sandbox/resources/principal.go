@@ -38,7 +38,7 @@ func RecordPrincipal(obj metav1.Object, s api.Spec) {
 }
 
 // BuildPodFor is BuildPod with the creating principal recorded.
-func BuildPodFor(cfg *config.Config, s api.Spec) *corev1.Pod {
+func BuildPodFor(cfg config.Objects, s api.Spec) *corev1.Pod {
 	pod := BuildPod(cfg, s)
 	RecordPrincipal(pod, s)
 	return pod

@@ -28,7 +28,7 @@ func Paused(rs *appsv1.ReplicaSet) bool { return rs.Spec.Replicas != nil && *rs.
 // activeDeadlineSeconds: a Pod ended by its deadline would only be replaced,
 // so expiry is the reap deleting the ReplicaSet. Lifecycle annotations live
 // on the ReplicaSet, which outlives its Pods.
-func BuildReplicaSet(cfg *config.Config, s api.Spec) *appsv1.ReplicaSet {
+func BuildReplicaSet(cfg config.Objects, s api.Spec) *appsv1.ReplicaSet {
 	pod := BuildPodFor(cfg, s)
 	pod.Spec.ActiveDeadlineSeconds = nil
 	rsAnnotations := maps.Clone(pod.Annotations)

@@ -22,7 +22,7 @@ import (
 // A ReplicaSet's Service carries keys.LabelWorkload too: the quota counts
 // ReplicaSet sandboxes through their Services on the hot path (see
 // quota.Counter.Check).
-func BuildService(cfg *config.Config, s api.Spec, owner metav1.OwnerReference) *corev1.Service {
+func BuildService(cfg config.Objects, s api.Spec, owner metav1.OwnerReference) *corev1.Service {
 	l := Labels(s)
 	if owner.Kind == "ReplicaSet" {
 		l[keys.LabelWorkload] = keys.WorkloadReplicaSetValue
@@ -102,7 +102,7 @@ func Names(svc *corev1.Service, w metav1.Object) bool {
 // ("Pod" or "ReplicaSet"): its place in the quota (quota.Counter.Check),
 // owned by nothing until the workload exists and the create binds it. It
 // selects the token the workload will carry, so no other Pod joins it.
-func Slot(cfg *config.Config, s api.Spec, kind string) *corev1.Service {
+func Slot(cfg config.Objects, s api.Spec, kind string) *corev1.Service {
 	svc := BuildService(cfg, s, metav1.OwnerReference{Kind: kind})
 	svc.OwnerReferences = nil
 	return svc

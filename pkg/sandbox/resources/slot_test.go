@@ -38,7 +38,7 @@ func TestSlot(t *testing.T) {
 		}
 	}
 	cfg := testConfig(t, nil)
-	got := map[string]*corev1.Service{"Pod": Slot(cfg, s, "Pod"), "ReplicaSet": Slot(cfg, s, "ReplicaSet")}
+	got := map[string]*corev1.Service{"Pod": Slot(cfg.Objects(), s, "Pod"), "ReplicaSet": Slot(cfg.Objects(), s, "ReplicaSet")}
 	wants := map[string]*corev1.Service{"Pod": want(nil), "ReplicaSet": want(map[string]string{"sandbox.deerflow.dev/workload": "replicaset"})}
 	if diff := cmp.Diff(wants, got); diff != "" {
 		t.Errorf("Slot (-want +got):\n%s", diff)

@@ -38,7 +38,7 @@ func TestSandboxURL(t *testing.T) {
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := URL(testConfig(t, tc.env), &tc.svc); got != tc.want {
+			if got := URL(testConfig(t, tc.env).Objects(), &tc.svc); got != tc.want {
 				t.Errorf("url = %q, want %q", got, tc.want)
 			}
 		})

@@ -16,7 +16,7 @@ import (
 
 // View joins what exists of a sandbox (its bare or current Pod, its
 // ReplicaSet, its Service; nil when absent) into the Sandbox answered for it.
-func View(cfg *config.Config, id string, pod *corev1.Pod, rs *appsv1.ReplicaSet, svc *corev1.Service) api.Sandbox {
+func View(cfg config.Objects, id string, pod *corev1.Pod, rs *appsv1.ReplicaSet, svc *corev1.Service) api.Sandbox {
 	sb := api.Sandbox{ID: id, Status: api.StatusNotFound}
 	if svc != nil {
 		sb.URL = URL(cfg, svc)
@@ -64,7 +64,7 @@ func View(cfg *config.Config, id string, pod *corev1.Pod, rs *appsv1.ReplicaSet,
 
 // URL is how the agent backend reaches the sandbox of svc: the node port
 // on NODE_HOST, or the Service's cluster DNS name.
-func URL(cfg *config.Config, svc *corev1.Service) string {
+func URL(cfg config.Objects, svc *corev1.Service) string {
 	if svc.Spec.Type == corev1.ServiceTypeNodePort {
 		for _, p := range svc.Spec.Ports {
 			if p.NodePort != 0 {

@@ -45,7 +45,7 @@ func TestBuildPodFor(t *testing.T) {
 			cfg := testConfig(t, map[string]string{"SANDBOX_IMAGE": "sandbox:1"})
 			s := testSpec()
 			s.Caller = tc.caller
-			if diff := cmp.Diff(tc.want, BuildPodFor(cfg, s)); diff != "" {
+			if diff := cmp.Diff(tc.want, BuildPodFor(cfg.Objects(), s)); diff != "" {
 				t.Errorf("BuildPodFor (-want +got):\n%s", diff)
 			}
 		})
@@ -117,8 +117,8 @@ func TestBuildReplicaSet(t *testing.T) {
 			if tc.spec != nil {
 				tc.spec(&s)
 			}
-			want := tc.want(BuildPodFor(cfg, s))
-			if diff := cmp.Diff(want, BuildReplicaSet(cfg, s)); diff != "" {
+			want := tc.want(BuildPodFor(cfg.Objects(), s))
+			if diff := cmp.Diff(want, BuildReplicaSet(cfg.Objects(), s)); diff != "" {
 				t.Errorf("BuildReplicaSet (-want +got):\n%s", diff)
 			}
 		})
@@ -161,7 +161,7 @@ func TestPoolPodTemplate(t *testing.T) {
 			if tc.spec != nil {
 				tc.spec(&s)
 			}
-			got := PoolPodTemplate(cfg, s)
+			got := PoolPodTemplate(cfg.Objects(), s)
 			h := got.Labels["sandbox.deerflow.dev/pool-hash"]
 			if !hash.MatchString(h) {
 				t.Fatalf("pool-hash label %q is not 16 hex digits", h)
