@@ -130,29 +130,38 @@ func (r Remover) Undo(ctx context.Context, w Object) (bool, error) {
 // delete failed): the caller keeps its slot, so the quota counts it until
 // the next create, destroy or reap of the id removes both.
 func (r Remover) UndoCut(ctx context.Context, want Object) (mayExist bool, err error) {
-	lands := r.Lands
-	if lands == 0 {
-		lands = WriteLands
-	}
-	for _, wait := range []time.Duration{0, lands} {
-		if err := sleep.For(ctx, wait); err != nil {
-			return true, err
+	for again := false; ; again = true {
+		if again {
+			if err := r.AwaitLanding(ctx); err != nil {
+				return true, err
+			}
 		}
 		got, err := r.Read(ctx, want)
 		switch {
-		case apierrors.IsNotFound(err):
-			continue
-		case err != nil:
+		case err != nil && !apierrors.IsNotFound(err):
 			return true, err
-		case got.GetDeletionTimestamp() != nil || resources.Token(got) != resources.Token(want):
-			continue // not this create's: it may yet land once that one is gone
+		case err != nil || got.GetDeletionTimestamp() != nil || resources.Token(got) != resources.Token(want):
+			// Not there, or not this create's (it may yet land once that
+			// one is gone): read again once it must have landed.
+			if again {
+				return false, nil
+			}
+			continue
 		}
 		if _, err := r.Undo(ctx, got); err != nil {
 			return true, err
 		}
 		return false, nil
 	}
-	return false, nil
+}
+
+// AwaitLanding waits until a write whose request was cut must have landed
+// (Lands), or answers ctx's error when it ends first.
+func (r Remover) AwaitLanding(ctx context.Context) error {
+	if r.Lands > 0 {
+		return sleep.For(ctx, r.Lands)
+	}
+	return sleep.For(ctx, WriteLands)
 }
 
 // Read reads w again, of its kind.

@@ -405,15 +405,22 @@ func (m *Manager) dropHalfMade(ctx context.Context, s api.Spec, k kind) {
 }
 
 // undoUncertainSlot follows a slot create that failed without saying
-// whether it was written (undoUncertain's twin): the Service is read back
-// and removed when it carries this create's token.
+// whether it was written (undoUncertain's twin): the Service is read back,
+// and again once a cut write must have landed when it is not there yet
+// (remove.Remover.AwaitLanding), and removed when it carries this create's
+// token. A slot that lands later still counts for the quota, and the next
+// create, destroy or reap of its id removes it.
 func (m *Manager) undoUncertainSlot(ctx context.Context, err error, want *corev1.Service) {
 	if api.Refused(err) {
 		return
 	}
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.RequestTimeout)
 	defer cancel()
-	got, rerr := m.client.CoreV1().Services(m.cfg.Namespace).Get(uctx, want.Name, metav1.GetOptions{})
+	svcs := m.client.CoreV1().Services(m.cfg.Namespace)
+	got, rerr := svcs.Get(uctx, want.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(rerr) && m.rm.AwaitLanding(uctx) == nil {
+		got, rerr = svcs.Get(uctx, want.Name, metav1.GetOptions{})
+	}
 	if rerr != nil || got.DeletionTimestamp != nil || resources.SandboxOwner(got.OwnerReferences) != nil || resources.SlotToken(got) != resources.SlotToken(want) {
 		return
 	}

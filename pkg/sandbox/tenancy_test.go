@@ -3,7 +3,6 @@ package sandbox
 import (
 	"context"
 	"regexp"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -263,26 +262,14 @@ func TestCreateWithoutItsAnswerLeavesNothing(t *testing.T) {
 			if tc.svc != nil {
 				client.PrependReactor("create", "services", func(a k8stesting.Action) (bool, runtime.Object, error) { return tc.svc(e, a) })
 			}
-			var cut atomic.Pointer[corev1.Pod]
+			landed := func() bool { return true }
 			if tc.landsLate {
-				client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
-					cut.Store(a.(k8stesting.CreateAction).GetObject().(*corev1.Pod))
-					return false, nil, nil // not stored: handled by tc.pod, which runs first
-				})
-				client.PrependReactor("get", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
-					if p := cut.Swap(nil); p != nil {
-						if err := client.Tracker().Create(pods, p, "deer-flow"); err != nil {
-							t.Error(err)
-						}
-						return true, nil, apierrors.NewNotFound(pods.GroupResource(), p.Name)
-					}
-					return false, nil, nil
-				})
+				landed = landsAfterFirstRead(t, client, "pods")
 			}
 			m := NewManager(cfg, client)
 			m.rm.Lands = 10 * time.Millisecond
 			_, err := m.Create(ctx, s, 0)
-			if tc.landsLate && cut.Load() != nil {
+			if !landed() {
 				t.Error("the cut Pod never landed: the row tests nothing")
 			}
 			if err == nil {

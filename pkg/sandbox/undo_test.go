@@ -110,6 +110,32 @@ func (p contextPods) Delete(ctx context.Context, name string, opts metav1.Delete
 	return p.PodInterface.Delete(ctx, name, opts)
 }
 
+// landsAfterFirstRead makes a create of resource that a reactor added
+// before fails (its request cut) reach the store all the same, once the
+// first read of resource after it has answered "not found": as the API
+// server's does when etcd commits the write after that read. landed
+// reports whether it has.
+func landsAfterFirstRead(t *testing.T, client *fake.Clientset, resource string) (landed func() bool) {
+	gvr := corev1.SchemeGroupVersion.WithResource(resource)
+	var cut atomic.Pointer[runtime.Object]
+	client.PrependReactor("create", resource, func(a k8stesting.Action) (bool, runtime.Object, error) {
+		obj := a.(k8stesting.CreateAction).GetObject()
+		cut.Store(&obj)
+		return false, nil, nil // the reactor added before fails it
+	})
+	client.PrependReactor("get", resource, func(a k8stesting.Action) (bool, runtime.Object, error) {
+		p := cut.Swap(nil)
+		if p == nil {
+			return false, nil, nil
+		}
+		if err := client.Tracker().Create(gvr, *p, "deer-flow"); err != nil {
+			t.Error(err)
+		}
+		return true, nil, apierrors.NewNotFound(gvr.GroupResource(), a.(k8stesting.GetAction).GetName())
+	})
+	return func() bool { return cut.Load() == nil }
+}
+
 // TestCreateLeavesNothingWhenItsServiceFails fails the slot's create (the
 // Service, written first), its read after the create found one, or the
 // slot's binding to the Pod once the Pod is written: the create answers
@@ -136,7 +162,10 @@ func TestCreateLeavesNothingWhenItsServiceFails(t *testing.T) {
 		// inject runs in place of that call and says what the create gets.
 		inject  func(e faultEnv) error
 		failGet bool // the Service's read fails too
-		want    result
+		// landsLate: the slot's cut create reaches the store only once the
+		// first read of the Service has answered (not found).
+		landsLate bool
+		want      result
 	}{
 		{name: "the slot's create fails", on: "create", inject: func(faultEnv) error {
 			return apierrors.NewInternalError(errInjected)
@@ -148,6 +177,10 @@ func TestCreateLeavesNothingWhenItsServiceFails(t *testing.T) {
 			e.cancel()
 			return context.Canceled
 		}, want: result{Kind: api.KindUnavailable}},
+		{name: "the client goes away during the slot's create, which lands after the first read", on: "create", inject: func(e faultEnv) error {
+			e.cancel()
+			return context.Canceled
+		}, landsLate: true, want: result{Kind: api.KindUnavailable}},
 		{name: "binding the slot to the Pod fails", on: "update", inject: func(faultEnv) error {
 			return apierrors.NewInternalError(errInjected)
 		}, want: result{Kind: api.KindUnavailable}},
@@ -186,13 +219,21 @@ func TestCreateLeavesNothingWhenItsServiceFails(t *testing.T) {
 			client.PrependReactor(tc.on, "services", func(k8stesting.Action) (bool, runtime.Object, error) {
 				return true, nil, e.inject(tc.inject)
 			})
+			landed := func() bool { return true }
+			if tc.landsLate {
+				landed = landsAfterFirstRead(t, client, "services")
+			}
 			if tc.failGet {
 				client.PrependReactor("get", "services", func(k8stesting.Action) (bool, runtime.Object, error) {
 					return true, nil, apierrors.NewServiceUnavailable("injected")
 				})
 			}
 			m := NewManager(cfg, contextClient{client})
+			m.rm.Lands = 10 * time.Millisecond
 			_, err := m.Create(ctx, s, 0)
+			if !landed() {
+				t.Error("the cut slot never landed: the row tests nothing")
+			}
 			got := result{Kind: -1}
 			if err != nil {
 				got.Kind = api.KindOf(err)
