@@ -37,8 +37,10 @@ type Remover struct {
 // server does not stop a write that etcd has already been sent: a read
 // made at once may come before it commits, and find nothing. On a single
 // etcd a write commits within one fsync (milliseconds; seconds when the
-// disk stalls); two seconds leave room for that, and the undo that waits
-// runs off the request's path, with its slot kept meanwhile.
+// disk stalls); two seconds leave room for that. Only a failed write
+// waits, under its undo's own deadline, with its slot kept (and counted)
+// meanwhile. A write landing later still is a leftover that counts for
+// nothing until the next create, destroy or reap of its id removes it.
 const WriteLands = 2 * time.Second
 
 // maxAttempts bounds Undo's rounds: each one that loses learns the newer
