@@ -109,10 +109,14 @@ func Limited(cfg config.QuotaConfig) bool {
 // failed create's undo delete the workload before its Service. So every
 // sandbox workload, from its create until its deletion starts, has a
 // Service that was admitted here and is not being deleted: the Services
-// counted bound the workloads. (Half-made workloads, without their
-// Service, come only from before slots or from a Service deleted by hand,
-// and the GC removes those with it; a create of such an id counts before
-// it repairs.) A Service whose Pod has ended (Succeeded or Failed, as
+// counted bound the workloads. A create whose workload write was cut gives
+// up its slot only once the write must have landed and is not there
+// (remove.Remover.UndoCut), since a write the API server had already sent
+// to etcd can land after a read made at once. (Half-made workloads,
+// without their Service, come only from before slots, from a Service
+// deleted by hand, or from a cut write landing later than
+// remove.WriteLands; a create of such an id counts before it repairs, and
+// the next create, destroy or reap of it removes it.) A Service whose Pod has ended (Succeeded or Failed, as
 // activeDeadlineSeconds leaves it) or that is being deleted does not count.
 // Unclaimed pooled Pods are the pool's, counted by its own limit.
 //
