@@ -43,7 +43,6 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/remove"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
-	"github.com/deerflow-sandbox/provisioner/pkg/sleep"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
@@ -74,8 +73,8 @@ type Pool struct {
 	observe Observer
 	log     *slog.Logger
 	now     func() time.Time
-	// lands is how long a cut claim's patch may still land (remove.WriteLands).
-	lands time.Duration
+	// rm waits for a cut claim's patch to land (remove.Remover.AwaitLanding).
+	rm remove.Remover
 
 	mu      sync.Mutex
 	ensured map[string]ensured // by template name: what this replica last made sure of
@@ -108,7 +107,7 @@ func New(cfg *config.Config, client kubernetes.Interface, observe Observer, log 
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Pool{cfg: cfg, client: client, observe: observe, log: log, now: time.Now, lands: remove.WriteLands, ensured: map[string]ensured{}, held: map[types.UID]time.Time{}}
+	return &Pool{cfg: cfg, client: client, observe: observe, log: log, now: time.Now, rm: remove.Remover{Client: client, Namespace: cfg.Namespace}, ensured: map[string]ensured{}, held: map[types.UID]time.Time{}}
 }
 
 // Name is the name of template's pool ReplicaSet: sandbox-pool- and the
@@ -352,27 +351,27 @@ func (p *Pool) readBack(ctx context.Context, pod *corev1.Pod, c sandbox.Claim, e
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.RequestTimeout)
 	defer cancel()
-	for _, wait := range []time.Duration{0, p.lands} {
-		var got *corev1.Pod
-		rerr := sleep.For(rctx, wait)
-		if rerr == nil {
-			got, rerr = p.client.CoreV1().Pods(p.cfg.Namespace).Get(rctx, pod.Name, metav1.GetOptions{})
+	pods := p.client.CoreV1().Pods(p.cfg.Namespace)
+	got, rerr := pods.Get(rctx, pod.Name, metav1.GetOptions{})
+	if rerr == nil && !claimedBy(got, c) && got.ResourceVersion == pod.ResourceVersion {
+		if rerr = p.rm.AwaitLanding(rctx); rerr == nil {
+			got, rerr = pods.Get(rctx, pod.Name, metav1.GetOptions{})
 		}
-		switch {
-		case rerr == nil && got.DeletionTimestamp == nil && got.Labels[keys.LabelID] == c.Labels[keys.LabelID] &&
-			got.Labels[keys.LabelToken] != "" && got.Labels[keys.LabelToken] == c.Labels[keys.LabelToken]:
-			return got, false, nil
-		case rerr != nil && !apierrors.IsNotFound(rerr):
-			if c.Uncertain != nil {
-				c.Uncertain()
-			}
-			return nil, false, err
-		case rerr == nil && got.ResourceVersion == pod.ResourceVersion:
-			continue
-		}
-		return nil, false, err
+	}
+	switch {
+	case rerr == nil && claimedBy(got, c):
+		return got, false, nil
+	case rerr != nil && !apierrors.IsNotFound(rerr) && c.Uncertain != nil:
+		c.Uncertain()
 	}
 	return nil, false, err
+}
+
+// claimedBy reports whether pod carries c's claim: its id and token, and
+// is not on its way out.
+func claimedBy(pod *corev1.Pod, c sandbox.Claim) bool {
+	return pod.DeletionTimestamp == nil && pod.Labels[keys.LabelID] == c.Labels[keys.LabelID] &&
+		pod.Labels[keys.LabelToken] != "" && pod.Labels[keys.LabelToken] == c.Labels[keys.LabelToken]
 }
 
 // Missed implements sandbox.Pool.

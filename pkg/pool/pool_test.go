@@ -144,7 +144,7 @@ func claimFor(id string) sandbox.Claim {
 
 func newPool(cfg *config.Config, cs *fake.Clientset, c *counts, tmpl *template.Template) *Pool {
 	p := New(cfg, cs, c.observe, nil)
-	p.lands = 10 * time.Millisecond // a cut claim's patch lands at once in the fake
+	p.rm.Lands = 10 * time.Millisecond // a cut claim's patch lands at once in the fake
 	// The claims under test do not also make the ReplicaSet in the background.
 	p.ensured[tmpl.Name] = ensured{key: tmpl.ResourceVersion + "/" + hashOf(cfg, tmpl), at: time.Now().Add(time.Hour)}
 	return p

@@ -132,29 +132,38 @@ func (r Remover) Undo(ctx context.Context, w Object) (bool, error) {
 // delete failed): the caller keeps its slot, so the quota counts it until
 // the next create, destroy or reap of the id removes both.
 func (r Remover) UndoCut(ctx context.Context, want Object) (mayExist bool, err error) {
-	for again := false; ; again = true {
-		if again {
-			if err := r.AwaitLanding(ctx); err != nil {
-				return true, err
-			}
+	got, err := r.readCreated(ctx, want)
+	if err == nil && got == nil {
+		if err = r.AwaitLanding(ctx); err == nil {
+			got, err = r.readCreated(ctx, want)
 		}
-		got, err := r.Read(ctx, want)
-		switch {
-		case err != nil && !apierrors.IsNotFound(err):
-			return true, err
-		case err != nil || got.GetDeletionTimestamp() != nil || resources.Token(got) != resources.Token(want):
-			// Not there, or not this create's (it may yet land once that
-			// one is gone): read again once it must have landed.
-			if again {
-				return false, nil
-			}
-			continue
-		}
-		if _, err := r.Undo(ctx, got); err != nil {
-			return true, err
-		}
+	}
+	switch {
+	case err != nil:
+		return true, err
+	case got == nil:
 		return false, nil
 	}
+	if _, err := r.Undo(ctx, got); err != nil {
+		return true, err
+	}
+	return false, nil
+}
+
+// readCreated reads the workload of want's name: nil when there is none
+// that carries want's token and is not being deleted (a workload of
+// another create holds the name: want's may yet land once it is gone).
+func (r Remover) readCreated(ctx context.Context, want Object) (Object, error) {
+	got, err := r.Read(ctx, want)
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	case got.GetDeletionTimestamp() != nil || resources.Token(got) != resources.Token(want):
+		return nil, nil
+	}
+	return got, nil
 }
 
 // AwaitLanding waits until a write whose request was cut must have landed
