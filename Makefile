@@ -93,7 +93,7 @@ test-unit:
 test-e2e: tools image node
 	$(GO) test -tags e2e -count=1 -timeout $(E2E_TIMEOUT) -v ./test/e2e/... 2>&1 | hack/summarize-tests.sh
 
-## test-run: `make run NODE=real` starts every time: after Ctrl-C, after kill -9, beside plain `make run` (root; after test-e2e, never beside it)
+## test-run: `make run NODE=real` starts every time: after Ctrl-C, kill -9 or kill of make, beside plain `make run` (root; after test-e2e, never beside it)
 .PHONY: test-run
 test-run: tools node
 	$(GO) test -tags e2e -count=1 -timeout $(RUN_TEST_TIMEOUT) -v ./test/runreal/... 2>&1 | hack/summarize-tests.sh

@@ -204,10 +204,24 @@ if [[ "$NODE" == real ]]; then
   # Not exec: the trap above takes the node down when the function stops.
   # The subshell records the function's pid (exec keeps it) for a later run
   # to end should this one be killed.
+  #
+  # The function runs as this script's job, and the script hands it the
+  # signal that stops the run. make passes SIGTERM to its child alone (this
+  # script: `kill <make's pid>`, timeout(1), a supervisor), and a function
+  # left behind would keep the address and a cluster whose node is gone.
+  # wait returns early (above 128) when a trapped signal arrives, so it
+  # waits again until the function has ended, and exits with its status.
   (
     echo "function $BASHPID $(starttime "$BASHPID")" >>"$pidfile"
     exec "$bin"
-  )
+  ) &
+  fn_pid=$!
+  trap 'kill -TERM "$fn_pid" 2>/dev/null || true' INT TERM HUP
+  rc=0
+  while kill -0 "$fn_pid" 2>/dev/null; do
+    if wait "$fn_pid"; then rc=0; else rc=$?; fi
+  done
+  exit "$rc"
 else
   exec "$bin"
 fi

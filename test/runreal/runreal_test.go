@@ -35,7 +35,9 @@ const startBound = 4 * time.Minute
 // TestMakeRunRealStartsEveryTime runs `make run NODE=real` five times in a
 // row, each time creating a sandbox and reaching its URL: a first start,
 // after a clean stop (Ctrl-C), after a crash (kill -9 of make and every
-// process under it), and around plain `make run`. The second start failed
+// process under it), and around plain `make run`, each of those two
+// stopped by SIGTERM to make alone (`kill <pid>`, timeout(1)), after which
+// nothing that was under make may still run. The second start failed
 // before (issue 33: the kube-dns stand-in's Service, left in the cluster,
 // refused a second create). After the last stop nothing of the node is left
 // on the machine: no process, mount, network namespace or NAT chain of it,
@@ -73,11 +75,11 @@ func TestMakeRunRealStartsEveryTime(t *testing.T) {
 
 	r = u.start("real")
 	r.sandbox("aftercrash")
-	r.stop()
+	r.terminate() // the next start binds the same address: nothing of this run may still hold it
 
 	r = u.start("kwok")
 	r.sandbox("plain")
-	r.stop()
+	r.terminate()
 
 	r = u.start("real")
 	r.sandbox("afterplain")
@@ -179,6 +181,18 @@ func (r *run) stop() {
 		r.u.t.Fatalf("start %d: %v", r.n, err)
 	}
 	r.u.t.Logf("start %d: stopped (Ctrl-C) in %s", r.n, time.Since(start).Round(time.Millisecond))
+}
+
+// terminate is `kill <make's pid>`: SIGTERM to make alone, as timeout(1)
+// or a supervisor sends it. Every process under make ends with it; the
+// function once outlived make here, serving on with its node gone.
+func (r *run) terminate() {
+	r.u.t.Helper()
+	start := time.Now()
+	if err := r.Terminate(2 * time.Minute); err != nil {
+		r.u.t.Fatalf("start %d: %v", r.n, err)
+	}
+	r.u.t.Logf("start %d: stopped (SIGTERM to make alone) in %s", r.n, time.Since(start).Round(time.Millisecond))
 }
 
 // crash is kill -9 of make and every process under it.

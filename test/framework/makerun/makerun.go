@@ -7,6 +7,7 @@ package makerun
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -20,6 +21,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // Options are one `make run`'s settings. Cluster, State and Addr keep a
@@ -156,6 +159,74 @@ func (r *Run) Stop(bound time.Duration) error {
 	}
 }
 
+// Terminate is `kill <make's pid>`: SIGTERM to make alone, as timeout(1)
+// or a supervisor that signals only its child sends it (make passes it on
+// to its own child, hack/run.sh, and to no one else). It waits up to bound
+// for make to end, then briefly for every process that was under make to
+// be gone too, and names any that outlived make: a function left serving
+// would keep the address and a cluster whose node is gone.
+func (r *Run) Terminate(bound time.Duration) error {
+	under := map[int]string{}
+	for _, pid := range Descendants(r.cmd.Process.Pid) {
+		if st, ok := startTime(pid); ok {
+			under[pid] = st
+		}
+	}
+	_ = syscall.Kill(r.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-r.done:
+	case <-time.After(bound):
+		r.Kill()
+		return fmt.Errorf("make run did not end within %s of SIGTERM to make:\n%s", bound, r.Tail(30))
+	}
+	var left []string
+	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, outliveGrace, true, func(context.Context) (bool, error) {
+		left = left[:0]
+		for pid, st := range under {
+			if now, ok := startTime(pid); ok && now == st {
+				cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+				left = append(left, fmt.Sprintf("%d (%s)", pid, strings.TrimSpace(strings.ReplaceAll(string(cmd), "\x00", " "))))
+			}
+		}
+		return len(left) == 0, nil
+	})
+	if err == nil {
+		return nil
+	}
+	for pid := range under {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	return fmt.Errorf("make ended on SIGTERM, but %d processes that were under it were still running %s later (killed now): %s",
+		len(left), outliveGrace, strings.Join(left, ", "))
+}
+
+// outliveGrace is how long a process under make may take to end after make
+// itself did (a function still finishing its requests).
+const outliveGrace = 10 * time.Second
+
+// startTime is a process's start time (field 22 of /proc/<pid>/stat, in
+// clock ticks since boot): with the pid, it tells a process from a later
+// one that reuses its pid.
+func startTime(pid int) (string, bool) {
+	f := statFields(pid)
+	if len(f) < 20 {
+		return "", false
+	}
+	return f[19], true
+}
+
+// statFields are the fields of /proc/<pid>/stat after the command's name
+// (which may hold spaces), from field 3 (the state) on; nil when the
+// process is gone.
+func statFields(pid int) []string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil
+	}
+	s := string(b)
+	return strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+}
+
 // Crash is kill -9 of make and every process under it, at once: what a
 // killed terminal session or the OOM killer leaves. Containerd's shims and
 // the containers under them are not under make (a shim detaches), and
@@ -223,12 +294,7 @@ func Descendants(pid int) []int {
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, d := range dirs {
 		p, _ := strconv.Atoi(filepath.Base(d))
-		b, err := os.ReadFile(filepath.Join(d, "stat"))
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		f := statFields(p)
 		if len(f) < 2 {
 			continue
 		}
