@@ -182,10 +182,17 @@ func TestDeerFlowThroughTheRoute(t *testing.T) {
 	// DeerFlow's backend does, retry for a while: kube-proxy programs the
 	// Service a moment after the Pod is Ready, and CoreDNS may still hold
 	// (up to its 30 s TTL) the address of an earlier sandbox of this id.
+	answered := false
+	defer func() {
+		if !answered {
+			t.Logf("what the route to the sandbox looked like when it did not answer:\n%s", routeDiagnosis(t, "0123456789abcdef"))
+		}
+	}()
 	eventually(t, 45*time.Second, "the sandbox answers a backend Pod at "+url, func() (bool, error) {
 		out, err := fromBackend(t, url+"/v1/sandbox")
 		return err == nil && strings.HasPrefix(out, "200 ") && strings.Contains(out, `"status":"ok"`), fmt.Errorf("%q %v", out, err)
 	})
+	answered = true
 
 	if d := send(reqs[5], ""); d["ok"] != true || d["sandbox_id"] != "0123456789abcdef" {
 		t.Errorf("delete answered %v", d)
@@ -214,6 +221,46 @@ func fromBackend(t *testing.T, url string) (string, error) {
 		return "", fmt.Errorf("%s", res.Error)
 	}
 	return res.Output, nil
+}
+
+// routeDiagnosis describes, for a failure message, each hop from a backend
+// Pod to sandbox id: what cluster DNS answers for its name (asked from the
+// backend Pod, as its client asks), the Service's address and ports, its
+// EndpointSlices, and the Pod's address and readiness. A sandbox that once
+// answered another server's 404 at its URL for 45 s (2026-11-27) left only
+// the status to go on.
+func routeDiagnosis(t *testing.T, id string) string {
+	ctx := context.Background()
+	var b strings.Builder
+	name := "sandbox-" + id + "-svc"
+	if dns, err := kube.CoreV1().Services("kube-system").Get(ctx, "kube-dns", metav1.GetOptions{}); err != nil {
+		fmt.Fprintf(&b, "kube-dns Service: %v\n", err)
+	} else {
+		q := fmt.Sprintf(`{"op":"dns","server":%q,"name":%q,"timeout_ms":2000}`, dns.Spec.ClusterIP+":53", name+"."+ns+".svc.cluster.local")
+		fmt.Fprintf(&b, "DNS from the backend Pod: %s\n", strings.TrimSpace(execInPod(t, backendPod(t, "deer-flow-backend-probe", "default"), q)))
+	}
+	if svc, err := kube.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
+		fmt.Fprintf(&b, "Service: %v\n", err)
+	} else {
+		fmt.Fprintf(&b, "Service: type %s, cluster IP %s, ports %+v, selector %v, uid %s\n", svc.Spec.Type, svc.Spec.ClusterIP, svc.Spec.Ports, svc.Spec.Selector, svc.UID)
+	}
+	if l, err := kube.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=" + name}); err != nil {
+		fmt.Fprintf(&b, "EndpointSlices: %v\n", err)
+	} else {
+		for _, es := range l.Items {
+			for _, e := range es.Endpoints {
+				fmt.Fprintf(&b, "EndpointSlice %s: %v ready=%v target=%v\n", es.Name, e.Addresses, ptr.Deref(e.Conditions.Ready, false), e.TargetRef)
+			}
+		}
+	}
+	if l, err := kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: keys.LabelID + "=" + id}); err != nil {
+		fmt.Fprintf(&b, "Pods: %v\n", err)
+	} else {
+		for _, p := range l.Items {
+			fmt.Fprintf(&b, "Pod %s: IP %s, phase %s, conditions %v\n", p.Name, p.Status.PodIP, p.Status.Phase, p.Status.Conditions)
+		}
+	}
+	return b.String()
 }
 
 // backendPod starts (once per name) a Pod of the stand-in image labelled as
