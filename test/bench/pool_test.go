@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"sort"
 	"strings"
@@ -311,7 +310,7 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 			if err != nil {
 				return err
 			}
-			return firstOK("http://" + net.JoinHostPort(fl.cfg.NodeHost, fmt.Sprint(svc.Spec.Ports[0].NodePort)))
+			return firstOK(nodePortURL(fl.cfg.NodeHost, svc))
 		}
 		oursView := func(id string) error {
 			r, err := fn.Do("POST", "/api/sandboxes", map[string]any{"sandbox_id": id, "template": "warm"})

@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -84,7 +83,7 @@ func prewiredFloor(b *testing.B, kc *cluster.Cluster, f floor, rt benchRuntime) 
 		if svc, err = svcs.Patch(ctx, svc.Name, types.StrategicMergePatchType, sel, metav1.PatchOptions{}); err != nil {
 			return wired{}, err
 		}
-		if err := firstOK("http://" + net.JoinHostPort(f.cfg.NodeHost, fmt.Sprint(svc.Spec.Ports[0].NodePort))); err != nil {
+		if err := firstOK(nodePortURL(f.cfg.NodeHost, svc)); err != nil {
 			return wired{}, err
 		}
 		pod, err = pods.Get(ctx, pod.Name, metav1.GetOptions{})
@@ -196,7 +195,7 @@ func prewiredFloor(b *testing.B, kc *cluster.Cluster, f floor, rt benchRuntime) 
 					start := time.Now()
 					err := claim(fmt.Sprintf("c%d-%d-%d", c, r, i), w, overlap)
 					if err == nil && view {
-						err = firstOK("http://" + net.JoinHostPort(f.cfg.NodeHost, fmt.Sprint(w.svc.Spec.Ports[0].NodePort)))
+						err = firstOK(nodePortURL(f.cfg.NodeHost, w.svc))
 					}
 					d := time.Since(start)
 					outcome(err, func() { out = append(out, d) })

@@ -5,6 +5,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -263,6 +264,12 @@ func resumeToReady(b *testing.B, kc *cluster.Cluster, fn *function.Instance, n i
 // direct reaches sandbox URLs as DeerFlow's backend does: a new connection
 // for every request.
 var direct = &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+
+// nodePortURL is the base URL of svc's first port on the node at host,
+// as a NodePort sandbox's URL names it.
+func nodePortURL(host string, svc *corev1.Service) string {
+	return "http://" + net.JoinHostPort(host, fmt.Sprint(svc.Spec.Ports[0].NodePort))
+}
 
 // firstOK polls GET {url}/v1/sandbox every 20 ms, as DeerFlow's backend
 // polls a sandbox it made, until it answers 200 (within 30 s).

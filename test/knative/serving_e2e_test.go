@@ -17,6 +17,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -27,6 +28,7 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
 	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
@@ -232,7 +234,7 @@ func fromBackend(t *testing.T, url string) (string, error) {
 func routeDiagnosis(t *testing.T, id string) string {
 	ctx := context.Background()
 	var b strings.Builder
-	name := "sandbox-" + id + "-svc"
+	name := resources.ServiceName(id)
 	if dns, err := kube.CoreV1().Services("kube-system").Get(ctx, "kube-dns", metav1.GetOptions{}); err != nil {
 		fmt.Fprintf(&b, "kube-dns Service: %v\n", err)
 	} else {
@@ -244,7 +246,7 @@ func routeDiagnosis(t *testing.T, id string) string {
 	} else {
 		fmt.Fprintf(&b, "Service: type %s, cluster IP %s, ports %+v, selector %v, uid %s\n", svc.Spec.Type, svc.Spec.ClusterIP, svc.Spec.Ports, svc.Spec.Selector, svc.UID)
 	}
-	if l, err := kube.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=" + name}); err != nil {
+	if l, err := kube.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + name}); err != nil {
 		fmt.Fprintf(&b, "EndpointSlices: %v\n", err)
 	} else {
 		for _, es := range l.Items {

@@ -174,25 +174,22 @@ func (r *run) sandbox(id string) {
 }
 
 // stop is Ctrl-C: the run takes its node down and ends.
-func (r *run) stop() {
-	r.u.t.Helper()
-	start := time.Now()
-	if err := r.Stop(2 * time.Minute); err != nil {
-		r.u.t.Fatalf("start %d: %v", r.n, err)
-	}
-	r.u.t.Logf("start %d: stopped (Ctrl-C) in %s", r.n, time.Since(start).Round(time.Millisecond))
-}
+func (r *run) stop() { r.end("Ctrl-C", r.Stop) }
 
 // terminate is `kill <make's pid>`: SIGTERM to make alone, as timeout(1)
-// or a supervisor sends it. Every process under make ends with it; the
-// function once outlived make here, serving on with its node gone.
-func (r *run) terminate() {
+// or a supervisor sends it. The function once outlived make here, serving
+// on with its node gone.
+func (r *run) terminate() { r.end("SIGTERM to make alone", r.Terminate) }
+
+// end stops the run with how (makerun's Stop or Terminate), which fails
+// when make does not end or anything that was under it outlives it.
+func (r *run) end(what string, how func(time.Duration) error) {
 	r.u.t.Helper()
 	start := time.Now()
-	if err := r.Terminate(2 * time.Minute); err != nil {
+	if err := how(2 * time.Minute); err != nil {
 		r.u.t.Fatalf("start %d: %v", r.n, err)
 	}
-	r.u.t.Logf("start %d: stopped (SIGTERM to make alone) in %s", r.n, time.Since(start).Round(time.Millisecond))
+	r.u.t.Logf("start %d: stopped (%s) in %s", r.n, what, time.Since(start).Round(time.Millisecond))
 }
 
 // crash is kill -9 of make and every process under it.

@@ -146,46 +146,43 @@ func (r *Run) Do(method, path string, body any) (int, map[string]any, error) {
 	return resp.StatusCode, m, nil
 }
 
-// Stop is Ctrl-C: SIGINT to make's process group. It waits up to bound for
-// make to end.
+// Stop is Ctrl-C: SIGINT to make's process group. See end.
 func (r *Run) Stop(bound time.Duration) error {
-	_ = syscall.Kill(-r.cmd.Process.Pid, syscall.SIGINT)
-	select {
-	case <-r.done:
-		return nil
-	case <-time.After(bound):
-		r.Kill()
-		return fmt.Errorf("make run did not end within %s of Ctrl-C:\n%s", bound, r.Tail(30))
-	}
+	return r.end(-r.cmd.Process.Pid, syscall.SIGINT, "Ctrl-C", bound)
 }
 
 // Terminate is `kill <make's pid>`: SIGTERM to make alone, as timeout(1)
 // or a supervisor that signals only its child sends it (make passes it on
-// to its own child, hack/run.sh, and to no one else). It waits up to bound
-// for make to end, then briefly for every process that was under make to
-// be gone too, and names any that outlived make: a function left serving
-// would keep the address and a cluster whose node is gone.
+// to its own child, hack/run.sh, and to no one else). See end.
 func (r *Run) Terminate(bound time.Duration) error {
+	return r.end(r.cmd.Process.Pid, syscall.SIGTERM, "SIGTERM to make", bound)
+}
+
+// end sends sig to pid (make, or its group when negative) and waits up to
+// bound for make to end, then briefly for every process that was under
+// make to be gone too, and names any that outlived make: a function left
+// serving would keep the address and a cluster whose node is gone.
+func (r *Run) end(pid int, sig syscall.Signal, what string, bound time.Duration) error {
 	under := map[int]string{}
-	for _, pid := range Descendants(r.cmd.Process.Pid) {
-		if st, ok := startTime(pid); ok {
-			under[pid] = st
+	for _, p := range Descendants(r.cmd.Process.Pid) {
+		if st, ok := startTime(p); ok {
+			under[p] = st
 		}
 	}
-	_ = syscall.Kill(r.cmd.Process.Pid, syscall.SIGTERM)
+	_ = syscall.Kill(pid, sig)
 	select {
 	case <-r.done:
 	case <-time.After(bound):
 		r.Kill()
-		return fmt.Errorf("make run did not end within %s of SIGTERM to make:\n%s", bound, r.Tail(30))
+		return fmt.Errorf("make run did not end within %s of %s:\n%s", bound, what, r.Tail(30))
 	}
 	var left []string
 	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, outliveGrace, true, func(context.Context) (bool, error) {
 		left = left[:0]
-		for pid, st := range under {
-			if now, ok := startTime(pid); ok && now == st {
-				cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-				left = append(left, fmt.Sprintf("%d (%s)", pid, strings.TrimSpace(strings.ReplaceAll(string(cmd), "\x00", " "))))
+		for p, st := range under {
+			if now, ok := startTime(p); ok && now == st {
+				cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p))
+				left = append(left, fmt.Sprintf("%d (%s)", p, strings.TrimSpace(strings.ReplaceAll(string(cmd), "\x00", " "))))
 			}
 		}
 		return len(left) == 0, nil
@@ -193,11 +190,11 @@ func (r *Run) Terminate(bound time.Duration) error {
 	if err == nil {
 		return nil
 	}
-	for pid := range under {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
+	for p := range under {
+		_ = syscall.Kill(p, syscall.SIGKILL)
 	}
-	return fmt.Errorf("make ended on SIGTERM, but %d processes that were under it were still running %s later (killed now): %s",
-		len(left), outliveGrace, strings.Join(left, ", "))
+	return fmt.Errorf("make ended on %s, but %d processes that were under it were still running %s later (killed now): %s",
+		what, len(left), outliveGrace, strings.Join(left, ", "))
 }
 
 // outliveGrace is how long a process under make may take to end after make
