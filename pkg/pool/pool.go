@@ -38,10 +38,10 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/claim"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/remove"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
@@ -66,7 +66,7 @@ const ensureEvery = 30 * time.Second
 // Observer counts claims by template and result.
 type Observer func(template, result string)
 
-// Pool implements sandbox.Pool.
+// Pool implements claim.Pool.
 type Pool struct {
 	cfg     *config.Config
 	client  kubernetes.Interface
@@ -97,7 +97,7 @@ type ensured struct {
 	at  time.Time
 }
 
-var _ sandbox.Pool = (*Pool)(nil)
+var _ claim.Pool = (*Pool)(nil)
 
 // New returns the pools of cfg.Namespace.
 func New(cfg *config.Config, client kubernetes.Interface, observe Observer, log *slog.Logger) *Pool {
@@ -162,7 +162,7 @@ func selector(lv string) map[string]string {
 
 // Claim lists the pool's Ready Pods of the wanted shape and claims one
 // (Ready, then ClaimFrom).
-func (p *Pool) Claim(ctx context.Context, t *template.Template, hash string, c sandbox.Claim) *corev1.Pod {
+func (p *Pool) Claim(ctx context.Context, t *template.Template, hash string, c claim.Claim) *corev1.Pod {
 	ready, err := p.Ready(ctx, t, hash)
 	if err != nil {
 		return nil
@@ -170,7 +170,7 @@ func (p *Pool) Claim(ctx context.Context, t *template.Template, hash string, c s
 	return p.ClaimFrom(ctx, t, hash, ready, c)
 }
 
-// Ready implements sandbox.Pool: one list of the pool's Pods of the wanted
+// Ready implements claim.Pool: one list of the pool's Pods of the wanted
 // shape, the claimable ones in random order (so racing claims mostly pick
 // different Pods). A failure is counted and logged here; the caller goes
 // the cold way.
@@ -211,14 +211,14 @@ func (p *Pool) list(ctx context.Context, t *template.Template, hash, rv string) 
 	return ready, nil
 }
 
-// ClaimFrom implements sandbox.Pool: it tries the Pods Ready listed, each
+// ClaimFrom implements claim.Pool: it tries the Pods Ready listed, each
 // with one patch that carries the resourceVersion it saw (after the
 // claim's Prepare for that Pod): a Pod someone claimed since fails with a
 // conflict, and the next is tried. When none of them could be had, it
 // looks once more with a current list (the watch cache's answer may have
 // missed Pods that turned Ready a moment ago), before the create goes the
 // cold way.
-func (p *Pool) ClaimFrom(ctx context.Context, t *template.Template, hash string, ready []*corev1.Pod, c sandbox.Claim) *corev1.Pod {
+func (p *Pool) ClaimFrom(ctx context.Context, t *template.Template, hash string, ready []*corev1.Pod, c claim.Claim) *corev1.Pod {
 	// done is the Pods this claim is through with: taken by someone else,
 	// gone, or no longer claimable. A Pod it could not write only because
 	// its status kept changing (the kubelet's writes just after it turned
@@ -308,7 +308,7 @@ const maxClaimTries = 3
 // status write), and a later try may win. Such a
 // conflict is retried on the fresh Pod, so that only a claim by someone
 // else sends a create on to another Pod or the cold way.
-func (p *Pool) claim(ctx context.Context, pod *corev1.Pod, hash string, c sandbox.Claim) (*corev1.Pod, bool, error) {
+func (p *Pool) claim(ctx context.Context, pod *corev1.Pod, hash string, c claim.Claim) (*corev1.Pod, bool, error) {
 	pods := p.client.CoreV1().Pods(p.cfg.Namespace)
 	for try := 0; try < maxClaimTries; try++ {
 		patch, err := claimPatch(pod, c, p.now())
@@ -345,7 +345,7 @@ func (p *Pool) claim(ctx context.Context, pod *corev1.Pod, hash string, c sandbo
 // a write must have landed; a Pod at any other version never will. A
 // refusal (a 4xx) wrote nothing. When a read fails, c.Uncertain is told:
 // the Pod may be claimed.
-func (p *Pool) readBack(ctx context.Context, pod *corev1.Pod, c sandbox.Claim, err error) (*corev1.Pod, bool, error) {
+func (p *Pool) readBack(ctx context.Context, pod *corev1.Pod, c claim.Claim, err error) (*corev1.Pod, bool, error) {
 	if api.Refused(err) {
 		return nil, false, err
 	}
@@ -369,12 +369,12 @@ func (p *Pool) readBack(ctx context.Context, pod *corev1.Pod, c sandbox.Claim, e
 
 // claimedBy reports whether pod carries c's claim: its id and token, and
 // is not on its way out.
-func claimedBy(pod *corev1.Pod, c sandbox.Claim) bool {
+func claimedBy(pod *corev1.Pod, c claim.Claim) bool {
 	return pod.DeletionTimestamp == nil && pod.Labels[keys.LabelID] == c.Labels[keys.LabelID] &&
 		pod.Labels[keys.LabelToken] != "" && pod.Labels[keys.LabelToken] == c.Labels[keys.LabelToken]
 }
 
-// Missed implements sandbox.Pool.
+// Missed implements claim.Pool.
 func (p *Pool) Missed(t *template.Template) {
 	p.ensureSoon(t)
 	p.observe(t.Name, ResultMiss)
@@ -401,7 +401,7 @@ func claimable(pod *corev1.Pod, hash string) bool {
 // it is the time the Pod has stood in the pool plus the sandbox's lifetime.
 // The resourceVersion makes the write conditional: of racing claims of one
 // Pod, one wins.
-func claimPatch(pod *corev1.Pod, c sandbox.Claim, now time.Time) ([]byte, error) {
+func claimPatch(pod *corev1.Pod, c claim.Claim, now time.Time) ([]byte, error) {
 	lbls := map[string]any{keys.LabelPool: nil, keys.LabelPoolHash: nil}
 	for k, v := range c.Labels {
 		lbls[k] = v
@@ -553,7 +553,7 @@ func equalOwners(a, b []metav1.OwnerReference) bool {
 	return true
 }
 
-// Describe implements sandbox.Pool: one list of the pool ReplicaSets, and
+// Describe implements claim.Pool: one list of the pool ReplicaSets, and
 // each template's ready count filled in. It writes nothing: a read of the
 // templates (GET /api/templates, /api/capabilities) is no occasion to make,
 // resize or delete a pool, as any principal that may read could then churn
@@ -586,7 +586,7 @@ func (p *Pool) Describe(ctx context.Context, sums []template.Summary, valid []*t
 	}
 }
 
-// Keep implements sandbox.Pool. The reap calls it, so pools follow their
+// Keep implements claim.Pool. The reap calls it, so pools follow their
 // templates within a reap's period even when no create asks for them; a
 // failure is logged, and the next reap tries again.
 func (p *Pool) Keep(ctx context.Context, templates *template.Store) {

@@ -23,9 +23,9 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/claim"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
@@ -134,8 +134,8 @@ func (c *counts) observe(tmpl, result string) {
 	c.m[tmpl+"/"+result]++
 }
 
-func claimFor(id string) sandbox.Claim {
-	return sandbox.Claim{
+func claimFor(id string) claim.Claim {
+	return claim.Claim{
 		Labels:      map[string]string{keys.LabelApp: keys.LabelAppValue, keys.LabelID: id, keys.LabelPooled: "true"},
 		Annotations: map[string]string{keys.AnnotationUserID: "u", keys.AnnotationCreatedAt: "2026-01-01T00:00:00Z"},
 		MaxLifetime: time.Hour,

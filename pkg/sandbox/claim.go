@@ -11,54 +11,16 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/claim"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/follow"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/quota"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
-	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
-// Pool hands out warm Pods; package pool implements it over ReplicaSets.
-type Pool interface {
-	// Ready lists the claimable pooled Pods of t whose shape hash is hash
-	// (one call); an error means the pool cannot serve (counted there).
-	Ready(ctx context.Context, t *template.Template, hash string) ([]*corev1.Pod, error)
-	// ClaimFrom turns one of ready into the sandbox c describes, with one
-	// conditional write each try, and returns it; nil when none could be
-	// had (all taken by racing claims): the create then goes the cold way.
-	// Before its first write on a Pod it calls c.Prepare with that Pod; an
-	// error there ends the claim at once (nil, counted by no one).
-	ClaimFrom(ctx context.Context, t *template.Template, hash string, ready []*corev1.Pod, c Claim) *corev1.Pod
-	// Missed records a create of a pooled template that needs what a
-	// pooled Pod lacks (mounts, env, resources) and so goes the cold way.
-	Missed(t *template.Template)
-	// Describe fills in how many pooled Pods stand Ready (GET
-	// /api/templates). It writes nothing.
-	Describe(ctx context.Context, sums []template.Summary, valid []*template.Template)
-	// Keep makes each valid template's pool exist at its size and shape,
-	// and deletes the pools no valid template asks for (the reap). What
-	// fails is logged there: the next reap tries again.
-	Keep(ctx context.Context, templates *template.Store)
-}
-
-// Claim is what a claim writes onto a pooled Pod: the sandbox's labels and
-// annotations (identity, owner, lifetimes from now) and its lifetime cap.
-// Prepare, when set, runs before the claim's first write on each Pod it
-// tries (a pooled create makes the sandbox's Service there: see
-// claimService).
-type Claim struct {
-	Labels, Annotations map[string]string
-	MaxLifetime         time.Duration
-	Prepare             func(ctx context.Context, pod *corev1.Pod) error
-	// Uncertain, when set, is told that a claim's write failed without
-	// saying whether it landed, and a read could not tell either: the Pod
-	// may be claimed, so its Service must stay (claimService.giveUp).
-	Uncertain func()
-}
-
 // WithPool serves creates of pooled templates from warm pools.
-func WithPool(p Pool) Option { return func(m *Manager) { m.pool = p } }
+func WithPool(p claim.Pool) Option { return func(m *Manager) { m.pool = p } }
 
 // createFromPool serves a create from its template's warm pool when it can;
 // handled false sends it the cold way, within the same request.
@@ -145,7 +107,7 @@ func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Dura
 		return api.Sandbox{}, false, nil
 	}
 	cs := &claimService{m: m, s: s}
-	pod := m.pool.ClaimFrom(ctx, t, hash, ready, Claim{Labels: meta.Labels, Annotations: meta.Annotations,
+	pod := m.pool.ClaimFrom(ctx, t, hash, ready, claim.Claim{Labels: meta.Labels, Annotations: meta.Annotations,
 		MaxLifetime: s.MaxLifetime, Prepare: cs.prepare, Uncertain: func() { cs.uncertain = true }})
 	if pod == nil {
 		return cs.giveUp(ctx, wait)

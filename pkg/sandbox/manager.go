@@ -10,6 +10,7 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/audit"
+	"github.com/deerflow-sandbox/provisioner/pkg/claim"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/follow"
 	"github.com/deerflow-sandbox/provisioner/pkg/isolation"
@@ -52,7 +53,7 @@ type Manager struct {
 	// failing holds the isolation checks whose last verdict failed.
 	failing   sync.Map // check name -> struct{}
 	templates *template.Store
-	pool      Pool
+	pool      claim.Pool
 	audit     audit.Log
 	// quota counts sandboxes for the limits (package quota).
 	quota *quota.Counter

@@ -27,10 +27,10 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/claim"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/pool"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
@@ -940,7 +940,7 @@ func TestAdmissionTiesTheSandboxIDToNames(t *testing.T) {
 		resources.RecordPrincipal(meta, s)
 		meta.Labels[pooledLabel] = "true"
 		hash := resources.PoolPodTemplate(a.cfg.Objects(), resources.PoolSpec(a.cfg.Objects(), tmpl)).Labels[keys.LabelPoolHash]
-		claimed := pool.New(a.cfg, sa, nil, nil).Claim(ctx, tmpl, hash, sandbox.Claim{Labels: meta.Labels, Annotations: meta.Annotations, MaxLifetime: time.Hour})
+		claimed := pool.New(a.cfg, sa, nil, nil).Claim(ctx, tmpl, hash, claim.Claim{Labels: meta.Labels, Annotations: meta.Annotations, MaxLifetime: time.Hour})
 		if claimed == nil {
 			t.Fatalf("the function's claim of a pooled Pod of %s (pool %s) failed; see the log", tmpl.Name, poolValue)
 		}
