@@ -89,6 +89,17 @@ const (
 	LabelPoolHash = Prefix + "pool-hash"
 	// LabelPooled marks a sandbox Pod that was claimed from a pool.
 	LabelPooled = Prefix + "pooled"
+	// ComponentWireValue is app.kubernetes.io/component of a pooled Pod's
+	// own Service (its wire, named as the Pod): it selects only the Pod's
+	// token, so a claim finds the Pod already behind an endpoint that
+	// kube-proxy has programmed, and the claimed sandbox keeps that URL.
+	ComponentWireValue = "sandbox-wire"
+	// AnnotationURLService, on a sandbox Service, names the Service whose
+	// URL the sandbox answers with when it is not this one: the wire of
+	// the pooled Pod the sandbox was claimed from. The sandbox Service
+	// then reaches nothing itself (it is headless): it holds the id, the
+	// owner and the quota's place, as every sandbox Service does.
+	AnnotationURLService = Prefix + "url-service"
 )
 
 // On sandbox templates (PodTemplates), set by operators.

@@ -19,12 +19,14 @@
 package pool
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -86,6 +88,9 @@ type Pool struct {
 	// claimed a moment ago). Between replicas the conditional patch alone
 	// decides, as before.
 	held map[types.UID]time.Time
+	// wiring is the templates whose pool this replica is wiring now
+	// (wireSoon); true when another wiring was asked for meanwhile.
+	wiring map[string]bool
 }
 
 // holdFor is how long a Pod this replica claimed is passed over: longer
@@ -107,7 +112,7 @@ func New(cfg *config.Config, client kubernetes.Interface, observe Observer, log 
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Pool{cfg: cfg, client: client, observe: observe, log: log, now: time.Now, rm: remove.Remover{Client: client, Namespace: cfg.Namespace}, ensured: map[string]ensured{}, held: map[types.UID]time.Time{}}
+	return &Pool{cfg: cfg, client: client, observe: observe, log: log, now: time.Now, rm: remove.Remover{Client: client, Namespace: cfg.Namespace}, ensured: map[string]ensured{}, held: map[types.UID]time.Time{}, wiring: map[string]bool{}}
 }
 
 // Name is the name of template's pool ReplicaSet: sandbox-pool- and the
@@ -208,7 +213,37 @@ func (p *Pool) list(ctx context.Context, t *template.Template, hash, rv string) 
 		}
 	}
 	rand.Shuffle(len(ready), func(i, j int) { ready[i], ready[j] = ready[j], ready[i] })
+	now := p.now()
+	slices.SortStableFunc(ready, func(a, b *corev1.Pod) int { return cmp.Compare(wiredRank(a, now), wiredRank(b, now)) })
 	return ready, nil
+}
+
+// programmed is how long a wired Pod must have been Ready for kube-proxy
+// to have programmed its wire's endpoint: its minSyncPeriod (1 s by
+// default) and the sync itself.
+const programmed = 2 * time.Second
+
+// wiredRank orders claimable Pods best first: wired (it carries a token:
+// its wire exists unless a wiring stopped halfway or it was removed, which
+// the claim checks) and Ready for long enough that its endpoint is
+// programmed, then wired Pods Ready a moment ago, then the rest.
+func wiredRank(pod *corev1.Pod, now time.Time) int {
+	switch {
+	case pod.Labels[keys.LabelToken] == "":
+		return 2
+	case now.Sub(readySince(pod)) < programmed:
+		return 1
+	}
+	return 0
+}
+
+func readySince(pod *corev1.Pod) time.Time {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.LastTransitionTime.Time
+		}
+	}
+	return time.Time{}
 }
 
 // ClaimFrom implements claim.Pool: it tries the Pods Ready listed, each
@@ -258,6 +293,7 @@ func (p *Pool) ClaimFrom(ctx context.Context, t *template.Template, hash string,
 				return nil
 			case claimed != nil:
 				p.observe(t.Name, ResultHit)
+				p.wireSoon(t)
 				return claimed
 			case taken:
 				done[pod.UID] = true
@@ -353,13 +389,13 @@ func (p *Pool) readBack(ctx context.Context, pod *corev1.Pod, c claim.Claim, err
 	defer cancel()
 	pods := p.client.CoreV1().Pods(p.cfg.Namespace)
 	got, rerr := pods.Get(rctx, pod.Name, metav1.GetOptions{})
-	if rerr == nil && !claimedBy(got, c) && got.ResourceVersion == pod.ResourceVersion {
+	if rerr == nil && !claimedBy(got, c, tokenOf(pod, c)) && got.ResourceVersion == pod.ResourceVersion {
 		if rerr = p.rm.AwaitLanding(rctx); rerr == nil {
 			got, rerr = pods.Get(rctx, pod.Name, metav1.GetOptions{})
 		}
 	}
 	switch {
-	case rerr == nil && claimedBy(got, c):
+	case rerr == nil && claimedBy(got, c, tokenOf(pod, c)):
 		return got, false, nil
 	case rerr != nil && !apierrors.IsNotFound(rerr) && c.Uncertain != nil:
 		c.Uncertain()
@@ -369,9 +405,18 @@ func (p *Pool) readBack(ctx context.Context, pod *corev1.Pod, c claim.Claim, err
 
 // claimedBy reports whether pod carries c's claim: its id and token, and
 // is not on its way out.
-func claimedBy(pod *corev1.Pod, c claim.Claim) bool {
+func claimedBy(pod *corev1.Pod, c claim.Claim, token string) bool {
 	return pod.DeletionTimestamp == nil && pod.Labels[keys.LabelID] == c.Labels[keys.LabelID] &&
-		pod.Labels[keys.LabelToken] != "" && pod.Labels[keys.LabelToken] == c.Labels[keys.LabelToken]
+		token != "" && pod.Labels[keys.LabelToken] == token
+}
+
+// tokenOf is the token a claim of pod writes: the one pod carries (a wired
+// Pod's, which never changes), or else the claim's own.
+func tokenOf(pod *corev1.Pod, c claim.Claim) string {
+	if t := pod.Labels[keys.LabelToken]; t != "" {
+		return t
+	}
+	return c.Labels[keys.LabelToken]
 }
 
 // Missed implements claim.Pool.
@@ -406,6 +451,7 @@ func claimPatch(pod *corev1.Pod, c claim.Claim, now time.Time) ([]byte, error) {
 	for k, v := range c.Labels {
 		lbls[k] = v
 	}
+	lbls[keys.LabelToken] = tokenOf(pod, c)
 	started := pod.CreationTimestamp.Time
 	if pod.Status.StartTime != nil {
 		started = pod.Status.StartTime.Time
@@ -618,6 +664,9 @@ func (p *Pool) keep(ctx context.Context, valid []*template.Template) error {
 		if err := p.ensure(ctx, t, have, true); err != nil {
 			p.forget(t.Name)
 			errs = append(errs, fmt.Errorf("keep the warm pool of template %s: %w", t.Name, err))
+		}
+		if _, err := p.Wire(ctx, t); err != nil {
+			errs = append(errs, fmt.Errorf("wire the warm pool of template %s: %w", t.Name, err))
 		}
 	}
 	for _, rs := range byName { // pools of templates refused, gone or unlabelled

@@ -112,9 +112,9 @@ func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Dura
 	if pod == nil {
 		return cs.giveUp(ctx, wait)
 	}
-	*wrote = made{found: found{pod: pod, svc: cs.svc}}
+	*wrote = made{found: found{pod: pod, svc: cs.svc, wire: cs.wire}}
 	m.recorder.Eventf(pod, corev1.EventTypeNormal, "SandboxCreated", "Created sandbox %s for user %s from the warm pool of template %s", s.ID, s.UserID, t.Name)
-	return m.answer(ctx, s.ID, found{pod: pod, svc: cs.svc}, wait)
+	return m.answer(ctx, s.ID, found{pod: pod, svc: cs.svc, wire: cs.wire}, wait)
 }
 
 // claimService makes a pooled create's Service before its Pod is claimed,
@@ -137,10 +137,11 @@ func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Dura
 // the writes) leaves a Service that a create replaces once it is older
 // than any create could be (see ownerLives).
 type claimService struct {
-	m   *Manager
-	s   api.Spec
-	svc *corev1.Service // the Service this create made, owned by the Pod it tries
-	err error           // why a Prepare ended the claim
+	m    *Manager
+	s    api.Spec
+	svc  *corev1.Service // the Service this create made, owned by the Pod it tries
+	wire *corev1.Service // the wire svc names for the URL (nil: svc is the URL's)
+	err  error           // why a Prepare ended the claim
 	// uncertain: a claim's write may have landed unseen; the Service stays
 	// (the quota counts it), and the reap removes it if no claim did.
 	uncertain bool
@@ -149,42 +150,106 @@ type claimService struct {
 // prepare is the claim's Prepare: the Service made (and the quota counted)
 // before the first Pod, handed over to each next Pod the claim tries when
 // the one before was taken by another claim.
+//
+// A Pod with a token keeps it (the admission policy pins it), so the
+// Service selects that token. A wired Pod (resources.Wires) gets a
+// reference Service (resources.Reference): its URL is the wire's, whose
+// endpoint kube-proxy has already programmed; there is no slice to wait
+// for. A Pod whose wire was deleted or edited by hand is unwired here and
+// claimed as an unwired one.
 func (c *claimService) prepare(ctx context.Context, pod *corev1.Pod) error {
 	owner := resources.PodOwnerRef(pod)
 	svcs := c.m.client.CoreV1().Services(c.m.cfg.Namespace)
-	if c.svc != nil {
-		if resources.OwnerUID(c.svc.OwnerReferences) == pod.UID {
-			return nil
-		}
-		upd := c.svc.DeepCopy()
-		upd.OwnerReferences = []metav1.OwnerReference{owner}
-		svc, err := svcs.Update(ctx, upd, metav1.UpdateOptions{})
-		switch {
-		case err == nil:
-			c.svc = svc
-			return nil
-		case !apierrors.IsNotFound(err):
-			c.err = api.Classify(err, "hand the sandbox Service to another pooled Pod")
-			return c.err
-		}
-		// Removed with the Pod it named (the garbage collector follows a
-		// pooled Pod deleted meanwhile): made again below, counted again.
-		c.svc = nil
+	s := c.s
+	if t := resources.Token(pod); t != "" {
+		s.Token = t
 	}
-	svc, err := c.m.ensureService(ctx, c.s, owner)
+	wire, err := c.m.wireOf(ctx, pod)
 	if err != nil {
 		c.err = err
 		return err
 	}
-	c.svc = svc
+	want := resources.BuildService(c.m.cfg.Objects(), s, owner)
+	if wire != nil {
+		want = resources.Reference(want, wire)
+	}
+	if c.svc != nil {
+		if resources.OwnerUID(c.svc.OwnerReferences) == pod.UID {
+			return nil
+		}
+		var err error
+		if resources.URLService(c.svc) == resources.URLService(want) && resources.SlotToken(c.svc) == s.Token {
+			upd := c.svc.DeepCopy()
+			upd.OwnerReferences = []metav1.OwnerReference{owner}
+			var svc *corev1.Service
+			if svc, err = svcs.Update(ctx, upd, metav1.UpdateOptions{}); err == nil {
+				c.svc, c.wire = svc, wire
+				return nil
+			}
+		} else {
+			// Another shape (wired or not) or token: made again below. The
+			// quota counts it again too.
+			err = svcs.Delete(ctx, c.svc.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(c.svc.UID))})
+			if apierrors.IsConflict(err) {
+				err = nil // already replaced
+			}
+		}
+		if err != nil && !apierrors.IsNotFound(err) {
+			c.err = api.Classify(err, "hand the sandbox Service to another pooled Pod")
+			return c.err
+		}
+		// Removed with the Pod it named (the garbage collector follows a
+		// pooled Pod deleted meanwhile), or just now: made again below,
+		// counted again.
+		c.svc, c.wire = nil, nil
+	}
+	svc, err := c.m.ensureService(ctx, s, owner, want)
+	if err != nil {
+		c.err = err
+		return err
+	}
+	c.svc, c.wire = svc, nil
+	if wire != nil && resources.URLService(svc) == wire.Name {
+		c.wire = wire
+	}
 	if quota.Limited(c.m.cfg.QuotaConfig) {
 		if err := c.m.quota.Check(ctx, c.s, svc); err != nil {
 			c.err = err
 			return err
 		}
 	}
-	follow.AwaitSlice(ctx, c.m.client.DiscoveryV1().EndpointSlices(c.m.cfg.Namespace), svc)
+	if c.wire == nil {
+		follow.AwaitSlice(ctx, c.m.client.DiscoveryV1().EndpointSlices(c.m.cfg.Namespace), svc)
+	}
 	return nil
+}
+
+// wireOf is pod's wire when it has one that wires it (read from the watch
+// cache: a wire a moment old is as good as one read from etcd, and a wire
+// changed since is caught by the claim's own read of the sandbox after),
+// nil when it has none. A wire that does not wire pod (deleted, or edited
+// by hand) is removed here (unwired): the Pod is claimed as an unwired one.
+func (m *Manager) wireOf(ctx context.Context, pod *corev1.Pod) (*corev1.Service, error) {
+	if !resources.Wired(m.cfg.Objects()) || resources.Token(pod) == "" {
+		return nil, nil
+	}
+	svcs := m.client.CoreV1().Services(m.cfg.Namespace)
+	wire, err := svcs.Get(ctx, resources.WireName(pod), metav1.GetOptions{ResourceVersion: "0"})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, api.Classify(err, "read the pooled Pod's Service")
+	case resources.Wires(m.cfg.Objects(), wire, pod):
+		return wire, nil
+	case wire.Labels[keys.LabelComponent] != keys.ComponentWireValue || resources.OwnerUID(wire.OwnerReferences) != pod.UID:
+		return nil, nil // not a wire of this Pod: not ours to remove
+	}
+	err = svcs.Delete(ctx, wire.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(wire.UID))})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return nil, api.Classify(err, "remove a pooled Pod's Service edited by hand")
+	}
+	return nil, nil
 }
 
 // giveUp answers a create whose claim got no Pod: with the sandbox of a

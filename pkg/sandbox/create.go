@@ -308,8 +308,7 @@ func (m *Manager) createFailed(err error, kind string, s api.Spec) error {
 // its claim tries (claimService), adopting or replacing an existing one. A
 // Service that holds the id for another sandbox (a live workload of either
 // kind, a cold create's young slot) is errOtherKind.
-func (m *Manager) ensureService(ctx context.Context, s api.Spec, owner metav1.OwnerReference) (*corev1.Service, error) {
-	want := resources.BuildService(m.cfg.Objects(), s, owner)
+func (m *Manager) ensureService(ctx context.Context, s api.Spec, owner metav1.OwnerReference, want *corev1.Service) (*corev1.Service, error) {
 	svcs := m.client.CoreV1().Services(m.cfg.Namespace)
 	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
 		created, err := svcs.Create(ctx, want, metav1.CreateOptions{})

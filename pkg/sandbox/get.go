@@ -124,15 +124,30 @@ func (m *Manager) fetchObjects(ctx context.Context, id string) (found, error) {
 		}
 	}
 	if f.pod == nil && f.svc != nil && resources.ClaimedOwner(f.svc, id) {
-		// Claimed from a warm pool: its Pod keeps the name the pool gave it.
-		pod, err := m.client.CoreV1().Pods(m.cfg.Namespace).Get(ctx, resources.SandboxOwner(f.svc.OwnerReferences).Name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) || (err == nil && (pod.DeletionTimestamp != nil || resources.PodID(pod) != id)) {
-			return f, nil
+		// Claimed from a warm pool: its Pod keeps the name the pool gave it,
+		// and its URL may be its wire's (read beside it).
+		g, gctx := errgroup.WithContext(ctx)
+		g.Go(func() error {
+			pod, err := m.client.CoreV1().Pods(m.cfg.Namespace).Get(gctx, resources.SandboxOwner(f.svc.OwnerReferences).Name, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) || (err == nil && (pod.DeletionTimestamp != nil || resources.PodID(pod) != id)) {
+				return nil
+			}
+			f.pod = pod
+			return api.Classify(err, "read the sandbox Pod")
+		})
+		if name := resources.URLService(f.svc); name != "" {
+			g.Go(func() error {
+				wire, err := m.client.CoreV1().Services(m.cfg.Namespace).Get(gctx, name, metav1.GetOptions{})
+				if apierrors.IsNotFound(err) {
+					return nil
+				}
+				f.wire = wire
+				return api.Classify(err, "read the sandbox's Service")
+			})
 		}
-		if err != nil {
-			return found{}, api.Classify(err, "read the sandbox Pod")
+		if err := g.Wait(); err != nil {
+			return found{}, err
 		}
-		f.pod = pod
 		return f, nil
 	}
 	if f.pod != nil && resources.OwnerKind(f.svc) != "ReplicaSet" {

@@ -15,16 +15,37 @@ import (
 // List returns every sandbox of the caller (of everyone for an
 // administrator) in the namespace, whole or half-present, in
 // three API calls whatever the count: one list per kind (Pods, ReplicaSets,
-// Services), by label, issued concurrently. DeerFlow's provisioner made one
+// Services), by label, issued concurrently, and a fourth beside them for
+// the pooled Pods' wires, whose URLs sandboxes claimed wired answer with. DeerFlow's provisioner made one
 // call per sandbox.
 func (m *Manager) List(ctx context.Context) ([]api.Sandbox, error) {
 	c, err := callerOf(ctx)
 	if err != nil {
 		return nil, err
 	}
-	all, err := m.listAll(ctx, listSelector(c), false)
-	if err != nil {
+	var all everything
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() (err error) {
+		all, err = m.listAll(gctx, listSelector(c), false)
+		return err
+	})
+	var wires []corev1.Service
+	if resources.Wired(m.cfg.Objects()) {
+		g.Go(func() error {
+			l, err := m.client.CoreV1().Services(m.cfg.Namespace).List(gctx, metav1.ListOptions{LabelSelector: resources.SelectorWires})
+			if err != nil {
+				return api.Classify(err, "list the pooled Pods' Services")
+			}
+			wires = l.Items
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
 		return nil, err
+	}
+	all.wires = map[string]*corev1.Service{}
+	for i := range wires {
+		all.wires[wires[i].Name] = &wires[i]
 	}
 	byID := all.byID()
 	ids := make([]string, 0, len(byID))
@@ -46,6 +67,9 @@ type everything struct {
 	pods []corev1.Pod
 	rss  []appsv1.ReplicaSet
 	svcs []corev1.Service
+	// wires are the pooled Pods' own Services, by name: the URL of a
+	// sandbox claimed wired (listed only where list answers URLs).
+	wires map[string]*corev1.Service
 }
 
 // byID groups the lists into sandboxes, as fetch reads one: objects being
@@ -78,6 +102,9 @@ func (e everything) byID() map[string]*found {
 		}
 	}
 	for _, f := range out {
+		if name := resources.URLService(f.svc); name != "" {
+			f.wire = e.wires[name]
+		}
 		if f.rs != nil && !resources.Paused(f.rs) {
 			f.pod = resources.CurrentPod(resources.ControlledPods(f.rs, e.pods))
 		}

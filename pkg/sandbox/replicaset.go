@@ -24,6 +24,10 @@ type found struct {
 	svc *corev1.Service
 	// stray is a bare Pod of the id beside its ReplicaSet.
 	stray *corev1.Pod
+	// wire is the Service svc names for the sandbox's URL
+	// (resources.URLService): the wire of the pooled Pod it was claimed
+	// from; nil when svc names none, or it is gone.
+	wire *corev1.Service
 }
 
 // workload is the object that carries the sandbox's identity and lifecycle

@@ -1,0 +1,199 @@
+package pool
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+	"github.com/deerflow-sandbox/provisioner/pkg/template"
+	"github.com/deerflow-sandbox/provisioner/pkg/token"
+)
+
+// Wiring: every unclaimed pooled Pod gets a token of its own and then its
+// wire (resources.BuildWire), so that its claim changes no endpoint. The
+// function runs no loop, so creates of a pooled template (after their
+// answer), and the reap, wire what is not wired yet; a Pod not yet wired is
+// still claimed, as before wires.
+//
+// The token comes first, with a write conditional on the Pod's version (a
+// claim racing it wins or loses whole), and the wire after it: a wiring
+// cut between the two leaves a Pod with a token and no wire, which a claim
+// takes as unwired (keeping its token, which never changes) and the next
+// wiring completes. The wire is owned by the Pod, so it goes with it.
+
+// wireTries bounds the token's conditional writes on one Pod whose status
+// the kubelet keeps changing (just after it starts).
+const wireTries = 3
+
+// Wire wires t's unclaimed pooled Pods that are not yet: one list of the
+// pool's Pods and one of its wires, then for each Pod without its wire a
+// token (if it has none) and the wire. Pods not yet Ready are wired too:
+// kube-proxy then programs the endpoint as the Pod turns Ready, long
+// before a claim may take it. A wire that no longer wires its Pod (edited
+// by hand) is removed, and made again by the next wiring. Returns how many
+// Pods it wired.
+func (p *Pool) Wire(ctx context.Context, t *template.Template) (int, error) {
+	if !resources.Wired(p.cfg.Objects()) || t.PoolSize == 0 {
+		return 0, nil
+	}
+	lv := poolValue(t.Name)
+	pods := p.client.CoreV1().Pods(p.cfg.Namespace)
+	svcs := p.client.CoreV1().Services(p.cfg.Namespace)
+	podList, err := pods.List(ctx, metav1.ListOptions{LabelSelector: labels.Set(selector(lv)).String(), ResourceVersion: "0"})
+	if err != nil {
+		return 0, fmt.Errorf("list the pool's Pods: %w", err)
+	}
+	wireList, err := svcs.List(ctx, metav1.ListOptions{LabelSelector: resources.SelectorWires + "," + keys.LabelPool + "=" + lv, ResourceVersion: "0"})
+	if err != nil {
+		return 0, fmt.Errorf("list the pool's wires: %w", err)
+	}
+	wires := map[string]*corev1.Service{}
+	for i := range wireList.Items {
+		wires[wireList.Items[i].Name] = &wireList.Items[i]
+	}
+	var (
+		wired int
+		errs  []error
+	)
+	for i := range podList.Items {
+		pod := &podList.Items[i]
+		if pod.DeletionTimestamp != nil || pod.Labels[keys.LabelID] != "" || pod.Labels[keys.LabelPool] != lv {
+			continue
+		}
+		have := wires[resources.WireName(pod)]
+		if have != nil && resources.Wires(p.cfg.Objects(), have, pod) {
+			continue
+		}
+		ok, err := p.wire(ctx, pod, have)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("wire pooled Pod %s: %w", pod.Name, err))
+		}
+		if ok {
+			wired++
+		}
+	}
+	return wired, errors.Join(errs...)
+}
+
+// wire gives pod a token unless it has one, then its wire; have is the
+// Service of the wire's name that exists and does not wire pod, if any.
+// false, nil: pod was claimed or removed meanwhile (nothing to do).
+func (p *Pool) wire(ctx context.Context, pod *corev1.Pod, have *corev1.Service) (bool, error) {
+	svcs := p.client.CoreV1().Services(p.cfg.Namespace)
+	if have != nil {
+		if have.Labels[keys.LabelComponent] != keys.ComponentWireValue || resources.OwnerUID(have.OwnerReferences) != pod.UID {
+			return false, fmt.Errorf("a Service named %s exists and is not its wire", have.Name)
+		}
+		// The Pod's own wire, edited by hand: removed, made again below.
+		err := svcs.Delete(ctx, have.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(have.UID))})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return false, fmt.Errorf("remove its wire edited by hand: %w", err)
+		}
+		return false, nil
+	}
+	pod, err := p.giveToken(ctx, pod)
+	if pod == nil || err != nil {
+		return false, err
+	}
+	_, err = svcs.Create(ctx, resources.BuildWire(p.cfg.Objects(), pod, pod.Labels[keys.LabelToken]), metav1.CreateOptions{})
+	switch {
+	case apierrors.IsAlreadyExists(err):
+		return false, nil // another replica's wiring
+	case err != nil:
+		return false, fmt.Errorf("create its wire: %w", err)
+	}
+	return true, nil
+}
+
+// giveToken writes a fresh token on pod unless it has one, conditional on
+// the version read (a claim in between wins; a status write is retried on
+// the Pod read again). nil, nil: pod is claimed, gone or leaving.
+func (p *Pool) giveToken(ctx context.Context, pod *corev1.Pod) (*corev1.Pod, error) {
+	pods := p.client.CoreV1().Pods(p.cfg.Namespace)
+	for try := 0; try < wireTries; try++ {
+		if pod.DeletionTimestamp != nil || pod.Labels[keys.LabelID] != "" || pod.Labels[keys.LabelPool] == "" {
+			return nil, nil
+		}
+		if pod.Labels[keys.LabelToken] != "" {
+			return pod, nil
+		}
+		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
+			"resourceVersion": pod.ResourceVersion, "labels": map[string]string{keys.LabelToken: token.New()}}})
+		got, err := pods.Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+		switch {
+		case err == nil:
+			return got, nil
+		case apierrors.IsNotFound(err):
+			return nil, nil
+		case !apierrors.IsConflict(err):
+			return nil, fmt.Errorf("give it a token: %w", err)
+		}
+		if pod, err = pods.Get(ctx, pod.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			return nil, nil
+		} else if err != nil {
+			return nil, fmt.Errorf("read it again: %w", err)
+		}
+	}
+	return nil, nil // its status kept changing: the next wiring tries again
+}
+
+// wireAfter is how long after a claim its pool is wired: long enough for
+// the ReplicaSet controller to have made the claimed Pod's replacement,
+// which is then wired with the rest.
+const wireAfter = time.Second
+
+// wireBound bounds one wiring of a pool.
+const wireBound = 10 * time.Second
+
+// maxRewires bounds the wirings one wireSoon runs back to back, when
+// claims keep asking for more while it runs.
+const maxRewires = 3
+
+// wireSoon wires t's pool in the background, wireAfter from now, once for
+// all claims of this replica meanwhile; claims while it runs ask for one
+// more. The claim's answer does not wait for it.
+func (p *Pool) wireSoon(t *template.Template) {
+	if !resources.Wired(p.cfg.Objects()) {
+		return
+	}
+	p.mu.Lock()
+	if _, running := p.wiring[t.Name]; running {
+		p.wiring[t.Name] = true
+		p.mu.Unlock()
+		return
+	}
+	p.wiring[t.Name] = false
+	p.mu.Unlock()
+	go func() {
+		for round := 0; round < maxRewires; round++ {
+			time.Sleep(wireAfter)
+			ctx, cancel := context.WithTimeout(context.Background(), wireBound)
+			n, err := p.Wire(ctx, t)
+			cancel()
+			if err != nil {
+				p.log.Warn("cannot wire the warm pool; the next claim or reap tries again", "template", t.Name, "error", err)
+			} else if n > 0 {
+				p.log.Debug("wired pooled sandboxes", "template", t.Name, "wired", n)
+			}
+			p.mu.Lock()
+			again := p.wiring[t.Name]
+			if !again || round == maxRewires-1 {
+				delete(p.wiring, t.Name)
+				p.mu.Unlock()
+				return
+			}
+			p.wiring[t.Name] = false
+			p.mu.Unlock()
+		}
+	}()
+}

@@ -1,0 +1,102 @@
+package resources
+
+import (
+	"maps"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+)
+
+// A pooled Pod's wire is a Service of its own (of SANDBOX_SERVICE_TYPE:
+// NodePort or ClusterIP), named as the Pod,
+// owned by it and selecting nothing but its token (keys.LabelToken, which
+// the function writes on the Pod before it makes the wire). kube-proxy
+// programs its endpoint while the Pod stands in the pool, so a claim that
+// hands out a wired Pod changes no endpoint: the sandbox answers at the
+// wire's URL as soon as the claim does, instead of after kube-proxy's next
+// sync (at most one a second, minSyncPeriod). The wire stays the sandbox's
+// URL for its whole life and goes with its Pod (the garbage collector
+// follows the owner reference).
+//
+// Wires exist in NodePort and ClusterIP modes (Wired). In Headless mode a
+// sandbox's URL is its Service's DNS name, which cluster DNS serves from
+// its watch as soon as the Service exists, with no proxy between: there is
+// no sync to wait for.
+
+// Wired reports whether pooled Pods are wired under cfg.
+func Wired(cfg config.Objects) bool { return cfg.ServiceType != config.ServiceHeadless }
+
+// SelectorWires selects every pooled Pod's wire, claimed or not.
+var SelectorWires = keys.LabelComponent + "=" + keys.ComponentWireValue + "," + keys.LabelManagedBy + "=" + keys.ManagedByValue
+
+// WireName is the name of pod's wire: the Pod's own (a pool's Pod names
+// are sandbox-pool-<pool>-<suffix>, at most 59 characters, a valid Service
+// name).
+func WireName(pod *corev1.Pod) string { return pod.Name }
+
+// BuildWire returns pod's wire, selecting token (the one pod carries).
+func BuildWire(cfg config.Objects, pod *corev1.Pod, token string) *corev1.Service {
+	return &corev1.Service{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      WireName(pod),
+			Namespace: cfg.Namespace,
+			Labels: map[string]string{
+				keys.LabelName: "deer-flow", keys.LabelComponent: keys.ComponentWireValue,
+				keys.LabelManagedBy: keys.ManagedByValue, keys.LabelPool: pod.Labels[keys.LabelPool],
+			},
+			OwnerReferences: []metav1.OwnerReference{PodOwnerRef(pod)},
+		},
+		Spec: corev1.ServiceSpec{
+			Type:     corev1.ServiceType(cfg.ServiceType),
+			Selector: map[string]string{keys.LabelToken: token},
+			Ports: []corev1.ServicePort{{
+				Name: portName, Port: cfg.ContainerPort, TargetPort: intstr.FromInt32(cfg.ContainerPort), Protocol: corev1.ProtocolTCP,
+			}},
+		},
+	}
+}
+
+// Wires reports whether svc is pod's wire as BuildWire makes it, in use:
+// owned by pod (by UID), selecting exactly the token pod carries, and
+// reaching pod's port (on a node port in NodePort mode). A wire deleted, or edited by hand,
+// is not trusted with a sandbox's URL: the claim unwires the Pod instead.
+func Wires(cfg config.Objects, svc *corev1.Service, pod *corev1.Pod) bool {
+	token := pod.Labels[keys.LabelToken]
+	if svc == nil || svc.DeletionTimestamp != nil || token == "" || svc.Name != WireName(pod) ||
+		svc.Labels[keys.LabelComponent] != keys.ComponentWireValue || OwnerUID(svc.OwnerReferences) != pod.UID ||
+		svc.Spec.Type != corev1.ServiceType(cfg.ServiceType) || !maps.Equal(svc.Spec.Selector, map[string]string{keys.LabelToken: token}) ||
+		len(svc.Spec.Ports) != 1 {
+		return false
+	}
+	p := svc.Spec.Ports[0]
+	return (p.NodePort != 0 || svc.Spec.Type != corev1.ServiceTypeNodePort) && p.Port == cfg.ContainerPort && p.TargetPort == intstr.FromInt32(cfg.ContainerPort) && p.Protocol == corev1.ProtocolTCP
+}
+
+// Reference makes svc, a sandbox Service as BuildService made it, the one
+// of a sandbox claimed from wired: headless (no virtual IP, no node port,
+// nothing for kube-proxy, whose next sync the claim would otherwise wait
+// for) and naming the wire, whose URL the sandbox answers with. It still
+// selects the sandbox's id and token, so it names its workload as every
+// sandbox Service does (Names) and holds the id and the quota's place.
+func Reference(svc *corev1.Service, wire *corev1.Service) *corev1.Service {
+	svc.Spec.Type, svc.Spec.ClusterIP = corev1.ServiceTypeClusterIP, corev1.ClusterIPNone
+	if svc.Annotations == nil {
+		svc.Annotations = map[string]string{}
+	}
+	svc.Annotations[keys.AnnotationURLService] = wire.Name
+	return svc
+}
+
+// URLService is the name of the Service whose URL svc's sandbox answers
+// with, when it is not svc itself ("").
+func URLService(svc *corev1.Service) string {
+	if svc == nil {
+		return ""
+	}
+	return svc.Annotations[keys.AnnotationURLService]
+}
