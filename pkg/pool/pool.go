@@ -451,7 +451,9 @@ func claimPatch(pod *corev1.Pod, c claim.Claim, now time.Time) ([]byte, error) {
 	for k, v := range c.Labels {
 		lbls[k] = v
 	}
-	lbls[keys.LabelToken] = tokenOf(pod, c)
+	if t := tokenOf(pod, c); t != "" {
+		lbls[keys.LabelToken] = t
+	}
 	started := pod.CreationTimestamp.Time
 	if pod.Status.StartTime != nil {
 		started = pod.Status.StartTime.Time

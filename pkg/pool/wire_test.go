@@ -1,0 +1,112 @@
+package pool
+
+import (
+	"regexp"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+)
+
+var tokenRE = regexp.MustCompile(`^[0-9a-f]{32}$`)
+
+// TestWiredClaim drives wiring and a claim of a wired Pod over a fake
+// clientset (a stand-in for the API server: no admission, no node ports,
+// no garbage collector; test/e2e runs it against a real one): the wiring
+// gives each pooled Pod a token of its own and then its wire, once; a
+// create claims a wired Pod keeping its token, makes a headless Service
+// that names the wire, and answers, gets and lists with the wire's URL. A
+// wire edited by hand is not trusted: the next claim of its Pod removes it
+// and claims the Pod as an unwired one.
+func TestWiredClaim(t *testing.T) {
+	cfg, tmpl, cs := claimCluster(t, true, true)
+	p := newPool(cfg, cs, &counts{}, tmpl)
+	ctx := alice
+
+	n, err := p.Wire(ctx, tmpl)
+	if err != nil || n != 2 {
+		t.Fatalf("Wire: %d, %v; want both pooled Pods wired", n, err)
+	}
+	tokens := map[string]bool{}
+	for _, name := range []string{"sandbox-pool-warm-aaaaa", "sandbox-pool-warm-bbbbb"} {
+		pod, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok := pod.Labels[keys.LabelToken]
+		if !tokenRE.MatchString(tok) || tokens[tok] {
+			t.Errorf("pooled Pod %s token %q; want 32 hex digits of its own", name, tok)
+		}
+		tokens[tok] = true
+		wire, err := cs.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil || !resources.Wires(cfg.Objects(), wire, pod) {
+			t.Errorf("wire of %s: %v %+v; want one that wires it", name, err, wire)
+		}
+	}
+	if n, err := p.Wire(ctx, tmpl); err != nil || n != 0 {
+		t.Errorf("Wire again: %d, %v; want nothing left to wire", n, err)
+	}
+
+	m := sandbox.NewManager(cfg, cs, sandbox.WithPool(p))
+	sb, err := m.Create(ctx, claimSpec(t, cfg, "abc", nil), 0)
+	if err != nil || !sb.Pooled {
+		t.Fatalf("create: %+v %v; want a pooled sandbox", sb, err)
+	}
+	svc, err := cs.CoreV1().Services(ns).Get(ctx, "sandbox-abc-svc", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	podName := resources.SandboxOwner(svc.OwnerReferences).Name
+	claimed, err := cs.CoreV1().Pods(ns).Get(ctx, podName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := struct{ ClusterIP, URLService, SelectedToken, PodToken, URL string }{
+		svc.Spec.ClusterIP, resources.URLService(svc), svc.Spec.Selector[keys.LabelToken], claimed.Labels[keys.LabelToken], sb.URL}
+	want := got
+	want.ClusterIP, want.URLService, want.URL = corev1.ClusterIPNone, podName, "http://"+podName+"."+ns+".svc.cluster.local:8080"
+	if !tokens[got.PodToken] || got.SelectedToken != got.PodToken {
+		t.Errorf("claimed Pod token %q, selected %q; want the token it was wired with", got.PodToken, got.SelectedToken)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("a claim of a wired Pod (-want +got):\n%s", diff)
+	}
+	if g, err := m.Get(ctx, "abc", 0); err != nil || g.URL != sb.URL {
+		t.Errorf("get: %+v %v; want the wire's URL %s", g, err, sb.URL)
+	}
+	if l, err := m.List(ctx); err != nil || len(l) != 1 || l[0].URL != sb.URL {
+		t.Errorf("list: %+v %v; want abc at the wire's URL %s", l, err, sb.URL)
+	}
+
+	// The other Pod's wire, edited by hand: its claim unwires it.
+	other := "sandbox-pool-warm-aaaaa"
+	if podName == other {
+		other = "sandbox-pool-warm-bbbbb"
+	}
+	wire, err := cs.CoreV1().Services(ns).Get(ctx, other, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wire.Spec.Selector = map[string]string{keys.LabelApp: keys.LabelAppValue}
+	if _, err := cs.CoreV1().Services(ns).Update(ctx, wire, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sb2, err := m.Create(ctx, claimSpec(t, cfg, "def", nil), 0)
+	if err != nil || !sb2.Pooled {
+		t.Fatalf("create of def: %+v %v; want the other pooled Pod", sb2, err)
+	}
+	if _, err := cs.CoreV1().Services(ns).Get(ctx, other, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("wire edited by hand after the claim: %v; want it removed", err)
+	}
+	svc2, err := cs.CoreV1().Services(ns).Get(ctx, "sandbox-def-svc", metav1.GetOptions{})
+	if err != nil || resources.URLService(svc2) != "" || svc2.Spec.ClusterIP == corev1.ClusterIPNone ||
+		sb2.URL != "http://sandbox-def-svc."+ns+".svc.cluster.local:8080" {
+		t.Errorf("claim of a Pod unwired: %v %+v, URL %s; want a Service of its own that is its URL", err, svc2, sb2.URL)
+	}
+}
