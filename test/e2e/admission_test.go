@@ -1152,3 +1152,99 @@ func TestAdmissionPinsTheSelectorToken(t *testing.T) {
 		t.Errorf("ReplicaSet whose Pod template has no token: %v; want a refusal by %s saying %q", err, rsPolicy, msg)
 	}
 }
+
+// TestAdmissionWiresAPooledPod: wiring a warm pool's Pod (issue 32) writes
+// its token and nothing else, once; its wire is owned by it alone, selects
+// only that token and is never updated; a sandbox claimed from it keeps the
+// token, and its Service names only its own Pod's wire for its URL. The
+// function's own wiring, claim and Services pass (its code, as the
+// ServiceAccount), beside each refusal for real.
+func TestAdmissionWiresAPooledPod(t *testing.T) {
+	ns, sa := serviceAccountNamespace(t)
+	ctx := context.Background()
+	a := newAdmission(t, ns, nil)
+	if !resources.Wired(a.cfg.Objects()) {
+		t.Fatalf("SANDBOX_SERVICE_TYPE %s wires no pooled Pods; this test needs NodePort or ClusterIP", a.cfg.ServiceType)
+	}
+	tmpl, _, pooled := warmPool(t, ns, sa, a, "admwire")
+	const wiring, pinned = "only to give it its token", "carries a selector token"
+	token := strings.Repeat("0c", 16)
+	for _, tc := range []struct {
+		name    string
+		patch   map[string]any
+		message string
+	}{
+		{"a chosen token", map[string]any{"metadata": map[string]any{"labels": map[string]any{keys.LabelToken: "alice"}}}, pinned},
+		{"a token and another label", map[string]any{"metadata": map[string]any{"labels": map[string]any{keys.LabelToken: token, "x": "y"}}}, wiring},
+		{"a token and an annotation", map[string]any{"metadata": map[string]any{"labels": map[string]any{keys.LabelToken: token},
+			"annotations": map[string]any{"x": "y"}}}, wiring},
+		{"an annotation alone", map[string]any{"metadata": map[string]any{"annotations": map[string]any{"x": "y"}}}, wiring},
+		{"a token and a deadline", map[string]any{"metadata": map[string]any{"labels": map[string]any{keys.LabelToken: token}},
+			"spec": map[string]any{"activeDeadlineSeconds": 60}}, wiring},
+	} {
+		p, _ := json.Marshal(tc.patch)
+		if _, err := sa.CoreV1().Pods(ns).Patch(ctx, pooled.Name, types.MergePatchType, p, metav1.PatchOptions{}); !refusedBy(err, podPolicy, tc.message) {
+			t.Errorf("%s on pooled Pod %s: %v; want a refusal by %s saying %q", tc.name, pooled.Name, err, podPolicy, tc.message)
+		}
+	}
+	pl := pool.New(a.cfg, sa, nil, nil)
+	if n, err := pl.Wire(ctx, tmpl); err != nil || n != 1 {
+		t.Fatalf("the function's wiring: %d wired, %v; want its one pooled Pod wired", n, err)
+	}
+	wired, err := sa.CoreV1().Pods(ns).Get(ctx, pooled.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wire, err := sa.CoreV1().Services(ns).Get(ctx, resources.WireName(wired), metav1.GetOptions{})
+	if err != nil || !resources.Wires(a.cfg.Objects(), wire, wired) {
+		t.Fatalf("wire: %v %+v; want one that wires %s", err, wire, wired.Name)
+	}
+	if _, err := sa.CoreV1().Pods(ns).Patch(ctx, wired.Name, types.MergePatchType, labels(map[string]any{keys.LabelToken: token}), metav1.PatchOptions{}); !refusedBy(err, podPolicy, pinned) {
+		t.Errorf("another token on wired Pod %s: %v; want a refusal saying %q", wired.Name, err, pinned)
+	}
+	// Wires: only as built, never updated.
+	for name, mutate := range map[string]func(*corev1.Service){
+		"selecting the sandbox label": func(s *corev1.Service) { s.Spec.Selector = map[string]string{keys.LabelApp: keys.LabelAppValue} },
+		"owned by no one":             func(s *corev1.Service) { s.OwnerReferences = nil },
+		"named for another pool":      func(s *corev1.Service) { s.Name = "sandbox-pool-other-abcde" },
+		"labelled a sandbox":          func(s *corev1.Service) { s.Labels[keys.LabelApp] = keys.LabelAppValue },
+	} {
+		w := resources.BuildWire(a.cfg.Objects(), wired, wired.Labels[keys.LabelToken])
+		w.Name = "sandbox-pool-" + wired.Labels[poolLabel] + "-zzzzz"
+		w.OwnerReferences[0].Name = w.Name
+		mutate(w)
+		if _, err := sa.CoreV1().Services(ns).Create(ctx, w, metav1.CreateOptions{}); !refusedBy(err, servicePolicy, "") {
+			t.Errorf("a wire %s: %v; want a refusal by %s", name, err, servicePolicy)
+		}
+	}
+	upd := wire.DeepCopy()
+	upd.Spec.Selector = map[string]string{keys.LabelToken: token}
+	if _, err := sa.CoreV1().Services(ns).Update(ctx, upd, metav1.UpdateOptions{}); !refusedBy(err, servicePolicy, "never updated") {
+		t.Errorf("updating wire %s: %v; want a refusal", wire.Name, err)
+	}
+	// The function's claim keeps the token; its Service names the wire.
+	s := resources.WithTemplate(a.spec("wire1", nil, ""), tmpl)
+	meta := &metav1.ObjectMeta{Labels: resources.Labels(s), Annotations: resources.Annotations(s)}
+	resources.RecordPrincipal(meta, s)
+	meta.Labels[pooledLabel] = "true"
+	hash := resources.PoolPodTemplate(a.cfg.Objects(), resources.PoolSpec(a.cfg.Objects(), tmpl)).Labels[keys.LabelPoolHash]
+	claimed := pl.Claim(ctx, tmpl, hash, sandbox.Claim{Labels: meta.Labels, Annotations: meta.Annotations, MaxLifetime: time.Hour})
+	if claimed == nil {
+		t.Fatalf("the function's claim of wired Pod %s failed; see the log", wired.Name)
+	}
+	if claimed.Labels[keys.LabelToken] != wired.Labels[keys.LabelToken] {
+		t.Errorf("claimed Pod token %q; want the one it was wired with, %q", claimed.Labels[keys.LabelToken], wired.Labels[keys.LabelToken])
+	}
+	s.Token = claimed.Labels[keys.LabelToken]
+	other := resources.Reference(resources.BuildService(a.cfg.Objects(), s, resources.PodOwnerRef(claimed)), &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-pool-other-abcde"}})
+	if _, err := sa.CoreV1().Services(ns).Create(ctx, other, metav1.CreateOptions{}); !refusedBy(err, servicePolicy, "names its own Pod's wire") {
+		t.Errorf("a sandbox Service naming another Pod's wire: %v; want a refusal", err)
+	}
+	ref := resources.Reference(resources.BuildService(a.cfg.Objects(), s, resources.PodOwnerRef(claimed)), wire)
+	if _, err := sa.CoreV1().Services(ns).Create(ctx, ref, metav1.CreateOptions{}); err != nil {
+		t.Errorf("the function's Service of a sandbox claimed wired is refused: %v", err)
+	}
+	if err := sa.CoreV1().Services(ns).Delete(ctx, wire.Name, metav1.DeleteOptions{}); err != nil {
+		t.Errorf("the function's delete of a wire is refused: %v", err)
+	}
+}
