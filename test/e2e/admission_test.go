@@ -1177,8 +1177,9 @@ func TestAdmissionWiresAPooledPod(t *testing.T) {
 		{"a chosen token", map[string]any{"metadata": map[string]any{"labels": map[string]any{keys.LabelToken: "alice"}}}, pinned},
 		{"a token and another label", map[string]any{"metadata": map[string]any{"labels": map[string]any{keys.LabelToken: token, "x": "y"}}}, wiring},
 		{"a token and an annotation", map[string]any{"metadata": map[string]any{"labels": map[string]any{keys.LabelToken: token},
-			"annotations": map[string]any{"x": "y"}}}, wiring},
-		{"an annotation alone", map[string]any{"metadata": map[string]any{"annotations": map[string]any{"x": "y"}}}, wiring},
+			"annotations": map[string]any{keys.AnnotationExpiresAt: "2030-01-01T00:00:00Z"}}}, wiring},
+		// Refused first by the token's rule: a Pod written without an id must gain its token.
+		{"an annotation alone", map[string]any{"metadata": map[string]any{"annotations": map[string]any{keys.AnnotationExpiresAt: "2030-01-01T00:00:00Z"}}}, pinned},
 		{"a token and a deadline", map[string]any{"metadata": map[string]any{"labels": map[string]any{keys.LabelToken: token}},
 			"spec": map[string]any{"activeDeadlineSeconds": 60}}, wiring},
 	} {
