@@ -31,6 +31,11 @@ type Pool interface {
 	// Describe fills in how many pooled Pods stand Ready (GET
 	// /api/templates). It writes nothing.
 	Describe(ctx context.Context, sums []template.Summary, valid []*template.Template)
+	// WireOf is pod's wire (its own Service, which kube-proxy already
+	// routes to it) when it has one that wires it, nil when it has none.
+	// A wire that does not wire pod (edited by hand) is removed: the Pod
+	// is then claimed as an unwired one. Only a failure to ask is an error.
+	WireOf(ctx context.Context, pod *corev1.Pod) (*corev1.Service, error)
 	// Keep makes each valid template's pool exist at its size and shape,
 	// and deletes the pools no valid template asks for (the reap). What
 	// fails is logged there: the next reap tries again.

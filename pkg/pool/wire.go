@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
@@ -196,4 +197,32 @@ func (p *Pool) wireSoon(t *template.Template) {
 			p.mu.Unlock()
 		}
 	}()
+}
+
+// WireOf implements claim.Pool. The wire is read from the watch cache: a
+// wire a moment old is as good as one read from etcd (a wire is never
+// updated, and one deleted since leaves the sandbox without a URL until
+// its next create, as a deleted Service does).
+func (p *Pool) WireOf(ctx context.Context, pod *corev1.Pod) (*corev1.Service, error) {
+	if !resources.Wired(p.cfg.Objects()) || pod.Labels[keys.LabelToken] == "" {
+		return nil, nil
+	}
+	svcs := p.client.CoreV1().Services(p.cfg.Namespace)
+	wire, err := svcs.Get(ctx, resources.WireName(pod), metav1.GetOptions{ResourceVersion: "0"})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, api.Classify(err, "read the pooled Pod's Service")
+	case resources.Wires(p.cfg.Objects(), wire, pod):
+		return wire, nil
+	case wire.Labels[keys.LabelComponent] != keys.ComponentWireValue || resources.OwnerUID(wire.OwnerReferences) != pod.UID:
+		return nil, nil // not a wire of this Pod: not ours to remove
+	}
+	err = svcs.Delete(ctx, wire.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(wire.UID))})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return nil, api.Classify(err, "remove a pooled Pod's Service edited by hand")
+	}
+	p.log.Info("unwired a pooled sandbox whose Service was edited by hand", "pod", pod.Name, "service", wire.Name)
+	return nil, nil
 }

@@ -164,7 +164,7 @@ func (c *claimService) prepare(ctx context.Context, pod *corev1.Pod) error {
 	if t := resources.Token(pod); t != "" {
 		s.Token = t
 	}
-	wire, err := c.m.wireOf(ctx, pod)
+	wire, err := c.m.pool.WireOf(ctx, pod)
 	if err != nil {
 		c.err = err
 		return err
@@ -222,34 +222,6 @@ func (c *claimService) prepare(ctx context.Context, pod *corev1.Pod) error {
 		follow.AwaitSlice(ctx, c.m.client.DiscoveryV1().EndpointSlices(c.m.cfg.Namespace), svc)
 	}
 	return nil
-}
-
-// wireOf is pod's wire when it has one that wires it (read from the watch
-// cache: a wire a moment old is as good as one read from etcd, and a wire
-// changed since is caught by the claim's own read of the sandbox after),
-// nil when it has none. A wire that does not wire pod (deleted, or edited
-// by hand) is removed here (unwired): the Pod is claimed as an unwired one.
-func (m *Manager) wireOf(ctx context.Context, pod *corev1.Pod) (*corev1.Service, error) {
-	if !resources.Wired(m.cfg.Objects()) || resources.Token(pod) == "" {
-		return nil, nil
-	}
-	svcs := m.client.CoreV1().Services(m.cfg.Namespace)
-	wire, err := svcs.Get(ctx, resources.WireName(pod), metav1.GetOptions{ResourceVersion: "0"})
-	switch {
-	case apierrors.IsNotFound(err):
-		return nil, nil
-	case err != nil:
-		return nil, api.Classify(err, "read the pooled Pod's Service")
-	case resources.Wires(m.cfg.Objects(), wire, pod):
-		return wire, nil
-	case wire.Labels[keys.LabelComponent] != keys.ComponentWireValue || resources.OwnerUID(wire.OwnerReferences) != pod.UID:
-		return nil, nil // not a wire of this Pod: not ours to remove
-	}
-	err = svcs.Delete(ctx, wire.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(wire.UID))})
-	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-		return nil, api.Classify(err, "remove a pooled Pod's Service edited by hand")
-	}
-	return nil, nil
 }
 
 // giveUp answers a create whose claim got no Pod: with the sandbox of a

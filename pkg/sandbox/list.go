@@ -26,7 +26,7 @@ func (m *Manager) List(ctx context.Context) ([]api.Sandbox, error) {
 	var all everything
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() (err error) {
-		all, err = m.listAll(gctx, listSelector(c), false)
+		all, err = m.listAll(gctx, resources.ListSelector(c), false)
 		return err
 	})
 	var wires []corev1.Service

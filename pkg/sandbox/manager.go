@@ -5,7 +5,6 @@ import (
 	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 
@@ -123,21 +122,7 @@ func (nopObserver) Isolation(string, bool)      {}
 
 // view joins what exists of a sandbox into a Sandbox (resources.View).
 func (m *Manager) view(id string, f found) api.Sandbox {
-	return resources.View(m.cfg.Objects(), id, f.pod, f.rs, m.exposing(f))
-}
-
-// exposing is the Service the sandbox f is reached through: its own, or
-// the wire its own names when it was claimed wired, if that wire still
-// wires its Pod (nil otherwise: the sandbox has no URL, as without a
-// Service).
-func (m *Manager) exposing(f found) *corev1.Service {
-	if resources.URLService(f.svc) == "" {
-		return f.svc
-	}
-	if f.pod == nil || f.wire == nil || f.wire.Name != resources.URLService(f.svc) || !resources.Wires(m.cfg.Objects(), f.wire, f.pod) {
-		return nil
-	}
-	return f.wire
+	return resources.View(m.cfg.Objects(), id, f.pod, f.rs, resources.Exposing(m.cfg.Objects(), f.svc, f.wire, f.pod))
 }
 
 // Templates lists the sandbox templates (GET /api/templates, and the names

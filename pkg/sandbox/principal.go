@@ -7,7 +7,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
-	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 )
 
@@ -77,16 +76,4 @@ func (m *Manager) fetchVisible(ctx context.Context, id string) (f found, hidden 
 // it an old Pod that no listed Service names.
 func (m *Manager) leftover(pod *corev1.Pod) bool {
 	return time.Since(resources.SandboxSince(pod)) > m.undoWindow()
-}
-
-// listSelector selects the sandboxes the caller may list: all of them for
-// an administrator, those labelled with its principal otherwise (the
-// annotation is checked again on each: the label is a hash). The legacy
-// principal's include those that record none, which no label selects: it
-// lists every sandbox and List keeps what it sees.
-func listSelector(c api.Caller) string {
-	if c.Admin || c.Principal == api.LegacyPrincipal {
-		return resources.SelectorAll
-	}
-	return resources.SelectorAll + "," + keys.LabelPrincipal + "=" + resources.PrincipalLabelValue(c.Principal)
 }

@@ -227,7 +227,7 @@ func (m *Manager) existing(ctx context.Context, s api.Spec, k kind, svc *corev1.
 // (one without its Service: from before slots) that it would have repaired.
 func (m *Manager) fill(ctx context.Context, s api.Spec, k kind, svc *corev1.Service, mine bool) (made, error) {
 	if t := resources.SlotToken(svc); t != "" && !mine {
-		other := slotKind(svc) != k.name || !resources.SameSandbox(svc, s)
+		other := resources.SlotKind(svc) != k.name || !resources.SameSandbox(svc, s)
 		if other && m.slotLeftover(svc) {
 			// Left by a create that failed and could not undo: it and the
 			// workload that create may have written go, unless another
@@ -238,7 +238,7 @@ func (m *Manager) fill(ctx context.Context, s api.Spec, k kind, svc *corev1.Serv
 			}
 		}
 		switch {
-		case slotKind(svc) != k.name:
+		case resources.SlotKind(svc) != k.name:
 			return made{}, errOtherKind // a create of the other kind holds the id: its sandbox is the answer
 		case other:
 			return made{}, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " exists for another user or thread; choose another sandbox_id"}
@@ -281,14 +281,6 @@ func (m *Manager) fill(ctx context.Context, s api.Spec, k kind, svc *corev1.Serv
 	}
 	f, err := k.found(ctx, w, bound)
 	return made{found: f, existed: existed, repaired: existed && mine}, err
-}
-
-// slotKind is the workload kind a slot was made for.
-func slotKind(svc *corev1.Service) string {
-	if svc.Labels[keys.LabelWorkload] == keys.WorkloadReplicaSetValue {
-		return "ReplicaSet"
-	}
-	return "Pod"
 }
 
 // bind makes svc the Service of w (resources.Bind). A racing create of the
@@ -351,7 +343,7 @@ func (m *Manager) dropStale(ctx context.Context, svc *corev1.Service) error {
 // (the create starts over) or why the removal failed.
 func (m *Manager) dropLeftoverSlot(ctx context.Context, svc *corev1.Service) (answered bool, err error) {
 	k := m.podKind()
-	if slotKind(svc) == "ReplicaSet" {
+	if resources.SlotKind(svc) == "ReplicaSet" {
 		k = m.replicaSetKind()
 	}
 	w, err := k.get(ctx, resources.PodName(svc.Labels[keys.LabelID]))

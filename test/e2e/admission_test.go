@@ -1229,7 +1229,7 @@ func TestAdmissionWiresAPooledPod(t *testing.T) {
 	resources.RecordPrincipal(meta, s)
 	meta.Labels[pooledLabel] = "true"
 	hash := resources.PoolPodTemplate(a.cfg.Objects(), resources.PoolSpec(a.cfg.Objects(), tmpl)).Labels[keys.LabelPoolHash]
-	claimed := pl.Claim(ctx, tmpl, hash, sandbox.Claim{Labels: meta.Labels, Annotations: meta.Annotations, MaxLifetime: time.Hour})
+	claimed := pl.Claim(ctx, tmpl, hash, claim.Claim{Labels: meta.Labels, Annotations: meta.Annotations, MaxLifetime: time.Hour})
 	if claimed == nil {
 		t.Fatalf("the function's claim of wired Pod %s failed; see the log", wired.Name)
 	}

@@ -63,6 +63,18 @@ func ReplicaSetID(rs *appsv1.ReplicaSet) string {
 // SelectorAll selects every sandbox, ours and DeerFlow's, so list adopts leftovers.
 var SelectorAll = keys.LabelApp + "=" + keys.LabelAppValue
 
+// ListSelector selects the sandboxes the caller may list: all of them for
+// an administrator, those labelled with its principal otherwise (the
+// annotation is checked again on each: the label is a hash). The legacy
+// principal's include those that record none, which no label selects: it
+// lists every sandbox and List keeps what it sees.
+func ListSelector(c api.Caller) string {
+	if c.Admin || c.Principal == api.LegacyPrincipal {
+		return SelectorAll
+	}
+	return SelectorAll + "," + keys.LabelPrincipal + "=" + PrincipalLabelValue(c.Principal)
+}
+
 // SelectorReplicaSetServices selects the Services of ReplicaSet sandboxes.
 var SelectorReplicaSetServices = SelectorAll + "," + keys.LabelWorkload + "=" + keys.WorkloadReplicaSetValue
 

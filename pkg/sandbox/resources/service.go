@@ -108,6 +108,14 @@ func Slot(cfg config.Objects, s api.Spec, kind string) *corev1.Service {
 	return svc
 }
 
+// SlotKind is the workload kind a slot was made for.
+func SlotKind(svc *corev1.Service) string {
+	if svc.Labels[keys.LabelWorkload] == keys.WorkloadReplicaSetValue {
+		return "ReplicaSet"
+	}
+	return "Pod"
+}
+
 // SlotToken is the token svc selects ("" for a Service from before tokens).
 func SlotToken(svc *corev1.Service) string { return svc.Spec.Selector[keys.LabelToken] }
 

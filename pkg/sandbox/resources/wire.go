@@ -100,3 +100,17 @@ func URLService(svc *corev1.Service) string {
 	}
 	return svc.Annotations[keys.AnnotationURLService]
 }
+
+// Exposing is the Service a sandbox whose own Service is svc is reached
+// through: svc, or the wire svc names when it was claimed wired, if that
+// wire still wires pod (nil otherwise: the sandbox has no URL, as without
+// a Service, so DeerFlow's next create repairs it).
+func Exposing(cfg config.Objects, svc, wire *corev1.Service, pod *corev1.Pod) *corev1.Service {
+	if URLService(svc) == "" {
+		return svc
+	}
+	if pod == nil || wire == nil || wire.Name != URLService(svc) || !Wires(cfg, wire, pod) {
+		return nil
+	}
+	return wire
+}
