@@ -42,7 +42,7 @@ func TestRealPoolClaimIsWired(t *testing.T) {
 	ctx := context.Background()
 
 	// The attacker first, from the built-in default template (no pool yet).
-	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes?wait=30s", map[string]any{"sandbox_id": "attacker"}), 200, "create attacker")
+	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes?wait=20s", map[string]any{"sandbox_id": "attacker"}), 200, "create attacker")
 	attacker := runningPod(t, ns, "attacker")
 
 	putTemplate(t, ns, pooledTemplate("default", 1, corev1.PodSpec{Containers: []corev1.Container{{Name: "sandbox", Image: realnode.SandboxImage}}}))
