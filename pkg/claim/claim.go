@@ -6,6 +6,7 @@ package claim
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -23,7 +24,8 @@ type Pool interface {
 	// conditional write each try, and returns it; nil when none could be
 	// had (all taken by racing claims): the create then goes the cold way.
 	// Before its first write on a Pod it calls c.Prepare with that Pod; an
-	// error there ends the claim at once (nil, counted by no one).
+	// error there ends the claim at once (nil, counted by no one), but
+	// ErrSkip, which passes over that Pod to the next.
 	ClaimFrom(ctx context.Context, t *template.Template, hash string, ready []*corev1.Pod, c Claim) *corev1.Pod
 	// Missed records a create of a pooled template that needs what a
 	// pooled Pod lacks (mounts, env, resources) and so goes the cold way.
@@ -32,10 +34,11 @@ type Pool interface {
 	// /api/templates). It writes nothing.
 	Describe(ctx context.Context, sums []template.Summary, valid []*template.Template)
 	// WireOf is pod's wire (its own Service, which kube-proxy already
-	// routes to it) when it has one that wires it, nil when it has none.
-	// A wire that does not wire pod (edited by hand) is removed: the Pod
-	// is then claimed as an unwired one. Only a failure to ask is an error.
-	WireOf(ctx context.Context, pod *corev1.Pod) (*corev1.Service, error)
+	// routes to it) when it has one that wires it, nil when it has none
+	// (not wired yet: claimed as before wires). A wire that does not wire
+	// pod (edited by hand) is removed and ErrSkip returned: that Pod is not
+	// handed out, and t's pool is wired again soon.
+	WireOf(ctx context.Context, t *template.Template, pod *corev1.Pod) (*corev1.Service, error)
 	// Keep makes each valid template's pool exist at its size and shape,
 	// and deletes the pools no valid template asks for (the reap). What
 	// fails is logged there: the next reap tries again.
@@ -56,3 +59,7 @@ type Claim struct {
 	// may be claimed, so its Service must stay (sandbox.claimService.giveUp).
 	Uncertain func()
 }
+
+// ErrSkip, from a Claim's Prepare (or Pool.WireOf), passes over the Pod at
+// hand: the claim goes on to the next.
+var ErrSkip = errors.New("this pooled Pod is not handed out")

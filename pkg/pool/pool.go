@@ -194,6 +194,9 @@ func (p *Pool) Ready(ctx context.Context, t *template.Template, hash string) ([]
 		p.observe(t.Name, ResultError)
 		return nil, err
 	}
+	if len(ready) > 0 && ready[len(ready)-1].Labels[keys.LabelToken] == "" {
+		p.wireSoon(t) // a Pod not wired yet (ordered last): wire it for the next claim
+	}
 	return ready, nil
 }
 
@@ -277,7 +280,11 @@ func (p *Pool) ClaimFrom(ctx context.Context, t *template.Template, hash string,
 				continue
 			}
 			if c.Prepare != nil {
-				if err := c.Prepare(ctx, pod); err != nil {
+				if err := c.Prepare(ctx, pod); errors.Is(err, claim.ErrSkip) {
+					p.release(pod.UID)
+					done[pod.UID] = true
+					continue
+				} else if err != nil {
 					p.release(pod.UID)
 					return nil // the caller's to answer: it knows why
 				}

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/claim"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
@@ -203,7 +204,7 @@ func (p *Pool) wireSoon(t *template.Template) {
 // wire a moment old is as good as one read from etcd (a wire is never
 // updated, and one deleted since leaves the sandbox without a URL until
 // its next create, as a deleted Service does).
-func (p *Pool) WireOf(ctx context.Context, pod *corev1.Pod) (*corev1.Service, error) {
+func (p *Pool) WireOf(ctx context.Context, t *template.Template, pod *corev1.Pod) (*corev1.Service, error) {
 	if !resources.Wired(p.cfg.Objects()) || pod.Labels[keys.LabelToken] == "" {
 		return nil, nil
 	}
@@ -223,6 +224,7 @@ func (p *Pool) WireOf(ctx context.Context, pod *corev1.Pod) (*corev1.Service, er
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		return nil, api.Classify(err, "remove a pooled Pod's Service edited by hand")
 	}
-	p.log.Info("unwired a pooled sandbox whose Service was edited by hand", "pod", pod.Name, "service", wire.Name)
-	return nil, nil
+	p.log.Info("unwired a pooled sandbox whose Service was edited by hand; passing over it", "pod", pod.Name, "service", wire.Name)
+	p.wireSoon(t)
+	return nil, claim.ErrSkip
 }

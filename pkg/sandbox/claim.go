@@ -164,8 +164,10 @@ func (c *claimService) prepare(ctx context.Context, pod *corev1.Pod) error {
 	if t := resources.Token(pod); t != "" {
 		s.Token = t
 	}
-	wire, err := c.m.pool.WireOf(ctx, pod)
-	if err != nil {
+	wire, err := c.m.pool.WireOf(ctx, c.s.Resolved, pod)
+	if errors.Is(err, claim.ErrSkip) {
+		return err
+	} else if err != nil {
 		c.err = err
 		return err
 	}
