@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"slices"
 	"sort"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
@@ -15,37 +16,21 @@ import (
 // List returns every sandbox of the caller (of everyone for an
 // administrator) in the namespace, whole or half-present, in
 // three API calls whatever the count: one list per kind (Pods, ReplicaSets,
-// Services), by label, issued concurrently, and a fourth beside them for
-// the pooled Pods' wires, whose URLs sandboxes claimed wired answer with. DeerFlow's provisioner made one
+// Services), by label, issued concurrently; and a fourth after them, for
+// the pooled Pods' wires, only when a sandbox listed was claimed wired (it
+// answers with its wire's URL). DeerFlow's provisioner made one
 // call per sandbox.
 func (m *Manager) List(ctx context.Context) ([]api.Sandbox, error) {
 	c, err := callerOf(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var all everything
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() (err error) {
-		all, err = m.listAll(gctx, resources.ListSelector(c), false)
-		return err
-	})
-	var wires []corev1.Service
-	if resources.Wired(m.cfg.Objects()) {
-		g.Go(func() error {
-			l, err := m.client.CoreV1().Services(m.cfg.Namespace).List(gctx, metav1.ListOptions{LabelSelector: resources.SelectorWires})
-			if err != nil {
-				return api.Classify(err, "list the pooled Pods' Services")
-			}
-			wires = l.Items
-			return nil
-		})
-	}
-	if err := g.Wait(); err != nil {
+	all, err := m.listAll(ctx, resources.ListSelector(c), false)
+	if err != nil {
 		return nil, err
 	}
-	all.wires = map[string]*corev1.Service{}
-	for i := range wires {
-		all.wires[wires[i].Name] = &wires[i]
+	if all.wires, err = m.listWires(ctx, all.svcs); err != nil {
+		return nil, err
 	}
 	byID := all.byID()
 	ids := make([]string, 0, len(byID))
@@ -155,4 +140,21 @@ func (m *Manager) listAll(ctx context.Context, selector string, servicesFirst bo
 		return nil
 	})
 	return e, g.Wait()
+}
+
+// listWires lists the pooled Pods' wires, by name, when one of svcs names
+// one for its URL (nil, and no call, otherwise).
+func (m *Manager) listWires(ctx context.Context, svcs []corev1.Service) (map[string]*corev1.Service, error) {
+	if !slices.ContainsFunc(svcs, func(s corev1.Service) bool { return resources.URLService(&s) != "" }) {
+		return nil, nil
+	}
+	l, err := m.client.CoreV1().Services(m.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: resources.SelectorWires})
+	if err != nil {
+		return nil, api.Classify(err, "list the pooled Pods' Services")
+	}
+	wires := make(map[string]*corev1.Service, len(l.Items))
+	for i := range l.Items {
+		wires[l.Items[i].Name] = &l.Items[i]
+	}
+	return wires, nil
 }
