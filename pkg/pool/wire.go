@@ -45,33 +45,41 @@ const wireTries = 3
 // by hand) is removed, and made again by the next wiring. Returns how many
 // Pods it wired.
 func (p *Pool) Wire(ctx context.Context, t *template.Template) (int, error) {
+	n, _, err := p.wireAll(ctx, t)
+	return n, err
+}
+
+// wireAll is Wire; short says the pool had fewer unclaimed Pods than its
+// size (a claimed Pod's replacement not made yet), to be wired later.
+func (p *Pool) wireAll(ctx context.Context, t *template.Template) (wired int, short bool, err error) {
 	if !resources.Wired(p.cfg.Objects()) || t.PoolSize == 0 {
-		return 0, nil
+		return 0, false, nil
 	}
 	lv := poolValue(t.Name)
 	pods := p.client.CoreV1().Pods(p.cfg.Namespace)
 	svcs := p.client.CoreV1().Services(p.cfg.Namespace)
 	podList, err := pods.List(ctx, metav1.ListOptions{LabelSelector: labels.Set(selector(lv)).String(), ResourceVersion: "0"})
 	if err != nil {
-		return 0, fmt.Errorf("list the pool's Pods: %w", err)
+		return 0, false, fmt.Errorf("list the pool's Pods: %w", err)
 	}
 	wireList, err := svcs.List(ctx, metav1.ListOptions{LabelSelector: resources.SelectorWires + "," + keys.LabelPool + "=" + lv, ResourceVersion: "0"})
 	if err != nil {
-		return 0, fmt.Errorf("list the pool's wires: %w", err)
+		return 0, false, fmt.Errorf("list the pool's wires: %w", err)
 	}
 	wires := map[string]*corev1.Service{}
 	for i := range wireList.Items {
 		wires[wireList.Items[i].Name] = &wireList.Items[i]
 	}
 	var (
-		wired int
-		errs  []error
+		errs      []error
+		unclaimed int
 	)
 	for i := range podList.Items {
 		pod := &podList.Items[i]
 		if pod.DeletionTimestamp != nil || pod.Labels[keys.LabelID] != "" || pod.Labels[keys.LabelPool] != lv {
 			continue
 		}
+		unclaimed++
 		have := wires[resources.WireName(pod)]
 		if have != nil && resources.Wires(p.cfg.Objects(), have, pod) {
 			continue
@@ -84,7 +92,7 @@ func (p *Pool) Wire(ctx context.Context, t *template.Template) (int, error) {
 			wired++
 		}
 	}
-	return wired, errors.Join(errs...)
+	return wired, unclaimed < t.PoolSize, errors.Join(errs...)
 }
 
 // wire gives pod a token unless it has one, then its wire; have is the
@@ -163,7 +171,9 @@ const maxRewires = 3
 
 // wireSoon wires t's pool in the background, wireAfter from now, once for
 // all claims of this replica meanwhile; claims while it runs ask for one
-// more. The claim's answer does not wait for it.
+// more, and so does a pool found short of Pods (a replacement the
+// ReplicaSet controller has not made yet). The claim's answer does not
+// wait for it.
 func (p *Pool) wireSoon(t *template.Template) {
 	if !resources.Wired(p.cfg.Objects()) {
 		return
@@ -180,7 +190,7 @@ func (p *Pool) wireSoon(t *template.Template) {
 		for round := 0; round < maxRewires; round++ {
 			time.Sleep(wireAfter)
 			ctx, cancel := context.WithTimeout(context.Background(), wireBound)
-			n, err := p.Wire(ctx, t)
+			n, short, err := p.wireAll(ctx, t)
 			cancel()
 			if err != nil {
 				p.log.Warn("cannot wire the warm pool; the next claim or reap tries again", "template", t.Name, "error", err)
@@ -188,7 +198,7 @@ func (p *Pool) wireSoon(t *template.Template) {
 				p.log.Debug("wired pooled sandboxes", "template", t.Name, "wired", n)
 			}
 			p.mu.Lock()
-			again := p.wiring[t.Name]
+			again := p.wiring[t.Name] || short
 			if !again || round == maxRewires-1 {
 				delete(p.wiring, t.Name)
 				p.mu.Unlock()

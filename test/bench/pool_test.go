@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"strings"
@@ -135,10 +136,51 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 		}
 		return out, nil
 	}
+	// With wires (NodePort and ClusterIP modes), a pool stands full when
+	// each of its Ready Pods is wired too and, on the real node (viewRow),
+	// its wire answers from it at its node port: kube-proxy has programmed
+	// it, as for a Pod that has stood in the pool a while.
+	wired := resources.Wired(fl.cfg.Objects())
+	answered := map[types.UID]bool{}
+	standing := func(ctx context.Context, p *corev1.Pod) bool {
+		if !wired || answered[p.UID] {
+			return true
+		}
+		if p.Labels[keys.LabelToken] == "" {
+			return false
+		}
+		w, err := kc.Client.CoreV1().Services(ns).Get(ctx, resources.WireName(p), metav1.GetOptions{})
+		if err != nil || !resources.Wires(fl.cfg.Objects(), w, p) {
+			return false
+		}
+		if viewRow != "" {
+			resp, err := direct.Get(nodePortURL(fl.cfg.NodeHost, w) + "/v1/sandbox")
+			if err != nil {
+				return false
+			}
+			var body strings.Builder
+			_, _ = io.Copy(&body, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || !strings.Contains(body.String(), p.Name) {
+				return false
+			}
+		}
+		answered[p.UID] = true
+		return true
+	}
 	waitPool := func(n int) {
 		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
 			r, err := readyPooled(ctx, "")
-			return err == nil && len(r) >= n, nil
+			if err != nil || len(r) < n {
+				return false, nil
+			}
+			k := 0
+			for i := range r {
+				if standing(ctx, &r[i]) {
+					k++
+				}
+			}
+			return k >= n, nil
 		})
 		if err != nil {
 			var state strings.Builder
@@ -149,7 +191,8 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 			}
 			if l, err := pods.List(ctx, metav1.ListOptions{LabelSelector: poolSel}); err == nil {
 				for _, p := range l.Items {
-					fmt.Fprintf(&state, "; %s %s on %q", p.Name, p.Status.Phase, p.Spec.NodeName)
+					fmt.Fprintf(&state, "; %s %s on %q (token %q, answered at its wire %v)", p.Name, p.Status.Phase, p.Spec.NodeName,
+						p.Labels[keys.LabelToken], answered[p.UID])
 				}
 			}
 			b.Fatalf("the pool did not stand %d Ready: %v (%s)", n, err, state.String())
@@ -159,10 +202,14 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 	// order (sandbox.claimService): the Service first, owned by the Pod
 	// about to be claimed, then (once the Service's first EndpointSlice is
 	// there, as follow.AwaitSlice waits) the claim's conditional patch.
+	// A claim of a wired Pod (NodePort and ClusterIP modes) reads the
+	// Pod's wire (from the watch cache), makes the Service headless and
+	// naming the wire (resources.Reference), waits for no slice, and keeps
+	// the Pod's token in its patch; its URL is the wire's.
 	// At c > 1 claim i of a round starts at the i-th Pod by name, so that
 	// the floor's racing claims never lose a write to each other: the
 	// floor is the cost of claims that are perfectly spread.
-	floorClaimService := func(id string, i int) (*corev1.Service, error) {
+	floorClaimService := func(id string, i int) (url *corev1.Service, err error) {
 		spec, err := api.CreateRequest{SandboxID: id, Template: "warm"}.Validate(fl.cfg.Objects(), time.Now())
 		if err != nil {
 			return nil, err
@@ -189,7 +236,20 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 					continue
 				}
 				owner := resources.PodOwnerRef(p)
+				var wire *corev1.Service
+				if wired {
+					if wire, err = svcs.Get(ctx, resources.WireName(p), metav1.GetOptions{ResourceVersion: "0"}); err != nil || !resources.Wires(fl.cfg.Objects(), wire, p) {
+						return nil, fmt.Errorf("floor: pooled Pod %s is not wired: %v", p.Name, err)
+					}
+					spec.Token = p.Labels[keys.LabelToken]
+					if svc != nil { // the Pod before was taken: its Service selected its token
+						_ = svcs.Delete(ctx, svc.Name, metav1.DeleteOptions{})
+						svc = nil
+					}
+				}
 				switch {
+				case svc == nil && wire != nil:
+					svc, err = svcs.Create(ctx, resources.Reference(resources.BuildService(fl.cfg.Objects(), spec, owner), wire), metav1.CreateOptions{})
 				case svc == nil:
 					if svc, err = svcs.Create(ctx, resources.BuildService(fl.cfg.Objects(), spec, owner), metav1.CreateOptions{}); err == nil {
 						fl.waitSlice(ctx, svc)
@@ -200,6 +260,10 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 				}
 				if err != nil {
 					return nil, err
+				}
+				url = svc
+				if wire != nil {
+					url = wire
 				}
 				// Up to three writes on one Pod, as a claim makes
 				// (pool.claim): a conflict from a status write (the
@@ -219,7 +283,7 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 					if err != nil {
 						return nil, err
 					}
-					return svc, nil
+					return url, nil
 				}
 			}
 		}
@@ -310,7 +374,7 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 			if err != nil {
 				return err
 			}
-			return firstOK(nodePortURL(fl.cfg.NodeHost, svc))
+			return firstOK(nodePortURL(fl.cfg.NodeHost, svc)) // the wire's, when wired
 		}
 		oursView := func(id string) error {
 			r, err := fn.Do("POST", "/api/sandboxes", map[string]any{"sandbox_id": id, "template": "warm"})
