@@ -353,6 +353,7 @@ const maxClaimTries = 3
 // else sends a create on to another Pod or the cold way.
 func (p *Pool) claim(ctx context.Context, pod *corev1.Pod, hash string, c claim.Claim) (*corev1.Pod, bool, error) {
 	pods := p.client.CoreV1().Pods(p.cfg.Namespace)
+	token := tokenOf(pod, c) // what the claim's Prepare saw, and its Service selects
 	for try := 0; try < maxClaimTries; try++ {
 		patch, err := claimPatch(pod, c, p.now())
 		if err != nil {
@@ -374,6 +375,11 @@ func (p *Pool) claim(ctx context.Context, pod *corev1.Pod, hash string, c claim.
 		}
 		if !claimable(pod, hash) {
 			return nil, true, nil // claimed by someone else first
+		}
+		if tokenOf(pod, c) != token {
+			// Wired meanwhile: its token is not the one this claim's Service
+			// selects. Passed over: the next Pod gets a Service of its own.
+			return nil, true, nil
 		}
 	}
 	return nil, false, nil

@@ -1,13 +1,17 @@
 package pool
 
 import (
+	"errors"
 	"regexp"
+	"sync"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
@@ -106,5 +110,51 @@ func TestWiredClaim(t *testing.T) {
 	}
 	if pod, err := cs.CoreV1().Pods(ns).Get(ctx, other, metav1.GetOptions{}); err != nil || pod.Labels[keys.LabelID] != "" || pod.Labels[keys.LabelPool] == "" {
 		t.Errorf("the Pod whose wire was edited: %v %v; want it left in its pool, unclaimed", err, pod.Labels)
+	}
+}
+
+// TestClaimMeetsAWiringLandingFirst: a claim of a Pod not yet wired made
+// its Service selecting its own token; the wiring's token write lands on
+// the Pod first, so the claim's patch meets a conflict, and the Pod read
+// again carries another token than the Service selects. The claim passes
+// over it (the Service would select nothing) and the create goes on, here
+// cold; the Pod stays in its pool, wired.
+func TestClaimMeetsAWiringLandingFirst(t *testing.T) {
+	cfg, tmpl, cs := claimCluster(t, true)
+	const wiringToken = "0123456789abcdef0123456789abcdef"
+	var once sync.Once
+	cs.PrependReactor("patch", "pods", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		handled := false
+		once.Do(func() {
+			pod, err := cs.Tracker().Get(corev1.SchemeGroupVersion.WithResource("pods"), ns, a.(clienttesting.PatchAction).GetName())
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			p := pod.(*corev1.Pod).DeepCopy()
+			p.Labels[keys.LabelToken] = wiringToken
+			p.ResourceVersion = "wired"
+			if err := cs.Tracker().Update(corev1.SchemeGroupVersion.WithResource("pods"), p, ns); err != nil {
+				t.Error(err)
+			}
+			handled = true
+		})
+		if handled {
+			return true, nil, apierrors.NewConflict(corev1.Resource("pods"), a.(clienttesting.PatchAction).GetName(), errors.New("the wiring wrote first"))
+		}
+		return false, nil, nil
+	})
+	m := sandbox.NewManager(cfg, cs, sandbox.WithPool(newPool(cfg, cs, &counts{}, tmpl)))
+	sb, err := m.Create(alice, claimSpec(t, cfg, "abc", nil), 0)
+	if err != nil || sb.Pooled {
+		t.Fatalf("create: %+v %v; want a cold sandbox (the only pooled Pod was wired under the claim)", sb, err)
+	}
+	pod, err := cs.CoreV1().Pods(ns).Get(alice, "sandbox-pool-warm-aaaaa", metav1.GetOptions{})
+	if err != nil || pod.Labels[keys.LabelID] != "" || pod.Labels[keys.LabelToken] != wiringToken {
+		t.Errorf("pooled Pod: %v %v; want it unclaimed, with the wiring's token", err, pod.Labels)
+	}
+	svc, err := cs.CoreV1().Services(ns).Get(alice, "sandbox-abc-svc", metav1.GetOptions{})
+	if err != nil || resources.OwnerUID(svc.OwnerReferences) == pod.UID {
+		t.Errorf("sandbox Service: %v %+v; want the cold sandbox's, not one left on the pooled Pod", err, svc)
 	}
 }
