@@ -75,7 +75,7 @@ func New() *Metrics {
 		}, []string{"check"}),
 		poolClaims: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "pool_claims_total",
-			Help: "Creates of templates with a warm pool, by template and result: hit (claimed a pooled sandbox), miss (the request needs what a pooled one lacks), empty (none Ready), error (the pool could not be read or written); all but hit start cold.",
+			Help: "Creates of templates with a warm pool, by template and result: wired (claimed a wired pooled sandbox, whose URL answered at once), hit (claimed one not wired yet), miss (the request needs what a pooled one lacks), empty (none Ready), error (the pool could not be read or written); all but wired and hit start cold.",
 		}, []string{"template", "result"}),
 	}
 	m.Registry.MustRegister(m.requests, m.requestDuration, m.createToReady, m.kubeRequests, m.kubeDuration,

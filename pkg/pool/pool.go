@@ -50,7 +50,8 @@ import (
 
 // Claim results, as the metrics count them.
 const (
-	ResultHit   = "hit"   // a pooled Pod was claimed
+	ResultHit   = "hit"   // a pooled Pod not wired was claimed
+	ResultWired = "wired" // a wired pooled Pod was claimed: its URL answered at once
 	ResultMiss  = "miss"  // the request needs what a pooled Pod lacks
 	ResultEmpty = "empty" // no Ready pooled Pod was left to claim
 	ResultError = "error" // the pool could not be read or written
@@ -91,6 +92,9 @@ type Pool struct {
 	// wiring is the templates whose pool this replica is wiring now
 	// (wireSoon); true when another wiring was asked for meanwhile.
 	wiring map[string]bool
+	// wired is the Pods WireOf found wired for a claim of this replica,
+	// until ClaimFrom counts the claim (each entry lives holdFor at most).
+	wired map[types.UID]time.Time
 }
 
 // holdFor is how long a Pod this replica claimed is passed over: longer
@@ -112,7 +116,7 @@ func New(cfg *config.Config, client kubernetes.Interface, observe Observer, log 
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Pool{cfg: cfg, client: client, observe: observe, log: log, now: time.Now, rm: remove.Remover{Client: client, Namespace: cfg.Namespace}, ensured: map[string]ensured{}, held: map[types.UID]time.Time{}, wiring: map[string]bool{}}
+	return &Pool{cfg: cfg, client: client, observe: observe, log: log, now: time.Now, rm: remove.Remover{Client: client, Namespace: cfg.Namespace}, ensured: map[string]ensured{}, held: map[types.UID]time.Time{}, wiring: map[string]bool{}, wired: map[types.UID]time.Time{}}
 }
 
 // Name is the name of template's pool ReplicaSet: sandbox-pool- and the
@@ -299,7 +303,11 @@ func (p *Pool) ClaimFrom(ctx context.Context, t *template.Template, hash string,
 				p.observe(t.Name, ResultError)
 				return nil
 			case claimed != nil:
-				p.observe(t.Name, ResultHit)
+				result := ResultHit
+				if p.wasWired(claimed.UID) {
+					result = ResultWired
+				}
+				p.observe(t.Name, result)
 				p.wireSoon(t)
 				return claimed
 			case taken:

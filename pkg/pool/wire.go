@@ -226,6 +226,9 @@ func (p *Pool) WireOf(ctx context.Context, t *template.Template, pod *corev1.Pod
 	case err != nil:
 		return nil, api.Classify(err, "read the pooled Pod's Service")
 	case resources.Wires(p.cfg.Objects(), wire, pod):
+		p.mu.Lock()
+		p.wired[pod.UID] = p.now().Add(holdFor)
+		p.mu.Unlock()
 		return wire, nil
 	case wire.Labels[keys.LabelComponent] != keys.ComponentWireValue || resources.OwnerUID(wire.OwnerReferences) != pod.UID:
 		return nil, nil // not a wire of this Pod: not ours to remove
@@ -237,4 +240,20 @@ func (p *Pool) WireOf(ctx context.Context, t *template.Template, pod *corev1.Pod
 	p.log.Info("unwired a pooled sandbox whose Service was edited by hand; passing over it", "pod", pod.Name, "service", wire.Name)
 	p.wireSoon(t)
 	return nil, claim.ErrSkip
+}
+
+// wasWired reports (once) whether WireOf found uid wired for a claim, and
+// forgets entries past their time (claims that took another Pod).
+func (p *Pool) wasWired(uid types.UID) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now()
+	for u, until := range p.wired {
+		if now.After(until) {
+			delete(p.wired, u)
+		}
+	}
+	_, ok := p.wired[uid]
+	delete(p.wired, uid)
+	return ok
 }

@@ -30,7 +30,8 @@ var tokenRE = regexp.MustCompile(`^[0-9a-f]{32}$`)
 // passes over its Pod (left in the pool for the next wiring).
 func TestWiredClaim(t *testing.T) {
 	cfg, tmpl, cs := claimCluster(t, true, true)
-	p := newPool(cfg, cs, &counts{}, tmpl)
+	var c counts
+	p := newPool(cfg, cs, &c, tmpl)
 	ctx := alice
 
 	n, err := p.Wire(ctx, tmpl)
@@ -110,6 +111,11 @@ func TestWiredClaim(t *testing.T) {
 	}
 	if pod, err := cs.CoreV1().Pods(ns).Get(ctx, other, metav1.GetOptions{}); err != nil || pod.Labels[keys.LabelID] != "" || pod.Labels[keys.LabelPool] == "" {
 		t.Errorf("the Pod whose wire was edited: %v %v; want it left in its pool, unclaimed", err, pod.Labels)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if diff := cmp.Diff(map[string]int{"warm/wired": 1, "warm/empty": 1}, c.m); diff != "" {
+		t.Errorf("claims counted (-want +got):\n%s", diff)
 	}
 }
 
