@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -47,7 +48,7 @@ const (
 
 // TestSoak is the fault soak (issue: tenants under faults). For
 // SOAK_DURATION (2 minutes in make test, 10 in make soak), two principals
-// drive two replicas with random creates (cold, ReplicaSet, pooled),
+// drive two replicas with random creates (cold, ReplicaSet, pooled: of wired Pods and not),
 // gets, destroys, pauses, resumes, reaps and attacks on each other's
 // sandboxes, while clients give up at random, the API proxy answers 5xx
 // (before and after the API server's work) and slows requests, one replica
@@ -128,6 +129,7 @@ func TestSoak(t *testing.T) {
 		}
 	})
 	warmUp(t, replicas[0].Load(), ns, "soak-pool", 3)
+	keepPools(t, replicas[0].Load()) // wires the pool's Pods: claims of wired Pods are in the load from the start
 	w := watchWorkloads(t, ns)
 	s := &soak{t: t, ns: ns, seed: seed, replicas: &replicas, ids: map[string]*soakID{}}
 	for _, p := range []soakPrincipal{{"alice", aliceKey}, {"bob", soakBobKey}} {
@@ -223,11 +225,22 @@ func TestSoak(t *testing.T) {
 			s.violate("%d sandbox workloads of %s at once, over MAX_SANDBOXES_PER_PRINCIPAL=%d", n, p, soakPerPrinc)
 		}
 	}
+	// Claims of wired pooled Pods were part of the load (counted by the
+	// replicas now running: a killed one's counts went with it).
+	claims := map[string]float64{}
+	for i := range replicas {
+		for k, v := range scrape(t, replicas[i].Load(), "sandbox_provisioner_pool_claims_total") {
+			claims[k[strings.Index(k, "{"):]] += v
+		}
+	}
+	if claims[`{result="wired",template="soak-pool"}`] == 0 {
+		s.violate("no claim of a wired pooled Pod in the load: %v", claims)
+	}
 	injected := faults.byKind()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t.Logf("soak: seed %d; %d operations %v; faults injected %v; %d watch events (%d deletions missed), at most %d workloads at once (per principal %v); violations: %d",
-		seed, s.ops, s.answers, injected, pk.events, pk.missed, pk.max, pk.byPrincipal, len(s.violations))
+	t.Logf("soak: seed %d; %d operations %v; faults injected %v; %d watch events (%d deletions missed), at most %d workloads at once (per principal %v); pool claims (running replicas) %v; violations: %d",
+		seed, s.ops, s.answers, injected, pk.events, pk.missed, pk.max, pk.byPrincipal, claims, len(s.violations))
 	for _, v := range s.violations {
 		t.Error(v)
 	}
