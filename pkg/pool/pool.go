@@ -328,16 +328,22 @@ func (p *Pool) hold(uid types.UID) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now()
-	for u, until := range p.held {
-		if now.After(until) {
-			delete(p.held, u)
-		}
-	}
+	expire(p.held, now)
 	if _, taken := p.held[uid]; taken {
 		return false
 	}
 	p.held[uid] = now.Add(holdFor)
 	return true
+}
+
+// expire forgets the entries of m (Pods by UID, each until a time) whose
+// time is past. The caller holds p.mu.
+func expire(m map[types.UID]time.Time, now time.Time) {
+	for u, until := range m {
+		if now.After(until) {
+			delete(m, u)
+		}
+	}
 }
 
 // release lets other claims of this replica try uid again: its claim did

@@ -247,12 +247,7 @@ func (p *Pool) WireOf(ctx context.Context, t *template.Template, pod *corev1.Pod
 func (p *Pool) wasWired(uid types.UID) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	now := p.now()
-	for u, until := range p.wired {
-		if now.After(until) {
-			delete(p.wired, u)
-		}
-	}
+	expire(p.wired, p.now())
 	_, ok := p.wired[uid]
 	delete(p.wired, uid)
 	return ok
