@@ -28,11 +28,12 @@ declare -A rank=(
   [pkg/sandbox/resources]=4 [pkg/problem]=4 [pkg/readywait]=4 [pkg/auth]=4 [pkg/waitslot]=4
   [pkg/admission]=4 [pkg/audit]=4 [pkg/api/apitest]=4
   [pkg/quota]=5 [pkg/remove]=5 [pkg/isolation]=5 [pkg/follow]=5 [pkg/token]=5 [pkg/ownership]=5
-  [pkg/sandbox]=6
-  [pkg/pool]=7
-  [pkg/httpapi]=8 [pkg/events]=8
-  [fn]=9
-  [.]=10 [cmd/provisioner]=10 [cmd/check-templates]=10
+  [pkg/slot]=6
+  [pkg/sandbox]=7
+  [pkg/pool]=8
+  [pkg/httpapi]=9 [pkg/events]=9
+  [fn]=10
+  [.]=11 [cmd/provisioner]=11 [cmd/check-templates]=11
 )
 pure=(pkg/keys pkg/sandbox/resources pkg/sandbox/status)
 

@@ -12,10 +12,13 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
@@ -71,6 +74,24 @@ func (r Remover) Workload(ctx context.Context, obj Object, grace *int64, judged 
 	}
 }
 
+// Service deletes svc with its UID as precondition and, judged, the
+// resourceVersion read too, so a Service made since, or changed since it
+// was judged, stays; the API server's 5xx is retried (Retry). Gone, or
+// changed since, counts as done.
+func (r Remover) Service(ctx context.Context, svc *corev1.Service, judged bool) error {
+	pre := metav1.Preconditions{UID: &svc.UID}
+	if judged {
+		pre.ResourceVersion = &svc.ResourceVersion
+	}
+	err := Retry(ctx, func() error {
+		return r.Client.CoreV1().Services(r.Namespace).Delete(ctx, svc.Name, metav1.DeleteOptions{Preconditions: &pre})
+	})
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return nil
+	}
+	return err
+}
+
 // Owner deletes the workload ref names, with its UID as precondition.
 func (r Remover) Owner(ctx context.Context, ref metav1.OwnerReference) func() error {
 	opts := metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(ref.UID))}
@@ -91,19 +112,33 @@ func (r Remover) Owner(ctx context.Context, ref metav1.OwnerReference) func() er
 // another request (a create that found it, or a get: see reuse) and stays;
 // otherwise it goes at the version read. No grace period: it never served
 // anyone, and a retry of the create must not wait for it to terminate.
+// The API server's 5xx is retried (undoBackoff): a workload that cannot be
+// removed keeps its create's slot, and with it the id, until the slot is a
+// leftover.
 func (r Remover) Undo(ctx context.Context, w Object) (bool, error) {
 	obj := w
+	// cut: a delete whose answer was lost (the API server's 5xx) may
+	// have removed the workload, so a retry's "not found" is a removal.
+	cut := false
 	for attempt := 0; attempt < maxAttempts; attempt++ {
-		err := r.Workload(ctx, obj, ptr.To(int64(0)), true)()
+		err := Retry(ctx, func() error {
+			err := r.Workload(ctx, obj, ptr.To(int64(0)), true)()
+			cut = cut || err != nil && transient(ctx)(err)
+			return err
+		})
 		switch {
 		case err == nil:
 			return true, nil
 		case apierrors.IsNotFound(err):
-			return false, nil
+			return cut, nil
 		case !apierrors.IsConflict(err):
 			return false, err
 		}
-		cur, err := r.Read(ctx, w)
+		var cur Object
+		err = Retry(ctx, func() (err error) {
+			cur, err = r.Read(ctx, w)
+			return err
+		})
 		if apierrors.IsNotFound(err) {
 			return false, nil
 		}
@@ -131,11 +166,20 @@ func (r Remover) Undo(ctx context.Context, w Object) (bool, error) {
 // not count. mayExist says the workload may still be there (a read or the
 // delete failed): the caller keeps its slot, so the quota counts it until
 // the next create, destroy or reap of the id removes both.
+//
+// Each read and the removal are retried after the API server's 5xx
+// (undoBackoff): an undo that gives up keeps its slot, and with it the
+// sandbox's id, until the slot is a leftover.
 func (r Remover) UndoCut(ctx context.Context, want Object) (mayExist bool, err error) {
-	got, err := r.readCreated(ctx, want)
+	var got Object
+	read := func() error {
+		got, err = r.readCreated(ctx, want)
+		return err
+	}
+	err = Retry(ctx, read)
 	if err == nil && got == nil {
 		if err = r.AwaitLanding(ctx); err == nil {
-			got, err = r.readCreated(ctx, want)
+			err = Retry(ctx, read)
 		}
 	}
 	switch {
@@ -144,10 +188,33 @@ func (r Remover) UndoCut(ctx context.Context, want Object) (mayExist bool, err e
 	case got == nil:
 		return false, nil
 	}
-	if _, err := r.Undo(ctx, got); err != nil {
-		return true, err
+	err = Retry(ctx, func() error {
+		_, err := r.Undo(ctx, got)
+		return err
+	})
+	return err != nil, err
+}
+
+// undoBackoff spaces the retries of an undo's reads and deletes: about
+// 1.5 s in all, well within the undo's own deadline.
+var undoBackoff = wait.Backoff{Steps: 5, Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.5}
+
+// Retry calls fn again after the API server's 5xx (or a cut request),
+// spaced by undoBackoff, while ctx lasts: the undo of a failed create.
+func Retry(ctx context.Context, fn func() error) error {
+	return retry.OnError(undoBackoff, transient(ctx), fn)
+}
+
+// transient reports whether an undo's failed call is worth another try:
+// anything but the API server's refusal (a 4xx), while ctx lasts.
+func transient(ctx context.Context) func(error) bool {
+	return func(err error) bool {
+		var st apierrors.APIStatus
+		if errors.As(err, &st) && st.Status().Code >= 400 && st.Status().Code < 500 {
+			return false
+		}
+		return ctx.Err() == nil
 	}
-	return false, nil
 }
 
 // readCreated reads the workload of want's name: nil when there is none

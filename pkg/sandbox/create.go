@@ -355,7 +355,7 @@ func (m *Manager) ensureService(ctx context.Context, s api.Spec, owner metav1.Ow
 		case existing.DeletionTimestamp == nil && resources.SlotToken(existing) != "":
 			// The slot of a cold create of the id: it holds the id, unless
 			// left by a create that could not undo.
-			if !m.slotLeftover(existing) {
+			if !m.slots.Leftover(existing) {
 				return nil, errOtherKind
 			}
 			answered, err := m.dropLeftoverSlot(ctx, existing)

@@ -11,7 +11,6 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/remove"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 )
@@ -59,20 +58,35 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 	if f.workload() == nil && f.svc != nil {
 		// A create or claim of the id in flight (its slot, or a Service
 		// owned by the pooled Pod it claims) is waited for, as a racing
-		// create waits (reuseOtherKind): its Service goes only once no
-		// workload it admitted can still appear, or the quota would not
-		// count that workload. A workload the read missed (made
+		// create waits (slot.Slots.Await, reuseOtherKind): its Service goes only
+		// once no workload it admitted can still appear, or the quota
+		// would not count that workload. A slot has one writer: only the
+		// create that made it removes it before it is a leftover, so one
+		// still pending when the deadline nears is a conflict to retry,
+		// and nothing is deleted. A workload the read missed (made
 		// meanwhile) goes by the Service's owner reference.
-		if resources.Pending(f.svc, id) && !m.slotLeftover(f.svc) {
-			_ = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, claimLands, true, func(ctx context.Context) (bool, error) {
+		if resources.Pending(f.svc, id) && !m.slots.Leftover(f.svc) {
+			slot := resources.SandboxOwner(f.svc.OwnerReferences) == nil
+			within := claimLands
+			if slot {
+				within = m.slots.Settles(ctx)
+			}
+			settled := func() bool {
+				return f.workload() != nil || f.svc == nil || !resources.Pending(f.svc, id) || m.slots.Leftover(f.svc)
+			}
+			_ = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, within, true, func(ctx context.Context) (bool, error) {
 				g, _, err := m.fetchVisible(ctx, id)
 				if err == nil {
 					f = g
 				}
-				return err == nil && (f.workload() != nil || f.svc == nil || !resources.Pending(f.svc, id)), nil
+				return err == nil && settled(), nil
 			})
+			if slot && !settled() {
+				return &api.Error{Kind: api.KindConflict, Detail: "sandbox " + id + " is being created by another request; retry the destroy once it has answered"}
+			}
 		}
-		if ref := resources.SandboxOwner(f.svc.OwnerReferences); ref != nil && f.workload() == nil && !resources.ClaimedOwner(f.svc, id) {
+		// (A Service gone meanwhile was given up by its create.)
+		if ref := ownerOf(f.svc); ref != nil && f.workload() == nil && !resources.ClaimedOwner(f.svc, id) {
 			if err := remove.All([]func() error{m.rm.Owner(ctx, *ref)}); err != nil {
 				return api.Classify(err, "delete sandbox "+id)
 			}
@@ -106,13 +120,19 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 		return api.Classify(err, "delete sandbox "+id)
 	}
 	if f.svc != nil {
-		err := m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, f.svc.Name, metav1.DeleteOptions{
-			Preconditions: metav1.NewUIDPreconditions(string(f.svc.UID))})
-		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		if err := m.rm.Service(ctx, f.svc, false); err != nil {
 			return api.Classify(err, "delete sandbox "+id)
 		}
 	}
 	return nil
+}
+
+// ownerOf is the sandbox workload that owns svc, if any (none for nil).
+func ownerOf(svc *corev1.Service) *metav1.OwnerReference {
+	if svc == nil {
+		return nil
+	}
+	return resources.SandboxOwner(svc.OwnerReferences)
 }
 
 // undoCreate removes what a refused or failed create made: the workload
@@ -129,8 +149,7 @@ func (m *Manager) undoCreate(ctx context.Context, workload workloadObject, svc *
 	// never one of DeerFlow's provisioner (which names it too, but is not
 	// this create's to remove).
 	if removed && svc != nil && resources.Names(svc, workload) && (resources.SandboxOwner(svc.OwnerReferences) != nil || resources.SlotToken(svc) != "") {
-		err := m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, svc.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(svc.UID))})
-		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		if err := m.rm.Service(ctx, svc, false); err != nil {
 			return api.Classify(err, "remove what a refused or failed create made")
 		}
 	}

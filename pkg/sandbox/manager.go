@@ -18,6 +18,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/quota"
 	"github.com/deerflow-sandbox/provisioner/pkg/remove"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+	"github.com/deerflow-sandbox/provisioner/pkg/slot"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 	"github.com/deerflow-sandbox/provisioner/pkg/waitslot"
 )
@@ -44,6 +45,7 @@ type Manager struct {
 	cfg      *config.Config
 	client   kubernetes.Interface
 	rm       remove.Remover // deletes with preconditions
+	slots    slot.Slots     // a cold create's slots, with one writer each
 	recorder Recorder
 	observer Observer
 	// waits counts the requests of this replica that are waiting for
@@ -81,6 +83,7 @@ func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option)
 	for _, o := range opts {
 		o(m)
 	}
+	m.slots = slot.Slots{Client: client, Namespace: cfg.Namespace, Remover: &m.rm, Window: m.undoWindow(), UndoTimeout: cfg.RequestTimeout}
 	m.quota = quota.New(cfg.QuotaConfig, cfg.Namespace, client)
 	m.owners = ownership.New(cfg.Namespace, &cfg.AuthConfig, client)
 	m.isolation = isolation.New(&cfg.IsolationConfig, &cfg.PodSecurityConfig, cfg.Namespace, cfg.RequestTimeout, resources.BuildNetworkPolicy(cfg.Objects()), client,

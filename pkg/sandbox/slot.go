@@ -24,7 +24,8 @@ import (
 // that the quota has not admitted, even for a moment, whatever fails
 // (quota.Counter.Check says why). An existing Service of the id names the
 // sandbox that holds it (existing), or is the slot of a racing create of
-// the same sandbox, whose workload this create may make or find (fill).
+// the same sandbox, which this create waits for (fill: a slot has one
+// writer).
 
 // kind is what a create's steps need of one workload kind.
 type kind struct {
@@ -160,7 +161,9 @@ func (m *Manager) reserve(ctx context.Context, s api.Spec, kindName string) (*co
 	case err == nil:
 		return created, true, nil
 	case !apierrors.IsAlreadyExists(err):
-		m.undoUncertainSlot(ctx, err, want)
+		if uerr := m.slots.UndoCut(ctx, err, want); uerr != nil {
+			m.audit.Leftover(ctx, s.ID, uerr)
+		}
 		return nil, false, m.createFailed(err, "Service", s)
 	}
 	existing, err := svcs.Get(ctx, want.Name, metav1.GetOptions{})
@@ -218,29 +221,44 @@ func (m *Manager) existing(ctx context.Context, s api.Spec, k kind, svc *corev1.
 }
 
 // fill makes or finds the workload of a Service that no workload owns yet
-// and binds the two: this create's slot (mine), the slot of a racing create
-// of the same sandbox (in flight, or left by one that could not undo), or
-// a Service of DeerFlow's provisioner. The quota counts first, with that
-// Service as the sandbox's place: a slot that is not this create's counts
-// again, since its own create may yet be refused and remove it. A slot the
-// quota refuses goes at once, and so does a half-made workload of the id
-// (one without its Service: from before slots) that it would have repaired.
+// and binds the two: this create's slot (mine), a slot left by a create
+// that failed and could not undo (a leftover, older than any create could
+// be), or a Service of DeerFlow's provisioner. The quota counts first, with
+// that Service as the sandbox's place. A slot the quota refuses goes at
+// once, and so does a half-made workload of the id (one without its
+// Service: from before slots) that it would have repaired.
+//
+// A slot has one writer, the create that made it: only it writes a
+// workload under the slot, and only it removes the slot before the slot
+// is a leftover. A racing create of the same sandbox waits for that one to
+// bind its slot or give it up (slot.Slots.Await), then starts over. (Were it to
+// write too, each could remove the slot while the other's workload stood
+// or was about to be written, uncounted for a moment: the overshoot that
+// TestQuotaHoldsUnderFaults caught.) A leftover slot goes with the workload
+// its create may have written (dropLeftoverSlot), unless another request
+// has answered with that workload since: then this create binds it.
 func (m *Manager) fill(ctx context.Context, s api.Spec, k kind, svc *corev1.Service, mine bool) (made, error) {
 	if t := resources.SlotToken(svc); t != "" && !mine {
-		other := resources.SlotKind(svc) != k.name || !resources.SameSandbox(svc, s)
-		if other && m.slotLeftover(svc) {
-			// Left by a create that failed and could not undo: it and the
-			// workload that create may have written go, unless another
-			// request has answered with that workload since.
-			answered, err := m.dropLeftoverSlot(ctx, svc)
-			if !answered {
-				return made{}, err
+		if !m.slots.Leftover(svc) {
+			switch {
+			case resources.SlotKind(svc) != k.name:
+				return made{}, errOtherKind // a create of the other kind holds the id: its sandbox is the answer
+			case !resources.SameSandbox(svc, s):
+				return made{}, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " exists for another user or thread; choose another sandbox_id"}
 			}
+			if !m.slots.Await(ctx, svc, s.ID) {
+				return made{}, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " is being created by another request; retry"}
+			}
+			return made{}, errStale // bound (its sandbox is the answer) or given up: start over
+		}
+		answered, err := m.dropLeftoverSlot(ctx, svc)
+		if !answered {
+			return made{}, err
 		}
 		switch {
 		case resources.SlotKind(svc) != k.name:
-			return made{}, errOtherKind // a create of the other kind holds the id: its sandbox is the answer
-		case other:
+			return made{}, errOtherKind
+		case !resources.SameSandbox(svc, s):
 			return made{}, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " exists for another user or thread; choose another sandbox_id"}
 		}
 		s.Token = t
@@ -314,21 +332,11 @@ func (m *Manager) bind(ctx context.Context, svc *corev1.Service, w workloadObjec
 	return nil, &api.Error{Kind: api.KindConflict, Detail: "the Service of sandbox " + s.ID + " is changing concurrently; retry"}
 }
 
-// slotLeftover reports whether svc is a slot that no create will bind
-// any more: one that owns nothing and is older than any create that made
-// it could have undone it in.
-func (m *Manager) slotLeftover(svc *corev1.Service) bool {
-	return resources.SandboxOwner(svc.OwnerReferences) == nil && resources.SlotToken(svc) != "" &&
-		time.Since(svc.CreationTimestamp.Time) > m.undoWindow()
-}
-
 // dropStale removes svc, a Service that holds an id for nothing (its
 // workload gone, or a leftover slot), with its UID and resourceVersion as
 // read, so a Service changed since stays; then the create starts over.
 func (m *Manager) dropStale(ctx context.Context, svc *corev1.Service) error {
-	err := m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, svc.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{
-		UID: &svc.UID, ResourceVersion: &svc.ResourceVersion}})
-	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+	if err := m.rm.Service(ctx, svc, true); err != nil {
 		return api.Classify(err, "replace a stale sandbox Service")
 	}
 	return errStale
@@ -363,17 +371,10 @@ func (m *Manager) dropLeftoverSlot(ctx context.Context, svc *corev1.Service) (an
 	return false, m.dropStale(ctx, svc)
 }
 
-// dropSlot removes the slot this create made, under a deadline of its own
-// (the request's may be what ended it), as it was made: a racing create of
-// the same sandbox that has filled and bound it since (fill) answered with
-// it, and it stays. One it cannot remove counts for the quota until the
-// next create, destroy or reap of its id removes it.
+// dropSlot removes the slot this create made (slot.Slots.Drop); one that
+// a racing create of the id bound since (a leftover it filled) stays.
 func (m *Manager) dropSlot(ctx context.Context, svc *corev1.Service) {
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.RequestTimeout)
-	defer cancel()
-	err := m.client.CoreV1().Services(m.cfg.Namespace).Delete(uctx, svc.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{
-		UID: &svc.UID, ResourceVersion: &svc.ResourceVersion}})
-	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+	if err := m.slots.Drop(ctx, svc); err != nil {
 		m.audit.Leftover(ctx, svc.Labels[keys.LabelID], err)
 	}
 }
@@ -394,27 +395,4 @@ func (m *Manager) dropHalfMade(ctx context.Context, s api.Spec, k kind) {
 	if _, err := m.rm.Undo(uctx, w); err != nil {
 		m.audit.Leftover(ctx, s.ID, err)
 	}
-}
-
-// undoUncertainSlot follows a slot create that failed without saying
-// whether it was written (undoUncertain's twin): the Service is read back,
-// and again once a cut write must have landed when it is not there yet
-// (remove.Remover.AwaitLanding), and removed when it carries this create's
-// token. A slot that lands later still counts for the quota, and the next
-// create, destroy or reap of its id removes it.
-func (m *Manager) undoUncertainSlot(ctx context.Context, err error, want *corev1.Service) {
-	if api.Refused(err) {
-		return
-	}
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.RequestTimeout)
-	defer cancel()
-	svcs := m.client.CoreV1().Services(m.cfg.Namespace)
-	got, rerr := svcs.Get(uctx, want.Name, metav1.GetOptions{})
-	if apierrors.IsNotFound(rerr) && m.rm.AwaitLanding(uctx) == nil {
-		got, rerr = svcs.Get(uctx, want.Name, metav1.GetOptions{})
-	}
-	if rerr != nil || got.DeletionTimestamp != nil || resources.SandboxOwner(got.OwnerReferences) != nil || resources.SlotToken(got) != resources.SlotToken(want) {
-		return
-	}
-	m.dropSlot(ctx, got)
 }

@@ -12,6 +12,8 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -95,6 +97,10 @@ func TestQuotaHoldsUnderFaults(t *testing.T) {
 	t.Logf("answers %v; %d faults injected; %d watch events; at most %d sandbox workloads at once (limit %d)", summary, injected, pk.events, pk.max, limit)
 	if pk.max > limit {
 		t.Errorf("the quota overshot: %d sandbox workloads existed at once, limit %d; at that moment: %v", pk.max, limit, pk.at)
+		w.tell(pk)
+		for _, f := range replicas {
+			tellLog(t, f.LogPath, pk.at)
+		}
 	}
 	if injected == 0 || summary["POST 200"] == 0 {
 		t.Errorf("the load proved nothing: %d faults injected, %d creates admitted", injected, summary["POST 200"])
@@ -219,8 +225,9 @@ type workloadWatch struct {
 
 	mu     sync.Mutex
 	log    []workloadEvent
-	newest uint64 // the newest resourceVersion seen on either watch
-	missed int    // deletions reported without their revision
+	trace  []traced // every event of the sandbox objects, for the story of an overshoot
+	newest uint64   // the newest resourceVersion seen on either watch
+	missed int      // deletions reported without their revision
 }
 
 type workloadEvent struct {
@@ -254,7 +261,7 @@ func (w *workloadWatch) start() (stop func(), stores []cache.Store) {
 			w.observe(obj, true, missed)
 		},
 	}
-	for _, inf := range []cache.SharedIndexInformer{factory.Core().V1().Pods().Informer(), factory.Apps().V1().ReplicaSets().Informer()} {
+	for _, inf := range []cache.SharedIndexInformer{factory.Core().V1().Pods().Informer(), factory.Apps().V1().ReplicaSets().Informer(), factory.Core().V1().Services().Informer()} {
 		if _, err := inf.AddEventHandler(handler); err != nil {
 			w.t.Fatal(err)
 		}
@@ -308,6 +315,7 @@ func (w *workloadWatch) rebase() {
 }
 
 func (w *workloadWatch) observe(obj any, deleted, missed bool) {
+	w.record(obj, deleted)
 	e := workloadEvent{counts: !deleted}
 	switch o := obj.(type) {
 	case *corev1.Pod:
@@ -339,6 +347,90 @@ func (w *workloadWatch) observe(obj any, deleted, missed bool) {
 	w.log = append(w.log, e)
 }
 
+// traced is one event of a sandbox object, as the story of an overshoot
+// tells it.
+type traced struct {
+	rv   uint64
+	id   string
+	what string
+}
+
+// record keeps obj's event in the trace: its kind, name, whether it is
+// being deleted, and what binds it (a Service's owner and slot token, a
+// workload's token).
+func (w *workloadWatch) record(obj any, deleted bool) {
+	m, ok := obj.(metav1.Object)
+	if !ok {
+		return
+	}
+	rv, _ := strconv.ParseUint(m.GetResourceVersion(), 10, 64)
+	kind := fmt.Sprintf("%T", obj)
+	state := "live"
+	switch {
+	case deleted:
+		state = "DELETED"
+	case m.GetDeletionTimestamp() != nil:
+		state = "deleting"
+	}
+	if p, ok := obj.(*corev1.Pod); ok {
+		state += " phase=" + string(p.Status.Phase)
+	}
+	owners := []string{}
+	for _, o := range m.GetOwnerReferences() {
+		owners = append(owners, o.Kind+"/"+o.Name+"/"+string(o.UID)[:8])
+	}
+	selects := ""
+	if svc, ok := obj.(*corev1.Service); ok {
+		selects = svc.Spec.Selector[keys.LabelToken]
+	}
+	what := fmt.Sprintf("%s %s uid=%s %s owners=%v token=%s selects=%s", kind, m.GetName(), string(m.GetUID())[:8], state, owners,
+		m.GetLabels()[keys.LabelToken], selects)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.trace = append(w.trace, traced{rv: rv, id: m.GetLabels()[keys.LabelID], what: what})
+}
+
+// tell logs, in revision order, the events of the sandboxes that were
+// live at the overshoot, up to a few revisions past it.
+func (w *workloadWatch) tell(pk workloadPeaks) {
+	ids := map[string]bool{}
+	for _, key := range pk.at {
+		ids[strings.TrimPrefix(strings.TrimPrefix(key, "Pod sandbox-"), "ReplicaSet sandbox-")] = true
+	}
+	w.mu.Lock()
+	trace := slices.Clone(w.trace)
+	w.mu.Unlock()
+	slices.SortStableFunc(trace, func(a, b traced) int { return cmp.Compare(a.rv, b.rv) })
+	for _, e := range trace {
+		if ids[e.id] && e.rv <= pk.atRV+20 {
+			w.t.Logf("rv %d %s: %s", e.rv, e.id, e.what)
+		}
+	}
+	w.t.Logf("the overshoot was at rv %d", pk.atRV)
+}
+
+// tellLog logs the lines of a function's log that name one of the
+// workloads' sandboxes (at most 400).
+func tellLog(t *testing.T, path string, at []string) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Logf("read %s: %v", path, err)
+		return
+	}
+	n := 0
+	for _, line := range strings.Split(string(raw), "\n") {
+		for _, key := range at {
+			id := strings.TrimPrefix(strings.TrimPrefix(key, "Pod sandbox-"), "ReplicaSet sandbox-")
+			if strings.Contains(line, `"`+id+`"`) || strings.Contains(line, "sandbox-"+id) {
+				if n++; n <= 400 {
+					t.Logf("%s: %s", filepath.Base(filepath.Dir(path)), line)
+				}
+				break
+			}
+		}
+	}
+}
+
 // workloadPeaks is the watch's history replayed: the most workloads at
 // once (and which), the most of each principal, the events, and the
 // deletions placed at the latest revision they can have happened at.
@@ -346,6 +438,7 @@ type workloadPeaks struct {
 	live        map[string]string // at the end: key -> principal
 	max         int
 	at          []string
+	atRV        uint64 // the revision of the moment at
 	byPrincipal map[string]int
 	events      int
 	missed      int
@@ -379,6 +472,7 @@ func (w *workloadWatch) peaks() workloadPeaks {
 		if len(live) > out.max {
 			out.max = len(live)
 			out.at = slices.Sorted(maps.Keys(live))
+			out.atRV = e.rv
 		}
 	}
 	out.live = live

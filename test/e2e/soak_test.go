@@ -219,6 +219,7 @@ func TestSoak(t *testing.T) {
 	pk := w.peaks()
 	if pk.max > soakLimit {
 		s.violate("%d sandbox workloads at once, over MAX_SANDBOXES=%d (%d deletions the watch missed counted until it saw them): %v", pk.max, soakLimit, pk.missed, pk.at)
+		w.tell(pk)
 	}
 	for p, n := range pk.byPrincipal {
 		if n > soakPerPrinc {
