@@ -234,12 +234,18 @@ func (r Remover) readCreated(ctx context.Context, want Object) (Object, error) {
 }
 
 // AwaitLanding waits until a write whose request was cut must have landed
-// (Lands), or answers ctx's error when it ends first.
+// (Landing), or answers ctx's error when it ends first.
 func (r Remover) AwaitLanding(ctx context.Context) error {
+	return sleep.For(ctx, r.Landing())
+}
+
+// Landing is how long after its request was cut a write may still land:
+// Lands, or WriteLands.
+func (r Remover) Landing() time.Duration {
 	if r.Lands > 0 {
-		return sleep.For(ctx, r.Lands)
+		return r.Lands
 	}
-	return sleep.For(ctx, WriteLands)
+	return WriteLands
 }
 
 // Read reads w again, of its kind.

@@ -14,6 +14,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/quota"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+	"github.com/deerflow-sandbox/provisioner/pkg/slot"
 	"github.com/deerflow-sandbox/provisioner/pkg/sleep"
 	"github.com/deerflow-sandbox/provisioner/pkg/token"
 )
@@ -117,6 +118,7 @@ func (m *Manager) createKindOnce(ctx context.Context, s api.Spec, k kind) (made,
 				return made{}, api.Classify(err, "create the sandbox")
 			}
 		}
+		writeBy := time.Now().Add(slot.WriteWithin)
 		svc, mine, err := m.reserve(ctx, s, k.name)
 		if err == nil {
 			if owner := resources.SandboxOwner(svc.OwnerReferences); owner != nil {
@@ -127,7 +129,7 @@ func (m *Manager) createKindOnce(ctx context.Context, s api.Spec, k kind) (made,
 				return a, err
 			}
 			var a made
-			a, err = m.fill(ctx, s, k, svc, mine)
+			a, err = m.fill(ctx, s, k, svc, mine, writeBy)
 			if err == nil {
 				return a, nil
 			}
@@ -237,7 +239,13 @@ func (m *Manager) existing(ctx context.Context, s api.Spec, k kind, svc *corev1.
 // TestQuotaHoldsUnderFaults caught.) A leftover slot goes with the workload
 // its create may have written (dropLeftoverSlot), unless another request
 // has answered with that workload since: then this create binds it.
-func (m *Manager) fill(ctx context.Context, s api.Spec, k kind, svc *corev1.Service, mine bool) (made, error) {
+//
+// This create's own slot is written under only until writeBy
+// (slot.WriteWithin after its create started): its count and its
+// workload's create run within it, and a create that cannot send that
+// write in time gives the slot up and starts over (errStale) with a new
+// one, so that anyone who meets the slot can tell when it is a leftover.
+func (m *Manager) fill(ctx context.Context, s api.Spec, k kind, svc *corev1.Service, mine bool, writeBy time.Time) (made, error) {
 	if t := resources.SlotToken(svc); t != "" && !mine {
 		if !m.slots.Leftover(svc) {
 			switch {
@@ -263,16 +271,30 @@ func (m *Manager) fill(ctx context.Context, s api.Spec, k kind, svc *corev1.Serv
 		}
 		s.Token = t
 	}
+	wctx := ctx
+	if mine {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithDeadline(ctx, writeBy)
+		defer cancel()
+	}
+	// late: the window passed, not the request; the create starts over.
+	late := func(err error) error {
+		if wctx.Err() != nil && ctx.Err() == nil {
+			return errStale
+		}
+		return err
+	}
 	if quota.Limited(m.cfg.QuotaConfig) {
-		if err := m.quota.Check(ctx, s, svc); err != nil {
+		if err := m.quota.Check(wctx, s, svc); err != nil {
 			if mine {
 				m.dropSlot(ctx, svc)
 				m.dropHalfMade(ctx, s, k)
+				err = late(err)
 			}
 			return made{}, err
 		}
 	}
-	w, existed, err := k.ensure(ctx, s)
+	w, existed, err := k.ensure(wctx, s)
 	if err == nil && existed {
 		w, err = k.reuse(ctx, w, s)
 	}
@@ -281,6 +303,7 @@ func (m *Manager) fill(ctx context.Context, s api.Spec, k kind, svc *corev1.Serv
 		// until the next create, destroy or reap of the id removes both.
 		if mine && !errors.Is(err, errMayExist) {
 			m.dropSlot(ctx, svc)
+			err = late(err)
 		}
 		return made{}, err
 	}

@@ -54,6 +54,8 @@ func TestASlotHasOneWriter(t *testing.T) {
 			racer: dropRacer, want: outcome{PodCreates: 1, Pod: "new"}},
 		{name: "its create never answers: a conflict, nothing written", deadline: 1500 * time.Millisecond,
 			want: outcome{Err: api.KindConflict, Pod: "none", SlotKept: true}},
+		{name: "its create's replica was killed: the waiting create takes the id over once the slot is past its window", age: 5 * time.Second, deadline: 5 * time.Second,
+			want: outcome{PodCreates: 1, Pod: "new"}},
 		{name: "a destroy while its create never answers: a conflict, nothing deleted", destroy: true, deadline: 1500 * time.Millisecond,
 			want: outcome{Err: api.KindConflict, Pod: "none", SlotKept: true}},
 		{name: "a destroy while its create binds it: both go", destroy: true, deadline: 5 * time.Second,

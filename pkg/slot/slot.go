@@ -5,8 +5,10 @@
 //
 // A slot has one writer, the create that made it: only that create writes
 // a workload under it, and only that create removes it before it is a
-// leftover (older than any create could be). Anyone else who meets a slot
-// waits for it (Slots.Await). Were two writers to share one, either could
+// leftover: unbound past the window in which its create may write
+// (WriteWithin, and the time that write may take to land). Anyone else who
+// meets a slot waits for it (Slots.Await); a leftover's create is gone,
+// and the next create of its id takes it over. Were two writers to share one, either could
 // remove it while the other's workload stood, or was about to be written:
 // a workload the quota did not count.
 package slot
@@ -31,20 +33,32 @@ type Slots struct {
 	Client    kubernetes.Interface
 	Namespace string
 	Remover   *remove.Remover // the Manager's, whose Lands tests shorten
-	// Window is how long after its create a slot may still be written
-	// under: the create's deadline (REQUEST_TIMEOUT plus its longest wait
-	// for Ready). An unbound slot older than that is a leftover.
-	Window time.Duration
 	// UndoTimeout bounds the removal of a slot once its request has ended
 	// (REQUEST_TIMEOUT).
 	UndoTimeout time.Duration
 }
 
-// Leftover reports whether svc is a slot that no create will bind any
-// more: one that owns nothing and is older than Window.
+// WriteWithin is how long after starting its slot's create a create may
+// still send the write of the slot's workload (normally milliseconds: its
+// quota count and one create). One that cannot send it in time gives its
+// slot up and starts over with a new one. It is what lets anyone else tell
+// a slot whose create is gone (its replica killed, its undo failed) from
+// one still being filled, soon enough for a retry of the create to take
+// the id over within its own deadline.
+const WriteWithin = 3 * time.Second
+
+// clockSlack covers a creationTimestamp's truncation to the second (a
+// slot looks up to a second older than it is) and the clocks of two
+// replicas apart.
+const clockSlack = 2 * time.Second
+
+// Leftover reports whether svc is a slot that no create will write under
+// or bind any more: one that owns nothing and is older than WriteWithin,
+// plus the time its create's last write may take to land
+// (remove.Remover.AwaitLanding), plus clockSlack.
 func (s Slots) Leftover(svc *corev1.Service) bool {
 	return resources.SandboxOwner(svc.OwnerReferences) == nil && resources.SlotToken(svc) != "" &&
-		time.Since(svc.CreationTimestamp.Time) > s.Window
+		time.Since(svc.CreationTimestamp.Time) > WriteWithin+s.Remover.Landing()+clockSlack
 }
 
 // Settles bounds a wait for another request's slot to be bound or given

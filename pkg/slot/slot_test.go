@@ -43,7 +43,7 @@ func aSlot(t *testing.T, age time.Duration) *corev1.Service {
 
 func slots(client *fake.Clientset) Slots {
 	return Slots{Client: client, Namespace: ns, Remover: &remove.Remover{Client: client, Namespace: ns, Lands: 10 * time.Millisecond},
-		Window: time.Minute, UndoTimeout: time.Second}
+		UndoTimeout: time.Second}
 }
 
 func TestLeftover(t *testing.T) {
