@@ -11,7 +11,6 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/remove"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
@@ -58,13 +57,11 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 	if f.workload() == nil && f.svc != nil {
 		// A create or claim of the id in flight (its slot, or a Service
 		// owned by the pooled Pod it claims) is waited for, as a racing
-		// create waits (slot.Slots.Await, reuseOtherKind): its Service goes only
-		// once no workload it admitted can still appear, or the quota
-		// would not count that workload. A slot has one writer: only the
-		// create that made it removes it before it is a leftover, so one
-		// still pending when the deadline nears is a conflict to retry,
-		// and nothing is deleted. A workload the read missed (made
-		// meanwhile) goes by the Service's owner reference.
+		// create waits: its Service goes only once no workload it admitted
+		// can still appear, or the quota would not count that workload. A
+		// slot still pending when the deadline nears is a conflict to
+		// retry (only its create removes it: package slot). A workload the
+		// read missed (made meanwhile) goes by the Service's owner reference.
 		if resources.Pending(f.svc, id) && !m.slots.Leftover(f.svc) {
 			slot := resources.SandboxOwner(f.svc.OwnerReferences) == nil
 			within := claimLands
@@ -86,7 +83,7 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 			}
 		}
 		// (A Service gone meanwhile was given up by its create.)
-		if ref := ownerOf(f.svc); ref != nil && f.workload() == nil && !resources.ClaimedOwner(f.svc, id) {
+		if ref := resources.ServiceOwner(f.svc); ref != nil && f.workload() == nil && !resources.ClaimedOwner(f.svc, id) {
 			if err := remove.All([]func() error{m.rm.Owner(ctx, *ref)}); err != nil {
 				return api.Classify(err, "delete sandbox "+id)
 			}
@@ -125,14 +122,6 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 		}
 	}
 	return nil
-}
-
-// ownerOf is the sandbox workload that owns svc, if any (none for nil).
-func ownerOf(svc *corev1.Service) *metav1.OwnerReference {
-	if svc == nil {
-		return nil
-	}
-	return resources.SandboxOwner(svc.OwnerReferences)
 }
 
 // undoCreate removes what a refused or failed create made: the workload

@@ -14,8 +14,8 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/quota"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
-	"github.com/deerflow-sandbox/provisioner/pkg/slot"
 	"github.com/deerflow-sandbox/provisioner/pkg/sleep"
+	"github.com/deerflow-sandbox/provisioner/pkg/slot"
 	"github.com/deerflow-sandbox/provisioner/pkg/token"
 )
 
@@ -223,28 +223,18 @@ func (m *Manager) existing(ctx context.Context, s api.Spec, k kind, svc *corev1.
 }
 
 // fill makes or finds the workload of a Service that no workload owns yet
-// and binds the two: this create's slot (mine), a slot left by a create
-// that failed and could not undo (a leftover, older than any create could
-// be), or a Service of DeerFlow's provisioner. The quota counts first, with
-// that Service as the sandbox's place. A slot the quota refuses goes at
-// once, and so does a half-made workload of the id (one without its
-// Service: from before slots) that it would have repaired.
+// and binds the two: this create's slot (mine), a leftover slot, or a
+// Service of DeerFlow's provisioner. The quota counts first, with that
+// Service as the sandbox's place. A slot the quota refuses goes at once,
+// and so does a half-made workload of the id (one without its Service:
+// from before slots) that it would have repaired.
 //
-// A slot has one writer, the create that made it: only it writes a
-// workload under the slot, and only it removes the slot before the slot
-// is a leftover. A racing create of the same sandbox waits for that one to
-// bind its slot or give it up (slot.Slots.Await), then starts over. (Were it to
-// write too, each could remove the slot while the other's workload stood
-// or was about to be written, uncounted for a moment: the overshoot that
-// TestQuotaHoldsUnderFaults caught.) A leftover slot goes with the workload
-// its create may have written (dropLeftoverSlot), unless another request
-// has answered with that workload since: then this create binds it.
-//
-// This create's own slot is written under only until writeBy
-// (slot.WriteWithin after its create started): its count and its
-// workload's create run within it, and a create that cannot send that
-// write in time gives the slot up and starts over (errStale) with a new
-// one, so that anyone who meets the slot can tell when it is a leftover.
+// A slot has one writer (package slot): a racing create's slot is waited
+// for (slot.Slots.Await), then the create starts over. A leftover goes with
+// the workload its create may have written (dropLeftoverSlot), unless
+// another request has answered with that workload since: then this create
+// binds it. This create writes under its own slot only until writeBy
+// (slot.WriteWithin), or gives it up and starts over (errStale).
 func (m *Manager) fill(ctx context.Context, s api.Spec, k kind, svc *corev1.Service, mine bool, writeBy time.Time) (made, error) {
 	if t := resources.SlotToken(svc); t != "" && !mine {
 		if !m.slots.Leftover(svc) {

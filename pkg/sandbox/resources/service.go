@@ -156,6 +156,14 @@ func PodOwnerRef(pod *corev1.Pod) metav1.OwnerReference {
 	}
 }
 
+// ServiceOwner is the workload svc belongs to, if any (none for nil).
+func ServiceOwner(svc *corev1.Service) *metav1.OwnerReference {
+	if svc == nil {
+		return nil
+	}
+	return SandboxOwner(svc.OwnerReferences)
+}
+
 // SandboxOwner is the workload a sandbox Service belongs to, if any.
 func SandboxOwner(refs []metav1.OwnerReference) *metav1.OwnerReference {
 	for i, r := range refs {
