@@ -30,6 +30,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -95,6 +96,15 @@ type Pool struct {
 	// wired is the Pods WireOf found wired for a claim of this replica,
 	// until ClaimFrom counts the claim (each entry lives holdFor at most).
 	wired map[types.UID]time.Time
+	// listed is the wires Ready listed beside the Pods, by their Pod's
+	// UID, for WireOf to take (each lives listedFor at most).
+	listed map[types.UID]listedWire
+}
+
+// listedWire is a wire as Ready listed it, until a moment after.
+type listedWire struct {
+	svc   *corev1.Service
+	until time.Time
 }
 
 // holdFor is how long a Pod this replica claimed is passed over: longer
@@ -116,7 +126,7 @@ func New(cfg *config.Config, client kubernetes.Interface, observe Observer, log 
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Pool{cfg: cfg, client: client, observe: observe, log: log, now: time.Now, rm: remove.Remover{Client: client, Namespace: cfg.Namespace}, ensured: map[string]ensured{}, held: map[types.UID]time.Time{}, wiring: map[string]bool{}, wired: map[types.UID]time.Time{}}
+	return &Pool{cfg: cfg, client: client, observe: observe, log: log, now: time.Now, rm: remove.Remover{Client: client, Namespace: cfg.Namespace}, ensured: map[string]ensured{}, held: map[types.UID]time.Time{}, wiring: map[string]bool{}, wired: map[types.UID]time.Time{}, listed: map[types.UID]listedWire{}}
 }
 
 // Name is the name of template's pool ReplicaSet: sandbox-pool- and the
@@ -192,8 +202,22 @@ func (p *Pool) Ready(ctx context.Context, t *template.Template, hash string) ([]
 	// patch carries the resourceVersion listed here, so a Pod claimed since
 	// fails with a conflict and the next is tried; a Pod Ready since is
 	// offered by ClaimFrom's second look.
-	ready, err := p.list(ctx, t, hash, "0")
-	if err != nil {
+	// The pool's wires are listed beside its Pods, as fresh (both from
+	// the watch cache), so that the claim need not read its Pod's wire
+	// after choosing it: one round trip fewer (listWires).
+	var ready []*corev1.Pod
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() (err error) {
+		ready, err = p.list(gctx, t, hash, "0")
+		return err
+	})
+	if resources.Wired(p.cfg.Objects()) {
+		g.Go(func() error {
+			p.listWires(gctx, t)
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
 		p.log.Warn("cannot read the warm pool; creating cold", "template", t.Name, "error", err)
 		p.observe(t.Name, ResultError)
 		return nil, err
@@ -328,7 +352,7 @@ func (p *Pool) hold(uid types.UID) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	now := p.now()
-	expire(p.held, now)
+	expire(p.held, now, at)
 	if _, taken := p.held[uid]; taken {
 		return false
 	}
@@ -336,15 +360,18 @@ func (p *Pool) hold(uid types.UID) bool {
 	return true
 }
 
-// expire forgets the entries of m (Pods by UID, each until a time) whose
-// time is past. The caller holds p.mu.
-func expire(m map[types.UID]time.Time, now time.Time) {
-	for u, until := range m {
-		if now.After(until) {
+// expire forgets the entries of m (Pods by UID, each until the time
+// until tells) whose time is past. The caller holds p.mu.
+func expire[V any](m map[types.UID]V, now time.Time, until func(V) time.Time) {
+	for u, v := range m {
+		if now.After(until(v)) {
 			delete(m, u)
 		}
 	}
 }
+
+// at is the time of an entry that is one.
+func at(t time.Time) time.Time { return t }
 
 // release lets other claims of this replica try uid again: its claim did
 // not take it.

@@ -210,16 +210,20 @@ func (p *Pool) wireSoon(t *template.Template) {
 	}()
 }
 
-// WireOf implements claim.Pool. The wire is read from the watch cache: a
-// wire a moment old is as good as one read from etcd (a wire is never
-// updated, and one deleted since leaves the sandbox without a URL until
-// its next create, as a deleted Service does).
+// WireOf implements claim.Pool. The wire is the one Ready listed a moment
+// ago, or else read: both from the watch cache. A wire a moment old is as
+// good as one read from etcd (a wire is never updated, and one deleted
+// since leaves the sandbox without a URL until its next create, as a
+// deleted Service does).
 func (p *Pool) WireOf(ctx context.Context, t *template.Template, pod *corev1.Pod) (*corev1.Service, error) {
 	if !resources.Wired(p.cfg.Objects()) || pod.Labels[keys.LabelToken] == "" {
 		return nil, nil
 	}
 	svcs := p.client.CoreV1().Services(p.cfg.Namespace)
-	wire, err := svcs.Get(ctx, resources.WireName(pod), metav1.GetOptions{ResourceVersion: "0"})
+	wire, err := p.takeListed(pod.UID), error(nil)
+	if wire == nil {
+		wire, err = svcs.Get(ctx, resources.WireName(pod), metav1.GetOptions{ResourceVersion: "0"})
+	}
 	switch {
 	case apierrors.IsNotFound(err):
 		return nil, nil
@@ -242,12 +246,48 @@ func (p *Pool) WireOf(ctx context.Context, t *template.Template, pod *corev1.Pod
 	return nil, claim.ErrSkip
 }
 
+// listedFor is how long a wire Ready listed stands for a read of it: about
+// as long as a claim takes from its list to its Prepare.
+const listedFor = 2 * time.Second
+
+// listWires lists the wires of t's pool from the watch cache, for WireOf
+// (takeListed). A failed list only means WireOf reads the wire itself.
+func (p *Pool) listWires(ctx context.Context, t *template.Template) {
+	l, err := p.client.CoreV1().Services(p.cfg.Namespace).List(ctx, metav1.ListOptions{ResourceVersion: "0",
+		LabelSelector: labels.Set{keys.LabelComponent: keys.ComponentWireValue, keys.LabelPool: poolValue(t.Name)}.String()})
+	if err != nil {
+		return
+	}
+	now := p.now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	expire(p.listed, now, func(w listedWire) time.Time { return w.until })
+	for i := range l.Items {
+		if uid := resources.OwnerUID(l.Items[i].OwnerReferences); uid != "" {
+			p.listed[uid] = listedWire{svc: &l.Items[i], until: now.Add(listedFor)}
+		}
+	}
+}
+
+// takeListed returns (once) the wire Ready listed for the Pod of uid
+// within listedFor, or nil.
+func (p *Pool) takeListed(uid types.UID) *corev1.Service {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	w, ok := p.listed[uid]
+	delete(p.listed, uid)
+	if !ok || p.now().After(w.until) {
+		return nil
+	}
+	return w.svc
+}
+
 // wasWired reports (once) whether WireOf found uid wired for a claim, and
 // forgets entries past their time (claims that took another Pod).
 func (p *Pool) wasWired(uid types.UID) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	expire(p.wired, p.now())
+	expire(p.wired, p.now(), at)
 	_, ok := p.wired[uid]
 	delete(p.wired, uid)
 	return ok

@@ -5,6 +5,7 @@ import (
 	"regexp"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -162,5 +163,58 @@ func TestClaimMeetsAWiringLandingFirst(t *testing.T) {
 	svc, err := cs.CoreV1().Services(ns).Get(alice, "sandbox-abc-svc", metav1.GetOptions{})
 	if err != nil || resources.OwnerUID(svc.OwnerReferences) == pod.UID {
 		t.Errorf("sandbox Service: %v %+v; want the cold sandbox's, not one left on the pooled Pod", err, svc)
+	}
+}
+
+// TestClaimTakesTheWireReadyListed: Ready lists the pool's wires beside its
+// Pods, so a claim reads no wire of its own (one round trip fewer); a wire
+// listed longer ago than listedFor is read again, and one the list missed
+// is read. Gets of the wires are counted on the fake clientset.
+func TestClaimTakesTheWireReadyListed(t *testing.T) {
+	tests := []struct {
+		name      string
+		later     time.Duration // between Ready and WireOf
+		listFails bool
+		wantGets  int
+	}{
+		{name: "a moment after Ready: the listed wire", wantGets: 0},
+		{name: "listed too long ago: read again", later: 3 * time.Second, wantGets: 1},
+		{name: "the list failed: read", listFails: true, wantGets: 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, tmpl, cs := claimCluster(t, true)
+			var c counts
+			p := newPool(cfg, cs, &c, tmpl)
+			if n, err := p.Wire(alice, tmpl); err != nil || n != 1 {
+				t.Fatalf("Wire: %d, %v; want the pooled Pod wired", n, err)
+			}
+			var mu sync.Mutex
+			gets := 0
+			cs.PrependReactor("get", "services", func(clienttesting.Action) (bool, runtime.Object, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				gets++
+				return false, nil, nil
+			})
+			if tc.listFails {
+				cs.PrependReactor("list", "services", func(clienttesting.Action) (bool, runtime.Object, error) {
+					return true, nil, apierrors.NewServiceUnavailable("injected")
+				})
+			}
+			ready, err := p.Ready(alice, tmpl, hashOf(cfg, tmpl))
+			if err != nil || len(ready) != 1 {
+				t.Fatalf("Ready: %d Pods, %v", len(ready), err)
+			}
+			now := time.Now().Add(tc.later)
+			p.now = func() time.Time { return now }
+			wire, err := p.WireOf(alice, tmpl, ready[0])
+			if err != nil || !resources.Wires(cfg.Objects(), wire, ready[0]) {
+				t.Fatalf("WireOf: %+v, %v; want the Pod's wire", wire, err)
+			}
+			if diff := cmp.Diff(tc.wantGets, gets); diff != "" {
+				t.Errorf("wire reads (-want +got):\n%s", diff)
+			}
+		})
 	}
 }
