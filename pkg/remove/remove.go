@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/sleep"
@@ -188,10 +189,7 @@ func (r Remover) UndoCut(ctx context.Context, want Object) (mayExist bool, err e
 	case got == nil:
 		return false, nil
 	}
-	err = Retry(ctx, func() error {
-		_, err := r.Undo(ctx, got)
-		return err
-	})
+	_, err = r.Undo(ctx, got) // retries the API server's 5xx itself
 	return err != nil, err
 }
 
@@ -209,11 +207,7 @@ func Retry(ctx context.Context, fn func() error) error {
 // anything but the API server's refusal (a 4xx), while ctx lasts.
 func transient(ctx context.Context) func(error) bool {
 	return func(err error) bool {
-		var st apierrors.APIStatus
-		if errors.As(err, &st) && st.Status().Code >= 400 && st.Status().Code < 500 {
-			return false
-		}
-		return ctx.Err() == nil
+		return !api.Refused(err) && ctx.Err() == nil
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
@@ -142,7 +143,9 @@ func bindRacer(t *testing.T, client *fake.Clientset, slot *corev1.Service) int32
 		t.Error(err)
 		return 1
 	}
-	if _, err := client.CoreV1().Services("deer-flow").Update(bg, resources.Bind(slot, resources.PodOwnerRef(pod), s.Token, s), metav1.UpdateOptions{}); err != nil {
+	// A destroy that saw the Pod may have removed the slot first: the
+	// create's bind then finds it gone (and starts over), as it would.
+	if _, err := client.CoreV1().Services("deer-flow").Update(bg, resources.Bind(slot, resources.PodOwnerRef(pod), s.Token, s), metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		t.Error(err)
 	}
 	return 1
