@@ -7,6 +7,7 @@ package follow
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -95,6 +96,26 @@ func Pod(ctx context.Context, pods typedcorev1.PodInterface, pod *corev1.Pod, do
 			}
 		}
 	}
+}
+
+// Gone waits, up to bound (SANDBOX_TERMINATING_WAIT), for a terminating Pod
+// to disappear, so that a create right after a delete makes the sandbox
+// anew instead of answering with the dying one. Still there at the bound,
+// it is a conflict to retry.
+func Gone(ctx context.Context, pods typedcorev1.PodInterface, pod *corev1.Pod, bound time.Duration) error {
+	wctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	_, err := Pod(wctx, pods, pod, func(p *corev1.Pod) bool { return p == nil })
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return api.Classify(ctx.Err(), "wait for the old sandbox Pod to terminate")
+	case wctx.Err() != nil:
+		return &api.Error{Kind: api.KindConflict, Detail: fmt.Sprintf(
+			"sandbox %s is still terminating after %s; retry when it is gone", pod.Labels[keys.LabelID], bound)}
+	}
+	return err
 }
 
 // ReplicaSetPod follows the Pods of a ReplicaSet sandbox (list, then

@@ -93,6 +93,89 @@ func (r Remover) Service(ctx context.Context, svc *corev1.Service, judged bool) 
 	return err
 }
 
+// ErrChanged says an object was changed (or replaced) between the read a
+// delete was judged on and the delete: its caller reads it again.
+var ErrChanged = errors.New("changed since it was read")
+
+// Classify classifies err for an answer (api.Classify), but keeps
+// ErrChanged as it is: its caller reads again.
+func Classify(err error, doing string) error {
+	if errors.Is(err, ErrChanged) {
+		return err
+	}
+	return api.Classify(err, doing)
+}
+
+// ServiceAsRead deletes svc only as it was read (its UID and
+// resourceVersion as preconditions), retrying the API server's 5xx, and
+// returns ErrChanged when it was changed or replaced since. Gone counts as
+// done. For a Service whose workload may still be written (a pooled claim
+// hands its Service to another Pod): removed at a newer version, it would
+// leave that workload uncounted.
+func (r Remover) ServiceAsRead(ctx context.Context, svc *corev1.Service) error {
+	pre := metav1.Preconditions{UID: &svc.UID, ResourceVersion: &svc.ResourceVersion}
+	return asRead(Retry(ctx, func() error {
+		return r.Client.CoreV1().Services(r.Namespace).Delete(ctx, svc.Name, metav1.DeleteOptions{Preconditions: &pre})
+	}), "Service "+svc.Name)
+}
+
+// PodAsRead deletes pod only as it was read (UID and resourceVersion), and
+// returns ErrChanged when it was changed or replaced since. Gone counts as
+// done.
+func (r Remover) PodAsRead(ctx context.Context, pod *corev1.Pod) error {
+	return asRead(Retry(ctx, r.Workload(ctx, pod, nil, true)), "Pod "+pod.Name)
+}
+
+// asRead is the outcome of a delete of what (as read): gone counts as
+// done, a failed precondition is ErrChanged.
+func asRead(err error, what string) error {
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case apierrors.IsConflict(err):
+		return fmt.Errorf("%s: %w", what, ErrChanged)
+	}
+	return err
+}
+
+// Pooled removes, as read, the pooled Pod that ref names, the owner of a
+// pending claim's Service of sandbox id: the claim's own patch is
+// conditional on the version it read, so of the claim and this delete
+// exactly one lands, and once the Pod is going no claim can make it this
+// id's sandbox after its Service is gone (a Pod the quota would not
+// count). A Pod claimed for id since is ErrChanged (judged again); one
+// another create claimed for its own id is that sandbox, and stays.
+func (r Remover) Pooled(ctx context.Context, id string, ref metav1.OwnerReference) error {
+	pod, err := r.Client.CoreV1().Pods(r.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		return fmt.Errorf("read pooled Pod %s: %w", ref.Name, err)
+	case pod.UID != ref.UID || pod.DeletionTimestamp != nil:
+		return nil
+	case resources.PodID(pod) == id:
+		return fmt.Errorf("pooled Pod %s claimed since it was read: %w", pod.Name, ErrChanged)
+	case resources.PodID(pod) != "" || pod.Labels[keys.LabelPool] == "":
+		return nil
+	}
+	return r.PodAsRead(ctx, pod)
+}
+
+// ErrMayExist matches an error after which a create's workload may exist
+// (MayExist).
+var ErrMayExist = errors.New("the workload may exist")
+
+// MayExist marks err, a create's, as one after which its workload may
+// exist: its caller keeps the slot, so the quota counts that workload.
+func MayExist(err error) error { return mayExistErr{err} }
+
+type mayExistErr struct{ error }
+
+func (e mayExistErr) Unwrap() error { return e.error }
+
+func (e mayExistErr) Is(target error) bool { return target == ErrMayExist }
+
 // Owner deletes the workload ref names, with its UID as precondition.
 func (r Remover) Owner(ctx context.Context, ref metav1.OwnerReference) func() error {
 	opts := metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(ref.UID))}

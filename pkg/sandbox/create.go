@@ -15,6 +15,7 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/admission"
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/follow"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/quota"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
@@ -250,7 +251,7 @@ func (m *Manager) ensurePod(ctx context.Context, s api.Spec) (*corev1.Pod, bool,
 			continue
 		}
 		if existing.DeletionTimestamp != nil {
-			if err := m.waitGone(ctx, existing); err != nil {
+			if err := follow.Gone(ctx, m.client.CoreV1().Pods(m.cfg.Namespace), existing, m.cfg.TerminatingWait); err != nil {
 				return nil, false, err
 			}
 			continue

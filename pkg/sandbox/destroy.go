@@ -12,6 +12,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
 )
 
 // Destroy removes a sandbox's ReplicaSet and Pod, then its Service. An id
@@ -24,6 +25,11 @@ import (
 // moment. Were this call to die between the two steps, the Service is
 // left (still counted), and the next create, destroy or reap of the id
 // removes it.
+//
+// A claim of the id in flight (its Service made, its pooled Pod not yet
+// patched) is waited for, then taken from the pool (takeFromPool); a round
+// whose reads went stale before its deletes (remove.ErrChanged) is run
+// again, and a 409 answered when they keep going stale.
 //
 // Another principal's sandbox is answered as one that never existed (nil)
 // and left alone: the caller's postcondition, "no sandbox of mine has this
@@ -40,20 +46,37 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 	if err := api.ValidateID(id); err != nil {
 		return err
 	}
+	// A pending claim's Service or pooled Pod changed between the read and
+	// its delete (the claim landed, or handed its Service to another
+	// pooled Pod): read again and judged anew.
+	err = retry.OnError(retry.DefaultRetry, func(err error) bool { return errors.Is(err, remove.ErrChanged) }, func() (err error) {
+		result, err = m.destroy(ctx, id)
+		return err
+	})
+	if errors.Is(err, remove.ErrChanged) {
+		return &api.Error{Kind: api.KindConflict, Detail: "sandbox " + id + " kept changing while it was being destroyed (a create of it is in flight); retry the destroy"}
+	}
+	return err
+}
+
+// destroy is one round of Destroy, and its audit result. It returns
+// remove.ErrChanged when what it judged changed before its delete.
+func (m *Manager) destroy(ctx context.Context, id string) (string, error) {
 	f, hidden, err := m.fetchVisible(ctx, id)
 	switch {
 	case err != nil:
-		return err
+		return audit.OK, err
 	case hidden:
-		result = audit.Hidden
 		if f.stray != nil {
-			return api.Classify(remove.All([]func() error{m.rm.Workload(ctx, f.stray, nil, false)}), "delete sandbox "+id)
+			return audit.Hidden, api.Classify(remove.All([]func() error{m.rm.Workload(ctx, f.stray, nil, false)}), "delete sandbox "+id)
 		}
-		return nil
+		return audit.Hidden, nil
 	case f.svc == nil && f.workload() == nil && f.stray == nil:
-		result = audit.Absent
-		return nil
+		return audit.Absent, nil
 	}
+	// pending: the Service holds the id for a workload still to come when
+	// the deletes start, and is removed only as read (remove.ServiceAsRead).
+	pending := false
 	if f.workload() == nil && f.svc != nil {
 		// A create or claim of the id in flight (its slot, or a Service
 		// owned by the pooled Pod it claims) is waited for, as a racing
@@ -79,13 +102,19 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 				return err == nil && settled(), nil
 			})
 			if slot && !settled() {
-				return &api.Error{Kind: api.KindConflict, Detail: "sandbox " + id + " is being created by another request; retry the destroy once it has answered"}
+				return audit.OK, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + id + " is being created by another request; retry the destroy once it has answered"}
 			}
 		}
 		// (A Service gone meanwhile was given up by its create.)
-		if ref := resources.ServiceOwner(f.svc); ref != nil && f.workload() == nil && !resources.ClaimedOwner(f.svc, id) {
-			if err := remove.All([]func() error{m.rm.Owner(ctx, *ref)}); err != nil {
-				return api.Classify(err, "delete sandbox "+id)
+		if ref := resources.ServiceOwner(f.svc); ref != nil && f.workload() == nil {
+			var err error
+			if pending = resources.ClaimedOwner(f.svc, id); pending {
+				err = m.rm.Pooled(ctx, id, *ref) // a claim that never landed
+			} else {
+				err = remove.All([]func() error{m.rm.Owner(ctx, *ref)})
+			}
+			if err := remove.Classify(err, "delete sandbox "+id); err != nil {
+				return audit.OK, err
 			}
 		}
 	}
@@ -93,7 +122,7 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 	pods := []*corev1.Pod{f.pod, f.stray}
 	if f.rs != nil {
 		if err := remove.All([]func() error{m.rm.Workload(ctx, f.rs, nil, false)}); err != nil {
-			return api.Classify(err, "delete sandbox "+id)
+			return audit.OK, api.Classify(err, "delete sandbox "+id)
 		}
 		// Its Pods, read after it went: the read before may have missed one
 		// its controller made since (after a create or resume answered
@@ -101,7 +130,7 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 		// garbage collector came.
 		mine, err := m.replicaSetPods(ctx, f.rs)
 		if err != nil {
-			return err
+			return audit.OK, err
 		}
 		pods = append(mine, f.stray)
 	}
@@ -114,14 +143,15 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 		}
 	}
 	if err := remove.All(deletes); err != nil {
-		return api.Classify(err, "delete sandbox "+id)
+		return audit.OK, api.Classify(err, "delete sandbox "+id)
 	}
-	if f.svc != nil {
-		if err := m.rm.Service(ctx, f.svc, false); err != nil {
-			return api.Classify(err, "delete sandbox "+id)
-		}
+	switch {
+	case f.svc == nil:
+		return audit.OK, nil
+	case pending:
+		return audit.OK, remove.Classify(m.rm.ServiceAsRead(ctx, f.svc), "delete sandbox "+id)
 	}
-	return nil
+	return audit.OK, api.Classify(m.rm.Service(ctx, f.svc, false), "delete sandbox "+id)
 }
 
 // undoCreate removes what a refused or failed create made: the workload
@@ -148,7 +178,7 @@ func (m *Manager) undoCreate(ctx context.Context, workload workloadObject, svc *
 // undoUncertain follows a workload create that failed (err) without
 // saying whether it was written: a refusal (a 4xx) wrote nothing; any other
 // failure is undone (remove.Remover.UndoCut). It returns failed, the
-// create's error, marked as errMayExist when the workload may still be
+// create's error, marked as remove.ErrMayExist when the workload may still be
 // there: a leftover, which keeps its slot so that the quota still counts it.
 func (m *Manager) undoUncertain(ctx context.Context, err error, want workloadObject, failed error) error {
 	if api.Refused(err) {
@@ -158,20 +188,10 @@ func (m *Manager) undoUncertain(ctx context.Context, err error, want workloadObj
 	defer cancel()
 	if mayExist, uerr := m.rm.UndoCut(uctx, want); mayExist {
 		m.audit.Leftover(ctx, want.GetLabels()[keys.LabelID], uerr)
-		return mayExistErr{failed}
+		return remove.MayExist(failed)
 	}
 	return failed
 }
-
-// mayExistErr marks a create's error after which its workload may exist.
-type mayExistErr struct{ error }
-
-func (e mayExistErr) Unwrap() error { return e.error }
-
-// errMayExist matches a mayExistErr (errors.Is).
-var errMayExist = errors.New("the workload may exist")
-
-func (e mayExistErr) Is(target error) bool { return target == errMayExist }
 
 // workloadObject is a sandbox's Pod or ReplicaSet.
 type workloadObject = remove.Object

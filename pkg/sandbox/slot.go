@@ -13,6 +13,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/quota"
+	"github.com/deerflow-sandbox/provisioner/pkg/remove"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/sleep"
 	"github.com/deerflow-sandbox/provisioner/pkg/slot"
@@ -291,7 +292,7 @@ func (m *Manager) fill(ctx context.Context, s api.Spec, k kind, svc *corev1.Serv
 	if err != nil {
 		// A workload that may exist keeps its slot: the quota counts it
 		// until the next create, destroy or reap of the id removes both.
-		if mine && !errors.Is(err, errMayExist) {
+		if mine && !errors.Is(err, remove.ErrMayExist) {
 			m.dropSlot(ctx, svc)
 			err = late(err)
 		}
@@ -356,7 +357,7 @@ func (m *Manager) dropStale(ctx context.Context, svc *corev1.Service) error {
 }
 
 // dropLeftoverSlot removes svc, a leftover slot (slotLeftover), with the
-// workload its create may have written (errMayExist): the one of the
+// workload its create may have written (remove.ErrMayExist): the one of the
 // slot's kind and id that carries its token, first, so that the quota
 // counts the slot until that workload's deletion has started. A workload
 // that another request has answered with since (remove.Remover.Undo) stays,

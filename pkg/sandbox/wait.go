@@ -2,37 +2,15 @@ package sandbox
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/follow"
-	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/status"
 	corev1 "k8s.io/api/core/v1"
 )
-
-// waitGone waits, bounded by SANDBOX_TERMINATING_WAIT, for a terminating Pod
-// to disappear, so that a create right after a delete recreates the sandbox
-// instead of answering with the dying one.
-func (m *Manager) waitGone(ctx context.Context, pod *corev1.Pod) error {
-	wctx, cancel := context.WithTimeout(ctx, m.cfg.TerminatingWait)
-	defer cancel()
-	_, err := follow.Pod(wctx, m.client.CoreV1().Pods(m.cfg.Namespace), pod, func(p *corev1.Pod) bool { return p == nil })
-	if err == nil {
-		return nil
-	}
-	if ctx.Err() != nil {
-		return api.Classify(ctx.Err(), "wait for the old sandbox Pod to terminate")
-	}
-	if wctx.Err() != nil {
-		return &api.Error{Kind: api.KindConflict, Detail: fmt.Sprintf(
-			"sandbox %s is still terminating after %s; retry when it is gone", pod.Labels[keys.LabelID], m.cfg.TerminatingWait)}
-	}
-	return err
-}
 
 // waitReady waits up to wait for the sandbox's Pod to become Ready. When
 // the wait ends first it still answers, with the reason the Pod is not
