@@ -702,8 +702,8 @@ func (p *Pool) Keep(ctx context.Context, templates *template.Store) {
 }
 
 // keep is one list of the pool ReplicaSets; each valid template's pool is
-// made what it asks for, and pools of templates that ask for none, are
-// refused or are gone are deleted.
+// made what it asks for (and wired), pools of templates that ask for none,
+// are refused or are gone are deleted, and so are wires that select no Pod.
 func (p *Pool) keep(ctx context.Context, valid []*template.Template) error {
 	byName, err := p.pools(ctx)
 	if err != nil {
@@ -729,6 +729,9 @@ func (p *Pool) keep(ctx context.Context, valid []*template.Template) error {
 		if err := p.remove(ctx, rs); err != nil {
 			errs = append(errs, fmt.Errorf("remove the warm pool %s nobody asks for: %w", rs.Name, err))
 		}
+	}
+	if _, err := p.reapWires(ctx); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

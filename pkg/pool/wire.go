@@ -292,3 +292,76 @@ func (p *Pool) wasWired(uid types.UID) bool {
 	delete(p.wired, uid)
 	return ok
 }
+
+// wireGrace is how old a wire must be before the reap may find that it
+// selects nothing: the Pods are listed from another watch cache than the
+// wires, which may not show yet the token of a Pod wired a moment ago.
+const wireGrace = time.Minute
+
+// reapWires removes the wires that select no Pod: one made or edited by
+// hand, or one whose Pod went while no owner reference let the garbage
+// collector follow it. Such a Service serves nothing and holds a node
+// port of the cluster's range. A wire that still selects its Pod, claimed
+// or not, stays (the claim and Wire judge whether it wires the Pod as it
+// should). Each delete is conditional on the wire as it was judged.
+// Returns the names of the wires removed.
+func (p *Pool) reapWires(ctx context.Context) ([]string, error) {
+	if !resources.Wired(p.cfg.Objects()) {
+		return nil, nil
+	}
+	svcs := p.client.CoreV1().Services(p.cfg.Namespace)
+	pods := p.client.CoreV1().Pods(p.cfg.Namespace)
+	wires, err := svcs.List(ctx, metav1.ListOptions{LabelSelector: resources.SelectorWires, ResourceVersion: "0"})
+	if err != nil {
+		return nil, fmt.Errorf("list the wires: %w", err)
+	}
+	// The Pods that carry a token, by token: what a wire as made selects.
+	tokened, err := pods.List(ctx, metav1.ListOptions{LabelSelector: keys.LabelToken, ResourceVersion: "0"})
+	if err != nil {
+		return nil, fmt.Errorf("list the Pods that carry a token: %w", err)
+	}
+	byToken := make(map[string]bool, len(tokened.Items))
+	for i := range tokened.Items {
+		byToken[tokened.Items[i].Labels[keys.LabelToken]] = true
+	}
+	var (
+		removed []string
+		errs    []error
+	)
+	for i := range wires.Items {
+		w := &wires.Items[i]
+		if w.DeletionTimestamp != nil || p.now().Sub(w.CreationTimestamp.Time) < wireGrace {
+			continue
+		}
+		sel := w.Spec.Selector
+		selects := false
+		switch t, ok := sel[keys.LabelToken]; {
+		case len(sel) == 0:
+			// No selector: Kubernetes manages no endpoints for it.
+		case ok && len(sel) == 1:
+			selects = byToken[t]
+		default:
+			// Edited by hand to select something else: asked exactly.
+			l, err := pods.List(ctx, metav1.ListOptions{LabelSelector: labels.Set(sel).String(), ResourceVersion: "0", Limit: 1})
+			if err != nil {
+				errs = append(errs, fmt.Errorf("list the Pods wire %s selects: %w", w.Name, err))
+				continue
+			}
+			selects = len(l.Items) > 0
+		}
+		if selects {
+			continue
+		}
+		err := svcs.Delete(ctx, w.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &w.UID, ResourceVersion: &w.ResourceVersion}})
+		switch {
+		case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
+			// Gone, or changed since it was judged: the next reap judges it again.
+		case err != nil:
+			errs = append(errs, fmt.Errorf("remove wire %s, which selects no Pod: %w", w.Name, err))
+		default:
+			removed = append(removed, w.Name)
+			p.log.Info("removed a warm pool's Service that selects no Pod", "service", w.Name, "selector", labels.Set(sel).String())
+		}
+	}
+	return removed, errors.Join(errs...)
+}

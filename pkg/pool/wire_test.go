@@ -3,6 +3,7 @@ package pool
 import (
 	"errors"
 	"regexp"
+	"sort"
 	"sync"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
 var tokenRE = regexp.MustCompile(`^[0-9a-f]{32}$`)
@@ -216,5 +218,84 @@ func TestClaimTakesTheWireReadyListed(t *testing.T) {
 				t.Errorf("wire reads (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestKeepReapsWiresThatSelectNothing: the reap's keep removes a pool's
+// Service that selects no Pod (no selector, a token no Pod carries, a
+// selector edited by hand that matches nothing) once it is older than
+// wireGrace, and keeps every wire that selects a Pod, pooled or claimed,
+// and one too young to judge. The fake clientset stands in for the API
+// server (its lists honour label selectors as the API server's do).
+func TestKeepReapsWiresThatSelectNothing(t *testing.T) {
+	cfg, tmpl, cs := claimCluster(t, true, true)
+	ctx := alice
+	p := newPool(cfg, cs, &counts{}, tmpl)
+	if n, err := p.Wire(ctx, tmpl); err != nil || n != 2 {
+		t.Fatalf("Wire: %d, %v; want both pooled Pods wired", n, err)
+	}
+	// The second pooled Pod, claimed since: its wire is its sandbox's URL.
+	claimed, err := cs.CoreV1().Pods(ns).Get(ctx, "sandbox-pool-warm-bbbbb", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(claimed.Labels, keys.LabelPool)
+	claimed.Labels[keys.LabelID], claimed.Labels[keys.LabelPooled] = "abc123", "true"
+	if _, err := cs.CoreV1().Pods(ns).Update(ctx, claimed, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	copyOf := func(name string) *corev1.Service {
+		pod, err := cs.CoreV1().Pods(ns).Get(ctx, "sandbox-pool-warm-aaaaa", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := resources.BuildWire(cfg.Objects(), pod, pod.Labels[keys.LabelToken])
+		// No owner: made by hand, or its owner reference removed (the fake
+		// has no garbage collector, and the real one would not follow).
+		w.Name, w.OwnerReferences = name, nil
+		w.CreationTimestamp = metav1.Now() // the fake sets none
+		return w
+	}
+	odd := map[string]func(*corev1.Service){
+		"wire-no-selector":     func(w *corev1.Service) { w.Spec.Selector = nil },
+		"wire-token-of-none":   func(w *corev1.Service) { w.Spec.Selector[keys.LabelToken] = "0123456789abcdef0123456789abcdef" },
+		"wire-edited-to-none":  func(w *corev1.Service) { w.Spec.Selector = map[string]string{"app": "nothing-here"} },
+		"wire-edited-to-some":  func(w *corev1.Service) { w.Spec.Selector = map[string]string{keys.LabelPool: "warm"} },
+		"wire-of-aaaaa-copied": func(*corev1.Service) {},
+	}
+	for name, edit := range odd {
+		w := copyOf(name)
+		edit(w)
+		if _, err := cs.CoreV1().Services(ns).Create(ctx, w, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Just made, the Services are too young to judge: all stay.
+	if err := p.keep(ctx, []*template.Template{tmpl}); err != nil {
+		t.Fatal(err)
+	}
+	wires := func() []string {
+		l, err := cs.CoreV1().Services(ns).List(ctx, metav1.ListOptions{LabelSelector: resources.SelectorWires})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, w := range l.Items {
+			names = append(names, w.Name)
+		}
+		sort.Strings(names)
+		return names
+	}
+	all := []string{"sandbox-pool-warm-aaaaa", "sandbox-pool-warm-bbbbb", "wire-edited-to-none", "wire-edited-to-some", "wire-no-selector", "wire-of-aaaaa-copied", "wire-token-of-none"}
+	if diff := cmp.Diff(all, wires()); diff != "" {
+		t.Errorf("wires after a keep while they are young (-want +got):\n%s", diff)
+	}
+	p.now = func() time.Time { return time.Now().Add(wireGrace + time.Second) }
+	if err := p.keep(ctx, []*template.Template{tmpl}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"sandbox-pool-warm-aaaaa", "sandbox-pool-warm-bbbbb", "wire-edited-to-some", "wire-of-aaaaa-copied"}
+	if diff := cmp.Diff(want, wires()); diff != "" {
+		t.Errorf("wires after a keep once they are old (-want +got):\n%s", diff)
 	}
 }
