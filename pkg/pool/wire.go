@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -298,13 +299,15 @@ func (p *Pool) wasWired(uid types.UID) bool {
 // wires, which may not show yet the token of a Pod wired a moment ago.
 const wireGrace = time.Minute
 
-// reapWires removes the wires that select no Pod: one made or edited by
-// hand, or one whose Pod went while no owner reference let the garbage
-// collector follow it. Such a Service serves nothing and holds a node
-// port of the cluster's range. A wire that still selects its Pod, claimed
-// or not, stays (the claim and Wire judge whether it wires the Pod as it
-// should). Each delete is conditional on the wire as it was judged.
-// Returns the names of the wires removed.
+// reapWires removes the wires that select no Pod: one whose selector was
+// edited by hand, or whose Pod went while no owner reference let the
+// garbage collector follow it. Such a Service serves nothing and holds a
+// node port of the cluster's range. Only Services named as the function
+// names wires (sandbox-pool-<pool>-...) are judged; any other is not its
+// to delete. A wire that still selects its Pod, claimed or not, stays (the
+// claim and Wire judge whether it wires the Pod as it should). Each delete
+// is conditional on the wire as it was judged. Returns the names of the
+// wires removed.
 func (p *Pool) reapWires(ctx context.Context) ([]string, error) {
 	if !resources.Wired(p.cfg.Objects()) {
 		return nil, nil
@@ -330,7 +333,11 @@ func (p *Pool) reapWires(ctx context.Context) ([]string, error) {
 	)
 	for i := range wires.Items {
 		w := &wires.Items[i]
-		if w.DeletionTimestamp != nil || p.now().Sub(w.CreationTimestamp.Time) < wireGrace {
+		lv := w.Labels[keys.LabelPool]
+		if w.DeletionTimestamp != nil || p.now().Sub(w.CreationTimestamp.Time) < wireGrace ||
+			lv == "" || !strings.HasPrefix(w.Name, "sandbox-pool-"+lv+"-") {
+			// Too young to judge, or not named as the function names a
+			// wire: not its to delete (the admission policy agrees).
 			continue
 		}
 		sel := w.Spec.Selector

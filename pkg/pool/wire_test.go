@@ -225,7 +225,7 @@ func TestClaimTakesTheWireReadyListed(t *testing.T) {
 // Service that selects no Pod (no selector, a token no Pod carries, a
 // selector edited by hand that matches nothing) once it is older than
 // wireGrace, and keeps every wire that selects a Pod, pooled or claimed,
-// and one too young to judge. The fake clientset stands in for the API
+// one too young to judge, and one not named as the function names wires. The fake clientset stands in for the API
 // server (its lists honour label selectors as the API server's do).
 func TestKeepReapsWiresThatSelectNothing(t *testing.T) {
 	cfg, tmpl, cs := claimCluster(t, true, true)
@@ -257,11 +257,14 @@ func TestKeepReapsWiresThatSelectNothing(t *testing.T) {
 		return w
 	}
 	odd := map[string]func(*corev1.Service){
-		"wire-no-selector":     func(w *corev1.Service) { w.Spec.Selector = nil },
-		"wire-token-of-none":   func(w *corev1.Service) { w.Spec.Selector[keys.LabelToken] = "0123456789abcdef0123456789abcdef" },
-		"wire-edited-to-none":  func(w *corev1.Service) { w.Spec.Selector = map[string]string{"app": "nothing-here"} },
-		"wire-edited-to-some":  func(w *corev1.Service) { w.Spec.Selector = map[string]string{keys.LabelPool: "warm"} },
-		"wire-of-aaaaa-copied": func(*corev1.Service) {},
+		"sandbox-pool-warm-nosel": func(w *corev1.Service) { w.Spec.Selector = nil },
+		"sandbox-pool-warm-nopod": func(w *corev1.Service) { w.Spec.Selector[keys.LabelToken] = "0123456789abcdef0123456789abcdef" },
+		"sandbox-pool-warm-edit0": func(w *corev1.Service) { w.Spec.Selector = map[string]string{"app": "nothing-here"} },
+		"sandbox-pool-warm-edit1": func(w *corev1.Service) { w.Spec.Selector = map[string]string{keys.LabelPool: "warm"} },
+		"sandbox-pool-warm-copy0": func(*corev1.Service) {},
+		// Not named as the function names wires: not its to delete,
+		// whatever it selects (the admission policy refuses it too).
+		"wire-made-by-hand": func(w *corev1.Service) { w.Spec.Selector = nil },
 	}
 	for name, edit := range odd {
 		w := copyOf(name)
@@ -286,7 +289,7 @@ func TestKeepReapsWiresThatSelectNothing(t *testing.T) {
 		sort.Strings(names)
 		return names
 	}
-	all := []string{"sandbox-pool-warm-aaaaa", "sandbox-pool-warm-bbbbb", "wire-edited-to-none", "wire-edited-to-some", "wire-no-selector", "wire-of-aaaaa-copied", "wire-token-of-none"}
+	all := []string{"sandbox-pool-warm-aaaaa", "sandbox-pool-warm-bbbbb", "sandbox-pool-warm-copy0", "sandbox-pool-warm-edit0", "sandbox-pool-warm-edit1", "sandbox-pool-warm-nopod", "sandbox-pool-warm-nosel", "wire-made-by-hand"}
 	if diff := cmp.Diff(all, wires()); diff != "" {
 		t.Errorf("wires after a keep while they are young (-want +got):\n%s", diff)
 	}
@@ -294,7 +297,7 @@ func TestKeepReapsWiresThatSelectNothing(t *testing.T) {
 	if err := p.keep(ctx, []*template.Template{tmpl}); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"sandbox-pool-warm-aaaaa", "sandbox-pool-warm-bbbbb", "wire-edited-to-some", "wire-of-aaaaa-copied"}
+	want := []string{"sandbox-pool-warm-aaaaa", "sandbox-pool-warm-bbbbb", "sandbox-pool-warm-copy0", "sandbox-pool-warm-edit1", "wire-made-by-hand"}
 	if diff := cmp.Diff(want, wires()); diff != "" {
 		t.Errorf("wires after a keep once they are old (-want +got):\n%s", diff)
 	}
