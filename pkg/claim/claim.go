@@ -39,6 +39,12 @@ type Pool interface {
 	// pod (edited by hand) is removed and ErrSkip returned: that Pod is not
 	// handed out, and t's pool is wired again soon.
 	WireOf(ctx context.Context, t *template.Template, pod *corev1.Pod) (*corev1.Service, error)
+	// Rewire gives a sandbox claimed from a wired Pod (its Service svc,
+	// its Pod pod) a wire again when its own (wire, nil when gone) was
+	// deleted or edited by hand, and returns the wire its URL is then
+	// (wire as it was when it still wires pod). A create calls it; a read
+	// writes nothing.
+	Rewire(ctx context.Context, svc, wire *corev1.Service, pod *corev1.Pod) (*corev1.Service, error)
 	// Keep makes each valid template's pool exist at its size and shape,
 	// and deletes the pools no valid template asks for (the reap). What
 	// fails is logged there: the next reap tries again.

@@ -247,6 +247,45 @@ func (p *Pool) WireOf(ctx context.Context, t *template.Template, pod *corev1.Pod
 	return nil, claim.ErrSkip
 }
 
+// Rewire implements claim.Pool. A sandbox claimed wired answers with its
+// wire's URL; with the wire deleted or edited by hand it has none (get
+// answers it without one). Its next create (DeerFlow creates on every
+// acquire) makes the wire again, as the wiring made it: named as the Pod,
+// owned by it, selecting its token, which never changes. A new wire has a
+// new node port, so the URL changes, and kube-proxy programs it within its
+// next sync (about a second). A Service of the wire's name that is not the
+// Pod's wire (made by hand) is not the function's to remove: the sandbox
+// stays without a URL.
+func (p *Pool) Rewire(ctx context.Context, svc, wire *corev1.Service, pod *corev1.Pod) (*corev1.Service, error) {
+	cfg := p.cfg.Objects()
+	if !resources.Wired(cfg) || pod == nil || resources.URLService(svc) != resources.WireName(pod) ||
+		resources.Token(pod) == "" || resources.Wires(cfg, wire, pod) {
+		return wire, nil
+	}
+	svcs := p.client.CoreV1().Services(p.cfg.Namespace)
+	if wire != nil {
+		if wire.Labels[keys.LabelComponent] != keys.ComponentWireValue || resources.OwnerUID(wire.OwnerReferences) != pod.UID {
+			return nil, nil
+		}
+		err := svcs.Delete(ctx, wire.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &wire.UID, ResourceVersion: &wire.ResourceVersion}})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return nil, api.Classify(err, "remove a sandbox's Service edited by hand")
+		}
+	}
+	made, err := svcs.Create(ctx, resources.BuildWire(cfg, pod, resources.Token(pod)), metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		made, err = svcs.Get(ctx, resources.WireName(pod), metav1.GetOptions{})
+	}
+	if err != nil {
+		return nil, api.Classify(err, "make a sandbox's Service again")
+	}
+	if !resources.Wires(cfg, made, pod) {
+		return nil, nil
+	}
+	p.log.Info("made again the Service of a sandbox claimed wired, deleted or edited by hand", "pod", pod.Name, "service", made.Name)
+	return made, nil
+}
+
 // listedFor is how long a wire Ready listed stands for a read of it: about
 // as long as a claim takes from its list to its Prepare.
 const listedFor = 2 * time.Second

@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
@@ -300,5 +301,72 @@ func TestKeepReapsWiresThatSelectNothing(t *testing.T) {
 	want := []string{"sandbox-pool-warm-aaaaa", "sandbox-pool-warm-bbbbb", "sandbox-pool-warm-copy0", "sandbox-pool-warm-edit1", "wire-made-by-hand"}
 	if diff := cmp.Diff(want, wires()); diff != "" {
 		t.Errorf("wires after a keep once they are old (-want +got):\n%s", diff)
+	}
+}
+
+// TestCreateRewiresAClaimedSandbox: a sandbox claimed wired whose wire was
+// then deleted, or edited by hand, has no URL (get answers it without
+// one and writes nothing); its next create (DeerFlow creates on every
+// acquire) makes the wire again, as the wiring made it, and answers with
+// its URL. The fake clientset stands in for the API server.
+func TestCreateRewiresAClaimedSandbox(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		breaks func(t *testing.T, svcs typedcorev1.ServiceInterface, wire *corev1.Service)
+	}{
+		{"deleted", func(t *testing.T, svcs typedcorev1.ServiceInterface, wire *corev1.Service) {
+			if err := svcs.Delete(alice, wire.Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"edited", func(t *testing.T, svcs typedcorev1.ServiceInterface, wire *corev1.Service) {
+			wire.Spec.Selector = map[string]string{keys.LabelApp: keys.LabelAppValue}
+			if _, err := svcs.Update(alice, wire, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, tmpl, cs := claimCluster(t, true)
+			ctx := alice
+			p := newPool(cfg, cs, &counts{}, tmpl)
+			if n, err := p.Wire(ctx, tmpl); err != nil || n != 1 {
+				t.Fatalf("Wire: %d, %v; want the pooled Pod wired", n, err)
+			}
+			m := sandbox.NewManager(cfg, cs, sandbox.WithPool(p))
+			sb, err := m.Create(ctx, claimSpec(t, cfg, "abc", nil), 0)
+			if err != nil || !sb.Pooled || sb.URL == "" {
+				t.Fatalf("create: %+v %v; want a pooled sandbox with a URL", sb, err)
+			}
+			svcs := cs.CoreV1().Services(ns)
+			wire, err := svcs.Get(ctx, "sandbox-pool-warm-aaaaa", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.breaks(t, svcs, wire)
+			writes := len(cs.Actions())
+			if g, err := m.Get(ctx, "abc", 0); err != nil || g.URL != "" {
+				t.Errorf("get with its wire %s: %+v %v; want no URL", tc.name, g, err)
+			}
+			for _, a := range cs.Actions()[writes:] {
+				if v := a.GetVerb(); v != "get" && v != "list" && v != "watch" {
+					t.Errorf("get wrote: %s %s", v, a.GetResource().Resource)
+				}
+			}
+			again, err := m.Create(ctx, claimSpec(t, cfg, "abc", nil), 0)
+			if err != nil || again.URL != sb.URL {
+				t.Fatalf("create again: %+v %v; want the sandbox at %s", again, err, sb.URL)
+			}
+			pod, err := cs.CoreV1().Pods(ns).Get(ctx, "sandbox-pool-warm-aaaaa", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if w, err := svcs.Get(ctx, "sandbox-pool-warm-aaaaa", metav1.GetOptions{}); err != nil || !resources.Wires(cfg.Objects(), w, pod) || w.Labels[keys.LabelPool] != "warm" {
+				t.Errorf("the wire after the create: %+v %v; want one that wires the claimed Pod, in pool warm", w, err)
+			}
+			if g, err := m.Get(ctx, "abc", 0); err != nil || g.URL != sb.URL {
+				t.Errorf("get after the create: %+v %v; want the sandbox at %s", g, err, sb.URL)
+			}
+		})
 	}
 }

@@ -98,6 +98,9 @@ func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Dura
 			return api.Sandbox{}, true, err
 		}
 		f.pod = reuse(ctx, m, f.pod, m.client.CoreV1().Pods(m.cfg.Namespace).Patch)
+		if f.wire, err = m.pool.Rewire(ctx, f.svc, f.wire, f.pod); err != nil {
+			return api.Sandbox{}, true, err
+		}
 		return m.answer(ctx, s.ID, f, wait)
 	}
 	meta := &metav1.ObjectMeta{Labels: resources.Labels(s), Annotations: resources.Annotations(s)}

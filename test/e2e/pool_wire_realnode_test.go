@@ -148,6 +148,31 @@ func TestRealPoolClaimIsWired(t *testing.T) {
 	if g := mustDo(t, f, "GET", "/api/sandboxes/"+id, nil); g.Body["sandbox_url"] != url {
 		t.Errorf("get answered %s, want the wire's URL %s", g.Raw, url)
 	}
+
+	// The wire deleted by hand: the sandbox has no URL (get writes
+	// nothing), and DeerFlow's next create of it (the same request, as its
+	// backend sends on every acquire) makes the wire again, through the
+	// admission policy, with a new node port that answers from the Pod.
+	if err := client().CoreV1().Services(ns).Delete(ctx, wire.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "get to answer without a URL", func() (bool, error) {
+		g := mustDo(t, f, "GET", "/api/sandboxes/"+id, nil)
+		return g.Code == 200 && g.Body["sandbox_url"] == "", nil
+	})
+	r, err = f.DoWithHeaders(rec.Method, rec.Path, []byte(rec.Body), rec.Headers)
+	if err != nil || r.Code != 200 || r.Body["sandbox_id"] != id {
+		t.Fatalf("DeerFlow's create again: %v %d %s; want sandbox %s", err, r.Code, r.Raw, id)
+	}
+	rewired, err := client().CoreV1().Services(ns).Get(ctx, wire.Name, metav1.GetOptions{})
+	if err != nil || rewired.UID == wire.UID || rewired.Spec.Type != corev1.ServiceTypeNodePort {
+		t.Fatalf("the wire after the create again: %v %+v; want a new NodePort wire", err, rewired)
+	}
+	url2, _ := r.Body["sandbox_url"].(string)
+	if want := "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(int(rewired.Spec.Ports[0].NodePort))); url2 != want {
+		t.Errorf("sandbox_url after the create again %q, want the new wire's %q", url2, want)
+	}
+	answers(t, url2+"/v1/sandbox", pooled.Name)
 }
 
 // wireSlices is the wire's EndpointSlices as name@resourceVersion with

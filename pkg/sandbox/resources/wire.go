@@ -2,6 +2,7 @@ package resources
 
 import (
 	"maps"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -39,7 +40,15 @@ var SelectorWires = keys.LabelComponent + "=" + keys.ComponentWireValue + "," + 
 func WireName(pod *corev1.Pod) string { return pod.Name }
 
 // BuildWire returns pod's wire, selecting token (the one pod carries).
+// Its pool label is pod's, or for a claimed Pod (which no longer carries
+// one) the pool its name was made in: sandbox-pool-<pool>-<suffix>.
 func BuildWire(cfg config.Objects, pod *corev1.Pod, token string) *corev1.Service {
+	pool := pod.Labels[keys.LabelPool]
+	if rest, ok := strings.CutPrefix(pod.Name, "sandbox-pool-"); ok && pool == "" {
+		if i := strings.LastIndex(rest, "-"); i > 0 {
+			pool = rest[:i]
+		}
+	}
 	return &corev1.Service{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
 		ObjectMeta: metav1.ObjectMeta{
@@ -47,7 +56,7 @@ func BuildWire(cfg config.Objects, pod *corev1.Pod, token string) *corev1.Servic
 			Namespace: cfg.Namespace,
 			Labels: map[string]string{
 				keys.LabelName: "deer-flow", keys.LabelComponent: keys.ComponentWireValue,
-				keys.LabelManagedBy: keys.ManagedByValue, keys.LabelPool: pod.Labels[keys.LabelPool],
+				keys.LabelManagedBy: keys.ManagedByValue, keys.LabelPool: pool,
 			},
 			OwnerReferences: []metav1.OwnerReference{PodOwnerRef(pod)},
 		},
