@@ -283,7 +283,22 @@ var undoBackoff = wait.Backoff{Steps: 5, Duration: 100 * time.Millisecond, Facto
 // Retry calls fn again after the API server's 5xx (or a cut request),
 // spaced by undoBackoff, while ctx lasts: the undo of a failed create.
 func Retry(ctx context.Context, fn func() error) error {
-	return retry.OnError(undoBackoff, transient(ctx), fn)
+	return OnError(undoBackoff, transient(ctx), fn)
+}
+
+// OnError is client-go's retry.OnError, but returns the last error fn
+// returned. retry.OnError takes an error of fn that wraps
+// context.DeadlineExceeded or context.Canceled (a request cut by its
+// deadline) for the end of its own backoff, and returns the last retriable
+// error instead: nil when there was none, so a delete that the deadline
+// cut would count as done.
+func OnError(backoff wait.Backoff, retriable func(error) bool, fn func() error) error {
+	var last error
+	_ = retry.OnError(backoff, retriable, func() error {
+		last = fn()
+		return last
+	})
+	return last
 }
 
 // transient reports whether an undo's failed call is worth another try:

@@ -49,7 +49,7 @@ func (m *Manager) Destroy(ctx context.Context, id string) (err error) {
 	// A pending claim's Service or pooled Pod changed between the read and
 	// its delete (the claim landed, or handed its Service to another
 	// pooled Pod): read again and judged anew.
-	err = retry.OnError(retry.DefaultRetry, func(err error) bool { return errors.Is(err, remove.ErrChanged) }, func() (err error) {
+	err = remove.OnError(retry.DefaultRetry, func(err error) bool { return errors.Is(err, remove.ErrChanged) }, func() (err error) {
 		result, err = m.destroy(ctx, id)
 		return err
 	})
