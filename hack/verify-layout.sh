@@ -8,7 +8,8 @@
 #   - no package holds more than MAX_PACKAGE_LINES (2,500) non-test lines;
 #   - the builders, the templates and the request's validation take the
 #     groups objects are made from (config.Objects), not the whole
-#     configuration with its keys.
+#     configuration with its keys;
+#   - only pkg/remove calls client-go's retry.OnError (see below).
 # It has no update-layout.sh twin: what it finds is fixed by hand.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
@@ -75,6 +76,14 @@ for dir in pkg/sandbox/resources pkg/template pkg/api; do
     [[ -n "$hit" ]] && fail "$hit: takes the whole configuration; take config.Objects (the groups objects are made from)"
   done < <(grep -n '\*config\.Config\b' "$dir"/*.go 2>/dev/null | grep -v '_test\.go:' || true)
 done
+
+# client-go's retry.OnError turns an error of its function that wraps
+# context.DeadlineExceeded into the last retriable error (nil on a first
+# call): a call cut by its deadline would count as done. remove.OnError
+# returns the function's own error; nothing else calls retry.OnError.
+while read -r hit; do
+  [[ -n "$hit" ]] && fail "$hit: calls retry.OnError; call remove.OnError (or remove.Retry), which keeps a deadline's error"
+done < <(grep -rn 'retry\.OnError(' --include='*.go' . 2>/dev/null | grep -v '^./pkg/remove/' || true)
 
 if (( failed )); then
   die "the layout check failed (see above)"
