@@ -267,8 +267,10 @@ func (p *Pool) Rewire(ctx context.Context, svc, wire *corev1.Service, pod *corev
 		if wire.Labels[keys.LabelComponent] != keys.ComponentWireValue || resources.OwnerUID(wire.OwnerReferences) != pod.UID {
 			return nil, nil
 		}
+		// Gone or changed since (a racing create's repair): the create
+		// below finds what stands and judges it.
 		err := svcs.Delete(ctx, wire.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &wire.UID, ResourceVersion: &wire.ResourceVersion}})
-		if err != nil && !apierrors.IsNotFound(err) {
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return nil, api.Classify(err, "remove a sandbox's Service edited by hand")
 		}
 	}
