@@ -134,7 +134,7 @@ func New(cfg *config.Config, client kubernetes.Interface, observe Observer, log 
 // (config/800-admission-policy.yaml) can tell that a pool's ReplicaSet
 // selects its own pool and no other. Pods get it plus a random suffix.
 func Name(tmpl string) string {
-	return "sandbox-pool-" + poolValue(tmpl)
+	return resources.PoolPrefix + poolValue(tmpl)
 }
 
 // poolValue is the pool label of template's pooled Pods: the template's
@@ -730,7 +730,7 @@ func (p *Pool) keep(ctx context.Context, valid []*template.Template) error {
 			errs = append(errs, fmt.Errorf("remove the warm pool %s nobody asks for: %w", rs.Name, err))
 		}
 	}
-	if _, err := p.reapWires(ctx); err != nil {
+	if err := p.reapWires(ctx); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

@@ -17,6 +17,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/claim"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/remove"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 	"github.com/deerflow-sandbox/provisioner/pkg/token"
@@ -63,7 +64,7 @@ func (p *Pool) wireAll(ctx context.Context, t *template.Template) (wired int, sh
 	if err != nil {
 		return 0, false, fmt.Errorf("list the pool's Pods: %w", err)
 	}
-	wireList, err := svcs.List(ctx, metav1.ListOptions{LabelSelector: resources.SelectorWires + "," + keys.LabelPool + "=" + lv, ResourceVersion: "0"})
+	wireList, err := svcs.List(ctx, metav1.ListOptions{LabelSelector: resources.PoolWires(lv), ResourceVersion: "0"})
 	if err != nil {
 		return 0, false, fmt.Errorf("list the pool's wires: %w", err)
 	}
@@ -267,10 +268,9 @@ func (p *Pool) Rewire(ctx context.Context, svc, wire *corev1.Service, pod *corev
 		if wire.Labels[keys.LabelComponent] != keys.ComponentWireValue || resources.OwnerUID(wire.OwnerReferences) != pod.UID {
 			return nil, nil
 		}
-		// Gone or changed since (a racing create's repair): the create
-		// below finds what stands and judges it.
-		err := svcs.Delete(ctx, wire.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &wire.UID, ResourceVersion: &wire.ResourceVersion}})
-		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		// Gone or changed since (a racing create's repair) counts as
+		// removed: the create below finds what stands and judges it.
+		if err := p.rm.Service(ctx, wire, true); err != nil {
 			return nil, api.Classify(err, "remove a sandbox's Service edited by hand")
 		}
 	}
@@ -296,7 +296,7 @@ const listedFor = 2 * time.Second
 // (takeListed). A failed list only means WireOf reads the wire itself.
 func (p *Pool) listWires(ctx context.Context, t *template.Template) {
 	l, err := p.client.CoreV1().Services(p.cfg.Namespace).List(ctx, metav1.ListOptions{ResourceVersion: "0",
-		LabelSelector: labels.Set{keys.LabelComponent: keys.ComponentWireValue, keys.LabelPool: poolValue(t.Name)}.String()})
+		LabelSelector: resources.PoolWires(poolValue(t.Name))})
 	if err != nil {
 		return
 	}
@@ -347,36 +347,33 @@ const wireGrace = time.Minute
 // names wires (sandbox-pool-<pool>-...) are judged; any other is not its
 // to delete. A wire that still selects its Pod, claimed or not, stays (the
 // claim and Wire judge whether it wires the Pod as it should). Each delete
-// is conditional on the wire as it was judged. Returns the names of the
-// wires removed.
-func (p *Pool) reapWires(ctx context.Context) ([]string, error) {
+// is conditional on the wire as it was judged.
+func (p *Pool) reapWires(ctx context.Context) error {
 	if !resources.Wired(p.cfg.Objects()) {
-		return nil, nil
+		return nil
 	}
 	svcs := p.client.CoreV1().Services(p.cfg.Namespace)
 	pods := p.client.CoreV1().Pods(p.cfg.Namespace)
 	wires, err := svcs.List(ctx, metav1.ListOptions{LabelSelector: resources.SelectorWires, ResourceVersion: "0"})
 	if err != nil {
-		return nil, fmt.Errorf("list the wires: %w", err)
+		return fmt.Errorf("list the wires: %w", err)
 	}
 	// The Pods that carry a token, by token: what a wire as made selects.
 	tokened, err := pods.List(ctx, metav1.ListOptions{LabelSelector: keys.LabelToken, ResourceVersion: "0"})
 	if err != nil {
-		return nil, fmt.Errorf("list the Pods that carry a token: %w", err)
+		return fmt.Errorf("list the Pods that carry a token: %w", err)
 	}
 	byToken := make(map[string]bool, len(tokened.Items))
 	for i := range tokened.Items {
 		byToken[tokened.Items[i].Labels[keys.LabelToken]] = true
 	}
-	var (
-		removed []string
-		errs    []error
-	)
+	var errs []error
+	now := p.now()
 	for i := range wires.Items {
 		w := &wires.Items[i]
 		lv := w.Labels[keys.LabelPool]
-		if w.DeletionTimestamp != nil || p.now().Sub(w.CreationTimestamp.Time) < wireGrace ||
-			lv == "" || !strings.HasPrefix(w.Name, "sandbox-pool-"+lv+"-") {
+		if w.DeletionTimestamp != nil || now.Sub(w.CreationTimestamp.Time) < wireGrace ||
+			lv == "" || !strings.HasPrefix(w.Name, resources.PoolPrefix+lv+"-") {
 			// Too young to judge, or not named as the function names a
 			// wire: not its to delete (the admission policy agrees).
 			continue
@@ -400,16 +397,14 @@ func (p *Pool) reapWires(ctx context.Context) ([]string, error) {
 		if selects {
 			continue
 		}
-		err := svcs.Delete(ctx, w.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &w.UID, ResourceVersion: &w.ResourceVersion}})
-		switch {
-		case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
-			// Gone, or changed since it was judged: the next reap judges it again.
+		switch err := p.rm.ServiceAsRead(ctx, w); {
+		case errors.Is(err, remove.ErrChanged):
+			// Changed since it was judged: the next reap judges it again.
 		case err != nil:
 			errs = append(errs, fmt.Errorf("remove wire %s, which selects no Pod: %w", w.Name, err))
 		default:
-			removed = append(removed, w.Name)
 			p.log.Info("removed a warm pool's Service that selects no Pod", "service", w.Name, "selector", labels.Set(sel).String())
 		}
 	}
-	return removed, errors.Join(errs...)
+	return errors.Join(errs...)
 }

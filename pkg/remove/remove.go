@@ -80,17 +80,10 @@ func (r Remover) Workload(ctx context.Context, obj Object, grace *int64, judged 
 // was judged, stays; the API server's 5xx is retried (Retry). Gone, or
 // changed since, counts as done.
 func (r Remover) Service(ctx context.Context, svc *corev1.Service, judged bool) error {
-	pre := metav1.Preconditions{UID: &svc.UID}
-	if judged {
-		pre.ResourceVersion = &svc.ResourceVersion
+	if err := r.service(ctx, svc, judged); !errors.Is(err, ErrChanged) {
+		return err
 	}
-	err := Retry(ctx, func() error {
-		return r.Client.CoreV1().Services(r.Namespace).Delete(ctx, svc.Name, metav1.DeleteOptions{Preconditions: &pre})
-	})
-	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
-		return nil
-	}
-	return err
+	return nil
 }
 
 // ErrChanged says an object was changed (or replaced) between the read a
@@ -113,7 +106,17 @@ func Classify(err error, doing string) error {
 // hands its Service to another Pod): removed at a newer version, it would
 // leave that workload uncounted.
 func (r Remover) ServiceAsRead(ctx context.Context, svc *corev1.Service) error {
-	pre := metav1.Preconditions{UID: &svc.UID, ResourceVersion: &svc.ResourceVersion}
+	return r.service(ctx, svc, true)
+}
+
+// service deletes svc with its UID (and, judged, its resourceVersion) as
+// precondition, retrying the API server's 5xx: gone is done, a failed
+// precondition ErrChanged.
+func (r Remover) service(ctx context.Context, svc *corev1.Service, judged bool) error {
+	pre := metav1.Preconditions{UID: &svc.UID}
+	if judged {
+		pre.ResourceVersion = &svc.ResourceVersion
+	}
 	return asRead(Retry(ctx, func() error {
 		return r.Client.CoreV1().Services(r.Namespace).Delete(ctx, svc.Name, metav1.DeleteOptions{Preconditions: &pre})
 	}), "Service "+svc.Name)

@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"context"
-	"errors"
 	"sort"
 	"sync"
 	"testing"
@@ -123,14 +122,7 @@ func TestDestroyOfAPendingClaim(t *testing.T) {
 			err := m.Destroy(ctx, id)
 			<-racer
 
-			var got outcome
-			var de *api.Error
-			switch {
-			case errors.As(err, &de):
-				got.Err = de.Kind
-			case err != nil:
-				t.Fatalf("not a domain error: %v", err)
-			}
+			got := outcome{Err: domainKind(t, err)}
 			pods, err := client.CoreV1().Pods("deer-flow").List(bg, metav1.ListOptions{})
 			if err != nil {
 				t.Fatal(err)
@@ -142,7 +134,7 @@ func TestDestroyOfAPendingClaim(t *testing.T) {
 			kept, err := client.CoreV1().Services("deer-flow").Get(bg, resources.ServiceName(id), metav1.GetOptions{})
 			got.Service = err == nil
 			for _, p := range pods.Items {
-				if resources.PodID(&p) == id && (kept == nil || resources.OwnerUID(kept.OwnerReferences) != p.UID) {
+				if resources.PodID(&p) == id && (!got.Service || resources.OwnerUID(kept.OwnerReferences) != p.UID) {
 					t.Errorf("Pod %s of sandbox %s stands without its Service: the quota does not count it", p.Name, id)
 				}
 			}

@@ -27,9 +27,9 @@ import (
 // removes it.
 //
 // A claim of the id in flight (its Service made, its pooled Pod not yet
-// patched) is waited for, then taken from the pool (takeFromPool); a round
-// whose reads went stale before its deletes (remove.ErrChanged) is run
-// again, and a 409 answered when they keep going stale.
+// patched) is waited for, then taken from the pool (remove.Remover.Pooled);
+// a round whose reads went stale before its deletes (remove.ErrChanged) is
+// run again, and a 409 answered when they keep going stale.
 //
 // Another principal's sandbox is answered as one that never existed (nil)
 // and left alone: the caller's postcondition, "no sandbox of mine has this

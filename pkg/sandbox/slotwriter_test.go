@@ -105,14 +105,7 @@ func TestASlotHasOneWriter(t *testing.T) {
 				_, err = m.Create(ctx, ownerSpec(id), 0)
 			}
 			<-racerDone
-			var got outcome
-			var de *api.Error
-			switch {
-			case errors.As(err, &de):
-				got.Err = de.Kind
-			case err != nil:
-				t.Fatalf("not a domain error: %v", err)
-			}
+			got := outcome{Err: domainKind(t, err)}
 			got.PodCreates = int(podCreates.Load() - racerCreates.Load())
 			got.Pod = "none"
 			if pod, err := client.CoreV1().Pods("deer-flow").Get(bg, resources.PodName(id), metav1.GetOptions{}); err == nil {
@@ -155,6 +148,20 @@ func bindRacer(t *testing.T, client *fake.Clientset, slot *corev1.Service) int32
 func dropRacer(t *testing.T, client *fake.Clientset, slot *corev1.Service) int32 {
 	if err := client.CoreV1().Services("deer-flow").Delete(context.Background(), slot.Name, metav1.DeleteOptions{}); err != nil {
 		t.Error(err)
+	}
+	return 0
+}
+
+// domainKind is the kind of err, a domain error (api.Error), or 0 for
+// none; any other error ends the test.
+func domainKind(t *testing.T, err error) api.Kind {
+	t.Helper()
+	var de *api.Error
+	switch {
+	case errors.As(err, &de):
+		return de.Kind
+	case err != nil:
+		t.Fatalf("not a domain error: %v", err)
 	}
 	return 0
 }

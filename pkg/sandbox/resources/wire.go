@@ -34,6 +34,14 @@ func Wired(cfg config.Objects) bool { return cfg.ServiceType != config.ServiceHe
 // SelectorWires selects every pooled Pod's wire, claimed or not.
 var SelectorWires = keys.LabelComponent + "=" + keys.ComponentWireValue + "," + keys.LabelManagedBy + "=" + keys.ManagedByValue
 
+// PoolPrefix begins the name of every warm pool's ReplicaSet,
+// sandbox-pool-<pool>, hence of its Pods and their wires,
+// sandbox-pool-<pool>-<suffix>.
+const PoolPrefix = "sandbox-pool-"
+
+// PoolWires selects the wires of the pool whose label value is pool.
+func PoolWires(pool string) string { return SelectorWires + "," + keys.LabelPool + "=" + pool }
+
 // WireName is the name of pod's wire: the Pod's own (a pool's Pod names
 // are sandbox-pool-<pool>-<suffix>, at most 59 characters, a valid Service
 // name).
@@ -44,7 +52,7 @@ func WireName(pod *corev1.Pod) string { return pod.Name }
 // one) the pool its name was made in: sandbox-pool-<pool>-<suffix>.
 func BuildWire(cfg config.Objects, pod *corev1.Pod, token string) *corev1.Service {
 	pool := pod.Labels[keys.LabelPool]
-	if rest, ok := strings.CutPrefix(pod.Name, "sandbox-pool-"); ok && pool == "" {
+	if rest, ok := strings.CutPrefix(pod.Name, PoolPrefix); ok && pool == "" {
 		if i := strings.LastIndex(rest, "-"); i > 0 {
 			pool = rest[:i]
 		}
