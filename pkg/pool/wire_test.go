@@ -76,12 +76,18 @@ func TestWiredClaim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := struct{ ClusterIP, URLService, SelectedToken, PodToken, URL string }{
-		svc.Spec.ClusterIP, resources.URLService(svc), svc.Spec.Selector[keys.LabelToken], claimed.Labels[keys.LabelToken], sb.URL}
+	own, err := cs.CoreV1().Services(ns).Get(ctx, podName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := struct {
+		ClusterIP, URLService, PodToken, URL string
+		Selector                             map[string]string
+	}{svc.Spec.ClusterIP, resources.URLService(svc), claimed.Labels[keys.LabelToken], sb.URL, svc.Spec.Selector}
 	want := got
-	want.ClusterIP, want.URLService, want.URL = corev1.ClusterIPNone, podName, "http://"+podName+"."+ns+".svc.cluster.local:8080"
-	if !tokens[got.PodToken] || got.SelectedToken != got.PodToken {
-		t.Errorf("claimed Pod token %q, selected %q; want the token it was wired with", got.PodToken, got.SelectedToken)
+	want.ClusterIP, want.URLService, want.URL, want.Selector = corev1.ClusterIPNone, podName, "http://"+podName+"."+ns+".svc.cluster.local:8080", nil
+	if !tokens[got.PodToken] || !resources.Wires(cfg.Objects(), own, claimed) {
+		t.Errorf("claimed Pod token %q, its wire %+v; want the token it was wired with, selected by its wire", got.PodToken, own)
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("a claim of a wired Pod (-want +got):\n%s", diff)

@@ -184,7 +184,7 @@ func (c *claimService) prepare(ctx context.Context, pod *corev1.Pod) error {
 			return nil
 		}
 		var err error
-		if resources.URLService(c.svc) == resources.URLService(want) && resources.SlotToken(c.svc) == s.Token {
+		if resources.URLService(c.svc) == resources.URLService(want) && resources.SlotToken(c.svc) == resources.SlotToken(want) {
 			upd := c.svc.DeepCopy()
 			upd.OwnerReferences = []metav1.OwnerReference{owner}
 			var svc *corev1.Service

@@ -1241,6 +1241,20 @@ func TestAdmissionWiresAPooledPod(t *testing.T) {
 	if _, err := sa.CoreV1().Services(ns).Create(ctx, other, metav1.CreateOptions{}); !refusedBy(err, servicePolicy, "names its own Pod's wire") {
 		t.Errorf("a sandbox Service naming another Pod's wire: %v; want a refusal", err)
 	}
+	// It selects nothing: the wire alone reaches the Pod. One that selects
+	// anything (its sandbox as a cold one's Service does, or more) is not
+	// made.
+	for name, sel := range map[string]map[string]string{
+		"its sandbox":     resources.ServiceSelector(s.ID, s.Token),
+		"the token alone": {keys.LabelToken: s.Token},
+		"every sandbox":   {keys.LabelApp: keys.LabelAppValue},
+	} {
+		selecting := resources.Reference(resources.BuildService(a.cfg.Objects(), s, resources.PodOwnerRef(claimed)), wire)
+		selecting.Spec.Selector = sel
+		if _, err := sa.CoreV1().Services(ns).Create(ctx, selecting, metav1.CreateOptions{}); !refusedBy(err, servicePolicy, "selects nothing") {
+			t.Errorf("a sandbox Service naming its wire and selecting %s: %v; want a refusal", name, err)
+		}
+	}
 	ref := resources.Reference(resources.BuildService(a.cfg.Objects(), s, resources.PodOwnerRef(claimed)), wire)
 	if _, err := sa.CoreV1().Services(ns).Create(ctx, ref, metav1.CreateOptions{}); err != nil {
 		t.Errorf("the function's Service of a sandbox claimed wired is refused: %v", err)

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -481,6 +482,9 @@ func (s *soak) whole(x *soakID) error {
 	case svc.DeletionTimestamp != nil || svc.Annotations[keys.AnnotationPrincipal] != x.owner.name:
 		return fmt.Errorf("its Service is being deleted (%v) or records principal %q", svc.DeletionTimestamp, svc.Annotations[keys.AnnotationPrincipal])
 	}
+	if svc.Annotations[keys.AnnotationURLService] != "" {
+		return s.wholeWired(ctx, x, svc)
+	}
 	tok := svc.Spec.Selector[keys.LabelToken]
 	if tok == "" {
 		return fmt.Errorf("its Service selects no token: %v", svc.Spec.Selector)
@@ -508,6 +512,39 @@ func (s *soak) whole(x *soakID) error {
 		}
 	}
 	return fmt.Errorf("no live Pod of %s carries its Service's token", x.owner.name)
+}
+
+// wholeWired says why x, claimed from a wired pooled Pod, is not a whole
+// sandbox of its owner: its Service (selecting nothing) owned by a live
+// Pod of the owner with the id, and that Pod's wire, named by the Service,
+// selecting the Pod's token alone.
+func (s *soak) wholeWired(ctx context.Context, x *soakID, svc *corev1.Service) error {
+	name := svc.Annotations[keys.AnnotationURLService]
+	if len(svc.Spec.Selector) != 0 {
+		return fmt.Errorf("its Service names wire %s and selects %v", name, svc.Spec.Selector)
+	}
+	pod, err := client().CoreV1().Pods(s.ns).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return fmt.Errorf("no Pod %s (its Service names that wire)", name)
+	case err != nil:
+		return nil
+	case pod.DeletionTimestamp != nil || pod.Labels[keys.LabelID] != x.id || pod.Annotations[keys.AnnotationPrincipal] != x.owner.name ||
+		!slices.ContainsFunc(svc.OwnerReferences, func(r metav1.OwnerReference) bool { return r.UID == pod.UID }):
+		return fmt.Errorf("Pod %s is not a live Pod of %s owning its Service (deleted %v, id %q, principal %q; Service owned by %v)",
+			name, x.owner.name, pod.DeletionTimestamp, pod.Labels[keys.LabelID], pod.Annotations[keys.AnnotationPrincipal], svc.OwnerReferences)
+	}
+	wire, err := client().CoreV1().Services(s.ns).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return fmt.Errorf("no wire %s", name)
+	case err != nil:
+		return nil
+	case wire.DeletionTimestamp != nil || len(wire.Spec.Selector) != 1 || pod.Labels[keys.LabelToken] == "" ||
+		wire.Spec.Selector[keys.LabelToken] != pod.Labels[keys.LabelToken]:
+		return fmt.Errorf("wire %s selects %v, not the token of its Pod (%q)", name, wire.Spec.Selector, pod.Labels[keys.LabelToken])
+	}
+	return nil
 }
 
 // gone says what is left of x (nil when a read fails: it proves nothing).
@@ -542,6 +579,16 @@ func (s *soak) gone(x *soakID) error {
 	return nil
 }
 
+// serves reports whether svc is Pod p's own Service: one that selects its
+// token, or, claimed wired, one that selects nothing and that p owns.
+func serves(svc *corev1.Service, p *corev1.Pod) bool {
+	if svc.Annotations[keys.AnnotationURLService] != "" {
+		return len(svc.Spec.Selector) == 0 && svc.Annotations[keys.AnnotationURLService] == p.Name &&
+			slices.ContainsFunc(svc.OwnerReferences, func(r metav1.OwnerReference) bool { return r.UID == p.UID })
+	}
+	return svc.Spec.Selector[keys.LabelToken] == p.Labels[keys.LabelToken]
+}
+
 // checkSettled holds the cluster after the settle: every sandbox object
 // is part of a whole sandbox, and ids certain of their state are in it.
 func (s *soak) checkSettled() {
@@ -573,7 +620,7 @@ func (s *soak) checkSettled() {
 		}
 		workload[id] = true
 		svc := svcOf[id]
-		if svc == nil || svc.Spec.Selector[keys.LabelToken] != p.Labels[keys.LabelToken] {
+		if svc == nil || !serves(svc, &p) {
 			s.violate("settled: Pod %s of %s has no Service of its own", p.Name, id)
 		}
 	}

@@ -86,7 +86,7 @@ func TestExposingAnswersOnlyThroughAWireThatWires(t *testing.T) {
 			}
 		})
 	}
-	if ref.Spec.ClusterIP != corev1.ClusterIPNone || URLService(ref) != wire.Name || ref.Spec.Selector[keys.LabelID] != testSpec().ID {
-		t.Errorf("Reference: %+v; want headless, naming the wire, still selecting the sandbox", ref)
+	if ref.Spec.ClusterIP != corev1.ClusterIPNone || URLService(ref) != wire.Name || ref.Spec.Selector != nil || !Names(ref, pod) {
+		t.Errorf("Reference: %+v; want headless, naming the wire, selecting nothing, owned by its Pod", ref)
 	}
 }
