@@ -376,3 +376,87 @@ func TestCreateRewiresAClaimedSandbox(t *testing.T) {
 		})
 	}
 }
+
+// TestCreateAfterAClaimedPodWasOrphaned: a sandbox claimed wired whose Pod
+// was deleted with --cascade=orphan leaves its Service without an owner
+// (the garbage collector removes the reference) and naming a wire that
+// went the same way. That Service selects nothing and no workload is its:
+// the next create of the id removes it and makes a whole sandbox, rather
+// than adopting it as a Service of DeerFlow's provisioner (the API
+// server's admission policy would refuse that update: a Service naming a
+// wire selects nothing). Whether the create's first read sees it (the cold
+// way removes it) or misses it (the claim's own Service create meets it).
+// The fake clientset stands in for the API server and its garbage
+// collector (the test removes the references itself).
+func TestCreateAfterAClaimedPodWasOrphaned(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		readMisses bool // the create's first read of the id's Service answers 404 (a stale watch cache)
+		pooled     bool
+	}{
+		{"the create's read finds it", false, false},
+		{"the claim meets it", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, tmpl, cs := claimCluster(t, true, true)
+			ctx := alice
+			p := newPool(cfg, cs, &counts{}, tmpl)
+			if n, err := p.Wire(ctx, tmpl); err != nil || n != 2 {
+				t.Fatalf("Wire: %d, %v; want both pooled Pods wired", n, err)
+			}
+			m := sandbox.NewManager(cfg, cs, sandbox.WithPool(p))
+			if sb, err := m.Create(ctx, claimSpec(t, cfg, "abc", nil), 0); err != nil || !sb.Pooled {
+				t.Fatalf("create: %+v %v; want a pooled sandbox", sb, err)
+			}
+			svcs, pods := cs.CoreV1().Services(ns), cs.CoreV1().Pods(ns)
+			first, err := svcs.Get(ctx, "sandbox-abc-svc", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			claimed := resources.URLService(first)
+			for _, name := range []string{first.Name, claimed} {
+				svc, err := svcs.Get(ctx, name, metav1.GetOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				svc.OwnerReferences = nil
+				if _, err := svcs.Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := pods.Delete(ctx, claimed, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if tc.readMisses {
+				var once sync.Once
+				cs.PrependReactor("get", "services", func(a clienttesting.Action) (bool, runtime.Object, error) {
+					handled := false
+					if a.(clienttesting.GetAction).GetName() == first.Name {
+						once.Do(func() { handled = true })
+					}
+					return handled, nil, apierrors.NewNotFound(corev1.Resource("services"), first.Name)
+				})
+			}
+
+			sb, err := m.Create(ctx, claimSpec(t, cfg, "abc", nil), 0)
+			if err != nil || sb.URL == "" || sb.Pooled != tc.pooled {
+				t.Fatalf("create again: %+v %v; want a sandbox with a URL, pooled %v", sb, err, tc.pooled)
+			}
+			svc, err := svcs.Get(ctx, first.Name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			owner := resources.SandboxOwner(svc.OwnerReferences)
+			if owner == nil || owner.Name == claimed || (resources.URLService(svc) != "" && resources.URLService(svc) != owner.Name) {
+				t.Fatalf("the id's Service after the create: %+v; want one owned by a new workload, naming that workload's wire if any", svc)
+			}
+			pod, err := pods.Get(ctx, owner.Name, metav1.GetOptions{})
+			if err != nil || pod.UID != owner.UID || !resources.Names(svc, pod) {
+				t.Errorf("the Service's owner %s: %+v %v; want the live Pod it names", owner.Name, pod, err)
+			}
+			if g, err := m.Get(ctx, "abc", 0); err != nil || g.URL != sb.URL {
+				t.Errorf("get: %+v %v; want the sandbox at %s", g, err, sb.URL)
+			}
+		})
+	}
+}

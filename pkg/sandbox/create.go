@@ -343,9 +343,9 @@ func (m *Manager) ensureService(ctx context.Context, s api.Spec, owner metav1.Ow
 				return nil, errOtherKind
 			}
 			fallthrough // left over from a workload that is gone: replace it
-		case current != nil:
+		case current != nil || resources.Orphaned(existing):
 			// Left over from an earlier workload of this id (the GC will remove
-			// it anyway): remove it now so the new one gets its Service.
+			// it anyway), or Orphaned: removed so the new one gets its Service.
 			err := svcs.Delete(ctx, existing.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(existing.UID))})
 			if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 				return nil, api.Classify(err, "replace a stale sandbox Service")

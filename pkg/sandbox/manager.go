@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -71,6 +72,9 @@ type Option func(*Manager)
 
 // WithRecorder makes the Manager emit Kubernetes Events.
 func WithRecorder(r Recorder) Option { return func(m *Manager) { m.recorder = r } }
+
+// WithAuditLog sends the audit trail (package audit) to l.
+func WithAuditLog(l *slog.Logger) Option { return func(m *Manager) { m.audit = audit.Log{Logger: l} } }
 
 // WithObserver makes the Manager report lifecycle measurements.
 func WithObserver(o Observer) Option { return func(m *Manager) { m.observer = o } }

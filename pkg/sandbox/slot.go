@@ -225,7 +225,7 @@ func (m *Manager) existing(ctx context.Context, s api.Spec, k kind, svc *corev1.
 
 // fill makes or finds the workload of a Service that no workload owns yet
 // and binds the two: this create's slot (mine), a leftover slot, or a
-// Service of DeerFlow's provisioner. The quota counts first, with that
+// Service of DeerFlow's provisioner (an Orphaned one goes). The quota counts first, with that
 // Service as the sandbox's place. A slot the quota refuses goes at once,
 // and so does a half-made workload of the id (one without its Service:
 // from before slots) that it would have repaired.
@@ -237,6 +237,9 @@ func (m *Manager) existing(ctx context.Context, s api.Spec, k kind, svc *corev1.
 // binds it. This create writes under its own slot only until writeBy
 // (slot.WriteWithin), or gives it up and starts over (errStale).
 func (m *Manager) fill(ctx context.Context, s api.Spec, k kind, svc *corev1.Service, mine bool, writeBy time.Time) (made, error) {
+	if resources.Orphaned(svc) {
+		return made{}, m.dropStale(ctx, svc)
+	}
 	if t := resources.SlotToken(svc); t != "" && !mine {
 		if !m.slots.Leftover(svc) {
 			switch {

@@ -89,10 +89,13 @@ func Token(obj metav1.Object) string {
 // it; or owned by no workload yet and selecting w's token (a create's slot,
 // made before its workload: see Slot); or owned by none and selecting no
 // token (a sandbox of DeerFlow's provisioner, which sets no owners, until a
-// create adopts its Service).
+// create adopts its Service). An Orphaned Service names none.
 func Names(svc *corev1.Service, w metav1.Object) bool {
 	if owner := SandboxOwner(svc.OwnerReferences); owner != nil {
 		return owner.UID == w.GetUID()
+	}
+	if Orphaned(svc) {
+		return false
 	}
 	t := SlotToken(svc)
 	return t == "" || t == Token(w)

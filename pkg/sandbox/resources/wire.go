@@ -122,6 +122,16 @@ func URLService(svc *corev1.Service) string {
 	return svc.Annotations[keys.AnnotationURLService]
 }
 
+// Orphaned reports whether svc is the Service of a sandbox claimed wired
+// that lost its owner reference: the garbage collector removes it from
+// the Service when its Pod is deleted with --cascade=orphan. No workload
+// is its (it selects nothing, and a headless Service cannot be given a
+// virtual IP in place), so it is not adopted as DeerFlow's provisioner's
+// Services are: a create removes it and starts over.
+func Orphaned(svc *corev1.Service) bool {
+	return URLService(svc) != "" && SandboxOwner(svc.OwnerReferences) == nil
+}
+
 // Exposing is the Service a sandbox whose own Service is svc is reached
 // through: svc, or the wire svc names when it was claimed wired, if that
 // wire still wires pod (nil otherwise: the sandbox has no URL, as without

@@ -89,4 +89,10 @@ func TestExposingAnswersOnlyThroughAWireThatWires(t *testing.T) {
 	if ref.Spec.ClusterIP != corev1.ClusterIPNone || URLService(ref) != wire.Name || ref.Spec.Selector != nil || !Names(ref, pod) {
 		t.Errorf("Reference: %+v; want headless, naming the wire, selecting nothing, owned by its Pod", ref)
 	}
+	orphaned := ref.DeepCopy()
+	orphaned.OwnerReferences = nil // its Pod deleted with --cascade=orphan
+	if Orphaned(ref) || !Orphaned(orphaned) || Names(orphaned, pod) || Orphaned(own) {
+		t.Errorf("Orphaned: %v for the reference, %v without its owner (naming its Pod: %v), %v for a Service of its own; want false, true (false), false",
+			Orphaned(ref), Orphaned(orphaned), Names(orphaned, pod), Orphaned(own))
+	}
 }
