@@ -515,24 +515,20 @@ func (s *soak) whole(x *soakID) error {
 }
 
 // wholeWired says why x, claimed from a wired pooled Pod, is not a whole
-// sandbox of its owner: its Service (selecting nothing) owned by a live
-// Pod of the owner with the id, and that Pod's wire, named by the Service,
-// selecting the Pod's token alone.
+// sandbox of its owner: its Service serving (serves) a live Pod of the
+// owner with the id, and that Pod's wire, named by the Service, selecting
+// the Pod's token alone.
 func (s *soak) wholeWired(ctx context.Context, x *soakID, svc *corev1.Service) error {
 	name := svc.Annotations[keys.AnnotationURLService]
-	if len(svc.Spec.Selector) != 0 {
-		return fmt.Errorf("its Service names wire %s and selects %v", name, svc.Spec.Selector)
-	}
 	pod, err := client().CoreV1().Pods(s.ns).Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 		return fmt.Errorf("no Pod %s (its Service names that wire)", name)
 	case err != nil:
 		return nil
-	case pod.DeletionTimestamp != nil || pod.Labels[keys.LabelID] != x.id || pod.Annotations[keys.AnnotationPrincipal] != x.owner.name ||
-		!slices.ContainsFunc(svc.OwnerReferences, func(r metav1.OwnerReference) bool { return r.UID == pod.UID }):
-		return fmt.Errorf("Pod %s is not a live Pod of %s owning its Service (deleted %v, id %q, principal %q; Service owned by %v)",
-			name, x.owner.name, pod.DeletionTimestamp, pod.Labels[keys.LabelID], pod.Annotations[keys.AnnotationPrincipal], svc.OwnerReferences)
+	case pod.DeletionTimestamp != nil || pod.Labels[keys.LabelID] != x.id || pod.Annotations[keys.AnnotationPrincipal] != x.owner.name || !serves(svc, pod):
+		return fmt.Errorf("Pod %s is not a live Pod of %s that its Service serves (deleted %v, id %q, principal %q; Service selects %v, owned by %v)",
+			name, x.owner.name, pod.DeletionTimestamp, pod.Labels[keys.LabelID], pod.Annotations[keys.AnnotationPrincipal], svc.Spec.Selector, svc.OwnerReferences)
 	}
 	wire, err := client().CoreV1().Services(s.ns).Get(ctx, name, metav1.GetOptions{})
 	switch {
