@@ -34,10 +34,11 @@ type Pool interface {
 	// /api/templates). It writes nothing.
 	Describe(ctx context.Context, sums []template.Summary, valid []*template.Template)
 	// WireOf is pod's wire (its own Service, which kube-proxy already
-	// routes to it) when it has one that wires it, nil when it has none
-	// (not wired yet: claimed as before wires). A wire that does not wire
-	// pod (edited by hand) is removed and ErrSkip returned: that Pod is not
-	// handed out, and t's pool is wired again soon.
+	// routes to it) when it has one that wires it, nil when pod is not
+	// wired yet (no token: claimed as before wires). A wired Pod whose wire
+	// is gone (deleted by hand) or does not wire it (edited by hand, then
+	// removed) gets ErrSkip: that Pod is not handed out, and t's pool is
+	// wired again soon.
 	WireOf(ctx context.Context, t *template.Template, pod *corev1.Pod) (*corev1.Service, error)
 	// Rewire gives a sandbox claimed from a wired Pod (its Service svc,
 	// its Pod pod) a wire again when its own (wire, nil when gone) was

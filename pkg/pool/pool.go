@@ -222,10 +222,31 @@ func (p *Pool) Ready(ctx context.Context, t *template.Template, hash string) ([]
 		p.observe(t.Name, ResultError)
 		return nil, err
 	}
-	if len(ready) > 0 && ready[len(ready)-1].Labels[keys.LabelToken] == "" {
-		p.wireSoon(t) // a Pod not wired yet (ordered last): wire it for the next claim
+	if resources.Wired(p.cfg.Objects()) {
+		// A Pod with a token whose wire was not listed beside it has
+		// lost its wire (WireOf passes over it), or it was made since
+		// the list: after the Pods whose wires were listed, before those
+		// not wired yet (claimed as before wires).
+		slices.SortStableFunc(ready, func(a, b *corev1.Pod) int { return cmp.Compare(p.wireRank(a), p.wireRank(b)) })
+		if len(ready) > 0 && p.wireRank(ready[len(ready)-1]) > 0 {
+			p.wireSoon(t) // a Pod not wired (ordered last): wire it for the next claim
+		}
 	}
 	return ready, nil
+}
+
+// wireRank is 0 for a Pod whose wire Ready listed, 1 for one with a token
+// and no wire listed, 2 for one not wired yet.
+func (p *Pool) wireRank(pod *corev1.Pod) int {
+	if pod.Labels[keys.LabelToken] == "" {
+		return 2
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.listed[pod.UID]; ok {
+		return 0
+	}
+	return 1
 }
 
 // list is the pool's claimable Pods of the wanted shape as of resource

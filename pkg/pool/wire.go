@@ -32,8 +32,8 @@ import (
 // The token comes first, with a write conditional on the Pod's version (a
 // claim racing it wins or loses whole), and the wire after it: a wiring
 // cut between the two leaves a Pod with a token and no wire, which a claim
-// takes as unwired (keeping its token, which never changes) and the next
-// wiring completes. The wire is owned by the Pod, so it goes with it.
+// passes over (WireOf) and the next wiring completes. The wire is owned by
+// the Pod, so it goes with it.
 
 // wireTries bounds the token's conditional writes on one Pod whose status
 // the kubelet keeps changing (just after it starts).
@@ -213,10 +213,17 @@ func (p *Pool) wireSoon(t *template.Template) {
 }
 
 // WireOf implements claim.Pool. The wire is the one Ready listed a moment
-// ago, or else read: both from the watch cache. A wire a moment old is as
-// good as one read from etcd (a wire is never updated, and one deleted
-// since leaves the sandbox without a URL until its next create, as a
-// deleted Service does).
+// ago, or else read: from the watch cache, and once more from etcd when
+// the cache has none. A wire a moment old is as good as one read from etcd
+// (a wire is never updated, and one deleted since leaves the sandbox
+// without a URL until its next create, as a deleted Service does).
+//
+// A Pod that carries a token and has no wire was wired and lost its wire
+// (deleted by hand, or a wiring cut between its two writes): it is not
+// handed out, since its claim would change an endpoint after all (a URL
+// that answers only after kube-proxy's next sync). It is passed over
+// (claim.ErrSkip) and left in the pool, and its pool is wired again,
+// which makes its wire.
 func (p *Pool) WireOf(ctx context.Context, t *template.Template, pod *corev1.Pod) (*corev1.Service, error) {
 	if !resources.Wired(p.cfg.Objects()) || pod.Labels[keys.LabelToken] == "" {
 		return nil, nil
@@ -225,10 +232,16 @@ func (p *Pool) WireOf(ctx context.Context, t *template.Template, pod *corev1.Pod
 	wire, err := p.takeListed(pod.UID), error(nil)
 	if wire == nil {
 		wire, err = svcs.Get(ctx, resources.WireName(pod), metav1.GetOptions{ResourceVersion: "0"})
+		if apierrors.IsNotFound(err) {
+			// The cache may not show yet a wire made a moment ago.
+			wire, err = svcs.Get(ctx, resources.WireName(pod), metav1.GetOptions{})
+		}
 	}
 	switch {
 	case apierrors.IsNotFound(err):
-		return nil, nil
+		p.log.Info("passing over a pooled sandbox whose Service is gone; its pool is wired again", "pod", pod.Name, "service", resources.WireName(pod))
+		p.wireSoon(t)
+		return nil, claim.ErrSkip
 	case err != nil:
 		return nil, api.Classify(err, "read the pooled Pod's Service")
 	case resources.Wires(p.cfg.Objects(), wire, pod):

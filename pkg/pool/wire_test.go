@@ -129,6 +129,102 @@ func TestWiredClaim(t *testing.T) {
 	}
 }
 
+// TestClaimPassesOverAPodThatLostItsWire: a wired pooled Pod whose wire was
+// deleted or edited by hand is not handed out (issue 32's bad input): a
+// claim takes the other, wired Pod (Ready orders a Pod whose wire it did
+// not list after those whose wire it did), the next create goes cold
+// rather than claim it, and it stays in its pool with its token until the
+// next wiring makes its wire again; then it is claimed wired. The fake
+// clientset stands in for the API server.
+func TestClaimPassesOverAPodThatLostItsWire(t *testing.T) {
+	tests := []struct {
+		name string
+		lose func(svcs typedcorev1.ServiceInterface, wire *corev1.Service) error
+		// unlisted: Ready lists no wire for the Pod, so orders it last
+		unlisted bool
+	}{
+		{"deleted", func(svcs typedcorev1.ServiceInterface, wire *corev1.Service) error {
+			return svcs.Delete(alice, wire.Name, metav1.DeleteOptions{})
+		}, true},
+		{"edited", func(svcs typedcorev1.ServiceInterface, wire *corev1.Service) error {
+			wire.Spec.Selector = map[string]string{keys.LabelApp: keys.LabelAppValue}
+			_, err := svcs.Update(alice, wire, metav1.UpdateOptions{})
+			return err
+		}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, tmpl, cs := claimCluster(t, true, true)
+			var c counts
+			p := newPool(cfg, cs, &c, tmpl)
+			if n, err := p.Wire(alice, tmpl); err != nil || n != 2 {
+				t.Fatalf("Wire: %d, %v; want both pooled Pods wired", n, err)
+			}
+			const lost, kept = "sandbox-pool-warm-aaaaa", "sandbox-pool-warm-bbbbb"
+			svcs, pods := cs.CoreV1().Services(ns), cs.CoreV1().Pods(ns)
+			wire, err := svcs.Get(alice, lost, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := tc.lose(svcs, wire); err != nil {
+				t.Fatal(err)
+			}
+			before, err := pods.Get(alice, lost, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			urlOf := func(pod string) string { return "http://" + pod + "." + ns + ".svc.cluster.local:8080" }
+			// No wiring in the background (wireSoon, a second after a
+			// claim) until the test wires: as if one were running.
+			p.wiring[tmpl.Name] = false
+			if tc.unlisted {
+				// Ready shuffles the Pods; twenty looks all put the wired one first.
+				for i := 0; i < 20; i++ {
+					ready, err := p.Ready(alice, tmpl, hashOf(cfg, tmpl))
+					if err != nil || len(ready) != 2 || ready[0].Name != kept {
+						t.Fatalf("Ready: %d Pods, %v; want %s (wired) first", len(ready), err, kept)
+					}
+				}
+			}
+
+			m := sandbox.NewManager(cfg, cs, sandbox.WithPool(p))
+			got := map[string]string{}
+			for _, id := range []string{"abc", "def"} {
+				sb, err := m.Create(alice, claimSpec(t, cfg, id, nil), 0)
+				if err != nil {
+					t.Fatalf("create %s: %v", id, err)
+				}
+				got[id] = "cold"
+				if sb.Pooled {
+					got[id] = sb.URL
+				}
+			}
+			if diff := cmp.Diff(map[string]string{"abc": urlOf(kept), "def": "cold"}, got); diff != "" {
+				t.Errorf("creates (the wired Pod's URL, or cold) (-want +got):\n%s", diff)
+			}
+			after, err := pods.Get(alice, lost, metav1.GetOptions{})
+			if err != nil || after.Labels[keys.LabelID] != "" || after.Labels[keys.LabelPool] == "" || resources.Token(after) != resources.Token(before) {
+				t.Fatalf("the Pod that lost its wire: %v %v; want it left in its pool, unclaimed, with its token", err, after.Labels)
+			}
+			if _, err := svcs.Get(alice, lost, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				t.Errorf("its wire after the claims: %v; want none (an edited one is removed)", err)
+			}
+
+			// The next wiring makes its wire again; then it is claimed wired.
+			if n, err := p.Wire(alice, tmpl); err != nil || n != 1 {
+				t.Fatalf("Wire: %d, %v; want the Pod that lost its wire wired again", n, err)
+			}
+			if w, err := svcs.Get(alice, lost, metav1.GetOptions{}); err != nil || !resources.Wires(cfg.Objects(), w, after) {
+				t.Fatalf("its wire after the next wiring: %+v %v; want one that wires it", w, err)
+			}
+			sb, err := m.Create(alice, claimSpec(t, cfg, "ghi", nil), 0)
+			if err != nil || !sb.Pooled || sb.URL != urlOf(lost) {
+				t.Errorf("create of ghi: %+v %v; want it claimed at its wire %s", sb, err, urlOf(lost))
+			}
+		})
+	}
+}
+
 // TestClaimMeetsAWiringLandingFirst: a claim of a Pod not yet wired made
 // its Service selecting its own token; the wiring's token write lands on
 // the Pod first, so the claim's patch meets a conflict, and the Pod read

@@ -158,9 +158,9 @@ type claimService struct {
 // Service selects that token. A wired Pod (resources.Wires) gets a
 // reference Service (resources.Reference): its URL is the wire's, whose
 // endpoint kube-proxy has already programmed; there is no slice to wait
-// for. A Pod with no wire (not wired yet, or its wire deleted) is claimed
-// as an unwired one; one whose wire was edited by hand is passed over
-// (claim.ErrSkip: the pool unwires it).
+// for. A Pod not wired yet is claimed as an unwired one; one whose wire
+// was deleted or edited by hand is passed over (claim.ErrSkip: the pool
+// wires it again).
 func (c *claimService) prepare(ctx context.Context, pod *corev1.Pod) error {
 	owner := resources.PodOwnerRef(pod)
 	svcs := c.m.client.CoreV1().Services(c.m.cfg.Namespace)
