@@ -402,7 +402,7 @@ func claimCluster(t *testing.T, ready ...bool) (*config.Config, *template.Templa
 	cfg := testConfig(t)
 	tmpl := pooled(t, cfg, len(ready))
 	pt := &corev1.PodTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: "warm", Namespace: ns, UID: tmpl.UID, Labels: map[string]string{keys.LabelTemplate: "true"},
+		ObjectMeta: metav1.ObjectMeta{Name: "warm", Namespace: ns, UID: tmpl.UID, ResourceVersion: tmpl.ResourceVersion, Labels: map[string]string{keys.LabelTemplate: "true"},
 			Annotations: map[string]string{keys.TemplatePoolSize: strconv.Itoa(len(ready)), keys.TemplateDeerFlowMounts: "false"}},
 		Template: tmpl.Pod,
 	}

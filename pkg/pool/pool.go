@@ -190,9 +190,9 @@ func (p *Pool) Claim(ctx context.Context, t *template.Template, hash string, c c
 }
 
 // Ready implements claim.Pool: one list of the pool's Pods of the wanted
-// shape, the claimable ones in random order (so racing claims mostly pick
-// different Pods). A failure is counted and logged here; the caller goes
-// the cold way.
+// shape, the claimable ones best first (order), each rank in random order
+// (so racing claims mostly pick different Pods). A failure is counted and
+// logged here; the caller goes the cold way.
 func (p *Pool) Ready(ctx context.Context, t *template.Template, hash string) ([]*corev1.Pod, error) {
 	p.ensureSoon(t)
 	// ResourceVersion "0": the API server answers from its watch cache at
@@ -222,35 +222,15 @@ func (p *Pool) Ready(ctx context.Context, t *template.Template, hash string) ([]
 		p.observe(t.Name, ResultError)
 		return nil, err
 	}
-	if resources.Wired(p.cfg.Objects()) {
-		// A Pod with a token whose wire was not listed beside it has
-		// lost its wire (WireOf passes over it), or it was made since
-		// the list: after the Pods whose wires were listed, before those
-		// not wired yet (claimed as before wires).
-		slices.SortStableFunc(ready, func(a, b *corev1.Pod) int { return cmp.Compare(p.wireRank(a), p.wireRank(b)) })
-		if len(ready) > 0 && p.wireRank(ready[len(ready)-1]) > 0 {
-			p.wireSoon(t) // a Pod not wired (ordered last): wire it for the next claim
-		}
+	if p.order(ready) {
+		p.wireSoon(t) // a Pod not wired (ordered last): wire it for the next claim
 	}
 	return ready, nil
 }
 
-// wireRank is 0 for a Pod whose wire Ready listed, 1 for one with a token
-// and no wire listed, 2 for one not wired yet.
-func (p *Pool) wireRank(pod *corev1.Pod) int {
-	if pod.Labels[keys.LabelToken] == "" {
-		return 2
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if _, ok := p.listed[pod.UID]; ok {
-		return 0
-	}
-	return 1
-}
-
 // list is the pool's claimable Pods of the wanted shape as of resource
-// version rv ("0": the watch cache; "": current), in random order.
+// version rv ("0": the watch cache; "": current), in random order (so
+// racing claims mostly pick different Pods; order ranks them).
 func (p *Pool) list(ctx context.Context, t *template.Template, hash, rv string) ([]*corev1.Pod, error) {
 	sel := labels.Set(selector(poolValue(t.Name)))
 	sel[keys.LabelPoolHash] = hash
@@ -265,8 +245,6 @@ func (p *Pool) list(ctx context.Context, t *template.Template, hash, rv string) 
 		}
 	}
 	rand.Shuffle(len(ready), func(i, j int) { ready[i], ready[j] = ready[j], ready[i] })
-	now := p.now()
-	slices.SortStableFunc(ready, func(a, b *corev1.Pod) int { return cmp.Compare(wiredRank(a, now), wiredRank(b, now)) })
 	return ready, nil
 }
 
@@ -275,18 +253,34 @@ func (p *Pool) list(ctx context.Context, t *template.Template, hash, rv string) 
 // default) and the sync itself.
 const programmed = 2 * time.Second
 
-// wiredRank orders claimable Pods best first: wired (it carries a token:
-// its wire exists unless a wiring stopped halfway or it was removed, which
-// the claim checks) and Ready for long enough that its endpoint is
-// programmed, then wired Pods Ready a moment ago, then the rest.
-func wiredRank(pod *corev1.Pod, now time.Time) int {
-	switch {
-	case pod.Labels[keys.LabelToken] == "":
-		return 2
-	case now.Sub(readySince(pod)) < programmed:
-		return 1
+// order sorts claimable Pods best first, those of one rank left in their
+// random order: (0) wired, its wire listed beside it (Ready), and Ready
+// for long enough that the wire's endpoint is programmed; (1) the same,
+// Ready a moment ago; (2) with a token and no wire listed: it lost its
+// wire (WireOf passes over it), or its wire was made since the list;
+// (3) no token: not wired yet, claimed as before wires. It reports whether
+// any Pod ranks 2 or 3, for its pool to be wired.
+func (p *Pool) order(ready []*corev1.Pod) (unwired bool) {
+	now := p.now()
+	rank := make(map[types.UID]int, len(ready))
+	p.mu.Lock()
+	for _, pod := range ready {
+		_, listed := p.listed[pod.UID]
+		r := 0
+		switch {
+		case pod.Labels[keys.LabelToken] == "":
+			r = 3
+		case !listed:
+			r = 2
+		case now.Sub(readySince(pod)) < programmed:
+			r = 1
+		}
+		rank[pod.UID] = r
+		unwired = unwired || r >= 2
 	}
-	return 0
+	p.mu.Unlock()
+	slices.SortStableFunc(ready, func(a, b *corev1.Pod) int { return cmp.Compare(rank[a.UID], rank[b.UID]) })
+	return unwired
 }
 
 func readySince(pod *corev1.Pod) time.Time {
@@ -318,6 +312,7 @@ func (p *Pool) ClaimFrom(ctx context.Context, t *template.Template, hash string,
 			if ready, err = p.list(ctx, t, hash, ""); err != nil {
 				break // the stale look found nothing either: cold, as with an empty pool
 			}
+			p.order(ready)
 			listed, skipped = len(ready), 0
 		}
 		for _, pod := range ready {

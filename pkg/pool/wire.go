@@ -213,10 +213,9 @@ func (p *Pool) wireSoon(t *template.Template) {
 }
 
 // WireOf implements claim.Pool. The wire is the one Ready listed a moment
-// ago, or else read: from the watch cache, and once more from etcd when
-// the cache has none. A wire a moment old is as good as one read from etcd
-// (a wire is never updated, and one deleted since leaves the sandbox
-// without a URL until its next create, as a deleted Service does).
+// ago, or else read from etcd. A wire a moment old is as good as one read
+// from etcd (a wire is never updated, and one deleted since leaves the
+// sandbox without a URL until its next create, as a deleted Service does).
 //
 // A Pod that carries a token and has no wire was wired and lost its wire
 // (deleted by hand, or a wiring cut between its two writes): it is not
@@ -231,11 +230,9 @@ func (p *Pool) WireOf(ctx context.Context, t *template.Template, pod *corev1.Pod
 	svcs := p.client.CoreV1().Services(p.cfg.Namespace)
 	wire, err := p.takeListed(pod.UID), error(nil)
 	if wire == nil {
-		wire, err = svcs.Get(ctx, resources.WireName(pod), metav1.GetOptions{ResourceVersion: "0"})
-		if apierrors.IsNotFound(err) {
-			// The cache may not show yet a wire made a moment ago.
-			wire, err = svcs.Get(ctx, resources.WireName(pod), metav1.GetOptions{})
-		}
+		// Not listed (or listed too long ago): one read from etcd, which
+		// the watch cache might not yet show a wire made a moment ago.
+		wire, err = svcs.Get(ctx, resources.WireName(pod), metav1.GetOptions{})
 	}
 	switch {
 	case apierrors.IsNotFound(err):
