@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
@@ -121,10 +122,17 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 		b.Fatal(err)
 	}
 	pods := kc.Client.CoreV1().Pods(ns)
+	// The floor's claims have a client of their own, timed as the
+	// function's calls are, so their calls can be set beside the function's.
+	fc, floorCalls, err := timedClient(kc.Config)
+	if err != nil {
+		b.Fatal(err)
+	}
+	fpods := fc.CoreV1().Pods(ns)
 	poolSel := keys.LabelPool + "=warm"
 	// rv "0" lists from the API server's watch cache, as a claim does
 	// (pool.Ready); "" is a consistent list, for waiting on the pool.
-	readyPooled := func(ctx context.Context, rv string) ([]corev1.Pod, error) {
+	listReady := func(ctx context.Context, pods typedcorev1.PodInterface, rv string) ([]corev1.Pod, error) {
 		l, err := pods.List(ctx, metav1.ListOptions{LabelSelector: poolSel, ResourceVersion: rv})
 		if err != nil {
 			return nil, err
@@ -137,6 +145,7 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 		}
 		return out, nil
 	}
+	readyPooled := func(ctx context.Context, rv string) ([]corev1.Pod, error) { return listReady(ctx, pods, rv) }
 	// With wires (NodePort and ClusterIP modes), a pool stands full when
 	// each of its Ready Pods is wired too and, on the real node (viewRow),
 	// its wire answers from it at its node port: kube-proxy has programmed
@@ -231,7 +240,7 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 		if err != nil {
 			return nil, err
 		}
-		svcs := kc.Client.CoreV1().Services(ns)
+		svcs := fc.CoreV1().Services(ns)
 		var svc *corev1.Service
 		// As a claim does (pool.ClaimFrom): from the watch cache, then
 		// once more from a current list when the cache offered too few;
@@ -246,7 +255,7 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 			)
 			g, gctx := errgroup.WithContext(ctx)
 			g.Go(func() (err error) {
-				cands, err = readyPooled(gctx, rv)
+				cands, err = listReady(gctx, fpods, rv)
 				return err
 			})
 			if wired {
@@ -312,9 +321,9 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 				for try := 0; try < 3 && p != nil; try++ {
 					patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"resourceVersion": p.ResourceVersion, "ownerReferences": nil,
 						"labels": map[string]any{keys.LabelPool: nil, keys.LabelPoolHash: nil, keys.LabelID: id, keys.LabelPooled: "true"}}})
-					_, err := pods.Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+					_, err := fpods.Patch(ctx, p.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 					if apierrors.IsConflict(err) {
-						if p, err = pods.Get(ctx, p.Name, metav1.GetOptions{}); err != nil || p.Labels[keys.LabelID] != "" {
+						if p, err = fpods.Get(ctx, p.Name, metav1.GetOptions{}); err != nil || p.Labels[keys.LabelID] != "" {
 							p, taken[uid] = nil, true
 						}
 						continue
@@ -361,6 +370,9 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 	type result struct{ ours, floor []time.Duration }
 	results := map[int]*result{}
 	errs := 0
+	// What ours asked the API server during its c=8 rounds (from the round's
+	// start to its last answer; the wiring a claim asks for comes after).
+	calls8, floorCalls8 := kubeCalls{}, kubeCalls{}
 	for _, c := range []int{1, 8} {
 		res := &result{}
 		results[c] = res
@@ -375,6 +387,17 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 				// (the kubelet starting Pods on the same two cores as the
 				// API server) is not charged to this round's claims.
 				waitPool(size)
+				var before kubeCalls
+				calls, into := floorCalls, floorCalls8
+				if side.name == "o" {
+					calls, into = func() (kubeCalls, error) { return scrapeKubeCalls(fn) }, calls8
+				}
+				if c == 8 {
+					var err error
+					if before, err = calls(); err != nil {
+						b.Fatal(err)
+					}
+				}
 				ids := make([]string, c)
 				var wg sync.WaitGroup
 				var mu sync.Mutex
@@ -397,6 +420,13 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 					}()
 				}
 				wg.Wait()
+				if before != nil {
+					after, err := calls()
+					if err != nil {
+						b.Fatal(err)
+					}
+					into.add(before, after)
+				}
 				remove(ids)
 			}
 		}
@@ -466,6 +496,8 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 	} else {
 		fmt.Fprintf(&md, "\nfloor: client-go lists the pool's Pods, creates the Service owned by one, waits for its first EndpointSlice and claims the Pod with a conditional patch (in Headless mode, then waits until its EndpointSlice lists the Pod, as a claim does). Targets: p50 ≤ 50 ms, p99 ≤ 250 ms at c=1 and c=8. Errors: %d.\n", errs)
 	}
+	fmt.Fprintf(&md, "\nWhat the c=8 claims asked the API server (ours: the function's kube_request_duration_seconds, from each round's start to its last answer; the floor: its own client timed the same way):\n\n%s",
+		calls8.table(len(results[8].ours), floorCalls8, len(results[8].floor)))
 	if fl.cfg.ServiceType == config.ServiceHeadless {
 		fmt.Fprintf(&md, "Claims answered before their name resolved (5 s bound): ours %d, the floor's %d.\n", unnamed(fn), fl.unnamed.Load())
 	}
