@@ -32,6 +32,16 @@ func CallerFrom(ctx context.Context) (Caller, bool) {
 	return c, ok && c.Principal != ""
 }
 
+// RequireCaller is CallerFrom that fails closed: a door that forgot to say
+// who is calling gets an internal error, never every sandbox.
+func RequireCaller(ctx context.Context) (Caller, error) {
+	c, ok := CallerFrom(ctx)
+	if !ok {
+		return Caller{}, &Error{Kind: KindInternal, Detail: "the request reached the sandbox operations without an authenticated principal"}
+	}
+	return c, nil
+}
+
 // LegacyPrincipal owns the sandboxes that record no principal: those made
 // before principals were recorded, when PROVISIONER_API_KEY (principal
 // "default") was the only credential that could create one. So DeerFlow's

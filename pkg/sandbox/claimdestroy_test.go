@@ -53,6 +53,9 @@ func TestDestroyOfAPendingClaim(t *testing.T) {
 		before, after func(c *claimWrites)
 		during        func(c *claimWrites, deleting string)
 		want          outcome
+		// unwaited: the destroy reads the id's Service once per round, not
+		// every 20 ms for claimLands (a claim that has landed is not waited for).
+		unwaited bool
 	}{
 		{name: "the claim lands while the destroy waits: both go",
 			after: func(c *claimWrites) { c.claim(podA, id) },
@@ -73,6 +76,14 @@ func TestDestroyOfAPendingClaim(t *testing.T) {
 		{name: "the pooled Pod was claimed by another sandbox: that sandbox stays, the Service of the id goes",
 			before: func(c *claimWrites) { c.claim(podA, "other1") },
 			want:   outcome{Pods: []string{podA, podB}}},
+		// A destroy cut between its two deletes: the claimed Pod is going,
+		// its Service stays. The retry finds no claim to wait for.
+		{name: "the claim landed and its Pod is terminating: the Service goes at once",
+			before: func(c *claimWrites) {
+				c.claim(podA, id)
+				c.bump(podsResource, podA, func(o metav1.Object) { o.SetDeletionTimestamp(&metav1.Time{Time: time.Now()}) })
+			},
+			want: outcome{Pods: []string{podA, podB}}, unwaited: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -133,8 +144,11 @@ func TestDestroyOfAPendingClaim(t *testing.T) {
 			sort.Strings(got.Pods)
 			kept, err := client.CoreV1().Services("deer-flow").Get(bg, resources.ServiceName(id), metav1.GetOptions{})
 			got.Service = err == nil
+			if reads := serviceReads(client, resources.ServiceName(id)); tc.unwaited && reads > 2 {
+				t.Errorf("the destroy read Service %s %d times: it waited for a claim that had landed", resources.ServiceName(id), reads)
+			}
 			for _, p := range pods.Items {
-				if resources.PodID(&p) == id && (!got.Service || resources.OwnerUID(kept.OwnerReferences) != p.UID) {
+				if p.DeletionTimestamp == nil && resources.PodID(&p) == id && (!got.Service || resources.OwnerUID(kept.OwnerReferences) != p.UID) {
 					t.Errorf("Pod %s of sandbox %s stands without its Service: the quota does not count it", p.Name, id)
 				}
 			}
@@ -143,6 +157,17 @@ func TestDestroyOfAPendingClaim(t *testing.T) {
 			}
 		})
 	}
+}
+
+// serviceReads counts the gets of Service name the client has answered.
+func serviceReads(client *fake.Clientset, name string) int {
+	n := 0
+	for _, a := range client.Actions() {
+		if g, ok := a.(k8stesting.GetAction); ok && a.GetVerb() == "get" && a.GetResource().Resource == "services" && g.GetName() == name {
+			n++
+		}
+	}
+	return n
 }
 
 // claimWrites makes a pooled create's writes on the fake's tracker, as

@@ -35,7 +35,7 @@ const maxConvergeAttempts = 5
 // The sandbox records the caller's principal; an existing one is handed
 // only to that principal (or an administrator).
 func (m *Manager) Create(ctx context.Context, s api.Spec, wait time.Duration) (api.Sandbox, error) {
-	c, err := callerOf(ctx)
+	c, err := api.RequireCaller(ctx)
 	if err != nil {
 		return api.Sandbox{}, err
 	}
@@ -184,7 +184,7 @@ func (m *Manager) reuseOtherKind(ctx context.Context, s api.Spec) (made, error) 
 	if err != nil {
 		return made{}, err
 	}
-	if f.pod == nil && f.rs == nil && f.svc != nil && resources.Pending(f.svc, s.ID) {
+	if f.pod == nil && f.rs == nil && f.pending(s.ID) {
 		// A pooled create wrote the Service and has yet to claim its Pod
 		// (claimService), or a cold create its slot and has yet to make its
 		// workload (fill): wait for that write, or for it to give up.
@@ -192,7 +192,7 @@ func (m *Manager) reuseOtherKind(ctx context.Context, s api.Spec) (made, error) 
 			if f, err = m.fetch(ctx, s.ID); err != nil {
 				return false, err
 			}
-			return f.pod != nil || f.rs != nil || f.svc == nil || !resources.Pending(f.svc, s.ID), nil
+			return f.pod != nil || f.rs != nil || !f.pending(s.ID), nil
 		})
 		if err != nil {
 			return made{}, err

@@ -85,14 +85,14 @@ func (m *Manager) destroy(ctx context.Context, id string) (string, error) {
 		// slot still pending when the deadline nears is a conflict to
 		// retry (only its create removes it: package slot). A workload the
 		// read missed (made meanwhile) goes by the Service's owner reference.
-		if resources.Pending(f.svc, id) && !m.slots.Leftover(f.svc) {
+		if f.pending(id) && !m.slots.Leftover(f.svc) {
 			slot := resources.SandboxOwner(f.svc.OwnerReferences) == nil
 			within := claimLands
 			if slot {
 				within = m.slots.Settles(ctx)
 			}
 			settled := func() bool {
-				return f.workload() != nil || f.svc == nil || !resources.Pending(f.svc, id) || m.slots.Leftover(f.svc)
+				return f.workload() != nil || !f.pending(id) || m.slots.Leftover(f.svc)
 			}
 			_ = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, within, true, func(ctx context.Context) (bool, error) {
 				g, _, err := m.fetchVisible(ctx, id)

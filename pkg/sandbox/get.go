@@ -130,6 +130,7 @@ func (m *Manager) fetchObjects(ctx context.Context, id string) (found, error) {
 		g.Go(func() error {
 			pod, err := m.client.CoreV1().Pods(m.cfg.Namespace).Get(gctx, resources.SandboxOwner(f.svc.OwnerReferences).Name, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) || (err == nil && (pod.DeletionTimestamp != nil || resources.PodID(pod) != id)) {
+				f.ending = err == nil && pod.DeletionTimestamp != nil && resources.PodID(pod) == id
 				return nil
 			}
 			f.pod = pod

@@ -21,7 +21,7 @@ import (
 // answers with its wire's URL). DeerFlow's provisioner made one
 // call per sandbox.
 func (m *Manager) List(ctx context.Context) ([]api.Sandbox, error) {
-	c, err := callerOf(ctx)
+	c, err := api.RequireCaller(ctx)
 	if err != nil {
 		return nil, err
 	}

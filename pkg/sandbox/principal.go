@@ -17,16 +17,6 @@ import (
 // ReplicaSet, and a ReplicaSet's Pods) and on the Service
 // (keys.AnnotationPrincipal, keys.LabelPrincipal).
 
-// callerOf is CallerFrom that fails closed: a door that forgot to say who
-// is calling gets an internal error, never every sandbox.
-func callerOf(ctx context.Context) (api.Caller, error) {
-	c, ok := api.CallerFrom(ctx)
-	if !ok {
-		return api.Caller{}, &api.Error{Kind: api.KindInternal, Detail: "the request reached the sandbox operations without an authenticated principal"}
-	}
-	return c, nil
-}
-
 // seesSandbox judges a sandbox by what carries its identity: its workload,
 // or, when only its Service is left, the Service.
 func seesSandbox(c api.Caller, f found) bool {
@@ -40,7 +30,7 @@ func seesSandbox(c api.Caller, f found) bool {
 // is absent (hidden says it exists), exactly as one that never existed, so
 // that its id, state and URL stay unknown to the caller.
 func (m *Manager) fetchVisible(ctx context.Context, id string) (f found, hidden bool, err error) {
-	c, err := callerOf(ctx)
+	c, err := api.RequireCaller(ctx)
 	if err != nil {
 		return found{}, false, err
 	}

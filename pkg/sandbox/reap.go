@@ -30,7 +30,7 @@ import (
 // tenant, and another principal's ids are not its to learn. The audit line
 // names them all.
 func (m *Manager) Reap(ctx context.Context) (api.Reaped, error) {
-	c, err := callerOf(ctx)
+	c, err := api.RequireCaller(ctx)
 	if err != nil {
 		return api.Reaped{}, err
 	}

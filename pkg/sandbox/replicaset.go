@@ -28,6 +28,15 @@ type found struct {
 	// (resources.URLService): the wire of the pooled Pod it was claimed
 	// from; nil when svc names none, or it is gone.
 	wire *corev1.Service
+	// ending: the pooled Pod svc names carries the id and is being
+	// deleted. Its claim landed; svc holds the id for nothing to come.
+	ending bool
+}
+
+// pending reports whether svc holds id for a workload still to come
+// (resources.Pending), not for one already going.
+func (f found) pending(id string) bool {
+	return f.svc != nil && !f.ending && resources.Pending(f.svc, id)
 }
 
 // workload is the object that carries the sandbox's identity and lifecycle
