@@ -110,7 +110,7 @@ func (m *Manager) admitWait(ctx context.Context, wait time.Duration) (release fu
 	if wait <= 0 {
 		return func() {}, nil
 	}
-	// A request without a caller fails closed further on (callerOf); until
+	// A request without a caller fails closed further on (api.RequireCaller); until
 	// then it waits as nobody's, in a share of its own.
 	c, _ := api.CallerFrom(ctx)
 	return m.waits.Take(c.Principal)
