@@ -5,7 +5,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -279,39 +278,17 @@ func TestPoolClaims(t *testing.T) {
 		t.Errorf("cold create of pool-shells: %v", err)
 	}
 
-	// The metric says which creates hit.
-	m, err := f.Client.Get(f.URL + "/metrics")
-	if err == nil {
-		defer m.Body.Close()
-		var b strings.Builder
-		buf := make([]byte, 1<<16)
-		for {
-			n, rerr := m.Body.Read(buf)
-			b.Write(buf[:n])
-			if rerr != nil {
-				break
-			}
-		}
-		// A claim counts as wired or hit by whether its Pod was wired when
-		// claimed, which the pool's background wiring (asked for by the
-		// reap and by the burst's first claims) decides by timing: the
-		// five claims are counted under one of the two, each once.
-		results := map[string]int{}
-		for _, line := range strings.Split(b.String(), "\n") {
-			rest, ok := strings.CutPrefix(line, `sandbox_provisioner_pool_claims_total{result="`)
-			if !ok || !strings.Contains(rest, `",template="warm"} `) {
-				continue
-			}
-			result, value, _ := strings.Cut(rest, `",template="warm"} `)
-			n, err := strconv.Atoi(value)
-			if err != nil {
-				t.Fatalf("metrics line %q: %v", line, err)
-			}
-			results[result] = n
-		}
-		if results["hit"]+results["wired"] != 5 || results["miss"] != 2 {
-			t.Errorf("pool_claims_total of template warm %v, want hit and wired 5 together and miss 2", results)
-		}
+	// The metric says which creates hit. A claim counts as wired or hit by
+	// whether its Pod was wired when claimed, which the pool's background
+	// wiring (asked for by the reap and by the burst's first claims)
+	// decides by timing: the five claims are counted under one of the two,
+	// each once.
+	got := scrape(t, f, "sandbox_provisioner_pool_claims_total")
+	claims := func(result string) float64 {
+		return got[`sandbox_provisioner_pool_claims_total{result="`+result+`",template="warm"}`]
+	}
+	if claims("hit")+claims("wired") != 5 || claims("miss") != 2 {
+		t.Errorf("pool_claims_total of template warm %v, want hit and wired 5 together and miss 2", got)
 	}
 }
 
