@@ -14,15 +14,16 @@ import (
 	"strings"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
-
-	"github.com/deerflow-sandbox/provisioner/pkg/api"
-	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
 )
 
 // Checker keeps the last verdict of each check. Nothing runs between
@@ -107,12 +108,26 @@ func (c *Checker) Ensure(ctx context.Context) error {
 
 // Require is the check a create makes; it fails closed: no sandbox runs
 // unconfined, nor on the node's own kernel when a sandboxed one is asked for.
+// The stale checks are made at once, side by side: a create that finds both
+// verdicts older than the TTL (the first after a quiet moment) waits for one
+// round trip, not two. Of several refusals the first check's is answered.
 func (c *Checker) Require(ctx context.Context) error {
-	for _, k := range c.checks() {
+	cs := c.checks()
+	errs := make([]error, len(cs))
+	var g errgroup.Group
+	for i, k := range cs {
 		err, ok := k.v.fresh(c.cfg.NetworkPolicyCheckTTL)
-		if !ok {
-			err = k.v.run(ctx, c.timeout, k.action, k.make)
+		if ok {
+			errs[i] = err
+			continue
 		}
+		g.Go(func() error {
+			errs[i] = k.v.run(ctx, c.timeout, k.action, k.make)
+			return nil
+		})
+	}
+	_ = g.Wait()
+	for _, err := range errs {
 		if err != nil {
 			return err
 		}

@@ -1,12 +1,25 @@
 package isolation
 
 import (
+	"context"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/google/go-cmp/cmp"
 	networkingv1 "k8s.io/api/networking/v1"
+	nodev1 "k8s.io/api/node/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+	networkingclient "k8s.io/client-go/kubernetes/typed/networking/v1"
+	nodeclient "k8s.io/client-go/kubernetes/typed/node/v1"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 )
 
 // TestSpecDiffIsSemantic: the same policy written in another order, or with
@@ -47,4 +60,108 @@ func TestSpecDiffIsSemantic(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestStaleChecksRunSideBySide: a create that finds both verdicts stale
+// reads the policy and the RuntimeClass at once, so it waits for one round
+// trip, not two; of two refusals it answers the policy's. Each read waits
+// until the other has begun: checks made one after the other would leave
+// the first waiting until its bound, and the test says so. The fake
+// clientset stands in for the API server; its reactors run one at a time,
+// so the reads meet in meetingClient, before the fake.
+func TestStaleChecksRunSideBySide(t *testing.T) {
+	cfg := testConfig(t, map[string]string{"SANDBOX_RUNTIME_CLASS": "gvisor", "SANDBOX_USER_NAMESPACE": "false", "SANDBOX_NETWORK_POLICY_CHECK_TTL": "0s"})
+	tests := []struct {
+		name    string
+		objects []runtime.Object
+		want    string // in the refusal's detail; "" admits
+	}{
+		{"both in force", []runtime.Object{resources.BuildNetworkPolicy(cfg.Objects()), &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "gvisor"}, Handler: GVisorHandler}}, ""},
+		{"the class missing", []runtime.Object{resources.BuildNetworkPolicy(cfg.Objects())}, "SANDBOX_RUNTIME_CLASS"},
+		{"both missing: the policy's refusal", nil, "NetworkPolicy"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			began := map[string]chan struct{}{"networkpolicies": make(chan struct{}), "runtimeclasses": make(chan struct{})}
+			var (
+				mu    sync.Mutex
+				alone []string
+			)
+			meet := func(resource, other string) {
+				close(began[resource])
+				select {
+				case <-began[other]:
+				case <-time.After(5 * time.Second):
+					mu.Lock()
+					alone = append(alone, resource)
+					mu.Unlock()
+				}
+			}
+			client := meetingClient{fake.NewClientset(tt.objects...), meet}
+			c := New(&cfg.IsolationConfig, &cfg.PodSecurityConfig, cfg.Namespace, 10*time.Second, resources.BuildNetworkPolicy(cfg.Objects()), client)
+			err := c.Require(context.Background())
+			if len(alone) > 0 {
+				t.Errorf("%v read with no other read under way: the checks ran one after the other", alone)
+			}
+			switch {
+			case tt.want == "" && err != nil:
+				t.Errorf("Require: %v, want admitted", err)
+			case tt.want != "" && (api.KindOf(err) != api.KindUnavailable || !strings.Contains(api.DetailOf(err), tt.want)):
+				t.Errorf("Require: %v (kind %v), want unavailable naming %q", err, api.KindOf(err), tt.want)
+			}
+		})
+	}
+}
+
+// meetingClient calls meet(this resource, the other) before each Get of a
+// NetworkPolicy or a RuntimeClass.
+type meetingClient struct {
+	kubernetes.Interface
+	meet func(resource, other string)
+}
+
+func (c meetingClient) NetworkingV1() networkingclient.NetworkingV1Interface {
+	return meetingNetworking{c.Interface.NetworkingV1(), c.meet}
+}
+
+func (c meetingClient) NodeV1() nodeclient.NodeV1Interface {
+	return meetingNode{c.Interface.NodeV1(), c.meet}
+}
+
+type meetingNetworking struct {
+	networkingclient.NetworkingV1Interface
+	meet func(resource, other string)
+}
+
+func (n meetingNetworking) NetworkPolicies(ns string) networkingclient.NetworkPolicyInterface {
+	return meetingPolicies{n.NetworkingV1Interface.NetworkPolicies(ns), n.meet}
+}
+
+type meetingPolicies struct {
+	networkingclient.NetworkPolicyInterface
+	meet func(resource, other string)
+}
+
+func (p meetingPolicies) Get(ctx context.Context, name string, o metav1.GetOptions) (*networkingv1.NetworkPolicy, error) {
+	p.meet("networkpolicies", "runtimeclasses")
+	return p.NetworkPolicyInterface.Get(ctx, name, o)
+}
+
+type meetingNode struct {
+	nodeclient.NodeV1Interface
+	meet func(resource, other string)
+}
+
+func (n meetingNode) RuntimeClasses() nodeclient.RuntimeClassInterface {
+	return meetingClasses{n.NodeV1Interface.RuntimeClasses(), n.meet}
+}
+
+type meetingClasses struct {
+	nodeclient.RuntimeClassInterface
+	meet func(resource, other string)
+}
+
+func (r meetingClasses) Get(ctx context.Context, name string, o metav1.GetOptions) (*nodev1.RuntimeClass, error) {
+	r.meet("runtimeclasses", "networkpolicies")
+	return r.RuntimeClassInterface.Get(ctx, name, o)
 }

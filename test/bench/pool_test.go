@@ -387,6 +387,9 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 	// What ours asked the API server during its c=8 rounds (from the round's
 	// start to its last answer; the wiring a claim asks for comes after).
 	calls8, floorCalls8 := kubeCalls{}, kubeCalls{}
+	// And the CPU the machine's parts used in those rounds, ours and the
+	// floor's: where the two cores went.
+	cpu8, floorCPU8 := cpuUse{}, cpuUse{}
 	for _, c := range []int{1, 8} {
 		res := &result{}
 		results[c] = res
@@ -401,14 +404,20 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 				// (the kubelet starting Pods on the same two cores as the
 				// API server) is not charged to this round's claims.
 				waitPool(size)
-				var before kubeCalls
-				calls, into := floorCalls, floorCalls8
+				var (
+					before    kubeCalls
+					cpuBefore cpuUse
+				)
+				calls, into, cpuInto := floorCalls, floorCalls8, floorCPU8
 				if side.name == "o" {
-					calls, into = func() (kubeCalls, error) { return scrapeKubeCalls(fn) }, calls8
+					calls, into, cpuInto = func() (kubeCalls, error) { return scrapeKubeCalls(fn) }, calls8, cpu8
 				}
 				if c == 8 {
 					var err error
 					if before, err = calls(); err != nil {
+						b.Fatal(err)
+					}
+					if cpuBefore, err = sampleCPU(fn.PID()); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -434,6 +443,13 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 					}()
 				}
 				wg.Wait()
+				if cpuBefore != nil {
+					after, err := sampleCPU(fn.PID())
+					if err != nil {
+						b.Fatal(err)
+					}
+					cpuInto.add(cpuBefore, after)
+				}
 				if before != nil {
 					after, err := calls()
 					if err != nil {
@@ -512,6 +528,8 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 	}
 	fmt.Fprintf(&md, "\nWhat the c=8 claims asked the API server (ours: the function's kube_request_duration_seconds, from each round's start to its last answer; the floor: its own client timed the same way):\n\n%s",
 		calls8.table(len(results[8].ours), floorCalls8, len(results[8].floor)))
+	fmt.Fprintf(&md, "\nThe CPU the c=8 rounds used (/proc, from each round's start to its last answer), by part:\n\n%s",
+		cpu8.table(len(results[8].ours), floorCPU8, len(results[8].floor)))
 	if fl.cfg.ServiceType == config.ServiceHeadless {
 		fmt.Fprintf(&md, "Claims answered before their name resolved (5 s bound): ours %d, the floor's %d.\n", unnamed(fn), fl.unnamed.Load())
 	}
