@@ -72,11 +72,13 @@ func (slogWarnings) HandleWarningHeaderWithContext(ctx context.Context, code int
 }
 
 // NewClient builds a clientset; wrap, if not nil, instruments its transport.
+// Its calls are logged at debug level, each with its request's id (traced).
 func NewClient(rc *rest.Config, wrap func(http.RoundTripper) http.RoundTripper) (kubernetes.Interface, error) {
 	rc = rest.CopyConfig(rc)
 	if wrap != nil {
 		rc.Wrap(wrap)
 	}
+	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return traced{rt} })
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("building the Kubernetes client: %w", err)

@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
@@ -493,5 +494,61 @@ func TestClaimThatLandedUnseen(t *testing.T) {
 				t.Errorf("error kind, pooled, Service kept (-want +got):\n%s\nerror: %v", diff, err)
 			}
 		})
+	}
+}
+
+// TestClaimReadsTheIDsServiceOnlyIfItMayExist: with the quota's Service
+// cache in sync (a limit is set, as by default), a pooled create of an id
+// the cache holds no Service for does not read that Service: its own
+// Service create decides, as it does against a racing create. A create
+// again of the claimed id reads it and answers with the same sandbox,
+// spending no other pooled Pod (whether the cache has seen the Service
+// yet or not: unseen, the Service create meets it).
+func TestClaimReadsTheIDsServiceOnlyIfItMayExist(t *testing.T) {
+	t.Setenv("MAX_SANDBOXES", "10")
+	cfg, tmpl, cs := claimCluster(t, true, true)
+	m := sandbox.NewManager(cfg, cs, sandbox.WithPool(newPool(cfg, cs, &counts{}, tmpl)))
+	ctx, cancel := context.WithTimeout(alice, 10*time.Second)
+	defer cancel()
+	m.Run(ctx)
+	// The cache is in sync once its first list is applied, which its
+	// reflector does before it watches.
+	watching := func(context.Context) (bool, error) {
+		for _, a := range cs.Actions() {
+			if a.GetVerb() == "watch" && a.GetResource().Resource == "services" {
+				return true, nil
+			}
+		}
+		return false, nil
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 5*time.Millisecond, 5*time.Second, true, watching); err != nil {
+		t.Fatalf("the quota's Service cache never watched: %v", err)
+	}
+	reads := func() int {
+		n := 0
+		for _, a := range cs.Actions() {
+			if g, ok := a.(clienttesting.GetAction); ok && a.GetResource().Resource == "services" && g.GetName() == resources.ServiceName("abc") {
+				n++
+			}
+		}
+		return n
+	}
+	sb, err := m.Create(ctx, claimSpec(t, cfg, "abc", nil), 0)
+	if err != nil || !sb.Pooled {
+		t.Fatalf("create: %+v %v; want a pooled sandbox", sb, err)
+	}
+	if n := reads(); n != 0 {
+		t.Errorf("the create of a new id read its Service %d times; want none (the cache holds none)", n)
+	}
+	again, err := m.Create(ctx, claimSpec(t, cfg, "abc", nil), 0)
+	if err != nil || again.URL != sb.URL || !again.Pooled {
+		t.Errorf("create again: %+v %v; want the same sandbox", again, err)
+	}
+	if reads() == 0 {
+		t.Error("the create again never read the id's Service")
+	}
+	pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: keys.LabelID + "=abc"})
+	if err != nil || len(pods.Items) != 1 {
+		t.Errorf("Pods of the id: %v %v; want the one claimed", pods, err)
 	}
 }

@@ -74,11 +74,26 @@ func (c *Counter) Synced(ctx context.Context, within time.Duration) bool {
 // Holds reports whether the Service cache holds a sandbox Service named
 // name: a hint only (the cache may be behind), false when there is no cache.
 func (c *Counter) Holds(name string) bool {
+	held, known := c.cached(name)
+	return known && held
+}
+
+// Lacks reports whether the Service cache, in sync, holds no sandbox
+// Service named name: a hint only (a Service made a moment ago may not be
+// in it yet), false when there is no cache or it has not synced.
+func (c *Counter) Lacks(name string) bool {
+	held, known := c.cached(name)
+	return known && !held
+}
+
+// cached looks name up in the Service cache; known is false when there is
+// no cache or it has not synced.
+func (c *Counter) cached(name string) (held, known bool) {
 	if c.slots == nil || !c.running.Load() || !c.slots.informer.HasSynced() {
-		return false
+		return false, false
 	}
 	_, ok, _ := c.slots.informer.GetStore().GetByKey(c.namespace + "/" + name)
-	return ok
+	return ok, true
 }
 
 // settled is how old a sandbox must be to count as a long-lived one rather

@@ -36,19 +36,17 @@ func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Dura
 	}
 	// An id in use goes the cold way, which adopts or refuses it; but a
 	// sandbox claimed before (DeerFlow creates again on every reuse) is
-	// answered here, as the cold way would find it only after making a Pod
-	// and removing it again. Claiming first would spend a pooled Pod.
-	// A Pod sandbox-<id> without its Service (half made) is the cold way's
-	// to repair, so both are read, beside the pool's list.
-	// The isolation check (a read of the shared NetworkPolicy when its
-	// verdict is older than its TTL) runs beside them too: nothing is
-	// claimed until all four have answered.
-	// The two reads come from the API server's watch cache (resourceVersion
-	// "0"), which answers at once, not after a round trip to etcd. A stale
-	// answer only misses a sandbox of this id made in the last moments, by
-	// a racing create: the Service, which both write, still decides
-	// (ensureService: errOtherKind), as it does for races the reads cannot
-	// see at all; the loser's Pod is removed.
+	// answered here: the cold way would find it only after making a Pod and
+	// removing it, and claiming first would spend a pooled Pod. A Pod
+	// sandbox-<id> without its Service (half made) is the cold way's to
+	// repair. So both are read, beside the pool's list and the isolation
+	// check, from the API server's watch cache (resourceVersion "0"), which
+	// answers without a round trip to etcd. A stale answer only misses a
+	// sandbox of this id made in the last moments, by a racing create: the
+	// Service, which both write, still decides (ensureService: errOtherKind),
+	// as for races no read can see. So the Service is not read at all when
+	// the quota's Service cache (a watch in this replica) holds none of the
+	// id, as for a new id: a round trip fewer for most creates.
 	var (
 		svc                              *corev1.Service
 		ready                            []*corev1.Pod
@@ -64,7 +62,9 @@ func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Dura
 		return nil
 	})
 	g.Go(func() error {
-		svc, svcErr = m.client.CoreV1().Services(m.cfg.Namespace).Get(gctx, resources.ServiceName(s.ID), metav1.GetOptions{ResourceVersion: "0"})
+		if name := resources.ServiceName(s.ID); !m.quota.Lacks(name) {
+			svc, svcErr = m.client.CoreV1().Services(m.cfg.Namespace).Get(gctx, name, metav1.GetOptions{ResourceVersion: "0"})
+		}
 		return nil
 	})
 	g.Go(func() error {
@@ -80,7 +80,7 @@ func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Dura
 		return api.Sandbox{}, false, nil
 	case !apierrors.IsNotFound(podErr):
 		return api.Sandbox{}, true, api.Classify(podErr, "read the sandbox Pod")
-	case apierrors.IsNotFound(svcErr):
+	case svc == nil && svcErr == nil, apierrors.IsNotFound(svcErr):
 	case svcErr != nil:
 		return api.Sandbox{}, true, api.Classify(svcErr, "read the sandbox Service")
 	default:

@@ -201,11 +201,13 @@ func (m *Manager) reuseOtherKind(ctx context.Context, s api.Spec) (made, error) 
 			return made{}, api.Classify(ctx.Err(), "wait for a racing create of the sandbox")
 		}
 	}
+	// Marked as any create marks what it finds (reuse), so its writer's undo spares it.
 	switch {
 	case f.rs != nil:
 		if f.rs, err = m.reuseReplicaSet(ctx, f.rs, s); err != nil {
 			return made{}, err
 		}
+		f.rs = reuse(ctx, m, f.rs, m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Patch)
 		if resources.Paused(f.rs) {
 			f.pod = nil
 		}
@@ -216,6 +218,7 @@ func (m *Manager) reuseOtherKind(ctx context.Context, s api.Spec) (made, error) 
 		if err := resources.CheckCapacity(f.pod, s); err != nil {
 			return made{}, err
 		}
+		f.pod = reuse(ctx, m, f.pod, m.client.CoreV1().Pods(m.cfg.Namespace).Patch)
 	default:
 		return made{}, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " is being created and deleted concurrently; retry"}
 	}

@@ -92,18 +92,7 @@ func TestCreateLeavesNothingWhenTheCountFails(t *testing.T) {
 			if api.KindOf(err) != tc.wantKind {
 				t.Fatalf("create: %v (kind %v), want kind %v", err, api.KindOf(err), tc.wantKind)
 			}
-			pods, perr := client.Tracker().List(corev1.SchemeGroupVersion.WithResource("pods"), corev1.SchemeGroupVersion.WithKind("Pod"), "deer-flow")
-			svcs, serr := client.Tracker().List(corev1.SchemeGroupVersion.WithResource("services"), corev1.SchemeGroupVersion.WithKind("Service"), "deer-flow")
-			if perr != nil || serr != nil {
-				t.Fatal(perr, serr)
-			}
-			var left []string
-			for _, p := range pods.(*corev1.PodList).Items {
-				left = append(left, "Pod "+p.Name)
-			}
-			for _, s := range svcs.(*corev1.ServiceList).Items {
-				left = append(left, "Service "+s.Name)
-			}
+			left := standing(t, client)
 			var want []string
 			for _, o := range tc.objects {
 				switch o := o.(type) {

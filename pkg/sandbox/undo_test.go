@@ -238,20 +238,78 @@ func TestCreateLeavesNothingWhenItsServiceFails(t *testing.T) {
 			if err != nil {
 				got.Kind = api.KindOf(err)
 			}
-			podList, perr := client.Tracker().List(pods, corev1.SchemeGroupVersion.WithKind("Pod"), "deer-flow")
-			svcList, serr := client.Tracker().List(svcs, corev1.SchemeGroupVersion.WithKind("Service"), "deer-flow")
-			if perr != nil || serr != nil {
-				t.Fatal(perr, serr)
-			}
-			for _, p := range podList.(*corev1.PodList).Items {
-				got.Left = append(got.Left, "Pod "+p.Name)
-			}
-			for _, svc := range svcList.(*corev1.ServiceList).Items {
-				got.Left = append(got.Left, "Service "+svc.Name)
-			}
+			got.Left = standing(t, client)
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("the create's error kind and the objects left (-want +got):\n%s\nerror: %v", diff, err)
 			}
 		})
 	}
+}
+
+// TestRacingCreateKeepsWhatItAnswered: a create that lost the race for an
+// id (its Service create met the winner's: errOtherKind) answers with the
+// winner's sandbox, and marks it as any create marks what it finds, so
+// that the winner's undo (its client gone after its last write) spares
+// the sandbox the loser answered for. Without that answer the undo removes
+// it, as it should. The fake clientset stands in for the API server,
+// with its resourceVersions (apiServerWrites, and a bump on each patch).
+func TestRacingCreateKeepsWhatItAnswered(t *testing.T) {
+	cfg := testConfig(t, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "true"})
+	for _, tc := range []struct {
+		name     string
+		answered bool // a racing create answered with the sandbox
+		want     []string
+	}{
+		{"no other create answered for it", false, nil},
+		{"a racing create answered with it", true, []string{"Pod " + resources.PodName("race1"), "Service " + resources.ServiceName("race1")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := fake.NewClientset()
+			bump := apiServerWrites(t, client)
+			client.PrependReactor("patch", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+				bump(a.GetResource(), a.(k8stesting.PatchAction).GetName(), nil)
+				return false, nil, nil
+			})
+			s := ownerSpec("race1")
+			s.Caller = api.Caller{Principal: "alice"}
+			ctx := api.WithCaller(context.Background(), s.Caller)
+			m := NewManager(cfg, client)
+			if _, err := m.Create(ctx, s, 0); err != nil {
+				t.Fatal(err)
+			}
+			// What the winner wrote, as it last saw it.
+			f, err := m.fetch(ctx, s.ID)
+			if err != nil || f.pod == nil || f.svc == nil {
+				t.Fatalf("the winner's sandbox: %+v, %v", f, err)
+			}
+			if tc.answered {
+				if _, err := m.reuseOtherKind(ctx, s); err != nil {
+					t.Fatal(err)
+				}
+			}
+			m.undoMade(ctx, made{found: f})
+			if diff := cmp.Diff(tc.want, standing(t, client)); diff != "" {
+				t.Errorf("left after the winner's undo (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// standing names the Pods and Services in client's store ("Pod x",
+// "Service y"), Pods first.
+func standing(t *testing.T, client *fake.Clientset) []string {
+	t.Helper()
+	pods, perr := client.Tracker().List(corev1.SchemeGroupVersion.WithResource("pods"), corev1.SchemeGroupVersion.WithKind("Pod"), "deer-flow")
+	svcs, serr := client.Tracker().List(corev1.SchemeGroupVersion.WithResource("services"), corev1.SchemeGroupVersion.WithKind("Service"), "deer-flow")
+	if perr != nil || serr != nil {
+		t.Fatal(perr, serr)
+	}
+	var out []string
+	for _, p := range pods.(*corev1.PodList).Items {
+		out = append(out, "Pod "+p.Name)
+	}
+	for _, s := range svcs.(*corev1.ServiceList).Items {
+		out = append(out, "Service "+s.Name)
+	}
+	return out
 }

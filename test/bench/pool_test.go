@@ -390,6 +390,13 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 	// And the CPU the machine's parts used in those rounds, ours and the
 	// floor's: where the two cores went.
 	cpu8, floorCPU8 := cpuUse{}, cpuUse{}
+	// And ours' slowest c=8 claims, whose log is printed: a tail is read
+	// from what the function did, not guessed.
+	type claimTime struct {
+		id string
+		d  time.Duration
+	}
+	var slowest []claimTime
 	for _, c := range []int{1, 8} {
 		res := &result{}
 		results[c] = res
@@ -440,6 +447,9 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 							return
 						}
 						*side.out = append(*side.out, d)
+						if c == 8 && side.name == "o" {
+							slowest = append(slowest, claimTime{ids[i], d})
+						}
 					}()
 				}
 				wg.Wait()
@@ -530,6 +540,11 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 		calls8.table(len(results[8].ours), floorCalls8, len(results[8].floor)))
 	fmt.Fprintf(&md, "\nThe CPU the c=8 rounds used (/proc, from each round's start to its last answer), by part:\n\n%s",
 		cpu8.table(len(results[8].ours), floorCPU8, len(results[8].floor)))
+	sort.Slice(slowest, func(i, j int) bool { return slowest[i].d > slowest[j].d })
+	for _, c := range slowest[:min(2, len(slowest))] {
+		fmt.Fprintf(&md, "\nOurs' slow c=8 claim %s, %.1f ms; what the function logged of its request (LOG_LEVEL=debug adds each API call):\n\n```\n%s\n```\n",
+			c.id, float64(c.d.Microseconds())/1000, requestLog(fn, c.id))
+	}
 	if fl.cfg.ServiceType == config.ServiceHeadless {
 		fmt.Fprintf(&md, "Claims answered before their name resolved (5 s bound): ours %d, the floor's %d.\n", unnamed(fn), fl.unnamed.Load())
 	}
@@ -567,6 +582,36 @@ func logLines(fn *function.Instance, subs ...string) string {
 				out = append(out, line)
 				break
 			}
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// requestLog is the function's log lines of the requests that named
+// sandbox id (its audit record names it; the request id ties the rest).
+func requestLog(fn *function.Instance, id string) string {
+	data, err := os.ReadFile(fn.LogPath)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(string(data), "\n")
+	reqs := map[string]bool{}
+	for _, line := range lines {
+		var rec struct {
+			SandboxID string `json:"sandbox_id"`
+			RequestID string `json:"request_id"`
+		}
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.SandboxID == id && rec.RequestID != "" {
+			reqs[rec.RequestID] = true
+		}
+	}
+	var out []string
+	for _, line := range lines {
+		var rec struct {
+			RequestID string `json:"request_id"`
+		}
+		if json.Unmarshal([]byte(line), &rec) == nil && reqs[rec.RequestID] {
+			out = append(out, line)
 		}
 	}
 	return strings.Join(out, "\n")
