@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/singleflight"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -99,6 +100,8 @@ type Pool struct {
 	// listed is the wires Ready listed beside the Pods, by their Pod's
 	// UID, for WireOf to take (each lives listedFor at most).
 	listed map[types.UID]listedWire
+	// lists shares Ready's lists among the claims that ask at once (shared).
+	lists singleflight.Group
 }
 
 // listedWire is a wire as Ready listed it, until a moment after.
@@ -205,15 +208,27 @@ func (p *Pool) Ready(ctx context.Context, t *template.Template, hash string) ([]
 	// The pool's wires are listed beside its Pods, as fresh (both from
 	// the watch cache), so that the claim need not read its Pod's wire
 	// after choosing it: one round trip fewer (listWires).
+	// Claims of one pool that ask while its lists are under way share them
+	// (shared): a burst of eight claims costs the API server two lists, not
+	// sixteen. A list shared is no staler than the watch cache's own answer.
 	var ready []*corev1.Pod
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() (err error) {
-		ready, err = p.list(gctx, t, hash, "0")
-		return err
+	g.Go(func() error {
+		v, err := p.shared(gctx, "pods/"+t.Name+"/"+hash, func(ctx context.Context) (any, error) { return p.list(ctx, t, hash, "0") })
+		if err != nil {
+			return err
+		}
+		// Each claim its own order of the Pods, as with a list of its own.
+		ready = slices.Clone(v.([]*corev1.Pod))
+		rand.Shuffle(len(ready), func(i, j int) { ready[i], ready[j] = ready[j], ready[i] })
+		return nil
 	})
 	if resources.Wired(p.cfg.Objects()) {
 		g.Go(func() error {
-			p.listWires(gctx, t)
+			_, _ = p.shared(gctx, "wires/"+t.Name, func(ctx context.Context) (any, error) {
+				p.listWires(ctx, t)
+				return nil, nil
+			})
 			return nil
 		})
 	}
@@ -226,6 +241,23 @@ func (p *Pool) Ready(ctx context.Context, t *template.Template, hash string) ([]
 		p.wireSoon(t) // a Pod not wired (ordered last): wire it for the next claim
 	}
 	return ready, nil
+}
+
+// shared runs read once for the claims that ask for key while it runs,
+// and gives each its answer. It runs under a deadline of its own: a claim
+// that gives up does not end the read the others wait for.
+func (p *Pool) shared(ctx context.Context, key string, read func(context.Context) (any, error)) (any, error) {
+	ch := p.lists.DoChan(key, func() (any, error) {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.RequestTimeout)
+		defer cancel()
+		return read(rctx)
+	})
+	select {
+	case r := <-ch:
+		return r.Val, r.Err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // list is the pool's claimable Pods of the wanted shape as of resource

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,7 +20,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
@@ -560,4 +564,80 @@ func TestClaimSurvivesStatusWrites(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestClaimsAtOnceShareTheirLists: claims of one pool that ask while its
+// list of Pods is under way share it: eight claims at once cost the API
+// server one list, not eight, and each gets every claimable Pod. The fake
+// clientset stands in for the API server; a list waits (in slowLists,
+// before the fake, whose reactors run one at a time) until released, which
+// is once the claims have had time to ask, or at once when all eight lists
+// have arrived (the failure).
+func TestClaimsAtOnceShareTheirLists(t *testing.T) {
+	cfg := testConfig(t)
+	tmpl := pooled(t, cfg, 3)
+	cs := clientset(readyPods(cfg, tmpl, 3)...)
+	sl := &slowLists{Interface: cs, entered: make(chan struct{}), release: make(chan struct{})}
+	p := New(cfg, sl, nil, nil)
+	p.ensured[tmpl.Name] = ensured{key: tmpl.ResourceVersion + "/" + hashOf(cfg, tmpl), at: time.Now().Add(time.Hour)}
+	const claims = 8
+	got := make([]int, claims)
+	var wg sync.WaitGroup
+	ready := func(i int) {
+		defer wg.Done()
+		pods, err := p.Ready(context.Background(), tmpl, hashOf(cfg, tmpl))
+		if err != nil {
+			t.Error(err)
+		}
+		got[i] = len(pods)
+	}
+	wg.Add(claims)
+	go ready(0)
+	<-sl.entered
+	for i := 1; i < claims; i++ {
+		go ready(i)
+	}
+	_ = wait.PollUntilContextTimeout(context.Background(), time.Millisecond, 500*time.Millisecond, true, func(context.Context) (bool, error) {
+		return sl.lists.Load() == claims, nil
+	})
+	close(sl.release)
+	wg.Wait()
+	if n := sl.lists.Load(); n != 1 {
+		t.Errorf("%d claims at once listed the pool's Pods %d times; want once", claims, n)
+	}
+	if diff := cmp.Diff([]int{3, 3, 3, 3, 3, 3, 3, 3}, got); diff != "" {
+		t.Errorf("claimable Pods each claim got (-want +got):\n%s", diff)
+	}
+}
+
+// slowLists counts the lists of Pods made through it; each waits until
+// release, and the first closes entered.
+type slowLists struct {
+	kubernetes.Interface
+	lists            atomic.Int32
+	entered, release chan struct{}
+}
+
+func (s *slowLists) CoreV1() typedcorev1.CoreV1Interface { return slowCore{s.Interface.CoreV1(), s} }
+
+type slowCore struct {
+	typedcorev1.CoreV1Interface
+	s *slowLists
+}
+
+func (c slowCore) Pods(ns string) typedcorev1.PodInterface {
+	return slowPods{c.CoreV1Interface.Pods(ns), c.s}
+}
+
+type slowPods struct {
+	typedcorev1.PodInterface
+	s *slowLists
+}
+
+func (p slowPods) List(ctx context.Context, o metav1.ListOptions) (*corev1.PodList, error) {
+	if p.s.lists.Add(1) == 1 {
+		close(p.s.entered)
+	}
+	<-p.s.release
+	return p.PodInterface.List(ctx, o)
 }
