@@ -218,7 +218,9 @@ func checkPrincipalNames(keys map[string]string, groups map[string]string, singl
 // PROVISIONER_PRINCIPAL_OPERATIONS keeps from create. Only a create mounts
 // data, so only these principals can be tenants of one another's data.
 // many is true when a wildcard subject (<ns>:*) may create: any number of
-// service accounts, each its own principal. With PROVISIONER_AUTH_DISABLED
+// service accounts, each its own principal. Where its "*" may not create,
+// the service accounts of <ns> that the settings name (an operations entry
+// or a group member) still count, each as auth judges it. With PROVISIONER_AUTH_DISABLED
 // every caller is one administrator. Settings that do not parse count for
 // nothing here: Validate reports them.
 func (c *AuthConfig) CreatingPrincipals() (principals []string, many bool) {
@@ -251,11 +253,26 @@ func (c *AuthConfig) CreatingPrincipals() (principals []string, many bool) {
 	}
 	if c.TokenAudience != "" {
 		for _, s := range c.AllowedSubjects {
-			if strings.HasSuffix(s, ":*") {
-				many = many || mayCreate("*")
+			ns, wildcard := strings.CutSuffix(s, ":*")
+			if !wildcard {
+				add(s)
 				continue
 			}
-			add(s)
+			many = many || mayCreate("*")
+			// The wildcard admits every service account of ns, and auth
+			// judges each by its own name: one that
+			// PROVISIONER_PRINCIPAL_OPERATIONS or a group names creates
+			// even where "*" may not, so it is a tenant too.
+			for name := range ops {
+				if inNamespace(name, ns) {
+					add(name)
+				}
+			}
+			for member := range groups {
+				if inNamespace(member, ns) {
+					add(member)
+				}
+			}
 		}
 	}
 	out := make([]string, 0, len(set))
@@ -264,6 +281,14 @@ func (c *AuthConfig) CreatingPrincipals() (principals []string, many bool) {
 	}
 	slices.Sort(out)
 	return out, many
+}
+
+// inNamespace reports whether username is a service account of ns
+// ("system:serviceaccount:<namespace>", a wildcard subject less its ":*"),
+// as auth.SubjectAllowed matches a wildcard.
+func inNamespace(username, ns string) bool {
+	rest, ok := strings.CutPrefix(username, ns+":")
+	return ok && strings.HasPrefix(ns, "system:serviceaccount:") && rest != "" && !strings.Contains(rest, ":")
 }
 
 // MultiplePrincipals says whether more than one principal may create

@@ -34,6 +34,25 @@ func TestCreatingPrincipals(t *testing.T) {
 			want: []string{"default"}, many: true},
 		{name: "a wildcard subject kept from create", auth: AuthConfig{APIKey: key, TokenAudience: "a", AllowedSubjects: []string{"system:serviceaccount:team:*"},
 			PrincipalOperations: "*=get;default=create"}, want: []string{"default"}},
+		// Issue 45, finding 2: auth lets a service account that the
+		// operations name create under a wildcard whose "*" may not, so
+		// it is a tenant beside the key.
+		{name: "a creator named under a wildcard subject kept from create", auth: AuthConfig{APIKey: key, TokenAudience: "a",
+			AllowedSubjects:     []string{"system:serviceaccount:team:*"},
+			PrincipalOperations: "*=get;default=create;system:serviceaccount:team:builder=create"},
+			want: []string{"default", "system:serviceaccount:team:builder"}},
+		{name: "a creator named under a wildcard subject, in a group", auth: AuthConfig{APIKey: key, TokenAudience: "a",
+			AllowedSubjects: []string{"system:serviceaccount:team:*"}, PrincipalGroups: "builders=system:serviceaccount:team:builder",
+			PrincipalOperations: "*=get;default=create;system:serviceaccount:team:builder=create"},
+			want: []string{"builders", "default"}},
+		{name: "a named account under the wildcard that may not create", auth: AuthConfig{APIKey: key, TokenAudience: "a",
+			AllowedSubjects: []string{"system:serviceaccount:team:*"}, PrincipalGroups: "builders=system:serviceaccount:team:viewer",
+			PrincipalOperations: "*=get;default=create;system:serviceaccount:team:builder=get,list"},
+			want: []string{"default"}},
+		{name: "a creator of a namespace no subject admits", auth: AuthConfig{APIKey: key, TokenAudience: "a",
+			AllowedSubjects:     []string{"system:serviceaccount:team:*"},
+			PrincipalOperations: "*=get;default=create;system:serviceaccount:other:builder=create"},
+			want: []string{"default"}},
 		{name: "auth disabled: one administrator", auth: AuthConfig{AuthDisabled: true, APIKeys: "alice=" + alice}, want: []string{"anonymous"}},
 	}
 	for _, tc := range tests {
