@@ -375,6 +375,9 @@ func validateMounts(cfg config.Objects, in []ExtraMount, user, thread string) ([
 		case hp != base && !strings.HasPrefix(hp, base+"/") || hp == base:
 			return nil, Invalidf("%s.host_path %q must lie under %s", where, Truncate(hp), base)
 		}
+		if root := heldRoot(cfg, hp); root != "" {
+			return nil, Invalidf("%s.host_path %q holds %s, where every tenant's data is; a sandbox may mount only its own user's and thread's data", where, Truncate(hp), root)
+		}
 		if owner := foreignOwner(cfg, hp, user, thread); owner != "" {
 			return nil, Invalidf("%s.host_path %q lies outside the requesting %s's directory; a sandbox may mount only its own user's and thread's data", where, Truncate(hp), owner)
 		}
@@ -393,6 +396,32 @@ func validateMounts(cfg config.Objects, in []ExtraMount, user, thread string) ([
 		out = append(out, Mount{HostPath: hp, ContainerPath: cp, ReadOnly: ro})
 	}
 	return out, nil
+}
+
+// TenantRoots are the host directories that hold every tenant's trees, one
+// tree per user or thread below each: <base>/users, THREADS_HOST_PATH, and
+// SKILLS_HOST_PATH when set (start-up refuses it, but a root it would be).
+func TenantRoots(cfg config.Objects) []string {
+	roots := []string{path.Join(cfg.HostBaseDir, "users"), cfg.ThreadsHostPath}
+	if cfg.SkillsHostPath != "" {
+		roots = append(roots, cfg.SkillsHostPath)
+	}
+	return roots
+}
+
+// heldRoot is the tenant root (TenantRoots) that hp is a parent of, or "".
+// foreignOwner judges the roots themselves and what lies below them, but
+// not what lies above: THREADS_HOST_PATH may be nested below the base
+// (<base>/data/threads), and a mount of <base>/data would hold every
+// thread's tree. The admission policy refuses it too; this answers 422
+// before anything is written, naming the entry.
+func heldRoot(cfg config.Objects, hp string) string {
+	for _, root := range TenantRoots(cfg) {
+		if strings.HasPrefix(root, hp+"/") {
+			return root
+		}
+	}
+	return ""
 }
 
 // foreignOwner says which of "user" or "thread" hp belongs to another of,

@@ -252,3 +252,53 @@ func TestEnvAgainstTemplate(t *testing.T) {
 		})
 	}
 }
+
+// TestExtraMountsAboveTenantRoots: with THREADS_HOST_PATH nested below the
+// base (<base>/data/threads), an extra mount of a directory above it would
+// hold every thread's tree; it is refused as the roots themselves are,
+// naming the entry, while the caller's own thread and a sibling of the
+// root (shared, read-only) stay mountable.
+func TestExtraMountsAboveTenantRoots(t *testing.T) {
+	cfg := testConfig(t, map[string]string{"THREADS_HOST_PATH": "/.deer-flow/data/threads"})
+	type result struct {
+		Mounts []Mount
+		Detail string
+	}
+	tests := []struct {
+		name     string
+		hostPath string
+		want     result
+	}{
+		{name: "the parent of the nested threads root", hostPath: "/.deer-flow/data",
+			want: result{Detail: `extra_mounts[0].host_path "/.deer-flow/data" holds /.deer-flow/data/threads, where every tenant's data is; a sandbox may mount only its own user's and thread's data`}},
+		{name: "the threads root itself", hostPath: "/.deer-flow/data/threads",
+			want: result{Detail: `extra_mounts[0].host_path "/.deer-flow/data/threads" lies outside the requesting thread's directory; a sandbox may mount only its own user's and thread's data`}},
+		{name: "another thread's tree", hostPath: "/.deer-flow/data/threads/t2",
+			want: result{Detail: `extra_mounts[0].host_path "/.deer-flow/data/threads/t2" lies outside the requesting thread's directory; a sandbox may mount only its own user's and thread's data`}},
+		{name: "the users root", hostPath: "/.deer-flow/users",
+			want: result{Detail: `extra_mounts[0].host_path "/.deer-flow/users" lies outside the requesting user's directory; a sandbox may mount only its own user's and thread's data`}},
+		{name: "the caller's own thread", hostPath: "/.deer-flow/data/threads/t1/lark",
+			want: result{Mounts: []Mount{{HostPath: "/.deer-flow/data/threads/t1/lark", ContainerPath: "/mnt/acp-workspace", ReadOnly: true}}}},
+		{name: "a sibling of the threads root", hostPath: "/.deer-flow/data/shared",
+			want: result{Mounts: []Mount{{HostPath: "/.deer-flow/data/shared", ContainerPath: "/mnt/acp-workspace", ReadOnly: true}}}},
+		{name: "a name that only starts like the root's parent", hostPath: "/.deer-flow/dat",
+			want: result{Mounts: []Mount{{HostPath: "/.deer-flow/dat", ContainerPath: "/mnt/acp-workspace", ReadOnly: true}}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			req := CreateRequest{SandboxID: "abcd1234", UserID: new("u1"), ThreadID: new("t1"),
+				ExtraMounts: []ExtraMount{{HostPath: tc.hostPath, ContainerPath: "/mnt/acp-workspace"}}}
+			s, err := req.Validate(cfg.Objects(), created)
+			got := result{Mounts: s.Mounts}
+			if err != nil {
+				if KindOf(err) != KindInvalid {
+					t.Fatalf("error %v: want an invalid request", err)
+				}
+				got.Detail = DetailOf(err)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("validation (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
