@@ -1,7 +1,9 @@
 // Package claim is the contract between a create and a warm pool: what a
 // pool offers (Pool, which package pool implements over ReplicaSets) and
 // what a claim writes onto the pooled Pod it takes (Claim). Package sandbox
-// claims; neither side imports the other's internals.
+// claims; neither side imports the other's internals. Pool, claim and wire
+// are defined in docs/architecture.md, with a pooled create's writes in
+// order.
 package claim
 
 import (

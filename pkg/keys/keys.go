@@ -3,10 +3,11 @@
 // carry it. It imports nothing, so every package (templates and
 // configuration included) can share one spelling of each key.
 //
-// Objects, as the comments name them: the sandbox Pod (a bare Pod, or a Pod
-// of a ReplicaSet sandbox, or a Pod claimed from a warm pool), the sandbox
-// ReplicaSet, the sandbox Service, the pool ReplicaSet and its pooled Pods,
-// and the sandbox template (a PodTemplate).
+// The comments name the objects as docs/architecture.md ("The objects")
+// describes them: the sandbox Pod (bare, of a ReplicaSet sandbox, or
+// claimed from a warm pool), the sandbox ReplicaSet and Service, the pool
+// ReplicaSet, its pooled Pods and their wires, the ownership Leases, and
+// the sandbox template (a PodTemplate).
 package keys
 
 // Prefix starts every key that is ours alone. Operators may not set keys

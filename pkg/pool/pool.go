@@ -15,7 +15,8 @@
 // cannot serve a claim answers nil, and the create goes the cold way.
 // Unclaimed Pods carry app=deer-flow-sandbox, so the shared NetworkPolicy
 // isolates them, but no sandbox-id, so list, get, the reap and the quota do
-// not see them.
+// not see them. docs/architecture.md shows a pooled create's writes in
+// order, and defines pool, claim, wire and reference.
 package pool
 
 import (

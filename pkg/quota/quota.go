@@ -1,10 +1,10 @@
 // Package quota keeps the sandbox limits (MAX_SANDBOXES, per user, per
 // principal) with zero overshoot across any number of replicas: a create
-// counts after its own Service (the sandbox's slot) is written and before
-// its workload, against every sandbox Service committed before it (Check
-// says why that is enough). The count comes from
-// a watch of the sandbox Services kept in memory (slots), not from a list
-// per create.
+// counts after its own Service is written and before its workload, against
+// every sandbox Service committed before it (Check says why that is
+// enough). The count comes from the Service cache (slots.go), not from a
+// list per create. docs/architecture.md places the count in a create's
+// writes and defines the terms.
 package quota
 
 import (

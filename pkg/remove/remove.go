@@ -1,7 +1,8 @@
 // Package remove deletes sandbox objects so that nothing else goes in
 // their stead: every delete carries the UID read (and, for a judgement,
 // the resourceVersion judged), and a failed create's undo stops once
-// another request has answered for what it wrote.
+// another request has answered for what it wrote. docs/architecture.md
+// lists what the undo does on each failure.
 package remove
 
 import (

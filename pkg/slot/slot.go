@@ -1,16 +1,15 @@
-// Package slot keeps a cold create's slot: the sandbox's Service, written
-// first and owned by nothing yet, that the quota counts before the
-// sandbox's workload exists, and that the create binds to that workload
-// last (quota.Counter.Check says why the order holds the limit).
+// Package slot keeps a cold create's slots. Slot, leftover and the order a
+// create writes in (slot, quota count, workload, bind) are defined in
+// docs/architecture.md; quota.Counter.Check says why the order holds the
+// limit.
 //
-// A slot has one writer, the create that made it: only that create writes
-// a workload under it, and only that create removes it before it is a
-// leftover: unbound past the window in which its create may write
-// (WriteWithin, and the time that write may take to land). Anyone else who
-// meets a slot waits for it (Slots.Await); a leftover's create is gone,
-// and the next create of its id takes it over. Were two writers to share one, either could
-// remove it while the other's workload stood, or was about to be written:
-// a workload the quota did not count.
+// The rule this package keeps: a slot has one writer, the create that made
+// it. Only that create writes a workload under it, and only that create
+// removes it before it is a leftover (Slots.Leftover). Anyone else who
+// meets a slot waits for it (Slots.Await); a leftover's create is gone, and
+// the next create of its id takes it over. Were two writers to share one,
+// either could remove it while the other's workload stood, or was about to
+// be written: a workload the quota did not count.
 package slot
 
 import (

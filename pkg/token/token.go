@@ -1,11 +1,10 @@
-// Package token is the selector token that keeps a sandbox's Service to its
-// own workload. A Service selects its workload by id and by a token
-// (keys.LabelToken): 128 random bits, written by the create that made the
-// workload, or by the claim of a pooled Pod. No caller chooses or learns
-// it, so no other principal's Pod, whatever id it carries, joins the
-// Service. Sandboxes from before tokens get one on their next create
-// (Pod, ReplicaSet, Reselect): their Service is updated in place, keeping
-// its URL and node port.
+// Package token makes and repairs the selector token that keeps a
+// sandbox's Service to its own workload (keys.LabelToken; the token and
+// the chain it belongs to are defined in docs/architecture.md). No caller
+// chooses or learns a token, so no other principal's Pod, whatever id it
+// carries, joins the Service. Sandboxes from before tokens get one on
+// their next create (Pod, ReplicaSet, Reselect): their Service is updated
+// in place, keeping its URL and node port.
 package token
 
 import (

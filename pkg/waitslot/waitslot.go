@@ -3,6 +3,7 @@
 // an API watch, and at most half of them (at least one) per principal,
 // because the slots are shared among tenants: one principal's flood of
 // waiting requests must not leave every other principal's wait refused.
+// (docs/architecture.md's glossary calls a slot here a wait permit.)
 package waitslot
 
 import (
