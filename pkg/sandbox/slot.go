@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/quota"
 	"github.com/deerflow-sandbox/provisioner/pkg/remove"
@@ -246,7 +247,7 @@ func (m *Manager) fill(ctx context.Context, s api.Spec, k kind, svc *corev1.Serv
 			case resources.SlotKind(svc) != k.name:
 				return made{}, errOtherKind // a create of the other kind holds the id: its sandbox is the answer
 			case !resources.SameSandbox(svc, s):
-				return made{}, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " exists for another user or thread; choose another sandbox_id"}
+				return made{}, errTaken(s)
 			}
 			if !m.slots.Await(ctx, svc, s.ID) {
 				return made{}, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " is being created by another request; retry"}
@@ -261,9 +262,14 @@ func (m *Manager) fill(ctx context.Context, s api.Spec, k kind, svc *corev1.Serv
 		case resources.SlotKind(svc) != k.name:
 			return made{}, errOtherKind
 		case !resources.SameSandbox(svc, s):
-			return made{}, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " exists for another user or thread; choose another sandbox_id"}
+			return made{}, errTaken(s)
 		}
 		s.Token = t
+	} else if !mine {
+		// Neither this create's slot nor another's: DeerFlow's provisioner's.
+		if err := m.judgeLegacy(ctx, s, svc, k.name == "Pod"); err != nil {
+			return made{}, err
+		}
 	}
 	wctx := ctx
 	if mine {
@@ -316,6 +322,38 @@ func (m *Manager) fill(ctx context.Context, s api.Spec, k kind, svc *corev1.Serv
 	}
 	f, err := k.found(ctx, w, bound)
 	return made{found: f, existed: existed, repaired: existed && mine}, err
+}
+
+// judgeLegacy decides whether s's create may adopt svc, a Service with no
+// owner and no token: one DeerFlow's provisioner made (it sets neither,
+// nor a principal), which selects the Pod sandbox-<id> by id alone.
+// Adopting binds it, node port and all, to the create's workload, so it is
+// default's (DeerFlow's own sandboxes, config.DefaultPrincipal) and only
+// with the Pod it was made for: a cold Pod create (coldPod) of default
+// whose Pod of the id exists. Another principal's create gets what a taken
+// id answers (409), so no guessed id hands it DeerFlow's Service. Default's
+// create of another workload (a ReplicaSet, a pooled claim) answers with
+// that Pod (errOtherKind); a Service whose Pod is gone names no sandbox
+// and goes (errStale: the create starts over with a slot of its own).
+func (m *Manager) judgeLegacy(ctx context.Context, s api.Spec, svc *corev1.Service, coldPod bool) error {
+	if s.Caller.Records() != config.DefaultPrincipal || api.PrincipalOf(svc) != config.DefaultPrincipal {
+		return errTaken(s)
+	}
+	pod, err := m.client.CoreV1().Pods(m.cfg.Namespace).Get(ctx, resources.PodName(s.ID), metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err) || err == nil && pod.DeletionTimestamp != nil:
+		return m.dropStale(ctx, svc)
+	case err != nil:
+		return api.Classify(err, "read the Pod of a sandbox Service made by DeerFlow's provisioner")
+	case !coldPod:
+		return errOtherKind
+	}
+	return nil
+}
+
+// errTaken is the answer to a create whose id holds another's sandbox.
+func errTaken(s api.Spec) error {
+	return &api.Error{Kind: api.KindConflict, Detail: "sandbox " + s.ID + " exists for another user or thread; choose another sandbox_id"}
 }
 
 // bind makes svc the Service of w (resources.Bind). A racing create of the
