@@ -35,6 +35,7 @@ var ErrNotFound = errors.New("no such sandbox template")
 type Store struct {
 	client   kubernetes.Interface
 	cfg      config.Objects
+	ten      Tenancy
 	ttl      time.Duration
 	now      func() time.Time
 	informer cache.SharedIndexInformer
@@ -47,18 +48,34 @@ type Store struct {
 const maxCached = 256
 
 type entry struct {
-	tmpl    *Template // nil with err nil: the built-in default
-	err     error
-	rv      string
-	checked time.Time
+	tmpl *Template // nil with err nil: the built-in default
+	err  error
+	// principals may use the template (nil: every principal), as written,
+	// even when the template is refused.
+	principals []string
+	rv         string
+	checked    time.Time
 }
 
+// Option customises a Store.
+type Option func(*Store)
+
+// WithTenancy judges templates for the principals ten says may create
+// (TenancyOf the deployment's settings). Without it the tenancy is
+// unknown: a template that mounts a claim read-write must name one
+// principal.
+func WithTenancy(ten Tenancy) Option { return func(s *Store) { s.ten = ten } }
+
 // NewStore returns a Store reading PodTemplates in cfg.Namespace.
-func NewStore(client kubernetes.Interface, cfg config.Objects) *Store {
+func NewStore(client kubernetes.Interface, cfg config.Objects, opts ...Option) *Store {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(cfg.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = keys.LabelTemplate }))
-	return &Store{client: client, cfg: cfg, ttl: cfg.TemplateCacheTTL, now: time.Now, entries: map[string]entry{},
+	s := &Store{client: client, cfg: cfg, ttl: cfg.TemplateCacheTTL, now: time.Now, entries: map[string]entry{},
 		informer: factory.Core().V1().PodTemplates().Informer()}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
 }
 
 // Run starts the watch of the sandbox templates (once), until ctx ends.
@@ -90,11 +107,43 @@ func (s *Store) watched(name string) (pt *corev1.PodTemplate, known bool) {
 	return nil, name == Default
 }
 
-// Get returns the validated template called name ("" is the default). It
-// returns nil, nil for the default when no PodTemplate "default" exists:
-// the built-in Pod applies. A missing named template is ErrNotFound; a
-// refused one is an *Error naming the field.
+// Get returns the validated template called name ("" is the default),
+// whoever may use it. It returns nil, nil for the default when no
+// PodTemplate "default" exists: the built-in Pod applies. A missing named
+// template is ErrNotFound; a refused one is an *Error naming the field.
 func (s *Store) Get(ctx context.Context, name string) (*Template, error) {
+	e, err := s.lookup(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return e.tmpl, e.err
+}
+
+// GetFor is Get for a create of principal: a template it may not use is
+// absent, with the answer of one that does not exist (the built-in Pod
+// for the default, ErrNotFound for a named one, its message the same), so
+// the answer tells nothing of the template or of who may use it.
+func (s *Store) GetFor(ctx context.Context, name, principal string) (*Template, error) {
+	e, err := s.lookup(ctx, name)
+	switch {
+	case err != nil:
+		return nil, err
+	case allows(e.principals, principal):
+		return e.tmpl, e.err
+	case name == "" || name == Default:
+		return nil, nil
+	}
+	return nil, s.notFound(name)
+}
+
+// notFound is the error of a named template that does not exist.
+func (s *Store) notFound(name string) error {
+	return fmt.Errorf("%w: %q (GET /api/templates lists them; a template is a PodTemplate in %s labelled %s)", ErrNotFound, name, s.cfg.Namespace, keys.LabelTemplate)
+}
+
+// lookup is name's entry, from the watch or read on demand; the error is a
+// failed read (transient), the entry's err the template's own verdict.
+func (s *Store) lookup(ctx context.Context, name string) (entry, error) {
 	if name == "" {
 		name = Default
 	}
@@ -103,32 +152,32 @@ func (s *Store) Get(ctx context.Context, name string) (*Template, error) {
 	s.mu.Unlock()
 	if pt, known := s.watched(name); known {
 		if pt == nil {
-			return nil, nil // no PodTemplate default: the built-in Pod
+			return entry{}, nil // no PodTemplate default: the built-in Pod
 		}
 		if !ok || e.rv != pt.ResourceVersion { // new, or edited since it was validated
 			e = s.validated(pt, e, ok)
 			s.remember(name, e)
 		}
-		return e.tmpl, e.err
+		return e, nil
 	}
 	if ok && s.now().Sub(e.checked) < s.ttl {
-		return e.tmpl, e.err
+		return e, nil
 	}
 	pt, err := s.client.CoreV1().PodTemplates(s.cfg.Namespace).Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err) || err == nil && !isTemplate(pt):
 		e = entry{}
 		if name != Default {
-			e.err = fmt.Errorf("%w: %q (GET /api/templates lists them; a template is a PodTemplate in %s labelled %s)", ErrNotFound, name, s.cfg.Namespace, keys.LabelTemplate)
+			e.err = s.notFound(name)
 		}
 	case err != nil:
-		return nil, fmt.Errorf("read sandbox template %q: %w", name, err) // not cached: transient
+		return entry{}, fmt.Errorf("read sandbox template %q: %w", name, err) // not cached: transient
 	default:
 		e = s.validated(pt, e, ok)
 	}
 	e.checked = s.now()
 	s.remember(name, e)
-	return e.tmpl, e.err
+	return e, nil
 }
 
 // validated is pt's entry: e (cached is whether there is one) when it
@@ -137,8 +186,8 @@ func (s *Store) validated(pt *corev1.PodTemplate, e entry, cached bool) entry {
 	if cached && e.rv == pt.ResourceVersion {
 		return e // unchanged since it was validated
 	}
-	t, err := FromPodTemplate(pt, s.cfg) // it copies what it keeps: pt may be the watch's
-	return entry{tmpl: t, err: err, rv: pt.ResourceVersion}
+	t, err := FromPodTemplateIn(pt, s.cfg, s.ten) // it copies what it keeps: pt may be the watch's
+	return entry{tmpl: t, err: err, principals: principalsOf(pt), rv: pt.ResourceVersion}
 }
 
 // remember keeps the validated e for name.
@@ -185,6 +234,18 @@ func (s *Store) List(ctx context.Context) ([]Summary, error) {
 
 // ListValid is List that also returns the valid templates.
 func (s *Store) ListValid(ctx context.Context) ([]Summary, []*Template, error) {
+	return s.list(ctx, func([]string) bool { return true })
+}
+
+// ListValidFor is ListValid as principal sees it (GET /api/templates): only
+// the templates it may use, valid or not, and the built-in default when it
+// may use no PodTemplate "default" (GetFor).
+func (s *Store) ListValidFor(ctx context.Context, principal string) ([]Summary, []*Template, error) {
+	return s.list(ctx, func(principals []string) bool { return allows(principals, principal) })
+}
+
+// list lists the templates whose principals uses admits.
+func (s *Store) list(ctx context.Context, uses func(principals []string) bool) ([]Summary, []*Template, error) {
 	list, err := s.client.CoreV1().PodTemplates(s.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: keys.LabelTemplate})
 	if err != nil {
 		return nil, nil, fmt.Errorf("list sandbox templates: %w", err)
@@ -194,8 +255,11 @@ func (s *Store) ListValid(ctx context.Context) ([]Summary, []*Template, error) {
 	haveDefault := false
 	for i := range list.Items {
 		pt := &list.Items[i]
+		if !uses(principalsOf(pt)) {
+			continue // absent, for this caller
+		}
 		haveDefault = haveDefault || pt.Name == Default
-		t, err := FromPodTemplate(pt, s.cfg)
+		t, err := FromPodTemplateIn(pt, s.cfg, s.ten)
 		if err != nil {
 			out = append(out, Summary{Name: pt.Name, Error: err.Error()})
 			continue

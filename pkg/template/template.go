@@ -71,7 +71,10 @@ type Template struct {
 	// is refused; PoolError then says why (a template listing shows it).
 	PoolSize  int
 	PoolError string
-	Pod       corev1.PodTemplateSpec
+	// Principals may use the template (keys.TemplatePrincipals); nil when
+	// every principal may.
+	Principals []string
+	Pod        corev1.PodTemplateSpec
 }
 
 // Error is a refused template: which one, which field, and why.
@@ -99,13 +102,20 @@ func reservedVolume(name string) bool {
 // template mounts nothing at or below them.
 var reservedMountRoots = []string{"/mnt/skills", "/mnt/user-data", "/mnt/integrations", "/mnt/acp-workspace", "/tmp"}
 
-// FromPodTemplate validates pt against what a sandbox may be under cfg and
-// returns the template, or an *Error naming the first field that would
-// weaken a sandbox or that is malformed.
+// FromPodTemplate is FromPodTemplateIn with the tenancy unknown: a
+// template that mounts a claim read-write must name one principal.
 func FromPodTemplate(pt *corev1.PodTemplate, cfg config.Objects) (*Template, error) {
-	v := validator{tmpl: pt.Name, cfg: cfg}
+	return FromPodTemplateIn(pt, cfg, Tenancy{})
+}
+
+// FromPodTemplateIn validates pt against what a sandbox may be under cfg,
+// for the principals ten says may create, and returns the template, or an
+// *Error naming the first field that would weaken a sandbox, expose one
+// tenant's data to another, or that is malformed.
+func FromPodTemplateIn(pt *corev1.PodTemplate, cfg config.Objects, ten Tenancy) (*Template, error) {
+	v := validator{tmpl: pt.Name, cfg: cfg, ten: ten}
 	t := &Template{Name: pt.Name, UID: pt.UID, ResourceVersion: pt.ResourceVersion, Kind: KindPod, IdleAction: IdleDelete,
-		PausedTimeout: defaultPausedTimeout, Port: cfg.ContainerPort, DeerFlowMounts: true, Pod: *pt.Template.DeepCopy()}
+		PausedTimeout: defaultPausedTimeout, Port: cfg.ContainerPort, DeerFlowMounts: true, Principals: principalsOf(pt), Pod: *pt.Template.DeepCopy()}
 	if err := v.settings(pt.Annotations, t); err != nil {
 		return nil, err
 	}
@@ -115,12 +125,16 @@ func FromPodTemplate(pt *corev1.PodTemplate, cfg config.Objects) (*Template, err
 	if err := v.spec(&t.Pod.Spec, t); err != nil {
 		return nil, err
 	}
+	if err := v.sharedStorage(t); err != nil {
+		return nil, err
+	}
 	return t, nil
 }
 
 type validator struct {
 	tmpl string
 	cfg  config.Objects
+	ten  Tenancy
 }
 
 func (v validator) bad(field, format string, args ...any) error {
@@ -165,6 +179,8 @@ func (v validator) settings(a map[string]string, t *Template) error {
 			t.MaxLifetime, err = v.duration(field(key), val, v.cfg.MaxMaxLifetime)
 		case keys.TemplatePausedTimeout:
 			t.PausedTimeout, err = v.duration(field(key), val, v.cfg.MaxMaxLifetime)
+		case keys.TemplatePrincipals:
+			err = v.principals(field(key), t.Principals)
 		case keys.TemplatePoolSize:
 			n, perr := strconv.Atoi(val)
 			switch {
@@ -177,7 +193,7 @@ func (v validator) settings(a map[string]string, t *Template) error {
 			}
 		default:
 			return v.bad(field(key), "unknown setting; the settings are %s", strings.Join([]string{keys.TemplateKind, keys.TemplateIdleTimeout,
-				keys.TemplateMaxLifetime, keys.TemplateIdleAction, keys.TemplatePausedTimeout, keys.TemplatePort, keys.TemplateDeerFlowMounts, keys.TemplatePoolSize}, ", "))
+				keys.TemplateMaxLifetime, keys.TemplateIdleAction, keys.TemplatePausedTimeout, keys.TemplatePort, keys.TemplateDeerFlowMounts, keys.TemplatePoolSize, keys.TemplatePrincipals}, ", "))
 		}
 		if err != nil {
 			return err
