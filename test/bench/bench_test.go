@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -46,16 +47,22 @@ type Row struct {
 	Concurrency int     `json:"concurrency"`
 	N           int     `json:"n"`
 	OursP50     float64 `json:"ours_p50_ms"`
-	OursP95     float64 `json:"ours_p95_ms"`
-	OursP99     float64 `json:"ours_p99_ms"`
-	OursOps     float64 `json:"ours_ops_per_s"`
-	FloorP50    float64 `json:"floor_p50_ms"`
-	FloorP95    float64 `json:"floor_p95_ms"`
-	FloorP99    float64 `json:"floor_p99_ms"`
-	FloorOps    float64 `json:"floor_ops_per_s"`
-	Errors      int     `json:"errors"`
+	// A p95 or p99 is 0 (left out) when too few samples were taken for it
+	// (pctOf); the maximum is always there.
+	OursP95  float64 `json:"ours_p95_ms,omitempty"`
+	OursP99  float64 `json:"ours_p99_ms,omitempty"`
+	OursMax  float64 `json:"ours_max_ms"`
+	OursOps  float64 `json:"ours_ops_per_s"`
+	FloorP50 float64 `json:"floor_p50_ms"`
+	FloorP95 float64 `json:"floor_p95_ms,omitempty"`
+	FloorP99 float64 `json:"floor_p99_ms,omitempty"`
+	FloorMax float64 `json:"floor_max_ms"`
+	FloorOps float64 `json:"floor_ops_per_s"`
+	Errors   int     `json:"errors"`
 	// The first error of each side, to say what failed.
 	oursFirst, floorFirst error
+	// The samples, for printing each percentile as what it is (pctText).
+	ours, floor []time.Duration
 }
 
 // Results is everything one run measured.
@@ -173,11 +180,71 @@ func pct(ds []time.Duration, p float64) float64 {
 	return float64(s[i].Microseconds()) / 1000
 }
 
+// minSamples is the fewest samples of which pct(·, p) is a percentile and
+// not the maximum: at least one sample must lie above it, so a p95 needs 20
+// and a p99 100. (Rounded: 1/(1-.99) is not exactly 100 in floating point.)
+func minSamples(p float64) int { return int(math.Round(1 / (1 - p))) }
+
+// pctOf is pct(ds, p) when there are samples enough for it (minSamples),
+// else 0: a figure stored under a percentile's name is that percentile.
+func pctOf(ds []time.Duration, p float64) float64 {
+	if len(ds) < minSamples(p) {
+		return 0
+	}
+	return pct(ds, p)
+}
+
+// pctText prints pct(ds, p) with verb when there are samples enough for
+// it (minSamples); else the maximum, saying so and of how many ("max 41.30
+// (n=20)"): the largest of 20 printed as their p99 would pass off one
+// sample as a tail.
+func pctText(ds []time.Duration, p float64, verb string) string {
+	if len(ds) >= minSamples(p) {
+		return fmt.Sprintf(verb, pct(ds, p))
+	}
+	return fmt.Sprintf("max "+verb+" (n=%d)", pct(ds, 1), len(ds))
+}
+
+// TestPctText: a percentile is printed as one only with a sample above it;
+// below that, the maximum, labelled as the maximum of n.
+func TestPctText(t *testing.T) {
+	// 1 ms … n ms, largest first, so that pct must sort them.
+	ms := func(n int) []time.Duration {
+		ds := make([]time.Duration, n)
+		for i := range ds {
+			ds[i] = time.Duration(n-i) * time.Millisecond
+		}
+		return ds
+	}
+	tests := []struct {
+		n    int
+		p    float64
+		want string
+	}{
+		{n: 20, p: .99, want: "max 20.0 (n=20)"},
+		{n: 99, p: .99, want: "max 99.0 (n=99)"},
+		{n: 100, p: .99, want: "99.0"},
+		{n: 160, p: .99, want: "158.0"},
+		{n: 19, p: .95, want: "max 19.0 (n=19)"},
+		{n: 20, p: .95, want: "19.0"},
+		{n: 10, p: .95, want: "max 10.0 (n=10)"},
+		{n: 1, p: .5, want: "max 1.0 (n=1)"},
+		{n: 2, p: .5, want: "1.0"},
+	}
+	for _, tc := range tests {
+		if got := pctText(ms(tc.n), tc.p, "%.1f"); got != tc.want {
+			t.Errorf("pctText(1…%d ms, %v) = %q, want %q", tc.n, tc.p, got, tc.want)
+		}
+	}
+}
+
 func row(op string, c int, ours, floor sample) Row {
 	return Row{Operation: op, Concurrency: c, N: len(ours.d),
-		OursP50: pct(ours.d, .5), OursP95: pct(ours.d, .95), OursP99: pct(ours.d, .99), OursOps: float64(len(ours.d)) / ours.all.Seconds(),
-		FloorP50: pct(floor.d, .5), FloorP95: pct(floor.d, .95), FloorP99: pct(floor.d, .99), FloorOps: float64(len(floor.d)) / floor.all.Seconds(),
-		Errors: ours.err + floor.err, oursFirst: ours.first, floorFirst: floor.first}
+		OursP50: pct(ours.d, .5), OursP95: pctOf(ours.d, .95), OursP99: pctOf(ours.d, .99), OursMax: pct(ours.d, 1),
+		OursOps:  float64(len(ours.d)) / ours.all.Seconds(),
+		FloorP50: pct(floor.d, .5), FloorP95: pctOf(floor.d, .95), FloorP99: pctOf(floor.d, .99), FloorMax: pct(floor.d, 1),
+		FloorOps: float64(len(floor.d)) / floor.all.Seconds(),
+		Errors:   ours.err + floor.err, oursFirst: ours.first, floorFirst: floor.first, ours: ours.d, floor: floor.d}
 }
 
 // floor does what each operation needs with bare client-go calls.
@@ -639,8 +706,9 @@ func report(b *testing.B, r Results) {
 	fmt.Fprintf(&md, "| operation | conc | n | ours p50 | p95 | p99 | ours ops/s | floor p50 | p95 | p99 | floor ops/s | p50 ratio | ops ratio | errors |\n")
 	fmt.Fprintf(&md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, x := range r.Rows {
-		fmt.Fprintf(&md, "| %s | %d | %d | %.2f | %.2f | %.2f | %.0f | %.2f | %.2f | %.2f | %.0f | %.2f× | %.2f× | %d |\n",
-			x.Operation, x.Concurrency, x.N, x.OursP50, x.OursP95, x.OursP99, x.OursOps, x.FloorP50, x.FloorP95, x.FloorP99, x.FloorOps,
+		fmt.Fprintf(&md, "| %s | %d | %d | %.2f | %s | %s | %.0f | %.2f | %s | %s | %.0f | %.2f× | %.2f× | %d |\n",
+			x.Operation, x.Concurrency, x.N, x.OursP50, pctText(x.ours, .95, "%.2f"), pctText(x.ours, .99, "%.2f"), x.OursOps,
+			x.FloorP50, pctText(x.floor, .95, "%.2f"), pctText(x.floor, .99, "%.2f"), x.FloorOps,
 			x.OursP50/x.FloorP50, x.OursOps/x.FloorOps, x.Errors)
 	}
 	qps, burst := shippedClientLimits()

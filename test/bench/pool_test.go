@@ -519,8 +519,9 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 	// how much of a p99 the refill and the API server charge any claim.
 	fmt.Fprintf(&md, "\n| measure | c | n | p50 ms | p95 ms | p99 ms | floor p50 ms | floor p95 ms | floor p99 ms | ratio |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	line := func(name string, c int, r *result) {
-		fmt.Fprintf(&md, "| %s | %d | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f× |\n", name, c, len(r.ours),
-			pct(r.ours, .5), pct(r.ours, .95), pct(r.ours, .99), pct(r.floor, .5), pct(r.floor, .95), pct(r.floor, .99), pct(r.ours, .5)/pct(r.floor, .5))
+		fmt.Fprintf(&md, "| %s | %d | %d | %.1f | %s | %s | %.1f | %s | %s | %.2f× |\n", name, c, len(r.ours),
+			pct(r.ours, .5), pctText(r.ours, .95, "%.1f"), pctText(r.ours, .99, "%.1f"),
+			pct(r.floor, .5), pctText(r.floor, .95, "%.1f"), pctText(r.floor, .99, "%.1f"), pct(r.ours, .5)/pct(r.floor, .5))
 	}
 	for _, c := range []int{1, 8} {
 		line(rowName, c, results[c])

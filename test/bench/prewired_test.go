@@ -222,7 +222,7 @@ func prewiredFloor(b *testing.B, kc *cluster.Cluster, f floor, rt benchRuntime) 
 		{"claim → Ready (the three writes at once)", 1, o1},
 		{"claim → Ready (the three writes at once)", 8, o8},
 	} {
-		fmt.Fprintf(&md, "| %s | %d | %d | %.1f | %.1f | %.1f |\n", row.name, row.c, len(row.ds), pct(row.ds, .5), pct(row.ds, .95), pct(row.ds, .99))
+		fmt.Fprintf(&md, "| %s | %d | %d | %.1f | %s | %s |\n", row.name, row.c, len(row.ds), pct(row.ds, .5), pctText(row.ds, .95, "%.1f"), pctText(row.ds, .99, "%.1f"))
 	}
 	fmt.Fprintf(&md, "\nTargets for a claim built on this (issue 32): DeerFlow's view ≤ 100 ms p50 at c=1; claim → Ready ≤ 30 ms p50 at c=1, ≤ 100 ms p50 and ≤ 250 ms p99 at c=8. Errors: %d.\n", errs)
 	fmt.Println(md.String())

@@ -57,7 +57,7 @@ func printRuntimeTable() {
 		if len(r) == 0 || len(g) == 0 {
 			continue
 		}
-		fmt.Fprintf(&md, "| %s | %d | %.0f / %.0f | %.0f / %.0f | %.2f× |\n", row, len(g), pct(r, .5), pct(r, .95), pct(g, .5), pct(g, .95), pct(g, .5)/pct(r, .5))
+		fmt.Fprintf(&md, "| %s | %d | %.0f / %s | %.0f / %s | %.2f× |\n", row, len(g), pct(r, .5), pctText(r, .95, "%.0f"), pct(g, .5), pctText(g, .95, "%.0f"), pct(g, .5)/pct(r, .5))
 	}
 	if r, g := runtimeMemory["runc"], runtimeMemory["gVisor"]; r > 0 && g > 0 {
 		fmt.Fprintf(&md, "| memory of an idle sandbox's Pod (its cgroup's usage) | 1 | %.1f MiB | %.1f MiB | %.2f× |\n", float64(r)/(1<<20), float64(g)/(1<<20), float64(g)/float64(r))

@@ -156,7 +156,7 @@ func scale(b *testing.B, mode string) {
 	fmt.Fprintf(&md, "# Scale benchmark %s, SANDBOX_SERVICE_TYPE=%s\n\n", time.Now().UTC().Format(time.RFC3339), mode)
 	fmt.Fprintf(&md, "| operation | n | ours p50 | p95 | floor p50 | p95 | p50 ratio | errors |\n|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rows {
-		fmt.Fprintf(&md, "| %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f× | %d |\n", r.Operation, r.N, r.OursP50, r.OursP95, r.FloorP50, r.FloorP95, r.OursP50/r.FloorP50, r.Errors)
+		fmt.Fprintf(&md, "| %s | %d | %.2f | %s | %.2f | %s | %.2f× | %d |\n", r.Operation, r.N, r.OursP50, pctText(r.ours, .95, "%.2f"), r.FloorP50, pctText(r.floor, .95, "%.2f"), r.OursP50/r.FloorP50, r.Errors)
 	}
 	if mode == config.ServiceHeadless {
 		// Both sides answer after at most 5 s without the name (see

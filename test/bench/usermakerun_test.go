@@ -223,7 +223,7 @@ func BenchmarkMakeRunRealNode(b *testing.B) {
 		if v, ok := ownRows[row.own]; ok && v > 0 {
 			own, ratio = fmt.Sprintf("%.1f", v), fmt.Sprintf("%.2f×", pct(row.ds, .5)/v)
 		}
-		fmt.Fprintf(&md, "| %s | %d | %.1f | %.1f | %s | %s |\n", row.name, len(row.ds), pct(row.ds, .5), pct(row.ds, .95), own, ratio)
+		fmt.Fprintf(&md, "| %s | %d | %.1f | %s | %s | %s |\n", row.name, len(row.ds), pct(row.ds, .5), pctText(row.ds, .95, "%.1f"), own, ratio)
 	}
 	fmt.Fprintf(&md, "\nTargets (issue 33): each within 20 %% of the bench's own row; create → Ready ≤ 1,000 ms p50; a pool claim → Ready ≤ 30 ms p50 at c=1. make run served after %s.\n", r.Serving.Round(time.Millisecond))
 	fmt.Println(md.String())
