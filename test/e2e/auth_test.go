@@ -364,8 +364,11 @@ func TestConcurrentWaitsAreCapped(t *testing.T) {
 	if codes[200]+codes[429] != n || codes[429] == 0 || codes[200] == 0 {
 		t.Errorf("answers %v, want only 200 and 429 (some of each)", codes)
 	}
-	if w := proxy.MaxWatches() - open; w > cap || w == 0 {
-		t.Errorf("%d watches for waits open at once, want between 1 and %d", w, cap)
+	// One principal sent every wait, so it may hold half the slots
+	// (package waitslot): more would mean a flood of one tenant's waits
+	// could take every slot from the rest.
+	if w := proxy.MaxWatches() - open; w > cap/2 || w == 0 {
+		t.Errorf("%d watches for one principal's waits open at once, want between 1 and %d (half of MAX_CONCURRENT_WAITS %d)", w, cap/2, cap)
 	}
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", f.PID()))
 	if err != nil {

@@ -29,6 +29,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/status"
 	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
 	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
@@ -118,8 +119,16 @@ func TestConfigAdmittedAndReady(t *testing.T) {
 		!strings.Contains(err.Error(), "validation.webhook.eventing.knative.dev") {
 		t.Errorf("a Trigger without a subscriber was not refused by Eventing's webhook: %v", err)
 	}
-	// And the revision runs on the real node, never on a kwok node.
-	for _, p := range functionPods(t) {
+	// And the revision runs on the real node, never on a kwok node. Its
+	// min-scale is 0, so a request wakes it first: a check over no Pods
+	// would pass whatever node the revision were given.
+	expectCode(t, call(t, http.MethodGet, "/api/sandboxes", nil), http.StatusOK, "list through the route")
+	var pods []corev1.Pod
+	eventually(t, time.Minute, "a function Pod running after a request", func() (bool, error) {
+		pods = functionPods(t)
+		return len(pods) > 0, fmt.Errorf("%d function Pods running", len(pods))
+	})
+	for _, p := range pods {
 		if p.Spec.NodeName != realnode.Name {
 			t.Errorf("function Pod %s runs on %s", p.Name, p.Spec.NodeName)
 		}
@@ -321,15 +330,7 @@ func execInPod(t *testing.T, p *corev1.Pod, action string) string {
 // revisionDeployment is the latest ready revision's Deployment.
 func revisionDeployment(t testing.TB) string {
 	t.Helper()
-	u, err := dyn.Resource(ksvcs).Namespace(ns).Get(context.Background(), "sandbox-provisioner", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rev, _, _ := unstructured.NestedString(u.Object, "status", "latestReadyRevisionName")
-	if rev == "" {
-		t.Fatal("the Knative Service has no ready revision")
-	}
-	return rev + "-deployment"
+	return latestReadyRevision(t) + "-deployment"
 }
 
 // patchTemplate merges annotations into the Knative Service's revision
@@ -453,30 +454,39 @@ func TestScaleToZeroAndWake(t *testing.T) {
 }
 
 // TestManyReplicasOneSandbox: with a minimum of two replicas, 20
-// concurrent creates of one id through the route give one sandbox.
+// concurrent creates of one id give one sandbox. They go through the route
+// and straight to each of two Ready replicas in turn, and both replicas'
+// audit lines must show they served: through the route alone the activator
+// may send every create to one replica, and one replica proves nothing
+// about many.
 func TestManyReplicasOneSandbox(t *testing.T) {
 	need(t)
 	patchTemplate(t, map[string]string{"autoscaling.knative.dev/min-scale": "2"})
-	eventually(t, 2*time.Minute, "two function Pods Ready", func() (bool, error) {
-		n := 0
+	rev := latestReadyRevision(t)
+	var readyPods []corev1.Pod
+	eventually(t, 2*time.Minute, "two function Pods of "+rev+" Ready", func() (bool, error) {
+		readyPods = readyPods[:0]
 		for _, p := range functionPods(t) {
-			for _, c := range p.Status.Conditions {
-				if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue && p.Labels["serving.knative.dev/revision"] != "" {
-					n++
-				}
+			if p.Labels["serving.knative.dev/revision"] == rev && status.Ready(&p) {
+				readyPods = append(readyPods, p)
 			}
 		}
-		return n >= 2, fmt.Errorf("%d Ready", n)
+		return len(readyPods) >= 2, fmt.Errorf("%d Ready", len(readyPods))
 	})
 	const id = "many0000replicas"
 	destroyLater(t, id)
+	targets := []string{fnURL}
+	for _, p := range readyPods[:2] {
+		targets = append(targets, "http://"+p.Status.PodIP+":8080")
+	}
 	var wg sync.WaitGroup
 	codes := make([]int, 20)
 	for i := range codes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r, err := fn().DoWithHeaders(http.MethodPost, "/api/sandboxes", map[string]any{"sandbox_id": id}, map[string]string{"X-API-Key": apiKey})
+			to := &function.Instance{URL: targets[i%len(targets)], Client: &http.Client{Timeout: 90 * time.Second}}
+			r, err := to.DoWithHeaders(http.MethodPost, "/api/sandboxes", map[string]any{"sandbox_id": id}, map[string]string{"X-API-Key": apiKey})
 			if err == nil {
 				codes[i] = r.Code
 			}
@@ -485,7 +495,7 @@ func TestManyReplicasOneSandbox(t *testing.T) {
 	wg.Wait()
 	for i, c := range codes {
 		if c != http.StatusOK {
-			t.Errorf("create %d answered %d", i, c)
+			t.Errorf("create %d (to %s) answered %d", i, targets[i%len(targets)], c)
 		}
 	}
 	pods, err := kube.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: sandboxSel + ",sandbox-id=" + id})
@@ -499,16 +509,32 @@ func TestManyReplicasOneSandbox(t *testing.T) {
 	if len(pods.Items) != 1 || len(svcs.Items) != 1 {
 		t.Errorf("%d Pods and %d Services for one id, want 1 and 1", len(pods.Items), len(svcs.Items))
 	}
-	// Which replicas answered: the requests went through the activator or
-	// straight to the revision's Pods, so more than one may have.
-	served := 0
-	for _, p := range functionPods(t) {
+	// Both replicas the creates were sent to straight must have served: a create
+	// writes an audit line with the id (package audit), so a replica's log
+	// names it only if it served one.
+	for _, p := range readyPods[:2] {
 		raw, err := kube.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: "provisioner"}).DoRaw(context.Background())
-		if err == nil && strings.Contains(string(raw), id) {
-			served++
+		if err != nil {
+			t.Fatalf("logs of %s: %v", p.Name, err)
+		}
+		if !strings.Contains(string(raw), id) {
+			t.Errorf("replica %s logged no create of %s: two replicas did not both serve", p.Name, id)
 		}
 	}
-	t.Logf("%d function Pods running; %d of them logged creates of %s", len(functionPods(t)), served, id)
+}
+
+// latestReadyRevision is the Knative Service's newest Ready revision.
+func latestReadyRevision(t testing.TB) string {
+	t.Helper()
+	u, err := dyn.Resource(ksvcs).Namespace(ns).Get(context.Background(), "sandbox-provisioner", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, _, _ := unstructured.NestedString(u.Object, "status", "latestReadyRevisionName")
+	if rev == "" {
+		t.Fatal("the Knative Service has no Ready revision")
+	}
+	return rev
 }
 
 // TestFuncInvokeThroughTheRoute runs the real func CLI's invoke against the

@@ -8,11 +8,14 @@ package runreal
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -63,9 +66,10 @@ func TestMakeRunRealStartsEveryTime(t *testing.T) {
 
 	r := u.start("real")
 	r.sandbox("first")
+	lookingWorks(t)
 	r.stop()
 	clean := machineState()
-	if left := leftovers(); left != "" {
+	if left := leftovers(t); left != "" {
 		t.Fatalf("after a clean stop the node left: %s", left)
 	}
 
@@ -84,7 +88,7 @@ func TestMakeRunRealStartsEveryTime(t *testing.T) {
 	r = u.start("real")
 	r.sandbox("afterplain")
 	r.stop()
-	if left := leftovers(); left != "" {
+	if left := leftovers(t); left != "" {
 		t.Fatalf("after the last stop the node left: %s", left)
 	}
 	if now := machineState(); now != clean {
@@ -199,11 +203,32 @@ func (r *run) crash() {
 	r.u.t.Logf("start %d: killed (kill -9 of make and the %d processes under it)", r.n, n)
 }
 
-// leftovers describes what of a real node is still on the machine: its
-// processes (their command lines name its state directory under
-// /tmp/rn-*), its mounts, the network namespaces its Pods and surroundings
-// had, its bridge and the bridge plugin's NAT chains.
-func leftovers() string {
+// leftovers describes what of a real node is still on the machine (found),
+// at most a dozen of them, as one line: "" when nothing is left.
+func leftovers(t testing.TB) string {
+	t.Helper()
+	left := found(t)
+	if len(left) > 12 {
+		left = append(left[:12], fmt.Sprintf("and %d more", len(left)-12))
+	}
+	return strings.Join(left, "; ")
+}
+
+// What found names, one kind each, for the check while a node runs.
+const (
+	foundContainers = "container processes"
+	foundNetns      = "network namespace"
+	foundNAT        = "NAT rule"
+)
+
+// found lists what of a real node is on the machine: its processes (their
+// command lines name its state directory under /tmp/rn-*), the processes in
+// its kubelet's cgroups, its mounts, the network namespaces its Pods and
+// surroundings had, its bridge and the bridge plugin's NAT chains. A look
+// that cannot be made (ip or iptables-save missing, no pids cgroup
+// hierarchy) fails t: it would otherwise find nothing, and pass.
+func found(t testing.TB) []string {
+	t.Helper()
 	prefix := filepath.Join(os.TempDir(), "rn-")
 	var left []string
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
@@ -214,42 +239,103 @@ func leftovers() string {
 		}
 	}
 	// Containers outlive their shims: any process in the kubelet's cgroups.
-	_ = filepath.WalkDir("/sys/fs/cgroup/pids/kubepods", func(path string, d os.DirEntry, err error) error {
-		if err == nil && d.Name() == "cgroup.procs" {
-			if b, _ := os.ReadFile(path); len(bytes.TrimSpace(b)) > 0 {
-				left = append(left, "container processes "+strings.Join(strings.Fields(string(b)), ",")+" in "+filepath.Dir(path))
+	root, err := kubepods()
+	if err != nil {
+		t.Fatalf("cannot look for container processes: %v", err)
+	}
+	err = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		// No kubepods (the kubelet left no cgroup), or a cgroup removed
+		// while walked: nothing there.
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if d.Name() == "cgroup.procs" {
+			b, err := os.ReadFile(path)
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			if len(bytes.TrimSpace(b)) > 0 {
+				left = append(left, foundContainers+" "+strings.Join(strings.Fields(string(b)), ",")+" in "+filepath.Dir(path))
 			}
 		}
 		return nil
 	})
+	if err != nil {
+		t.Fatalf("cannot look for container processes under %s: %v", root, err)
+	}
 	if b, err := os.ReadFile("/proc/self/mounts"); err == nil {
 		for _, line := range strings.Split(string(b), "\n") {
 			if f := strings.Fields(line); len(f) > 1 && (strings.HasPrefix(f[1], prefix) || strings.HasPrefix(f[1], "/run/netns/cni-")) {
 				left = append(left, "mount "+f[1])
 			}
 		}
+	} else {
+		t.Fatalf("cannot look for mounts: %v", err)
 	}
-	if out, err := exec.Command("ip", "netns", "list").Output(); err == nil {
-		for _, line := range strings.Split(string(out), "\n") {
-			if f := strings.Fields(line); len(f) > 0 && (strings.HasPrefix(f[0], "rn-") || strings.HasPrefix(f[0], "cni-")) {
-				left = append(left, "network namespace "+f[0])
-			}
+	out, err := exec.Command("ip", "netns", "list").Output()
+	if err != nil {
+		t.Fatalf("cannot look for network namespaces (ip netns list): %v", err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && (strings.HasPrefix(f[0], "rn-") || strings.HasPrefix(f[0], "cni-")) {
+			left = append(left, foundNetns+" "+f[0])
 		}
 	}
-	if exec.Command("ip", "link", "show", "rn0").Run() == nil {
+	// A link's directory under /sys/class/net, rather than `ip link show`,
+	// whose failure would not say whether the bridge or ip is missing.
+	if _, err := os.Stat("/sys/class/net/rn0"); err == nil {
 		left = append(left, "bridge rn0")
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("cannot look for the bridge rn0: %v", err)
 	}
-	if out, err := exec.Command("iptables-save", "-t", "nat").Output(); err == nil {
-		for _, line := range strings.Split(string(out), "\n") {
-			if strings.Contains(line, `name: \"real-node\"`) || strings.HasPrefix(line, "-A KUBE-") {
-				left = append(left, "NAT rule "+line)
-			}
+	out, err = exec.Command("iptables-save", "-t", "nat").Output()
+	if err != nil {
+		t.Fatalf("cannot look for NAT rules (iptables-save -t nat): %v", err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.Contains(line, `name: \"real-node\"`) || strings.HasPrefix(line, "-A KUBE-") {
+			left = append(left, foundNAT+" "+line)
 		}
 	}
-	if len(left) > 12 {
-		left = append(left[:12], fmt.Sprintf("and %d more", len(left)-12))
+	return left
+}
+
+// kubepods is the cgroup under which the real node's kubelet (cgroupfs
+// driver, realnode's kubelet.go) puts its Pods, in this machine's pids
+// hierarchy: cgroup v1's pids controller (this machine mounts it at
+// /sys/fs/cgroup/pids, beside a cgroup2 at unified with no controllers), or
+// the cgroup2 root where that holds the pids controller. Neither is an
+// error: a walk of a path that cannot exist would find nothing and pass.
+func kubepods() (string, error) {
+	if b, err := os.ReadFile("/sys/fs/cgroup/cgroup.controllers"); err == nil && slices.Contains(strings.Fields(string(b)), "pids") {
+		return "/sys/fs/cgroup/kubepods", nil
 	}
-	return strings.Join(left, "; ")
+	if _, err := os.Stat("/sys/fs/cgroup/pids/cgroup.procs"); err == nil {
+		return "/sys/fs/cgroup/pids/kubepods", nil
+	}
+	return "", errors.New("no pids cgroup hierarchy: neither cgroup v1's /sys/fs/cgroup/pids nor a cgroup2 /sys/fs/cgroup with the pids controller")
+}
+
+// lookingWorks fails t unless found, while a node runs and serves a
+// sandbox, sees its container processes, its Pods' network namespaces and
+// kube-proxy's NAT rules: the proof that the checks after a stop look
+// where the node puts them, so that finding nothing there means nothing
+// is left.
+func lookingWorks(t testing.TB) {
+	t.Helper()
+	live := found(t)
+	for _, kind := range []string{foundContainers, foundNetns, foundNAT} {
+		if !slices.ContainsFunc(live, func(s string) bool { return strings.HasPrefix(s, kind+" ") }) {
+			t.Fatalf("while the node runs a sandbox, found no %s (found: %d things, the first %v): the check after a stop would look in the wrong place",
+				kind, len(live), live[:min(len(live), 5)])
+		}
+	}
 }
 
 // machineState is the kernel settings a real node changes, as one line.
