@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
@@ -33,6 +35,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/pool"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
+	"github.com/deerflow-sandbox/provisioner/test/framework/skip"
 )
 
 const (
@@ -58,7 +61,7 @@ func serviceAccountNamespace(t *testing.T) (string, kubernetes.Interface) {
 	}
 	applyServerSide(t, objs)
 	applyServerSide(t, readObjects(t, filepath.Join("..", "..", "config", "100-namespace.yaml"), filepath.Join("..", "..", "config", "204-clusterrole-runtimeclass.yaml"),
-		filepath.Join("..", "..", "config", "800-admission-policy.yaml")))
+		filepath.Join("..", "..", "config", "800-admission-policy.yaml"), filepath.Join("..", "..", "config", "801-admission-policy-networkpolicies.yaml")))
 	rc := rest.CopyConfig(kc.Config)
 	rc.Impersonate = rest.ImpersonationConfig{UserName: serviceAccount}
 	sa := kubernetes.NewForConfigOrDie(rc)
@@ -352,7 +355,20 @@ func podCases(t *testing.T) []podCase {
 		toleration = "may tolerate only"
 		parents    = "must not mount a directory that holds the tenants' roots"
 		ephemeral  = "ephemeral volume starts empty"
+		handler    = "must not name a host"
 	)
+	// A handler that sends the kubelet elsewhere: the cloud's metadata
+	// server, from the node's network namespace.
+	const elsewhere = "169.254.169.254"
+	httpAt := func(host string) *corev1.HTTPGetAction {
+		return &corev1.HTTPGetAction{Path: "/", Port: intstr.FromInt32(80), Host: host, Scheme: corev1.URISchemeHTTP}
+	}
+	tcpAt := func(host string) *corev1.TCPSocketAction {
+		return &corev1.TCPSocketAction{Port: intstr.FromInt32(22), Host: host}
+	}
+	probeOf := func(h corev1.ProbeHandler) *corev1.Probe {
+		return &corev1.Probe{ProbeHandler: h, PeriodSeconds: 10, TimeoutSeconds: 1, FailureThreshold: 3, SuccessThreshold: 1}
+	}
 	claimFrom := func(mutate func(*corev1.PersistentVolumeClaimSpec)) corev1.VolumeSource {
 		spec := corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}}
@@ -485,6 +501,46 @@ func podCases(t *testing.T) []podCase {
 			p.Spec.Tolerations = append(p.Spec.Tolerations, corev1.Toleration{Operator: corev1.TolerationOpExists})
 		}, podUpdate: `[{"op":"add","path":"/spec/tolerations/-","value":{"operator":"Exists"}}]`},
 		{name: "a priority class", message: "priority classes", mutate: func(p *corev1.Pod) { p.Spec.PriorityClassName = admissionPriorityClass }},
+		// Pod Security baseline's newer controls (issue 45): the kubelet
+		// sent to another host by a probe or a lifecycle hook, in a
+		// container or a (sidecar) init container, and another
+		// ServiceAccount (made by the test, so that the API server's own
+		// ServiceAccount check passes).
+		{name: "a liveness probe's host", message: handler, mutate: func(p *corev1.Pod) { p.Spec.Containers[0].LivenessProbe.HTTPGet.Host = elsewhere }},
+		{name: "a readiness probe's TCP host", message: handler, mutate: func(p *corev1.Pod) {
+			p.Spec.Containers[0].ReadinessProbe.ProbeHandler = corev1.ProbeHandler{TCPSocket: tcpAt(elsewhere)}
+		}},
+		{name: "a startup probe's host", message: handler, mutate: func(p *corev1.Pod) {
+			p.Spec.Containers[0].StartupProbe = probeOf(corev1.ProbeHandler{HTTPGet: httpAt(elsewhere)})
+		}},
+		{name: "a postStart hook's host", message: handler, mutate: func(p *corev1.Pod) {
+			p.Spec.Containers[0].Lifecycle = &corev1.Lifecycle{PostStart: &corev1.LifecycleHandler{HTTPGet: httpAt(elsewhere)}}
+		}},
+		{name: "a preStop hook's TCP host", message: handler, mutate: func(p *corev1.Pod) {
+			p.Spec.Containers[0].Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{TCPSocket: tcpAt(elsewhere)}}
+		}},
+		{name: "a sidecar's probe host", message: handler, mutate: func(p *corev1.Pod) {
+			c := p.Spec.Containers[0].DeepCopy()
+			c.Name, c.RestartPolicy = "sidecar", ptr.To(corev1.ContainerRestartPolicyAlways)
+			c.Ports, c.ReadinessProbe, c.StartupProbe = nil, nil, nil
+			c.LivenessProbe = probeOf(corev1.ProbeHandler{TCPSocket: tcpAt(elsewhere)})
+			p.Spec.InitContainers = []corev1.Container{*c}
+		}},
+		{name: "another ServiceAccount", message: "run as the ServiceAccount default", mutate: func(p *corev1.Pod) {
+			p.Spec.ServiceAccountName = admissionOtherServiceAccount
+		}},
+	}
+}
+
+// admissionOtherServiceAccount is a ServiceAccount the test makes in its
+// namespace: a sandbox must not run as it.
+const admissionOtherServiceAccount = "e2e-admission-other"
+
+func ensureServiceAccount(t *testing.T, ns, name string) {
+	t.Helper()
+	_, err := client().CoreV1().ServiceAccounts(ns).Create(context.Background(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
 	}
 }
 
@@ -509,6 +565,7 @@ func ensurePriorityClass(t *testing.T) {
 func TestAdmissionPolicyRefusesEscapes(t *testing.T) {
 	ns, sa := serviceAccountNamespace(t)
 	ensurePriorityClass(t)
+	ensureServiceAccount(t, ns, admissionOtherServiceAccount)
 	ctx := context.Background()
 	a := newAdmission(t, ns, nil)
 
@@ -773,6 +830,117 @@ func TestAdmissionRequiresTheUserNamespaceWhenSet(t *testing.T) {
 	if _, err := sa.CoreV1().Pods(ns).Create(ctx, a.pod("userns-ok", nil), dry); err != nil {
 		t.Errorf("a Pod in its own user namespace is refused: %v", err)
 	}
+}
+
+// TestAdmissionHoldsBaselinesNewerControls (issue 45) is the positive
+// control of the rules on probe and lifecycle hosts, the ServiceAccount and
+// Pod certificates, whose refusals are rows of podCases: handlers that name
+// no host (every kind, in a container and a sidecar) and a projected
+// volume of plain sources are admitted; under the parameter
+// serviceAccountName the function's Pod built with SANDBOX_SERVICE_ACCOUNT
+// set to it is admitted and one running as the namespace's default is not;
+// a projected Pod certificate is refused, and the same volume without it
+// admitted. The API server drops podCertificate before admission while its
+// feature gate PodCertificateRequest is off: then that row cannot be sent.
+func TestAdmissionHoldsBaselinesNewerControls(t *testing.T) {
+	ns, sa := serviceAccountNamespace(t)
+	ctx := context.Background()
+	a := newAdmission(t, ns, nil)
+	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	// bothKinds creates p as a Pod and as a ReplicaSet's Pod template.
+	bothKinds := func(id string, mutate func(*corev1.Pod)) (podErr, rsErr error) {
+		p := a.pod(id, nil)
+		mutate(p)
+		_, podErr = sa.CoreV1().Pods(ns).Create(ctx, p, dry)
+		rs := a.replicaSet(id, nil)
+		tp := &corev1.Pod{ObjectMeta: rs.Spec.Template.ObjectMeta, Spec: rs.Spec.Template.Spec}
+		mutate(tp)
+		rs.Spec.Template.ObjectMeta, rs.Spec.Template.Spec = tp.ObjectMeta, tp.Spec
+		_, rsErr = sa.AppsV1().ReplicaSets(ns).Create(ctx, rs, dry)
+		return podErr, rsErr
+	}
+
+	t.Run("handlers naming no host", func(t *testing.T) {
+		port := intstr.FromInt32(8080)
+		podErr, rsErr := bothKinds("hooks", func(p *corev1.Pod) {
+			c := &p.Spec.Containers[0]
+			c.StartupProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: port}},
+				PeriodSeconds: 1, TimeoutSeconds: 1, FailureThreshold: 30, SuccessThreshold: 1}
+			c.Lifecycle = &corev1.Lifecycle{
+				PostStart: &corev1.LifecycleHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/v1/sandbox", Port: port}},
+				PreStop:   &corev1.LifecycleHandler{TCPSocket: &corev1.TCPSocketAction{Port: port}},
+			}
+			side := c.DeepCopy()
+			side.Name, side.RestartPolicy, side.Ports, side.ReadinessProbe = "sidecar", ptr.To(corev1.ContainerRestartPolicyAlways), nil, nil
+			side.Lifecycle = &corev1.Lifecycle{PreStop: &corev1.LifecycleHandler{Exec: &corev1.ExecAction{Command: []string{"true"}}}}
+			p.Spec.InitContainers = []corev1.Container{*side}
+		})
+		if podErr != nil || rsErr != nil {
+			t.Errorf("probes and hooks that name no host: Pod %v, ReplicaSet %v; want both admitted", podErr, rsErr)
+		}
+	})
+
+	t.Run("Pod certificate", func(t *testing.T) {
+		plain := []corev1.VolumeProjection{
+			{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "settings"}}},
+			{DownwardAPI: &corev1.DownwardAPIProjection{Items: []corev1.DownwardAPIVolumeFile{{Path: "name", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}}},
+		}
+		cert := corev1.VolumeProjection{PodCertificate: &corev1.PodCertificateProjection{SignerName: "example.com/workloads",
+			KeyType: "ED25519", CredentialBundlePath: "credentials.pem"}}
+		projected := func(sources []corev1.VolumeProjection) func(*corev1.Pod) {
+			return func(p *corev1.Pod) {
+				p.Spec.Volumes = append(p.Spec.Volumes, corev1.Volume{Name: "projected", VolumeSource: corev1.VolumeSource{
+					Projected: &corev1.ProjectedVolumeSource{Sources: sources}}})
+			}
+		}
+		if podErr, rsErr := bothKinds("plain", projected(plain)); podErr != nil || rsErr != nil {
+			t.Errorf("a projected volume of a ConfigMap and the downward API: Pod %v, ReplicaSet %v; want both admitted", podErr, rsErr)
+		}
+		// Does the API server keep the field? Asked as the administrator,
+		// whom no policy judges.
+		probe := a.pod("cert", nil)
+		projected(append(slices.Clone(plain), cert))(probe)
+		kept, err := client().CoreV1().Pods(ns).Create(ctx, probe, dry)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v := kept.Spec.Volumes[len(kept.Spec.Volumes)-1]; v.Projected == nil || len(v.Projected.Sources) != 3 || v.Projected.Sources[2].PodCertificate == nil {
+			skip.Unavailable(t, "the API server dropped the podCertificate source (feature gate PodCertificateRequest off): start it with --feature-gates=PodCertificateRequest=true to send this row")
+		}
+		const msg = "Pod certificate"
+		podErr, rsErr := bothKinds("cert", projected(append(slices.Clone(plain), cert)))
+		if !refusedBy(podErr, podPolicy, msg) || !refusedBy(rsErr, rsPolicy, msg) {
+			t.Errorf("a projected Pod certificate: Pod %v, ReplicaSet %v; want refusals saying %q", podErr, rsErr, msg)
+		}
+	})
+
+	t.Run("the configured ServiceAccount", func(t *testing.T) {
+		const name = "e2e-sandbox-runner"
+		ensureServiceAccount(t, ns, name)
+		cms := client().CoreV1().ConfigMaps("deer-flow")
+		t.Cleanup(func() {
+			applyServerSide(t, readObjects(t, filepath.Join("..", "..", "config", "800-admission-policy.yaml")))
+		})
+		if _, err := cms.Patch(ctx, "sandbox-admission", types.MergePatchType, []byte(`{"data":{"serviceAccountName":"`+name+`"}}`), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		const msg = "run as the ServiceAccount " + name
+		eventually(t, 30*time.Second, "a sandbox running as the namespace's default refused", func() (bool, error) {
+			_, err := sa.CoreV1().Pods(ns).Create(ctx, a.pod("sa-default", nil), dry)
+			return refusedBy(err, podPolicy, msg), err
+		})
+		if _, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, a.replicaSet("sa-default", nil), dry); !refusedBy(err, rsPolicy, msg) {
+			t.Errorf("a sandbox ReplicaSet whose Pods run as the namespace's default: %v; want a refusal saying %q", err, msg)
+		}
+		own := newAdmission(t, ns, nil)
+		own.cfg.ServiceAccountName = name // SANDBOX_SERVICE_ACCOUNT, as the parameter says
+		if _, err := sa.CoreV1().Pods(ns).Create(ctx, own.pod("sa-own", nil), dry); err != nil {
+			t.Errorf("the function's Pod under SANDBOX_SERVICE_ACCOUNT=%s is refused: %v", name, err)
+		}
+		if _, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, own.replicaSet("sa-own", nil), dry); err != nil {
+			t.Errorf("the function's ReplicaSet under SANDBOX_SERVICE_ACCOUNT=%s is refused: %v", name, err)
+		}
+	})
 }
 
 // TestAdmissionAdmitsListedStorage is the positive control of the storage

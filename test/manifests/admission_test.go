@@ -327,7 +327,7 @@ func TestAdmissionParamsAdmitTheDefaults(t *testing.T) {
 	for key, want := range map[string]string{
 		"priorityClasses": strings.Join(cfg.TemplatePriorityClasses, ","), "runtimeClassName": cfg.RuntimeClassName,
 		"userNamespace": strconv.FormatBool(cfg.UserNamespace), "nonRoot": strconv.FormatBool(cfg.RunAsNonRoot),
-		"maxPoolSize": strconv.Itoa(cfg.MaxPoolSize),
+		"maxPoolSize": strconv.Itoa(cfg.MaxPoolSize), "serviceAccountName": cfg.ServiceAccountName,
 	} {
 		if data[key] != want {
 			t.Errorf("%s %q, want %q as the defaults", key, data[key], want)
