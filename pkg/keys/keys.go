@@ -44,6 +44,12 @@ const (
 	// principal's failed create of the same id carries it too; the token
 	// it cannot know, so that Pod never joins this sandbox's Service.
 	LabelToken = Prefix + "token"
+	// LabelPod is a bare sandbox Pod's own name (sandbox-<id>), which the
+	// admission policy ties to the Pod's metadata.name: a Service that
+	// selects it beside the id and token selects that one Pod, which the
+	// API server keeps unique, and no other Pod that carries the token. A
+	// Pod template (a ReplicaSet's) carries none.
+	LabelPod = Prefix + "pod"
 )
 
 // Annotations on every sandbox workload (the bare Pod, or the ReplicaSet and
@@ -66,7 +72,10 @@ const (
 // On a sandbox ReplicaSet and its Pods.
 const (
 	// LabelWorkload marks the Pods of a ReplicaSet sandbox. The ReplicaSet
-	// selects on it, so it never adopts a bare sandbox Pod of the same id.
+	// selects on it, so it never adopts a bare sandbox Pod of the same id,
+	// and so does its Service: the admission policy lets no Pod the
+	// provisioner writes carry it (only the ReplicaSet sandbox-<id>'s
+	// template, which the API server keeps unique).
 	LabelWorkload           = Prefix + "workload"
 	WorkloadReplicaSetValue = "replicaset"
 	// AnnotationIdleAction is what the reap does to an idle sandbox: delete

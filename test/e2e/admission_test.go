@@ -1431,3 +1431,200 @@ func TestAdmissionWiresAPooledPod(t *testing.T) {
 		t.Errorf("the function's delete of a wire is refused: %v", err)
 	}
 }
+
+// TestAdmissionPinsServicesToTheirWorkload (issue 45): a Pod the
+// ServiceAccount writes cannot join another sandbox's Service with a token
+// read from a Pod list, and every sandbox it creates is visible to the
+// reap. A Service selects its pin beside id and token: a bare Pod's own
+// name (sandbox.deerflow.dev/pod, which must be that Pod's name), or
+// workload=replicaset, which only the one ReplicaSet sandbox-<id>'s
+// template may carry. Each refusal is sent for real as the ServiceAccount
+// beside the function's own objects; the Pods an attacker may still make
+// (another kind under the victim's id and token) are admitted and shown
+// not to match the victim's Service's selector.
+func TestAdmissionPinsServicesToTheirWorkload(t *testing.T) {
+	ns, sa := serviceAccountNamespace(t)
+	ctx := context.Background()
+	a := newAdmission(t, ns, nil)
+	const (
+		podPin, workloadPin = "sandbox.deerflow.dev/pod label is its own name", "carries no sandbox.deerflow.dev/workload"
+		rsPin, managed      = "Pod template carries sandbox.deerflow.dev/workload=replicaset", "labelled app.kubernetes.io/managed-by"
+		selects             = "selects exactly its own sandbox"
+	)
+	// selected is the names of the Pods svc's selector matches.
+	selected := func(svc *corev1.Service) []string {
+		var names []string
+		for _, p := range pods(t, ns, labelsOf(svc.Spec.Selector)) {
+			names = append(names, p.Name)
+		}
+		return names
+	}
+
+	// The victims, as the function makes them: a bare Pod and a ReplicaSet
+	// sandbox (its one Pod made by the ReplicaSet controller), each with
+	// its Service. Every sandbox here carries the same token (a.spec's),
+	// as an attacker who read it would write it.
+	victim, err := sa.CoreV1().Pods(ns).Create(ctx, a.pod("pin1", nil), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("the function's Pod is refused: %v", err)
+	}
+	victimSvc, err := sa.CoreV1().Services(ns).Create(ctx, a.service("pin1", corev1.ServiceTypeClusterIP, resources.PodOwnerRef(victim)), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("the function's Service is refused: %v", err)
+	}
+	victimRS, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, a.replicaSet("pin2", nil), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("the function's ReplicaSet is refused: %v", err)
+	}
+	victimRSSvc, err := sa.CoreV1().Services(ns).Create(ctx, a.service("pin2", corev1.ServiceTypeClusterIP, resources.ReplicaSetOwnerRef(victimRS)), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("the function's Service of a ReplicaSet is refused: %v", err)
+	}
+
+	t.Run("Pods", func(t *testing.T) {
+		for _, tc := range []struct {
+			name, message string
+			mutate        func(*corev1.Pod)
+		}{
+			// The bare victim's pin on a Pod of another name.
+			{"another Pod's name as its pin", podPin, func(p *corev1.Pod) { p.Labels[keys.LabelPod] = victim.Name }},
+			// The ReplicaSet victim's pin on a bare Pod of its id (that
+			// name is free: the ReplicaSet's Pods are named by its
+			// controller).
+			{"a ReplicaSet's Pods' mark", workloadPin, func(p *corev1.Pod) {
+				p.Name, p.Labels[keys.LabelID], p.Labels[keys.LabelPod] = resources.PodName("pin2"), "pin2", resources.PodName("pin2")
+				p.Labels[keys.LabelWorkload] = keys.WorkloadReplicaSetValue
+			}},
+			{"no managed-by, unseen by the reap", managed, func(p *corev1.Pod) { delete(p.Labels, keys.LabelManagedBy) }},
+			{"another managed-by", managed, func(p *corev1.Pod) { p.Labels[keys.LabelManagedBy] = "someone-else" }},
+		} {
+			p := a.pod("pin3", nil)
+			tc.mutate(p)
+			if _, err := sa.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); !refusedBy(err, podPolicy, tc.message) {
+				t.Errorf("Pod with %s: %v; want a refusal by %s saying %q", tc.name, err, podPolicy, tc.message)
+			}
+		}
+		for name, l := range map[string]map[string]any{
+			"a ReplicaSet's Pods' mark": {keys.LabelWorkload: keys.WorkloadReplicaSetValue},
+			"managed-by removed":        {keys.LabelManagedBy: nil},
+			"another Pod's name":        {keys.LabelPod: resources.PodName("pin9")},
+		} {
+			if _, err := sa.CoreV1().Pods(ns).Patch(ctx, victim.Name, types.MergePatchType, labels(l), metav1.PatchOptions{}); !refusedBy(err, podPolicy, "") {
+				t.Errorf("%s on Pod %s: %v; want a refusal by %s", name, victim.Name, err, podPolicy)
+			}
+		}
+		// What an attacker may still make under the victims' ids and
+		// token: a bare Pod sandbox-pin2 beside the ReplicaSet sandbox
+		// pin2, and a ReplicaSet sandbox-pin1 beside the bare Pod pin1.
+		// Each is admitted (the function's own shapes), and neither joins.
+		stray, err := sa.CoreV1().Pods(ns).Create(ctx, a.pod("pin2", nil), metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("a bare Pod beside a ReplicaSet sandbox of its id is refused: %v", err)
+		}
+		strayRS, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, a.replicaSet("pin1", nil), metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("a ReplicaSet beside a bare sandbox of its id is refused: %v", err)
+		}
+		eventually(t, 60*time.Second, "both ReplicaSets' Pods made", func() (bool, error) {
+			for _, rs := range []*appsv1.ReplicaSet{victimRS, strayRS} {
+				if len(pods(t, ns, labelsOf(rs.Spec.Selector.MatchLabels))) == 0 {
+					return false, nil
+				}
+			}
+			return true, nil
+		})
+		if got := selected(victimSvc); !slices.Equal(got, []string{victim.Name}) {
+			t.Errorf("the bare sandbox's Service selects %v; want its own Pod %s alone (not ReplicaSet %s's)", got, victim.Name, strayRS.Name)
+		}
+		got := selected(victimRSSvc)
+		if len(got) != 1 || slices.Contains(got, stray.Name) {
+			t.Errorf("the ReplicaSet sandbox's Service selects %v; want its ReplicaSet's one Pod, not the bare Pod %s", got, stray.Name)
+		}
+	})
+
+	t.Run("ReplicaSets", func(t *testing.T) {
+		for name, mutate := range map[string]func(*appsv1.ReplicaSet){
+			"a template naming a Pod": func(rs *appsv1.ReplicaSet) { rs.Spec.Template.Labels[keys.LabelPod] = resources.PodName("pin5") },
+			"no managed-by":           func(rs *appsv1.ReplicaSet) { delete(rs.Spec.Template.Labels, keys.LabelManagedBy) },
+		} {
+			rs := a.replicaSet("pin5", nil)
+			mutate(rs)
+			want := rsPin
+			if name == "no managed-by" {
+				want = managed
+			}
+			if _, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, rs, metav1.CreateOptions{}); !refusedBy(err, rsPolicy, want) {
+				t.Errorf("ReplicaSet with %s: %v; want a refusal by %s saying %q", name, err, rsPolicy, want)
+			}
+		}
+		// A warm pool's template marked as a sandbox ReplicaSet's Pods.
+		tmpl, err := template.FromPodTemplate(pooledTemplate("admpin", 1, corev1.PodSpec{}), a.cfg.Objects())
+		if err != nil {
+			t.Fatal(err)
+		}
+		poolRS := pool.Build(a.cfg.Objects(), tmpl)
+		poolRS.Spec.Template.Labels[keys.LabelWorkload] = keys.WorkloadReplicaSetValue
+		if _, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, poolRS, metav1.CreateOptions{}); !refusedBy(err, rsPolicy, rsPin) {
+			t.Errorf("a warm pool whose Pods carry workload=replicaset: %v; want a refusal saying %q", err, rsPin)
+		}
+	})
+
+	t.Run("Services", func(t *testing.T) {
+		other := strings.Repeat("0e", 16)
+		for _, tc := range []struct {
+			name   string
+			mutate func(*corev1.Service)
+		}{
+			{"no pin", func(s *corev1.Service) { delete(s.Spec.Selector, keys.LabelPod) }},
+			{"another Pod's name", func(s *corev1.Service) { s.Spec.Selector[keys.LabelPod] = resources.PodName("pin9") }},
+			{"both pins", func(s *corev1.Service) { s.Spec.Selector[keys.LabelWorkload] = keys.WorkloadReplicaSetValue }},
+			{"another token", func(s *corev1.Service) { s.Spec.Selector[keys.LabelToken] = other }},
+		} {
+			svc := a.service("pin6", corev1.ServiceTypeClusterIP, resources.PodOwnerRef(victim))
+			svc.Spec.Selector[keys.LabelToken] = strings.Repeat("0a", 16)
+			if tc.name != "another token" {
+				tc.mutate(svc)
+				if _, err := sa.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); !refusedBy(err, servicePolicy, selects) {
+					t.Errorf("a Service with %s: %v; want a refusal saying %q", tc.name, err, selects)
+				}
+			}
+			upd := victimSvc.DeepCopy()
+			tc.mutate(upd)
+			if _, err := sa.CoreV1().Services(ns).Update(ctx, upd, metav1.UpdateOptions{}); !refusedBy(err, servicePolicy, selects) {
+				t.Errorf("an update of Service %s to %s: %v; want a refusal saying %q", victimSvc.Name, tc.name, err, selects)
+			}
+		}
+		// From before pins (made by an administrator, as the previous
+		// version made it): kept through an update, given its pin, never
+		// another token.
+		old := a.service("pin7", corev1.ServiceTypeClusterIP, resources.PodOwnerRef(victim))
+		old.Spec.Selector = resources.ServiceSelector("pin7", strings.Repeat("0a", 16))
+		if old, err = client().CoreV1().Services(ns).Create(ctx, old, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		switched := old.DeepCopy()
+		switched.Spec.Selector[keys.LabelToken] = other
+		if _, err := sa.CoreV1().Services(ns).Update(ctx, switched, metav1.UpdateOptions{}); !refusedBy(err, servicePolicy, selects) {
+			t.Errorf("switching the token of a Service from before pins: %v; want a refusal", err)
+		}
+		old.Labels["example.com/note"] = "kept"
+		if old, err = sa.CoreV1().Services(ns).Update(ctx, old, metav1.UpdateOptions{}); err != nil {
+			t.Errorf("an update that keeps the selector of a Service from before pins is refused: %v", err)
+		} else {
+			old.Spec.Selector[keys.LabelPod] = resources.PodName("pin7")
+			if _, err := sa.CoreV1().Services(ns).Update(ctx, old, metav1.UpdateOptions{}); err != nil {
+				t.Errorf("giving a Service from before pins its pin is refused: %v", err)
+			}
+		}
+	})
+}
+
+// labelsOf is a selector string for exactly m.
+func labelsOf(m map[string]string) string {
+	var parts []string
+	for k, v := range m {
+		parts = append(parts, k+"="+v)
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, ",")
+}

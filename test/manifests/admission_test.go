@@ -107,8 +107,8 @@ func TestPodAndReplicaSetRulesAreTheSame(t *testing.T) {
 	if diff := cmp.Diff(pod.Variables[kindVars:], rs.Variables[kindVars:]); diff != "" {
 		t.Errorf("shared variables differ (-Pod +ReplicaSet):\n%s", diff)
 	}
-	const rsOwn = 3  // replicas, selector, name and id: first
-	const podOwn = 3 // what an update may change, name and id, a pool Pod's wiring: last
+	const rsOwn = 4  // replicas, selector, name and id, the Service's pins: first
+	const podOwn = 5 // what an update may change, name and id, a pool Pod's wiring, the Service's two pins: last
 	if len(rs.Validations)-rsOwn != len(pod.Validations)-podOwn || len(pod.Validations) < podOwn {
 		t.Fatalf("validations: Pod %d, ReplicaSet %d, want the same but the Pod's own %d and the ReplicaSet's own %d", len(pod.Validations), len(rs.Validations), podOwn, rsOwn)
 	}

@@ -34,6 +34,14 @@ func wantLabels() map[string]string {
 	}
 }
 
+// wantPodLabels are a bare Pod's: the sandbox's, and its own name, which
+// its Service selects (ServicePin).
+func wantPodLabels() map[string]string {
+	l := wantLabels()
+	l["sandbox.deerflow.dev/pod"] = "sandbox-0123456789abcdef"
+	return l
+}
+
 func wantAnnotations() map[string]string {
 	return map[string]string{
 		"sandbox.deerflow.dev/user-id": "user-1", "sandbox.deerflow.dev/thread-id": "t1",
@@ -84,7 +92,7 @@ func wantPod(volumes []corev1.Volume, mounts []corev1.VolumeMount, env []corev1.
 	}
 	return &corev1.Pod{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
-		ObjectMeta: metav1.ObjectMeta{Name: "sandbox-0123456789abcdef", Namespace: "deer-flow", Labels: wantLabels(), Annotations: wantAnnotations()},
+		ObjectMeta: metav1.ObjectMeta{Name: "sandbox-0123456789abcdef", Namespace: "deer-flow", Labels: wantPodLabels(), Annotations: wantAnnotations()},
 		Spec: corev1.PodSpec{
 			Containers: []corev1.Container{{
 				Name: "sandbox", Image: "sandbox:1", ImagePullPolicy: corev1.PullIfNotPresent,
@@ -300,8 +308,6 @@ func TestBuildService(t *testing.T) {
 }
 
 func TestBuildNetworkPolicy(t *testing.T) {
-	port := intstr.FromInt32(8080)
-	backend := networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": "deer-flow-backend"}}}
 	dns := networkingv1.NetworkPolicyEgressRule{
 		To: []networkingv1.NetworkPolicyPeer{{
 			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "kube-system"}},
@@ -323,7 +329,10 @@ func TestBuildNetworkPolicy(t *testing.T) {
 		{Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To(intstr.FromInt32(1)), EndPort: ptr.To[int32](52)},
 		{Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To(intstr.FromInt32(54)), EndPort: ptr.To[int32](65535)},
 	}}
-	policy := func(from []networkingv1.NetworkPolicyPeer, egress ...networkingv1.NetworkPolicyEgressRule) *networkingv1.NetworkPolicy {
+	// No ingress rule at all, whatever the ingress settings: the shared
+	// policy admits no one, so a pooled Pod (which no principal owns)
+	// answers no one; each principal's own policy admits its backends.
+	policy := func(egress ...networkingv1.NetworkPolicyEgressRule) *networkingv1.NetworkPolicy {
 		return &networkingv1.NetworkPolicy{
 			TypeMeta: metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
 			ObjectMeta: metav1.ObjectMeta{Name: "deer-flow-sandbox-isolation", Namespace: "deer-flow", Labels: map[string]string{
@@ -331,10 +340,7 @@ func TestBuildNetworkPolicy(t *testing.T) {
 			Spec: networkingv1.NetworkPolicySpec{
 				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "deer-flow-sandbox"}},
 				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
-				Ingress: []networkingv1.NetworkPolicyIngressRule{{
-					From: from, Ports: []networkingv1.NetworkPolicyPort{{Protocol: ptr.To(corev1.ProtocolTCP), Port: &port}},
-				}},
-				Egress: append([]networkingv1.NetworkPolicyEgressRule(nil), egress...),
+				Egress:      append([]networkingv1.NetworkPolicyEgressRule(nil), egress...),
 			},
 		}
 	}
@@ -343,25 +349,16 @@ func TestBuildNetworkPolicy(t *testing.T) {
 		env  map[string]string
 		want *networkingv1.NetworkPolicy
 	}{{
-		name: "default: backend only, DNS, internet without private or metadata ranges",
-		want: policy([]networkingv1.NetworkPolicyPeer{backend}, dns, internet),
+		name: "default: no ingress, DNS, internet without private or metadata ranges",
+		want: policy(dns, internet),
 	}, {
-		name: "NodePort mode admits the named node addresses",
-		env:  map[string]string{"SANDBOX_INGRESS_NODE_CIDRS": "192.168.1.10/32,fd00::10/128"},
-		want: policy([]networkingv1.NetworkPolicyPeer{backend,
-			{IPBlock: &networkingv1.IPBlock{CIDR: "192.168.1.10/32"}}, {IPBlock: &networkingv1.IPBlock{CIDR: "fd00::10/128"}}}, dns, internet),
-	}, {
-		name: "ClusterIP mode never admits node addresses",
-		env:  map[string]string{"SANDBOX_SERVICE_TYPE": "ClusterIP", "SANDBOX_INGRESS_NODE_CIDRS": "192.168.1.10/32"},
-		want: policy([]networkingv1.NetworkPolicyPeer{backend}, dns, internet),
-	}, {
-		name: "Headless mode never admits node addresses",
-		env:  map[string]string{"SANDBOX_SERVICE_TYPE": "Headless", "SANDBOX_INGRESS_NODE_CIDRS": "192.168.1.10/32"},
-		want: policy([]networkingv1.NetworkPolicyPeer{backend}, dns, internet),
+		name: "node addresses and principals' sources stay out of the shared policy",
+		env:  map[string]string{"SANDBOX_INGRESS_NODE_CIDRS": "192.168.1.10/32", "PROVISIONER_PRINCIPAL_INGRESS": "alice=cidr:203.0.113.0/24"},
+		want: policy(dns, internet),
 	}, {
 		name: "deny-all egress",
 		env:  map[string]string{"SANDBOX_EGRESS_MODE": "deny-all"},
-		want: policy([]networkingv1.NetworkPolicyPeer{backend}),
+		want: policy(),
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -369,6 +366,107 @@ func TestBuildNetworkPolicy(t *testing.T) {
 				t.Errorf("BuildNetworkPolicy (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestBuildIngressPolicy: each principal's sandboxes (the Pods carrying its
+// label) admit its own sources alone, on the sandbox port; the sources come
+// from PROVISIONER_PRINCIPAL_INGRESS, or, without an entry, from the backend
+// settings when there is one principal (as before principals had sources),
+// a service account's own namespace, or nowhere (fail closed).
+func TestBuildIngressPolicy(t *testing.T) {
+	port := intstr.FromInt32(8080)
+	backend := networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": "deer-flow-backend"}}}
+	cidr := func(c string) networkingv1.NetworkPolicyPeer {
+		return networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: c}}
+	}
+	policy := func(principal string, from ...networkingv1.NetworkPolicyPeer) *networkingv1.NetworkPolicy {
+		np := &networkingv1.NetworkPolicy{
+			TypeMeta: metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
+			ObjectMeta: metav1.ObjectMeta{Name: "deer-flow-sandbox-isolation-" + PrincipalLabelValue(principal), Namespace: "deer-flow",
+				Labels: map[string]string{"app.kubernetes.io/name": "deer-flow", "app.kubernetes.io/component": "sandbox-ingress",
+					"app.kubernetes.io/managed-by": "deerflow-sandbox-provisioner", "sandbox.deerflow.dev/principal": PrincipalLabelValue(principal)},
+				Annotations: map[string]string{"sandbox.deerflow.dev/principal": principal}},
+			Spec: networkingv1.NetworkPolicySpec{
+				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "deer-flow-sandbox", "sandbox.deerflow.dev/principal": PrincipalLabelValue(principal)}},
+				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			},
+		}
+		if len(from) > 0 {
+			np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: from, Ports: []networkingv1.NetworkPolicyPort{{Protocol: ptr.To(corev1.ProtocolTCP), Port: &port}}}}
+		}
+		return np
+	}
+	twoKeys := map[string]string{"PROVISIONER_API_KEY": "0123456789abcdef0123", "PROVISIONER_API_KEYS": "alice=abcdef0123456789abcd,bob=bcdef0123456789abcde",
+		"PROVISIONER_PRINCIPAL_INGRESS": "alice=pods:tenant=alice|cidr:203.0.113.0/24;bob=pods:app=bob-backend@team=b"}
+	tests := []struct {
+		name      string
+		env       map[string]string
+		principal string
+		want      *networkingv1.NetworkPolicy
+	}{{
+		name: "one principal: the backend, as before principals had sources", principal: "default",
+		want: policy("default", backend),
+	}, {
+		name: "one principal in NodePort mode: and the named node addresses", principal: "default",
+		env:  map[string]string{"SANDBOX_INGRESS_NODE_CIDRS": "192.168.1.10/32,fd00::10/128"},
+		want: policy("default", backend, cidr("192.168.1.10/32"), cidr("fd00::10/128")),
+	}, {
+		name: "one principal in ClusterIP mode: never node addresses", principal: "default",
+		env:  map[string]string{"SANDBOX_SERVICE_TYPE": "ClusterIP", "SANDBOX_INGRESS_NODE_CIDRS": "192.168.1.10/32"},
+		want: policy("default", backend),
+	}, {
+		name: "one principal in Headless mode: never node addresses", principal: "default",
+		env:  map[string]string{"SANDBOX_SERVICE_TYPE": "Headless", "SANDBOX_INGRESS_NODE_CIDRS": "192.168.1.10/32"},
+		want: policy("default", backend),
+	}, {
+		name: "many principals: alice's own sources", principal: "alice", env: twoKeys,
+		want: policy("alice", networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"tenant": "alice"}}}, cidr("203.0.113.0/24")),
+	}, {
+		name: "many principals: bob's backend in the namespaces he names", principal: "bob", env: twoKeys,
+		want: policy("bob", networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "bob-backend"}},
+			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "b"}}}),
+	}, {
+		name: "many principals: default keeps DeerFlow's backend", principal: "default", env: twoKeys,
+		want: policy("default", backend),
+	}, {
+		name: "many principals: a key without sources is reached by no one", principal: "carol",
+		env:  map[string]string{"PROVISIONER_API_KEYS": "alice=abcdef0123456789abcd,carol=cdef0123456789abcdef"},
+		want: policy("carol"),
+	}, {
+		name: "many principals: a service account's backend in its own namespace", principal: "system:serviceaccount:team-c:agent",
+		env: map[string]string{"PROVISIONER_API_KEYS": "alice=abcdef0123456789abcd", "AUTH_TOKEN_AUDIENCE": "sandbox-provisioner",
+			"AUTH_ALLOWED_SUBJECTS": "system:serviceaccount:team-c:agent"},
+		want: policy("system:serviceaccount:team-c:agent", networkingv1.NetworkPolicyPeer{
+			PodSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": "deer-flow-backend"}},
+			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "team-c"}}}),
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t, tc.env)
+			got := BuildIngressPolicy(cfg.Objects(), tc.principal, cfg.IngressSources(tc.principal, cfg.MultiplePrincipals()))
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("BuildIngressPolicy (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestBuildLegacyIngressPolicy: the sandboxes DeerFlow's provisioner made
+// (no principal recorded) are "default"'s, and a pooled Pod, which records
+// none until it is claimed, is never among them.
+func TestBuildLegacyIngressPolicy(t *testing.T) {
+	cfg := testConfig(t, nil)
+	got := BuildLegacyIngressPolicy(cfg.Objects(), cfg.IngressSources("default", false))
+	want := metav1.LabelSelector{MatchLabels: map[string]string{"app": "deer-flow-sandbox"}, MatchExpressions: []metav1.LabelSelectorRequirement{
+		{Key: "sandbox.deerflow.dev/principal", Operator: metav1.LabelSelectorOpDoesNotExist},
+		{Key: "sandbox.deerflow.dev/pool", Operator: metav1.LabelSelectorOpDoesNotExist},
+	}}
+	if diff := cmp.Diff(want, got.Spec.PodSelector); diff != "" {
+		t.Errorf("the legacy policy's podSelector (-want +got):\n%s", diff)
+	}
+	if got.Name != "deer-flow-sandbox-isolation-legacy" || len(got.Spec.Ingress) != 1 || len(got.Spec.Ingress[0].From) != 1 {
+		t.Errorf("the legacy policy %s admits %+v; want the backend alone", got.Name, got.Spec.Ingress)
 	}
 }
 

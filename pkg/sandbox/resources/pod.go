@@ -71,6 +71,7 @@ func BuildPod(cfg config.Objects, s api.Spec) *corev1.Pod {
 			SecurityContext:               podSecurityContext(cfg.PodSecurityConfig),
 		},
 	}
+	pod.Labels[keys.LabelPod] = pod.Name // the Service's pin (ServicePin)
 	if cfg.UserNamespace {
 		pod.Spec.HostUsers = ptr.To(false)
 	}

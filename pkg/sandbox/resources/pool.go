@@ -28,14 +28,14 @@ var poolIdentity = []string{keys.AnnotationUserID, keys.AnnotationThreadID, keys
 	keys.AnnotationIdleTimeout, keys.AnnotationMaxLifetime, keys.AnnotationExpiresAt}
 
 // PoolPodTemplate is the Pod a create of s would make, without what makes
-// it one sandbox (name, id, user, thread and token labels, lifecycle annotations,
+// it one sandbox (name, id, user, thread, token and pod labels, lifecycle annotations,
 // deadline), labelled with the hash of all that is left. Two specs with one
 // hash make interchangeable Pods: that is the test of whether a request may
 // take a pooled Pod, so any field a request can set (mounts, env, shell
 // sessions, resources, Lark containers) sends it the cold way by itself.
 func PoolPodTemplate(cfg config.Objects, s api.Spec) corev1.PodTemplateSpec {
 	pod := BuildPod(cfg, s)
-	for _, k := range []string{keys.LabelID, keys.LabelUser, keys.LabelThread, keys.LabelToken} {
+	for _, k := range []string{keys.LabelID, keys.LabelUser, keys.LabelThread, keys.LabelToken, keys.LabelPod} {
 		delete(pod.Labels, k)
 	}
 	for _, k := range poolIdentity {

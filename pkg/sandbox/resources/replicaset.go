@@ -44,6 +44,7 @@ func BuildReplicaSet(cfg config.Objects, s api.Spec) *appsv1.ReplicaSet {
 	delete(podAnnotations, keys.AnnotationLastActivity)
 	delete(podAnnotations, keys.AnnotationExpiresAt)
 	pod.Labels[keys.LabelWorkload] = keys.WorkloadReplicaSetValue
+	delete(pod.Labels, keys.LabelPod) // its Pods are named by the ReplicaSet controller
 	rs := &appsv1.ReplicaSet{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "ReplicaSet"},
 		ObjectMeta: metav1.ObjectMeta{Name: PodName(s.ID), Namespace: cfg.Namespace, Labels: Labels(s), Annotations: rsAnnotations},

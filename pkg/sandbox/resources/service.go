@@ -1,6 +1,8 @@
 package resources
 
 import (
+	"maps"
+
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -43,6 +45,9 @@ func BuildService(cfg config.Objects, s api.Spec, owner metav1.OwnerReference) *
 			}},
 		},
 	}
+	if s.Token != "" {
+		maps.Copy(svc.Spec.Selector, ServicePin(s.ID, owner))
+	}
 	if cfg.ServiceType == config.ServiceHeadless {
 		// No virtual IP: nothing for the API server to allocate (at 5,000
 		// Services a ClusterIP costs it about 35 ms a create, against 4 ms
@@ -74,6 +79,31 @@ func ServiceSelector(id, token string) map[string]string {
 	}
 	return map[string]string{keys.LabelID: id, keys.LabelToken: token}
 }
+
+// ServicePin is what a sandbox Service selects beside the id and token so
+// that no Pod but its own workload's can join it, whatever token that Pod
+// carries (a compromised function could read a victim's token from a Pod
+// list): something the API server keeps unique and the admission policy
+// lets no other Pod carry. For a bare Pod, its name (keys.LabelPod, which
+// the policy ties to the Pod's metadata.name): only the one Pod
+// sandbox-<id> matches. For a ReplicaSet, its workload label, which only
+// the template of the ReplicaSet sandbox-<id> (one per id) may carry. A
+// claimed pooled Pod (any other Pod name) carries no pin yet: nil.
+//
+// owner is the workload's reference; a slot's names only the kind (its
+// workload, of the slot's kind, is to be sandbox-<id>).
+func ServicePin(id string, owner metav1.OwnerReference) map[string]string {
+	switch {
+	case owner.Kind == "ReplicaSet":
+		return map[string]string{keys.LabelWorkload: keys.WorkloadReplicaSetValue}
+	case owner.Kind == "Pod" && (owner.Name == "" || owner.Name == PodName(id)):
+		return map[string]string{keys.LabelPod: PodName(id)}
+	}
+	return nil
+}
+
+// pinKeys are the keys ServicePin may select.
+var pinKeys = []string{keys.LabelPod, keys.LabelWorkload}
 
 // Token is the selector token a sandbox workload carries: a Pod's, or the
 // one a ReplicaSet's Pod template gives its Pods ("" for one from before
@@ -123,7 +153,8 @@ func SlotKind(svc *corev1.Service) string {
 func SlotToken(svc *corev1.Service) string { return svc.Spec.Selector[keys.LabelToken] }
 
 // Bind makes svc the Service of the workload ref names (as BuildService
-// would have made it): owned by it, selecting token (the workload's),
+// would have made it): owned by it, selecting token (the workload's) and
+// the pin svc selects, if any,
 // recording s's principal; other owners stay. The node port and cluster
 // IP stay: it is updated in place.
 func Bind(svc *corev1.Service, ref metav1.OwnerReference, token string, s api.Spec) *corev1.Service {
@@ -135,7 +166,17 @@ func Bind(svc *corev1.Service, ref metav1.OwnerReference, token string, s api.Sp
 		}
 	}
 	c.OwnerReferences = refs
-	c.Spec.Selector = ServiceSelector(s.ID, token)
+	// The pin a slot was made with stays (the admission policy lets an
+	// update only add to a selector). A Service made without one (by
+	// DeerFlow's provisioner, or before pins) gains none: its workload
+	// may be as old and not carry it.
+	sel := ServiceSelector(s.ID, token)
+	for _, k := range pinKeys {
+		if v, ok := svc.Spec.Selector[k]; ok && token != "" {
+			sel[k] = v
+		}
+	}
+	c.Spec.Selector = sel
 	if c.Labels == nil {
 		c.Labels = map[string]string{}
 	}

@@ -22,24 +22,29 @@ func TestSlot(t *testing.T) {
 	s := testSpec()
 	s.Token = slotToken
 	s.Caller = api.Caller{Principal: "alice"}
-	want := func(extra map[string]string) *corev1.Service {
+	want := func(extra, pin map[string]string) *corev1.Service {
 		l := wantLabels()
 		maps.Copy(l, map[string]string{"sandbox.deerflow.dev/token": slotToken, "sandbox.deerflow.dev/principal": PrincipalLabelValue("alice")})
 		maps.Copy(l, extra)
+		sel := map[string]string{"sandbox-id": "0123456789abcdef", "sandbox.deerflow.dev/token": slotToken}
+		maps.Copy(sel, pin)
 		return &corev1.Service{
 			TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
 			ObjectMeta: metav1.ObjectMeta{Name: "sandbox-0123456789abcdef-svc", Namespace: "deer-flow", Labels: l,
 				Annotations: map[string]string{"sandbox.deerflow.dev/principal": "alice"}},
 			Spec: corev1.ServiceSpec{
 				Type:     corev1.ServiceTypeNodePort,
-				Selector: map[string]string{"sandbox-id": "0123456789abcdef", "sandbox.deerflow.dev/token": slotToken},
+				Selector: sel,
 				Ports:    []corev1.ServicePort{{Name: "http", Port: 8080, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}},
 			},
 		}
 	}
 	cfg := testConfig(t, nil)
 	got := map[string]*corev1.Service{"Pod": Slot(cfg.Objects(), s, "Pod"), "ReplicaSet": Slot(cfg.Objects(), s, "ReplicaSet")}
-	wants := map[string]*corev1.Service{"Pod": want(nil), "ReplicaSet": want(map[string]string{"sandbox.deerflow.dev/workload": "replicaset"})}
+	// Each selects its pin too: the one Pod sandbox-<id>, or the Pods of
+	// the one ReplicaSet sandbox-<id> (issue 45).
+	rsPin := map[string]string{"sandbox.deerflow.dev/workload": "replicaset"}
+	wants := map[string]*corev1.Service{"Pod": want(nil, map[string]string{"sandbox.deerflow.dev/pod": "sandbox-0123456789abcdef"}), "ReplicaSet": want(rsPin, rsPin)}
 	if diff := cmp.Diff(wants, got); diff != "" {
 		t.Errorf("Slot (-want +got):\n%s", diff)
 	}
@@ -109,5 +114,42 @@ func TestPending(t *testing.T) {
 		"claimed owner of a pooled": true, "claimed owner of its own": false}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
+	}
+}
+
+// TestBindKeepsThePin (issue 45): binding keeps the pin a slot was made
+// with, so the Service still selects only its own workload; a Service made
+// without one (DeerFlow's, or from before pins) gains none, since its
+// workload may not carry it.
+func TestBindKeepsThePin(t *testing.T) {
+	s := testSpec()
+	s.Token = slotToken
+	ref := metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: PodName(s.ID), UID: "u"}
+	rsRef := metav1.OwnerReference{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: PodName(s.ID), UID: "r"}
+	cfg := testConfig(t, nil)
+	base := map[string]string{"sandbox-id": s.ID, "sandbox.deerflow.dev/token": slotToken}
+	with := func(k, v string) map[string]string {
+		m := maps.Clone(base)
+		m[k] = v
+		return m
+	}
+	for _, tc := range []struct {
+		name string
+		svc  *corev1.Service
+		ref  metav1.OwnerReference
+		want map[string]string
+	}{
+		{"a Pod's slot", Slot(cfg.Objects(), s, "Pod"), ref, with("sandbox.deerflow.dev/pod", PodName(s.ID))},
+		{"a ReplicaSet's slot", Slot(cfg.Objects(), s, "ReplicaSet"), rsRef, with("sandbox.deerflow.dev/workload", "replicaset")},
+		{"a Service from before pins", &corev1.Service{Spec: corev1.ServiceSpec{Selector: maps.Clone(base)}}, ref, base},
+		{"DeerFlow's Service", &corev1.Service{Spec: corev1.ServiceSpec{Selector: map[string]string{"sandbox-id": s.ID}}}, ref, base},
+	} {
+		if diff := cmp.Diff(tc.want, Bind(tc.svc, tc.ref, slotToken, s).Spec.Selector); diff != "" {
+			t.Errorf("%s: Bind's selector (-want +got):\n%s", tc.name, diff)
+		}
+	}
+	// A claimed pooled Pod (another name) has no pin to select yet.
+	if pin := ServicePin(s.ID, metav1.OwnerReference{Kind: "Pod", Name: "sandbox-pool-warm-abcde"}); pin != nil {
+		t.Errorf("ServicePin of a pooled Pod = %v, want none", pin)
 	}
 }

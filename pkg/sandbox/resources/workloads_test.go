@@ -61,6 +61,7 @@ func TestBuildReplicaSet(t *testing.T) {
 	wantReplicaSet := func(pod *corev1.Pod, rsAnnotations map[string]string) *appsv1.ReplicaSet {
 		podLabels := maps.Clone(pod.Labels)
 		podLabels["sandbox.deerflow.dev/workload"] = "replicaset"
+		delete(podLabels, "sandbox.deerflow.dev/pod") // the ReplicaSet controller names its Pods
 		podAnnotations := maps.Clone(pod.Annotations)
 		delete(podAnnotations, "sandbox.deerflow.dev/last-activity")
 		delete(podAnnotations, "sandbox.deerflow.dev/expires-at")
@@ -127,9 +128,10 @@ func TestBuildReplicaSet(t *testing.T) {
 
 func TestPoolPodTemplate(t *testing.T) {
 	// A pooled Pod is BuildPod's without what makes it one sandbox: no id,
-	// user or thread labels, no lifecycle annotations, no deadline.
+	// user, thread or name (the ReplicaSet controller names it) labels, no
+	// lifecycle annotations, no deadline.
 	wantTemplate := func(pod *corev1.Pod) corev1.PodTemplateSpec {
-		for _, k := range []string{"sandbox-id", "sandbox.deerflow.dev/user", "sandbox.deerflow.dev/thread"} {
+		for _, k := range []string{"sandbox-id", "sandbox.deerflow.dev/user", "sandbox.deerflow.dev/thread", "sandbox.deerflow.dev/pod"} {
 			delete(pod.Labels, k)
 		}
 		for _, k := range []string{"sandbox.deerflow.dev/user-id", "sandbox.deerflow.dev/thread-id", "sandbox.deerflow.dev/created-at",
