@@ -35,6 +35,12 @@ type IsolationConfig struct {
 	EgressAllowCIDRs     []string          `envconfig:"SANDBOX_EGRESS_ALLOW_CIDRS" default:"0.0.0.0/0,::/0"`
 	DNSNamespaceLabels   map[string]string `envconfig:"SANDBOX_DNS_NAMESPACE_LABELS" default:"kubernetes.io/metadata.name:kube-system"`
 	DNSPodLabels         map[string]string `envconfig:"SANDBOX_DNS_POD_LABELS" default:"k8s-app:kube-dns"`
+	// PrincipalIngress is where each principal's backends connect from
+	// (ParsePrincipalIngress): each principal's sandboxes answer its own
+	// sources alone, through a NetworkPolicy of the principal's own that
+	// its first create writes (IngressSources says what applies without an
+	// entry).
+	PrincipalIngress string `envconfig:"PROVISIONER_PRINCIPAL_INGRESS"`
 	// NetworkPolicyCheckTTL is how long a create trusts the last check of the
 	// shared NetworkPolicy (present, and what the function would build)
 	// before it reads the policy again: a deleted or altered policy stops
@@ -57,6 +63,9 @@ func (c *IsolationConfig) Validate() error {
 	}
 	if c.IngressFromPodLabels["app"] == "deer-flow-sandbox" {
 		p.bad("SANDBOX_INGRESS_FROM_POD_LABELS", "selects sandboxes; a sandbox must never reach another")
+	}
+	if _, err := ParsePrincipalIngress(c.PrincipalIngress); err != nil {
+		p.bad("PROVISIONER_PRINCIPAL_INGRESS", "%v", err)
 	}
 	if msgs := validation.IsDNS1123Subdomain(c.NetworkPolicyName); len(msgs) > 0 {
 		p.bad("SANDBOX_NETWORK_POLICY_NAME", "%q: %s", c.NetworkPolicyName, strings.Join(msgs, "; "))

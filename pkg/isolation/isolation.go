@@ -43,6 +43,8 @@ type Checker struct {
 	report       func(check string, err error)
 	policy       verdict
 	runtime      verdict
+	ingressOf    func(principal string) []*networkingv1.NetworkPolicy // nil: none to ensure
+	ingress      ingress
 }
 
 // The checks, as Report names them.
@@ -106,13 +108,15 @@ func (c *Checker) Ensure(ctx context.Context) error {
 	return nil
 }
 
-// Require is the check a create makes; it fails closed: no sandbox runs
-// unconfined, nor on the node's own kernel when a sandboxed one is asked for.
-// The stale checks are made at once, side by side: a create that finds both
-// verdicts older than the TTL (the first after a quiet moment) waits for one
-// round trip, not two. Of several refusals the first check's is answered.
-func (c *Checker) Require(ctx context.Context) error {
-	cs := c.checks()
+// Require is the check a create for principal makes; it fails closed: no
+// sandbox runs unconfined, nor on the node's own kernel when a sandboxed one
+// is asked for, nor unreachable by its principal's backends (the policies
+// RequireIngress ensures). The stale checks are made at once, side by side:
+// a create that finds every verdict older than the TTL (the first after a
+// quiet moment) waits for one round trip, not several. Of several refusals
+// the first check's is answered.
+func (c *Checker) Require(ctx context.Context, principal string) error {
+	cs := append(c.checks(), c.ingressChecks(principal)...)
 	errs := make([]error, len(cs))
 	var g errgroup.Group
 	for i, k := range cs {

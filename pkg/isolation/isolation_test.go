@@ -40,12 +40,12 @@ func TestSpecDiffIsSemantic(t *testing.T) {
 			slices.Reverse(s.Egress[0].To[0].IPBlock.Except)
 			slices.Reverse(s.PolicyTypes)
 		}, nil},
-		{"protocol left to the default", func(s *networkingv1.NetworkPolicySpec) { s.Ingress[0].Ports[0].Protocol = nil }, nil},
+		{"protocol left to the default", func(s *networkingv1.NetworkPolicySpec) { s.Egress[1].Ports[0].Protocol = nil }, nil},
 		{"egress rule dropped", func(s *networkingv1.NetworkPolicySpec) { s.Egress = s.Egress[:1] }, []string{"egress rules"}},
 		{"a private range let through", func(s *networkingv1.NetworkPolicySpec) {
 			s.Egress[1].To[0].IPBlock.Except = s.Egress[1].To[0].IPBlock.Except[1:]
 		}, []string{"egress rules"}},
-		{"ingress from everywhere", func(s *networkingv1.NetworkPolicySpec) { s.Ingress[0].From = nil }, []string{"ingress rules"}},
+		{"ingress from everywhere", func(s *networkingv1.NetworkPolicySpec) { s.Ingress = []networkingv1.NetworkPolicyIngressRule{{}} }, []string{"ingress rules"}},
 		{"egress unrestricted", func(s *networkingv1.NetworkPolicySpec) {
 			s.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}
 		}, []string{"policyTypes"}},
@@ -99,7 +99,7 @@ func TestStaleChecksRunSideBySide(t *testing.T) {
 			}
 			client := meetingClient{fake.NewClientset(tt.objects...), meet}
 			c := New(&cfg.IsolationConfig, &cfg.PodSecurityConfig, cfg.Namespace, 10*time.Second, resources.BuildNetworkPolicy(cfg.Objects()), client)
-			err := c.Require(context.Background())
+			err := c.Require(context.Background(), "default")
 			if len(alone) > 0 {
 				t.Errorf("%v read with no other read under way: the checks ran one after the other", alone)
 			}

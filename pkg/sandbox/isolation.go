@@ -20,7 +20,7 @@ func (m *Manager) isolationVerdict(check string, err error) {
 	m.observer.Isolation(check, err == nil)
 	policy := &networkingv1.NetworkPolicy{TypeMeta: metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
 		ObjectMeta: metav1.ObjectMeta{Name: m.cfg.NetworkPolicyName, Namespace: m.cfg.Namespace}}
-	reason := map[string]string{isolation.CheckNetworkPolicy: "NetworkPolicyNotInForce", isolation.CheckRuntimeClass: "RuntimeClassMissing"}[check]
+	reason := map[string]string{isolation.CheckNetworkPolicy: "NetworkPolicyNotInForce", isolation.CheckRuntimeClass: "RuntimeClassMissing", isolation.CheckIngress: "IngressPolicyNotInForce"}[check]
 	if err != nil {
 		if _, was := m.failing.LoadOrStore(check, struct{}{}); !was {
 			slog.Error("sandboxes will not be created until they can be isolated", "check", check, "error", api.DetailOf(err))

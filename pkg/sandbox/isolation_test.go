@@ -31,7 +31,7 @@ func TestIsolationRechecked(t *testing.T) {
 	nps := client.NetworkingV1().NetworkPolicies(cfg.Namespace)
 	check := func(what string, wantRefused bool, wantDetail string) {
 		t.Helper()
-		err := m.isolation.Require(ctx)
+		err := m.isolation.Require(ctx, "default")
 		if !wantRefused {
 			if err != nil {
 				t.Fatalf("%s: %v, want creates admitted", what, err)

@@ -72,7 +72,7 @@ func TestRuntimeClassFailsClosed(t *testing.T) {
 	if pods, _ := client.CoreV1().Pods(cfg.Namespace).List(ctx, metav1.ListOptions{}); len(pods.Items) != 0 {
 		t.Fatalf("a refused create left %d Pods", len(pods.Items))
 	}
-	if diff := cmp.Diff(map[string]bool{"network_policy": true, "runtime_class": false}, obs.got); diff != "" {
+	if diff := cmp.Diff(map[string]bool{"network_policy": true, "runtime_class": false, "ingress_policy": true}, obs.got); diff != "" {
 		t.Errorf("isolation metric (-want +got):\n%s", diff)
 	}
 	rc := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "gvisor"}, Handler: "runsc"}

@@ -93,7 +93,7 @@ func TestServiceSelectsItsWorkloadsToken(t *testing.T) {
 		if !tokenPattern.MatchString(token) {
 			t.Fatalf("round %d: the Pod's token %q is not 32 hex digits", round, token)
 		}
-		if diff := cmp.Diff(map[string]string{keys.LabelID: s.ID, keys.LabelToken: token}, svc.Spec.Selector); diff != "" {
+		if diff := cmp.Diff(map[string]string{keys.LabelID: s.ID, keys.LabelToken: token, keys.LabelPod: resources.PodName(s.ID)}, svc.Spec.Selector); diff != "" {
 			t.Errorf("round %d: the Service's selector (-want +got):\n%s", round, diff)
 		}
 	}

@@ -271,8 +271,8 @@ func TestDeerFlowChartOverlay(t *testing.T) {
 	if diff := cmp.Diff([]map[string]string{gateway}, podPeers); diff != "" {
 		t.Errorf("Pods that may reach the provisioner (-the chart's gateway +rendered):\n%s", diff)
 	}
-	if diff := cmp.Diff([]networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: gateway}}}, sandboxPolicy.Spec.Ingress[0].From); diff != "" {
-		t.Errorf("Pods that may reach sandboxes (-the chart's gateway +rendered):\n%s", diff)
+	if len(sandboxPolicy.Spec.Ingress) != 0 {
+		t.Errorf("the shared sandbox policy admits %+v; want no one (each principal's own policy admits its backends)", sandboxPolicy.Spec.Ingress)
 	}
 
 	// The admission policies' parameters: no node directories, the
@@ -309,12 +309,22 @@ func TestDeerFlowChartOverlay(t *testing.T) {
 	if diff := cmp.Diff(resources.BuildNetworkPolicy(cfg.Objects()), &sandboxPolicy); diff != "" {
 		t.Errorf("the rendered sandbox policy differs from what the function builds with the rendered settings (-built +rendered):\n%s", diff)
 	}
+	// The policy the function writes for DeerFlow's key admits the release's
+	// gateway alone.
+	ingress := resources.BuildIngressPolicy(cfg.Objects(), config.DefaultPrincipal, cfg.IngressSources(config.DefaultPrincipal, cfg.MultiplePrincipals()))
+	if len(ingress.Spec.Ingress) != 1 {
+		t.Fatalf("the ingress policy for DeerFlow's key: %+v, want one rule", ingress.Spec.Ingress)
+	}
+	if diff := cmp.Diff([]networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: gateway}}}, ingress.Spec.Ingress[0].From); diff != "" {
+		t.Errorf("Pods that may reach DeerFlow's sandboxes (-the chart's gateway +built):\n%s", diff)
+	}
 
 	// The API server takes it. The admission policies and the token-review
 	// binding are cluster-wide, under config/'s names: put config/'s back.
 	installKnativeCRDs(t)
 	t.Cleanup(func() {
-		base := readObjects(t, filepath.Join("..", "..", "config", "203-clusterrole-tokenreview.yaml"), filepath.Join("..", "..", "config", "800-admission-policy.yaml"))
+		base := readObjects(t, filepath.Join("..", "..", "config", "203-clusterrole-tokenreview.yaml"), filepath.Join("..", "..", "config", "800-admission-policy.yaml"),
+			filepath.Join("..", "..", "config", "801-admission-policy-networkpolicies.yaml"))
 		applyServerSide(t, slices.DeleteFunc(base, func(o *unstructured.Unstructured) bool { return o.GetNamespace() != "" }))
 	})
 	applyServerSide(t, objs)

@@ -166,7 +166,7 @@ func configShape(t *testing.T) (map[string]string, string) {
 	t.Helper()
 	var files []string
 	for _, name := range []string{"100-namespace.yaml", "200-serviceaccount.yaml", "201-role.yaml", "202-rolebinding.yaml",
-		"204-clusterrole-runtimeclass.yaml", "701-networkpolicy-sandboxes.yaml", "800-admission-policy.yaml", "900-limitrange.yaml"} {
+		"204-clusterrole-runtimeclass.yaml", "701-networkpolicy-sandboxes.yaml", "800-admission-policy.yaml", "801-admission-policy-networkpolicies.yaml", "900-limitrange.yaml"} {
 		files = append(files, filepath.Join("..", "..", "config", name))
 	}
 	applyServerSide(t, readObjects(t, files...))

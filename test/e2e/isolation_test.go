@@ -38,21 +38,23 @@ func shippedNetworkPolicy(t *testing.T, ns string) *networkingv1.NetworkPolicy {
 // TestSharedNetworkPolicy: one policy selects every sandbox and exists before
 // the first one; its shape follows the settings, compared with the shipped
 // manifest (and, for other settings, with the changes written out here, not
-// with the builder the function itself used); a create writes a Pod and a
-// Service and nothing else (no per-sandbox policy).
+// with the builder the function itself used). It admits no one: the first
+// create of a principal writes the policy that admits that principal's
+// backends (and, for DeerFlow's key, the one for sandboxes that record no
+// principal); every later create writes a Pod and a Service and nothing else
+// (no per-sandbox policy).
 func TestSharedNetworkPolicy(t *testing.T) {
+	backend := networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": "deer-flow-backend"}}}
 	cases := []struct {
-		name string
-		env  map[string]string
-		want func(*networkingv1.NetworkPolicySpec)
+		name    string
+		env     map[string]string
+		want    func(*networkingv1.NetworkPolicySpec)
+		sources []networkingv1.NetworkPolicyPeer // whom DeerFlow's sandboxes admit
 	}{
-		{"default", nil, func(*networkingv1.NetworkPolicySpec) {}},
-		{"NodePort with node addresses", map[string]string{"SANDBOX_INGRESS_NODE_CIDRS": "192.168.1.10/32,192.168.1.11/32"}, func(s *networkingv1.NetworkPolicySpec) {
-			s.Ingress[0].From = append(s.Ingress[0].From,
-				networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: "192.168.1.10/32"}},
-				networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: "192.168.1.11/32"}})
-		}},
-		{"deny-all egress", map[string]string{"SANDBOX_EGRESS_MODE": "deny-all"}, func(s *networkingv1.NetworkPolicySpec) { s.Egress = nil }},
+		{"default", nil, func(*networkingv1.NetworkPolicySpec) {}, []networkingv1.NetworkPolicyPeer{backend}},
+		{"NodePort with node addresses", map[string]string{"SANDBOX_INGRESS_NODE_CIDRS": "192.168.1.10/32,192.168.1.11/32"}, func(*networkingv1.NetworkPolicySpec) {},
+			[]networkingv1.NetworkPolicyPeer{backend, {IPBlock: &networkingv1.IPBlock{CIDR: "192.168.1.10/32"}}, {IPBlock: &networkingv1.IPBlock{CIDR: "192.168.1.11/32"}}}},
+		{"deny-all egress", map[string]string{"SANDBOX_EGRESS_MODE": "deny-all"}, func(s *networkingv1.NetworkPolicySpec) { s.Egress = nil }, []networkingv1.NetworkPolicyPeer{backend}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -68,27 +70,50 @@ func TestSharedNetworkPolicy(t *testing.T) {
 			if diff := cmp.Diff(want.Spec, got.Spec); diff != "" {
 				t.Errorf("shared policy (-want +got):\n%s", diff)
 			}
+			if len(got.Spec.Ingress) != 0 {
+				t.Errorf("the shared policy admits %+v; want no one", got.Spec.Ingress)
+			}
 
-			proxy.Reset()
-			expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "iso1"}), 200, "create")
-			writes, events := map[string]int{}, 0
-			for k, n := range proxy.Counts() {
-				verb, resource, _ := strings.Cut(k, " ")
-				switch {
-				case resource == "events":
-					events += n // sent asynchronously, off the create's path
-				case verb == "POST" || verb == "PUT" || verb == "PATCH" || verb == "DELETE":
-					writes[k] += n
+			writesOf := func(id string) map[string]int {
+				proxy.Reset()
+				expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": id}), 200, "create "+id)
+				writes, events := map[string]int{}, 0
+				for k, n := range proxy.Counts() {
+					verb, resource, _ := strings.Cut(k, " ")
+					switch {
+					case resource == "events":
+						events += n // sent asynchronously, off the create's path
+					case verb == "POST" || verb == "PUT" || verb == "PATCH" || verb == "DELETE":
+						writes[k] += n
+					}
 				}
+				t.Logf("create %s: synchronous writes %v; Kubernetes Event writes counted separately so far: %d", id, writes, events)
+				return writes
 			}
-			// The slot, the Pod, and the slot bound to the Pod (PUT).
-			if diff := cmp.Diff(map[string]int{"POST services": 1, "POST pods": 1, "PUT services": 1}, writes); diff != "" {
-				t.Errorf("synchronous writes of one create (-want +got):\n%s", diff)
+			// The principal's first create: its ingress policy and the
+			// legacy one, then the slot, the Pod, and the slot bound to the
+			// Pod (PUT).
+			if diff := cmp.Diff(map[string]int{"POST networkpolicies": 2, "POST services": 1, "POST pods": 1, "PUT services": 1}, writesOf("iso1")); diff != "" {
+				t.Errorf("synchronous writes of the first create (-want +got):\n%s", diff)
 			}
-			t.Logf("one create: synchronous writes %v; Kubernetes Event writes counted separately so far: %d", writes, events)
+			if diff := cmp.Diff(map[string]int{"POST services": 1, "POST pods": 1, "PUT services": 1}, writesOf("iso2")); diff != "" {
+				t.Errorf("synchronous writes of a later create (-want +got):\n%s", diff)
+			}
 			l, err := client().NetworkingV1().NetworkPolicies(ns).List(ctx, metav1.ListOptions{})
-			if err != nil || len(l.Items) != 1 {
-				t.Errorf("NetworkPolicies after a create: %d (%v), want only the shared one", len(l.Items), err)
+			if err != nil || len(l.Items) != 3 {
+				t.Fatalf("NetworkPolicies after two creates: %d (%v), want the shared one and DeerFlow's key's two", len(l.Items), err)
+			}
+			for _, np := range l.Items {
+				if np.Name == want.Name {
+					continue
+				}
+				if len(np.Spec.Ingress) != 1 {
+					t.Errorf("%s admits %+v, want one rule", np.Name, np.Spec.Ingress)
+					continue
+				}
+				if diff := cmp.Diff(tc.sources, np.Spec.Ingress[0].From); diff != "" {
+					t.Errorf("whom %s admits (-want +got):\n%s", np.Name, diff)
+				}
 			}
 		})
 	}

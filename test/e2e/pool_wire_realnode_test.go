@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -27,8 +28,10 @@ import (
 //   - the reap wires the warm pool's Pod: a token of its own, and its wire,
 //     a NodePort Service that answers from the Pod before any claim;
 //   - attack rows: that unclaimed Pod, by its Pod IP and by its wire's
-//     NodePort, is reached by no one but the backend: not from another
-//     sandbox, a bystander Pod, nor a host outside the cluster;
+//     NodePort, is reached by no one, the backend included (a pooled Pod
+//     answers no one until it is claimed): not from the backend, another
+//     sandbox, a bystander Pod, nor a host outside the cluster; once
+//     claimed, the backend reaches it;
 //   - DeerFlow's own recorded anonymous create (no template: the pooled
 //     "default") claims it, and the first poll DeerFlow's backend makes
 //     (remote_backend.py's wait_for_sandbox_ready: GET
@@ -85,7 +88,9 @@ func TestRealPoolClaimIsWired(t *testing.T) {
 		reached            bool
 	}
 	probes := []probe{
-		{"the backend Pod", net.JoinHostPort(ips["backend"], "8080"), "its Pod IP", podAddr, true},
+		// No principal owns it until a claim: not even the backend.
+		{"the backend Pod", net.JoinHostPort(ips["backend"], "8080"), "its Pod IP", podAddr, false},
+		{"the backend Pod", net.JoinHostPort(ips["backend"], "8080"), "its wire's NodePort on the node's address", wireAddr, false},
 		{"another sandbox", net.JoinHostPort(attacker.Status.PodIP, "8080"), "its Pod IP", podAddr, false},
 		{"another sandbox", net.JoinHostPort(attacker.Status.PodIP, "8080"), "its wire's NodePort on the node's address", wireAddr, false},
 		{"a bystander Pod", net.JoinHostPort(ips["bystander"], "8080"), "its Pod IP", podAddr, false},
@@ -132,6 +137,15 @@ func TestRealPoolClaimIsWired(t *testing.T) {
 		t.Fatalf("DeerFlow's first poll of %s: %d %q; want a 200 from %s", url, resp.StatusCode, body.String(), pooled.Name)
 	}
 	t.Logf("DeerFlow's first poll of %s answered 200 in %s", url, time.Since(began).Round(time.Millisecond))
+	// Claimed, it is DeerFlow's: its backend reaches it by Pod IP and wire
+	// (the policy agent judges the claim's new labels on the next
+	// connection).
+	for _, addr := range []string{podAddr, wireAddr} {
+		eventually(t, 10*time.Second, "the backend reaches the claimed Pod at "+addr, func() (bool, error) {
+			ok, detail := execAt(t, net.JoinHostPort(ips["backend"], "8080"), connect(addr))
+			return ok, fmt.Errorf("%s", detail)
+		})
+	}
 
 	id, _ := r.Body["sandbox_id"].(string)
 	svc, err := client().CoreV1().Services(ns).Get(ctx, resources.ServiceName(id), metav1.GetOptions{})

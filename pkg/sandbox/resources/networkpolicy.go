@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 )
@@ -17,27 +18,17 @@ import (
 const EgressDenyAll = "deny-all"
 
 // BuildNetworkPolicy is the one policy that isolates every sandbox, selected
-// by label, so it exists before any sandbox does and a create writes nothing
-// but a Pod and a Service. config/ ships it; the builder is what the function
-// ensures on local clusters and what the tests compare config/ with.
+// by label, so it exists before any sandbox does, pooled Pods included. It
+// admits no ingress at all: who may connect to a sandbox is each principal's
+// own policy's to say (BuildIngressPolicy), so a pooled Pod, which no
+// principal owns until it is claimed, answers no one (the kubelet's probes
+// come from the node, which NetworkPolicy does not judge). config/ ships it;
+// the builder is what the function ensures on local clusters and what the
+// tests compare config/ with.
 //
-// Ingress: only the sandbox port, only from the agent backend's Pods (and, in
-// NodePort mode, from the node addresses the operator names): never from
-// another sandbox. Egress: DNS to the cluster DNS only, and the internet
-// except private, link-local, CGNAT and metadata ranges; or nothing at all.
+// Egress: DNS to the cluster DNS only, and the internet except private,
+// link-local, CGNAT and metadata ranges; or nothing at all.
 func BuildNetworkPolicy(cfg config.Objects) *networkingv1.NetworkPolicy {
-	port := intstr.FromInt32(cfg.ContainerPort)
-	backend := networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{MatchLabels: cfg.IngressFromPodLabels}}
-	if len(cfg.IngressFromNamespace) > 0 {
-		backend.NamespaceSelector = &metav1.LabelSelector{MatchLabels: cfg.IngressFromNamespace}
-	}
-	from := []networkingv1.NetworkPolicyPeer{backend}
-	if cfg.ServiceType == string(corev1.ServiceTypeNodePort) {
-		for _, cidr := range cfg.IngressNodeCIDRs {
-			from = append(from, networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: cidr}})
-		}
-	}
-
 	var egress []networkingv1.NetworkPolicyEgressRule // none at all in deny-all mode
 	if cfg.EgressMode != EgressDenyAll {
 		egress = append(egress, networkingv1.NetworkPolicyEgressRule{
@@ -75,11 +66,76 @@ func BuildNetworkPolicy(cfg config.Objects) *networkingv1.NetworkPolicy {
 		Spec: networkingv1.NetworkPolicySpec{
 			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{keys.LabelApp: keys.LabelAppValue}},
 			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
-			Ingress: []networkingv1.NetworkPolicyIngressRule{{
-				From:  from,
-				Ports: []networkingv1.NetworkPolicyPort{{Protocol: ptr.To(corev1.ProtocolTCP), Port: &port}},
-			}},
-			Egress: egress,
+			Egress:      egress,
+		},
+	}
+}
+
+// ComponentIngressValue is app.kubernetes.io/component of the policies that
+// admit a principal's backends (BuildIngressPolicy, BuildLegacyIngressPolicy).
+const ComponentIngressValue = "sandbox-ingress"
+
+// IngressPolicyName names the policy that admits principal's backends to
+// its sandboxes: the shared policy's name and the principal's label value,
+// so it is one object per principal, whatever the principal's name holds.
+func IngressPolicyName(cfg config.Objects, principal string) string {
+	return cfg.NetworkPolicyName + "-" + PrincipalLabelValue(principal)
+}
+
+// LegacyIngressPolicyName names the policy that admits the "default"
+// principal's backends to sandboxes that record no principal: DeerFlow's
+// provisioner made them, before this one.
+func LegacyIngressPolicyName(cfg config.Objects) string { return cfg.NetworkPolicyName + "-legacy" }
+
+// BuildIngressPolicy admits sources to the sandbox port of principal's
+// sandboxes: the Pods that carry its label, which a create writes on the
+// Pod and a claim on the pooled Pod it takes. One per principal, not per
+// sandbox, so a principal's first create writes it and no other create
+// writes anything. With no sources it admits no one.
+func BuildIngressPolicy(cfg config.Objects, principal string, sources []config.IngressSource) *networkingv1.NetworkPolicy {
+	np := buildIngress(cfg, IngressPolicyName(cfg, principal), metav1.LabelSelector{MatchLabels: map[string]string{
+		keys.LabelApp: keys.LabelAppValue, keys.LabelPrincipal: PrincipalLabelValue(principal)}}, sources)
+	RecordPrincipal(np, api.Spec{Caller: api.Caller{Principal: principal}})
+	return np
+}
+
+// BuildLegacyIngressPolicy admits sources (the "default" principal's) to
+// sandboxes that record no principal and are no pooled Pod: DeerFlow's own
+// from before this provisioner, which "default" owns.
+func BuildLegacyIngressPolicy(cfg config.Objects, sources []config.IngressSource) *networkingv1.NetworkPolicy {
+	return buildIngress(cfg, LegacyIngressPolicyName(cfg), metav1.LabelSelector{
+		MatchLabels: map[string]string{keys.LabelApp: keys.LabelAppValue},
+		MatchExpressions: []metav1.LabelSelectorRequirement{
+			{Key: keys.LabelPrincipal, Operator: metav1.LabelSelectorOpDoesNotExist},
+			{Key: keys.LabelPool, Operator: metav1.LabelSelectorOpDoesNotExist},
+		}}, sources)
+}
+
+func buildIngress(cfg config.Objects, name string, pods metav1.LabelSelector, sources []config.IngressSource) *networkingv1.NetworkPolicy {
+	var from []networkingv1.NetworkPolicyPeer
+	for _, s := range sources {
+		if s.CIDR != "" {
+			from = append(from, networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: s.CIDR}})
+			continue
+		}
+		from = append(from, networkingv1.NetworkPolicyPeer{PodSelector: s.Pods.DeepCopy(), NamespaceSelector: s.Namespaces.DeepCopy()})
+	}
+	var rules []networkingv1.NetworkPolicyIngressRule
+	if len(from) > 0 {
+		port := intstr.FromInt32(cfg.ContainerPort)
+		rules = []networkingv1.NetworkPolicyIngressRule{{From: from, Ports: []networkingv1.NetworkPolicyPort{{Protocol: ptr.To(corev1.ProtocolTCP), Port: &port}}}}
+	}
+	return &networkingv1.NetworkPolicy{
+		TypeMeta: metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      name,
+			Namespace: cfg.Namespace,
+			Labels:    map[string]string{keys.LabelName: "deer-flow", keys.LabelComponent: ComponentIngressValue, keys.LabelManagedBy: keys.ManagedByValue},
+		},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: pods,
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress:     rules,
 		},
 	}
 }
