@@ -128,7 +128,7 @@ fuzz:
 
 ##@ Verify
 
-## verify: check formatting, vet, go.mod tidiness, the sandbox templates under config/templates, the layout (pure builders, one-way imports, package size) and that no build output is tracked
+## verify: check formatting, vet, go.mod tidiness, the sandbox templates under config/templates, the layout (pure builders, one-way imports, package size), that CI fails on a skipped test, and that no build output is tracked
 .PHONY: verify
 verify:
 	hack/verify-hygiene.sh
@@ -137,6 +137,7 @@ verify:
 	hack/verify-gomod.sh
 	hack/verify-templates.sh
 	hack/verify-layout.sh
+	hack/verify-ci.sh
 
 ## update: apply gofmt and go mod tidy
 .PHONY: update
