@@ -7,6 +7,11 @@ type QuotaConfig struct {
 	// MaxSandboxesPerPrincipal limits the sandboxes each principal (API key
 	// name or token subject) has created, counted as the per-user limit is.
 	MaxSandboxesPerPrincipal int `envconfig:"MAX_SANDBOXES_PER_PRINCIPAL" default:"0"`
+	// MaxOwnedIDsPerPrincipal bounds the user and thread ids each
+	// principal may own at once (one Lease each, package ownership), so
+	// that no principal grows etcd without bound or holds every id it can
+	// guess. Only enforced with more than one principal.
+	MaxOwnedIDsPerPrincipal int `envconfig:"MAX_OWNED_IDS_PER_PRINCIPAL" default:"5000"`
 }
 
 // Validate checks that no quota is negative.
@@ -17,6 +22,9 @@ func (c *QuotaConfig) Validate() error {
 	}
 	if c.MaxSandboxesPerPrincipal < 0 {
 		p.bad("MAX_SANDBOXES_PER_PRINCIPAL", "must be 0 (no limit) or positive")
+	}
+	if c.MaxOwnedIDsPerPrincipal < 0 {
+		p.bad("MAX_OWNED_IDS_PER_PRINCIPAL", "must be 0 (no limit) or positive")
 	}
 	return p.err()
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config/configtest"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 )
 
 const (
@@ -46,7 +47,7 @@ func registry(t *testing.T, env map[string]string, objs ...runtime.Object) (*Reg
 	t.Helper()
 	client := fake.NewClientset(objs...)
 	cfg := configtest.Load(t, env)
-	return New(cfg.Namespace, &cfg.AuthConfig, client), client
+	return New(cfg.Namespace, &cfg.AuthConfig, 0, client), client
 }
 
 func caller(p string) api.Caller { return api.Caller{Principal: p, Admin: p == "ops"} }
@@ -58,8 +59,9 @@ type result struct {
 	Detail string
 }
 
+// check is a create's claim (Claim), the call that decides.
 func check(r *Registry, c api.Caller, user, thread string) result {
-	err := r.Check(context.Background(), c, user, thread)
+	err := r.Claim(context.Background(), c, user, thread)
 	if err == nil {
 		return result{Kind: -1}
 	}
@@ -141,7 +143,7 @@ func TestCheckSurvivesTheCache(t *testing.T) {
 		t.Fatalf("alice's first use: %+v", got)
 	}
 	cfg2 := configtest.Load(t, twoPrincipals)
-	r2 := New(cfg2.Namespace, &cfg2.AuthConfig, client)
+	r2 := New(cfg2.Namespace, &cfg2.AuthConfig, 0, client)
 	if got := check(r2, caller("bob"), "u1", "tb"); got.Kind != api.KindForbidden {
 		t.Errorf("bob on another replica: %+v, want KindForbidden", got)
 	}
@@ -151,7 +153,8 @@ func TestCheckSurvivesTheCache(t *testing.T) {
 	}
 	want := &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{Name: LeaseName(User, "u1"), Namespace: ns,
-			Labels:      map[string]string{keys.LabelManagedBy: keys.ManagedByValue, keys.LabelOwns: keys.OwnsUser},
+			Labels: map[string]string{keys.LabelManagedBy: keys.ManagedByValue, keys.LabelOwns: keys.OwnsUser,
+				keys.LabelPrincipal: resources.PrincipalLabelValue("alice")},
 			Annotations: map[string]string{keys.AnnotationUserID: "u1"}},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr("alice")},
 	}
@@ -195,7 +198,7 @@ func TestRaceHasOneWinner(t *testing.T) {
 		for i := range racers {
 			wg.Go(func() {
 				p := fmt.Sprintf("p%d", i)
-				results[i] = New(cfg.Namespace, &cfg.AuthConfig, client).Check(context.Background(), caller(p), "race-user", fmt.Sprintf("thread-%d-%s", round, p))
+				results[i] = New(cfg.Namespace, &cfg.AuthConfig, 0, client).Claim(context.Background(), caller(p), "race-user", fmt.Sprintf("thread-%d-%s", round, p))
 			})
 		}
 		wg.Wait()

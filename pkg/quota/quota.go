@@ -9,6 +9,7 @@ package quota
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -94,6 +95,26 @@ func (c *Counter) cached(name string) (held, known bool) {
 	}
 	_, ok, _ := c.slots.informer.GetStore().GetByKey(c.namespace + "/" + name)
 	return ok, true
+}
+
+// Full refuses, before a create writes anything, a create that the
+// Service cache already shows over a limit with sandboxes that are not
+// racing creates (a refusal that is not Contended): a principal at its
+// limit writes nothing, not even the slot Check would count it with. It is
+// only a shortcut: nil whenever the cache is not running and in sync, the
+// count cannot be made, or the limit is full only of young sandboxes that
+// may yet withdraw; the create then goes on to its slot, whose count
+// (Check) is what keeps the overshoot at zero. A sandbox of the id in the
+// cache means room, as for any create of an existing id.
+func (c *Counter) Full(ctx context.Context, s api.Spec) error {
+	if c.slots == nil || !c.running.Load() || !c.slots.informer.HasSynced() {
+		return nil
+	}
+	var qe *Error
+	if err := c.Check(ctx, s, nil); errors.As(err, &qe) && !qe.Contended {
+		return qe
+	}
+	return nil
 }
 
 // settled is how old a sandbox must be to count as a long-lived one rather

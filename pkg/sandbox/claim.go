@@ -54,7 +54,7 @@ func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Dura
 	)
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		isoErr = m.isolation.Require(gctx)
+		isoErr = m.isolation.Require(gctx, s.Caller.Principal)
 		return nil
 	})
 	g.Go(func() error {
@@ -148,6 +148,8 @@ type claimService struct {
 	// uncertain: a claim's write may have landed unseen; the Service stays
 	// (the quota counts it), and the reap removes it if no claim did.
 	uncertain bool
+	// claimed: the ids are this create's principal's (ownership.Registry.Claim).
+	claimed bool
 }
 
 // prepare is the claim's Prepare: the Service made (and the quota counted)
@@ -223,6 +225,15 @@ func (c *claimService) prepare(ctx context.Context, pod *corev1.Pod) error {
 			c.err = err
 			return err
 		}
+	}
+	// The ids, once the quota has admitted the Service and before a Pod is
+	// claimed, as a cold create claims them before its workload (ensurePod).
+	if !c.claimed {
+		if err := c.m.owners.Claim(ctx, c.s.Caller, c.s.UserID, c.s.ThreadID); err != nil {
+			c.err = err
+			return err
+		}
+		c.claimed = true
 	}
 	if c.wire == nil {
 		follow.AwaitSlice(ctx, c.m.client.DiscoveryV1().EndpointSlices(c.m.cfg.Namespace), svc)

@@ -54,7 +54,21 @@ func (m *Manager) create(ctx context.Context, s api.Spec, wait time.Duration) (s
 	if s, err = m.resolveTemplate(ctx, s); err != nil {
 		return api.Sandbox{}, err
 	}
-	// Before anything of the sandbox is written, so a refusal leaves nothing.
+	// Before anything of the sandbox is written, so a refusal leaves
+	// nothing: a quota the Service cache already shows full (issue 45: a
+	// principal at its limit writes nothing, not even a slot), and ids that
+	// are another principal's or past the principal's bound. Neither
+	// decides alone: the slot's count does for the quota (fill,
+	// claimService), and the claim of the ids after it (ensurePod,
+	// ensureReplicaSet, claimService) for ownership, so that a create the
+	// quota refuses records no id.
+	if err := m.quota.Full(ctx, s); err != nil {
+		var qe *quota.Error
+		if errors.As(err, &qe) {
+			m.observer.QuotaRefused(qe.Scope)
+		}
+		return api.Sandbox{}, err
+	}
 	if err := m.owners.Check(ctx, s.Caller, s.UserID, s.ThreadID); err != nil {
 		return api.Sandbox{}, err
 	}
@@ -154,7 +168,7 @@ const maxQuotaRetries = 4
 // sandbox that DeerFlow, sending no template, creates again; a bare Pod
 // sandbox from before templates) is answered with that sandbox.
 func (m *Manager) createOnce(ctx context.Context, s api.Spec) (made, error) {
-	if err := m.isolation.Require(ctx); err != nil {
+	if err := m.isolation.Require(ctx, s.Caller.Principal); err != nil {
 		return made{}, err
 	}
 	var (
@@ -227,7 +241,14 @@ func (m *Manager) reuseOtherKind(ctx context.Context, s api.Spec) (made, error) 
 
 // ensurePod creates the Pod or adopts the existing one. A Pod that is being
 // deleted is not "already there": we wait for it to go, then create anew.
+//
+// It first claims the sandbox's ids (ownership.Registry.Claim): the slot
+// exists and the quota has counted it (fill), so a Lease is only ever
+// written by a create the quota admitted, and before any workload.
 func (m *Manager) ensurePod(ctx context.Context, s api.Spec) (*corev1.Pod, bool, error) {
+	if err := m.owners.Claim(ctx, s.Caller, s.UserID, s.ThreadID); err != nil {
+		return nil, false, err
+	}
 	want := resources.BuildPodFor(m.cfg.Objects(), s)
 	pods := m.client.CoreV1().Pods(m.cfg.Namespace)
 	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {

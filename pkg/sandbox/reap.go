@@ -11,9 +11,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/ownership"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 )
 
@@ -56,6 +58,10 @@ func (m *Manager) Reap(ctx context.Context) (api.Reaped, error) {
 // caller's: it judges every sandbox, whoever created it (the operation
 // itself is gated per principal, PROVISIONER_PRINCIPAL_OPERATIONS).
 func (m *Manager) reap(ctx context.Context, c api.Caller) (all, seen api.Reaped, err error) {
+	// The ownership Leases are listed before the sandboxes, so that every
+	// Lease judged was claimed before the sandboxes were listed: its
+	// create's slot is in that list (ownership.Snapshot).
+	leases, lerr := m.owners.Snapshot(ctx)
 	objs, err := m.listAll(ctx, resources.SelectorAll, true)
 	if err != nil {
 		return api.Reaped{}, api.Reaped{}, err
@@ -190,6 +196,7 @@ func (m *Manager) reap(ctx context.Context, c api.Caller) (all, seen api.Reaped,
 		}()
 	}
 	wg.Wait()
+	errs = append(errs, lerr, m.reclaimIDs(ctx, leases, objs))
 	all.Count, seen.Count = len(all.Removed), len(seen.Removed)
 	if err := errors.Join(errs...); err != nil {
 		return all, seen, api.Classify(err, "reap expired sandboxes")
@@ -210,5 +217,31 @@ func (m *Manager) deleteOwnedService(ctx context.Context, err error, svc *corev1
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 		return nil
 	}
+	return err
+}
+
+// reclaimIDs frees the user and thread ids that no sandbox has used for
+// ownership.Retention (ownership.Registry.Reclaim): used means carried by
+// any sandbox object listed, a slot or a paused sandbox's Service included.
+func (m *Manager) reclaimIDs(ctx context.Context, leases *ownership.Snapshot, objs everything) error {
+	if leases == nil {
+		return nil
+	}
+	used := map[ownership.Field]sets.Set[string]{ownership.User: sets.New[string](), ownership.Thread: sets.New[string]()}
+	note := func(o metav1.Object) {
+		l := o.GetLabels()
+		used[ownership.User].Insert(l[keys.LabelUser])
+		used[ownership.Thread].Insert(l[keys.LabelThread])
+	}
+	for i := range objs.pods {
+		note(&objs.pods[i])
+	}
+	for i := range objs.rss {
+		note(&objs.rss[i])
+	}
+	for i := range objs.svcs {
+		note(&objs.svcs[i])
+	}
+	_, err := m.owners.Reclaim(ctx, leases, func(f ownership.Field, v string) bool { return used[f].Has(v) })
 	return err
 }
