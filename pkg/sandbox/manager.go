@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 
@@ -91,8 +92,24 @@ func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option)
 	m.quota = quota.New(cfg.QuotaConfig, cfg.Namespace, client)
 	m.owners = ownership.New(cfg.Namespace, &cfg.AuthConfig, cfg.MaxOwnedIDsPerPrincipal, client)
 	m.isolation = isolation.New(&cfg.IsolationConfig, &cfg.PodSecurityConfig, cfg.Namespace, cfg.RequestTimeout, resources.BuildNetworkPolicy(cfg.Objects()), client,
-		isolation.WithReport(m.isolationVerdict))
+		isolation.WithReport(m.isolationVerdict), isolation.WithIngress(ingressPolicies(cfg)))
 	return m
+}
+
+// ingressPolicies builds the policies that admit a principal's backends to
+// its sandboxes: its own, and, for the principal that owns the sandboxes
+// that record none ("default", or the one principal there is), the legacy
+// one, with "default"'s sources.
+func ingressPolicies(cfg *config.Config) func(principal string) []*networkingv1.NetworkPolicy {
+	multi := cfg.MultiplePrincipals()
+	return func(principal string) []*networkingv1.NetworkPolicy {
+		objs := cfg.Objects()
+		out := []*networkingv1.NetworkPolicy{resources.BuildIngressPolicy(objs, principal, cfg.IngressSources(principal, multi))}
+		if principal == api.LegacyPrincipal || !multi {
+			out = append(out, resources.BuildLegacyIngressPolicy(objs, cfg.IngressSources(api.LegacyPrincipal, multi)))
+		}
+		return out
+	}
 }
 
 // Run starts the Manager's background work, until ctx ends: the watch of
