@@ -203,7 +203,10 @@ func TestClaimWritesItsServiceFirst(t *testing.T) {
 				// Then the cold way's: its slot, and the slot bound to its Pod.
 				wantOrder = []string{"create Service", "claim " + taken, "create Service", "update Service"}
 			case taken != "":
-				wantOrder = []string{"create Service", "claim " + taken, "update Service", "claim " + want} // the Service handed on
+				// Made again for the Pod claimed instead: an unwired Pod's
+				// Service selects that Pod's name (its pin), which no
+				// update may change (issue 45).
+				wantOrder = []string{"create Service", "claim " + taken, "create Service", "claim " + want}
 			default:
 				wantOrder = []string{"create Service", "claim " + want}
 			}

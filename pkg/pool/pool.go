@@ -548,7 +548,10 @@ func claimable(pod *corev1.Pod, hash string) bool {
 // the Pod's start, not the claim, and may be set once on a running Pod, so
 // it is the time the Pod has stood in the pool plus the sandbox's lifetime.
 // The resourceVersion makes the write conditional: of racing claims of one
-// Pod, one wins.
+// Pod, one wins. The Pod gets its pin (keys.LabelPod, its own name) with
+// its id and token, which the sandbox's Service selects beside them
+// (resources.ServicePin): a Pod not wired before has none yet, and no Pod
+// given the token read from a Pod list can carry another's name.
 func claimPatch(pod *corev1.Pod, c claim.Claim, now time.Time) ([]byte, error) {
 	lbls := map[string]any{keys.LabelPool: nil, keys.LabelPoolHash: nil}
 	for k, v := range c.Labels {
@@ -557,6 +560,7 @@ func claimPatch(pod *corev1.Pod, c claim.Claim, now time.Time) ([]byte, error) {
 	if t := tokenOf(pod, c); t != "" {
 		lbls[keys.LabelToken] = t
 	}
+	lbls[keys.LabelPod] = pod.Name
 	started := pod.CreationTimestamp.Time
 	if pod.Status.StartTime != nil {
 		started = pod.Status.StartTime.Time

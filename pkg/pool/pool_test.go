@@ -194,6 +194,9 @@ func TestClaimHandsOutOnlyReadyUnclaimedPodsOfTheShape(t *testing.T) {
 	delete(wantLabels, keys.LabelPool)
 	delete(wantLabels, keys.LabelPoolHash)
 	wantLabels[keys.LabelID], wantLabels[keys.LabelPooled] = "abc", "true"
+	// Its pin, its own name, which its Service selects (issue 45): the
+	// claim writes it with the id and token.
+	wantLabels[keys.LabelPod] = "ready"
 	if diff := cmp.Diff(wantLabels, stored.Labels); diff != "" {
 		t.Errorf("labels (-want +got):\n%s", diff)
 	}

@@ -29,11 +29,15 @@ import (
 // answer), and the reap, wire what is not wired yet; a Pod not yet wired is
 // still claimed, as before wires.
 //
-// The token comes first, with a write conditional on the Pod's version (a
-// claim racing it wins or loses whole), and the wire after it: a wiring
-// cut between the two leaves a Pod with a token and no wire, which a claim
-// passes over (WireOf) and the next wiring completes. The wire is owned by
-// the Pod, so it goes with it.
+// The token comes first, with the Pod's pin (its own name, which the wire
+// selects beside the token: resources.BuildWire) in the same write,
+// conditional on the Pod's UID and version (a claim racing it wins or
+// loses whole), and the wire after it: a wiring cut between the two leaves
+// a Pod with a token and no wire, which a claim passes over (WireOf) and
+// the next wiring completes. The wire is owned by the Pod, so it goes with
+// it. A Pod wired before pins carries a token and a wire selecting it
+// alone: that wire still counts (resources.Wires), and a wire made for
+// such a Pod anew (its own lost) is made after the Pod gains its pin.
 
 // wireTries bounds the token's conditional writes on one Pod whose status
 // the kubelet keeps changing (just after it starts).
@@ -127,20 +131,41 @@ func (p *Pool) wire(ctx context.Context, pod *corev1.Pod, have *corev1.Service) 
 	return true, nil
 }
 
-// giveToken writes a fresh token on pod unless it has one, conditional on
-// the version read (a claim in between wins; a status write is retried on
-// the Pod read again). nil, nil: pod is claimed, gone or leaving.
+// giveToken gives pooled pod what its wire selects unless it has it: a
+// fresh token and its pin (giveWired). nil, nil: pod is claimed, gone or
+// leaving.
 func (p *Pool) giveToken(ctx context.Context, pod *corev1.Pod) (*corev1.Pod, error) {
+	return p.giveWired(ctx, pod, func(pod *corev1.Pod) bool {
+		return pod.DeletionTimestamp == nil && pod.Labels[keys.LabelID] == "" && pod.Labels[keys.LabelPool] != ""
+	})
+}
+
+// giveWired writes on pod what a wire made now selects and pod lacks: a
+// fresh token, and its pin (keys.LabelPod, its own name; a Pod wired or
+// claimed before pins has none), in one merge patch conditional on the
+// UID and version read (a claim in between wins; a status write is
+// retried on the Pod read again). still says whether the Pod (read again
+// after a conflict) is still to be given them. nil, nil: it is not, or
+// is gone.
+func (p *Pool) giveWired(ctx context.Context, pod *corev1.Pod, still func(*corev1.Pod) bool) (*corev1.Pod, error) {
 	pods := p.client.CoreV1().Pods(p.cfg.Namespace)
+	uid := pod.UID
 	for try := 0; try < wireTries; try++ {
-		if pod.DeletionTimestamp != nil || pod.Labels[keys.LabelID] != "" || pod.Labels[keys.LabelPool] == "" {
+		if pod.UID != uid || !still(pod) {
 			return nil, nil
 		}
-		if pod.Labels[keys.LabelToken] != "" {
+		add := map[string]string{}
+		if pod.Labels[keys.LabelToken] == "" {
+			add[keys.LabelToken] = token.New()
+		}
+		if !resources.Pinned(pod) {
+			add[keys.LabelPod] = pod.Name
+		}
+		if len(add) == 0 {
 			return pod, nil
 		}
 		patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
-			"resourceVersion": pod.ResourceVersion, "labels": map[string]string{keys.LabelToken: token.New()}}})
+			"uid": pod.UID, "resourceVersion": pod.ResourceVersion, "labels": add}})
 		got, err := pods.Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 		switch {
 		case err == nil:
@@ -148,7 +173,7 @@ func (p *Pool) giveToken(ctx context.Context, pod *corev1.Pod) (*corev1.Pod, err
 		case apierrors.IsNotFound(err):
 			return nil, nil
 		case !apierrors.IsConflict(err):
-			return nil, fmt.Errorf("give it a token: %w", err)
+			return nil, fmt.Errorf("give it its token and pin: %w", err)
 		}
 		if pod, err = pods.Get(ctx, pod.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
 			return nil, nil
@@ -262,7 +287,10 @@ func (p *Pool) WireOf(ctx context.Context, t *template.Template, pod *corev1.Pod
 // wire's URL; with the wire deleted or edited by hand it has none (get
 // answers it without one). Its next create (DeerFlow creates on every
 // acquire) makes the wire again, as the wiring made it: named as the Pod,
-// owned by it, selecting its token, which never changes. A new wire has a
+// owned by it, selecting its token, which never changes, and its pin. A
+// Pod claimed before pins gains its pin first (the admission policy
+// refuses a wire of the token alone), and pod is then the Pod as written,
+// which the new wire selects. A new wire has a
 // new node port, so the URL changes, and kube-proxy programs it within its
 // next sync (about a second). A Service of the wire's name that is not the
 // Pod's wire (made by hand) is not the function's to remove: the sandbox
@@ -274,10 +302,19 @@ func (p *Pool) Rewire(ctx context.Context, svc, wire *corev1.Service, pod *corev
 		return wire, nil
 	}
 	svcs := p.client.CoreV1().Services(p.cfg.Namespace)
+	if wire != nil && (wire.Labels[keys.LabelComponent] != keys.ComponentWireValue || resources.OwnerUID(wire.OwnerReferences) != pod.UID) {
+		return nil, nil
+	}
+	tok := resources.Token(pod)
+	pinned, err := p.giveWired(ctx, pod, func(pod *corev1.Pod) bool { return pod.DeletionTimestamp == nil && resources.Token(pod) == tok })
+	if err != nil {
+		return nil, api.Classify(err, "pin a sandbox's Pod before its Service is made again")
+	}
+	if pinned == nil {
+		return nil, nil // gone, leaving, or its status kept changing: the next create tries again
+	}
+	*pod = *pinned
 	if wire != nil {
-		if wire.Labels[keys.LabelComponent] != keys.ComponentWireValue || resources.OwnerUID(wire.OwnerReferences) != pod.UID {
-			return nil, nil
-		}
 		// Gone or changed since (a racing create's repair) counts as
 		// removed: the create below finds what stands and judges it.
 		if err := p.rm.Service(ctx, wire, true); err != nil {
@@ -368,14 +405,21 @@ func (p *Pool) reapWires(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("list the wires: %w", err)
 	}
-	// The Pods that carry a token, by token: what a wire as made selects.
+	// The Pods that carry a token, by token and by token and pin: what a
+	// wire as made selects (one made before pins, the token alone).
 	tokened, err := pods.List(ctx, metav1.ListOptions{LabelSelector: keys.LabelToken, ResourceVersion: "0"})
 	if err != nil {
 		return fmt.Errorf("list the Pods that carry a token: %w", err)
 	}
+	type pinned struct{ token, pod string }
 	byToken := make(map[string]bool, len(tokened.Items))
+	byPin := make(map[pinned]bool, len(tokened.Items))
 	for i := range tokened.Items {
-		byToken[tokened.Items[i].Labels[keys.LabelToken]] = true
+		l := tokened.Items[i].Labels
+		byToken[l[keys.LabelToken]] = true
+		if l[keys.LabelPod] != "" {
+			byPin[pinned{l[keys.LabelToken], l[keys.LabelPod]}] = true
+		}
 	}
 	var errs []error
 	now := p.now()
@@ -390,10 +434,13 @@ func (p *Pool) reapWires(ctx context.Context) error {
 		}
 		sel := w.Spec.Selector
 		selects := false
-		switch t, ok := sel[keys.LabelToken]; {
+		t, ok := sel[keys.LabelToken]
+		switch pod, pinnedOK := sel[keys.LabelPod]; {
 		case len(sel) == 0:
 			// No selector: Kubernetes manages no endpoints for it.
-		case ok && len(sel) == 1:
+		case ok && pinnedOK && len(sel) == 2:
+			selects = byPin[pinned{t, pod}]
+		case resources.UnpinnedWire(w):
 			selects = byToken[t]
 		default:
 			// Edited by hand to select something else: asked exactly.

@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"encoding/json"
 	"errors"
 	"regexp"
 	"sort"
@@ -12,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	clienttesting "k8s.io/client-go/testing"
@@ -365,6 +367,14 @@ func TestKeepReapsWiresThatSelectNothing(t *testing.T) {
 		"sandbox-pool-warm-edit0": func(w *corev1.Service) { w.Spec.Selector = map[string]string{"app": "nothing-here"} },
 		"sandbox-pool-warm-edit1": func(w *corev1.Service) { w.Spec.Selector = map[string]string{keys.LabelPool: "warm"} },
 		"sandbox-pool-warm-copy0": func(*corev1.Service) {},
+		// Its token with another Pod's pin: no Pod carries both.
+		"sandbox-pool-warm-pin00": func(w *corev1.Service) { w.Spec.Selector[keys.LabelPod] = "sandbox-pool-warm-bbbbb" },
+		// Wires as made before pins (the token alone): kept while a Pod
+		// carries the token.
+		"sandbox-pool-warm-old00": func(w *corev1.Service) { delete(w.Spec.Selector, keys.LabelPod) },
+		"sandbox-pool-warm-old01": func(w *corev1.Service) {
+			w.Spec.Selector = map[string]string{keys.LabelToken: "0123456789abcdef0123456789abcdef"}
+		},
 		// Not named as the function names wires: not its to delete,
 		// whatever it selects (the admission policy refuses it too).
 		"wire-made-by-hand": func(w *corev1.Service) { w.Spec.Selector = nil },
@@ -392,7 +402,8 @@ func TestKeepReapsWiresThatSelectNothing(t *testing.T) {
 		sort.Strings(names)
 		return names
 	}
-	all := []string{"sandbox-pool-warm-aaaaa", "sandbox-pool-warm-bbbbb", "sandbox-pool-warm-copy0", "sandbox-pool-warm-edit0", "sandbox-pool-warm-edit1", "sandbox-pool-warm-nopod", "sandbox-pool-warm-nosel", "wire-made-by-hand"}
+	all := []string{"sandbox-pool-warm-aaaaa", "sandbox-pool-warm-bbbbb", "sandbox-pool-warm-copy0", "sandbox-pool-warm-edit0", "sandbox-pool-warm-edit1", "sandbox-pool-warm-nopod", "sandbox-pool-warm-nosel",
+		"sandbox-pool-warm-old00", "sandbox-pool-warm-old01", "sandbox-pool-warm-pin00", "wire-made-by-hand"}
 	if diff := cmp.Diff(all, wires()); diff != "" {
 		t.Errorf("wires after a keep while they are young (-want +got):\n%s", diff)
 	}
@@ -400,7 +411,7 @@ func TestKeepReapsWiresThatSelectNothing(t *testing.T) {
 	if err := p.keep(ctx, []*template.Template{tmpl}); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"sandbox-pool-warm-aaaaa", "sandbox-pool-warm-bbbbb", "sandbox-pool-warm-copy0", "sandbox-pool-warm-edit1", "wire-made-by-hand"}
+	want := []string{"sandbox-pool-warm-aaaaa", "sandbox-pool-warm-bbbbb", "sandbox-pool-warm-copy0", "sandbox-pool-warm-edit1", "sandbox-pool-warm-old00", "wire-made-by-hand"}
 	if diff := cmp.Diff(want, wires()); diff != "" {
 		t.Errorf("wires after a keep once they are old (-want +got):\n%s", diff)
 	}
@@ -554,5 +565,191 @@ func TestCreateAfterAClaimedPodWasOrphaned(t *testing.T) {
 				t.Errorf("get: %+v %v; want the sandbox at %s", g, err, sb.URL)
 			}
 		})
+	}
+}
+
+// TestWiringPinsEachPod (issue 45): the wiring gives a pooled Pod its
+// token and its pin (its own name) in one write conditional on the Pod's
+// UID and version, and its wire selects both, so a Pod given that token
+// (the function's ServiceAccount can read it from a Pod list) does not
+// join the wire. A Pod wired before pins keeps its wire (the token alone)
+// while it has one: no write; one that lost it gains its pin alone (its
+// token stays) before its wire is made again, pinned. The fake clientset
+// stands in for the API server.
+func TestWiringPinsEachPod(t *testing.T) {
+	cfg, tmpl, cs := claimCluster(t, true, true)
+	const fresh, old, oldToken = "sandbox-pool-warm-aaaaa", "sandbox-pool-warm-bbbbb", "0123456789abcdef0123456789abcdef"
+	pods, svcs := cs.CoreV1().Pods(ns), cs.CoreV1().Services(ns)
+	// old, as the version before pins wired it: a token, no pin, a wire
+	// selecting the token alone.
+	before, err := pods.Get(alice, old, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before.Labels[keys.LabelToken] = oldToken
+	if before, err = pods.Update(alice, before, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	legacy := resources.BuildWire(cfg.Objects(), before, oldToken)
+	legacy.Spec.Selector = map[string]string{keys.LabelToken: oldToken}
+	if _, err := svcs.Create(alice, legacy, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu      sync.Mutex
+		patches = map[string][]map[string]any{}
+	)
+	cs.PrependReactor("patch", "pods", func(a clienttesting.Action) (bool, runtime.Object, error) {
+		var p struct {
+			Metadata map[string]any `json:"metadata"`
+		}
+		if err := json.Unmarshal(a.(clienttesting.PatchAction).GetPatch(), &p); err != nil {
+			t.Error(err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		patches[a.(clienttesting.PatchAction).GetName()] = append(patches[a.(clienttesting.PatchAction).GetName()], p.Metadata)
+		return false, nil, nil
+	})
+	p := newPool(cfg, cs, &counts{}, tmpl)
+	if n, err := p.Wire(alice, tmpl); err != nil || n != 1 {
+		t.Fatalf("Wire: %d, %v; want the one Pod without a wire wired", n, err)
+	}
+	pod, err := pods.Get(alice, fresh, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := pod.Labels[keys.LabelToken]
+	if !tokenRE.MatchString(tok) || pod.Labels[keys.LabelPod] != fresh {
+		t.Errorf("wired Pod %s labels %v; want a token of 32 hex digits and %s=%s", fresh, pod.Labels, keys.LabelPod, fresh)
+	}
+	wantPatch := []map[string]any{{"uid": "uid-" + fresh, "resourceVersion": "10", "labels": map[string]any{keys.LabelToken: tok, keys.LabelPod: fresh}}}
+	if diff := cmp.Diff(wantPatch, patches[fresh]); diff != "" {
+		t.Errorf("the wiring's writes of %s (-want +got):\n%s", fresh, diff)
+	}
+	wire, err := svcs.Get(alice, fresh, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(map[string]string{keys.LabelToken: tok, keys.LabelPod: fresh}, wire.Spec.Selector); diff != "" {
+		t.Errorf("the wire's selector (-want +got):\n%s", diff)
+	}
+	sel := labels.SelectorFromSet(wire.Spec.Selector)
+	stray := labels.Set{keys.LabelToken: tok, keys.LabelPod: resources.PodName("stray"), keys.LabelID: "stray"}
+	if !sel.Matches(labels.Set(pod.Labels)) || sel.Matches(stray) {
+		t.Errorf("wire %v: matches its Pod %v, a Pod given its token %v: want true, false", wire.Spec.Selector, sel.Matches(labels.Set(pod.Labels)), sel.Matches(stray))
+	}
+	if got := patches[old]; len(got) != 0 {
+		t.Errorf("the Pod wired before pins, its wire standing, was written: %v; want no write", got)
+	}
+
+	// It loses its wire: the next wiring pins it, then makes its wire.
+	if err := svcs.Delete(alice, old, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := p.Wire(alice, tmpl); err != nil || n != 1 {
+		t.Fatalf("Wire: %d, %v; want the Pod from before pins wired again", n, err)
+	}
+	wantPatch = []map[string]any{{"uid": "uid-" + old, "resourceVersion": before.ResourceVersion, "labels": map[string]any{keys.LabelPod: old}}}
+	if diff := cmp.Diff(wantPatch, patches[old]); diff != "" {
+		t.Errorf("the wiring's writes of %s, wired before pins (-want +got):\n%s", old, diff)
+	}
+	after, err := pods.Get(alice, old, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := svcs.Get(alice, old, metav1.GetOptions{})
+	if err != nil || after.Labels[keys.LabelToken] != oldToken || !resources.Wires(cfg.Objects(), w, after) || resources.UnpinnedWire(w) {
+		t.Errorf("Pod %s (labels %v) and its wire %+v, %v; want its token kept and a pinned wire", old, after.Labels, w, err)
+	}
+}
+
+// TestUnwiredClaimPinsItsService (issue 45): a claim of a Pod not wired
+// writes the Pod's pin (its own name) with the id and token, and the
+// sandbox's Service, made before the claim, selects id, token and that
+// name: a Pod given the id and token (read from a Pod list) does not
+// join it. The fake clientset stands in for the API server.
+func TestUnwiredClaimPinsItsService(t *testing.T) {
+	cfg, tmpl, cs := claimCluster(t, true)
+	m := sandbox.NewManager(cfg, cs, sandbox.WithPool(newPool(cfg, cs, &counts{}, tmpl)))
+	sb, err := m.Create(alice, claimSpec(t, cfg, "abc", nil), 0)
+	if err != nil || !sb.Pooled {
+		t.Fatalf("create: %+v %v; want a pooled sandbox", sb, err)
+	}
+	const claimed = "sandbox-pool-warm-aaaaa"
+	pod, err := cs.CoreV1().Pods(ns).Get(alice, claimed, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := cs.CoreV1().Services(ns).Get(alice, "sandbox-abc-svc", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := pod.Labels[keys.LabelToken]
+	want := map[string]string{keys.LabelID: "abc", keys.LabelToken: tok, keys.LabelPod: claimed}
+	if diff := cmp.Diff(want, svc.Spec.Selector); diff != "" || !tokenRE.MatchString(tok) {
+		t.Errorf("the claimed sandbox's Service selects (-want +got):\n%s", diff)
+	}
+	sel := labels.SelectorFromSet(svc.Spec.Selector)
+	stray := labels.Set{keys.LabelID: "abc", keys.LabelToken: tok, keys.LabelPod: resources.PodName("abc")}
+	if !sel.Matches(labels.Set(pod.Labels)) || sel.Matches(stray) {
+		t.Errorf("Service %v: matches its Pod %v (labels %v), a Pod given its id and token %v: want true, false",
+			svc.Spec.Selector, sel.Matches(labels.Set(pod.Labels)), pod.Labels, sel.Matches(stray))
+	}
+}
+
+// TestCreatePinsAPodClaimedBeforePins (issue 45): a sandbox claimed wired
+// by the version before pins (its Pod has no pin, its wire selects the
+// token alone) answers at its wire as before; once that wire is deleted,
+// its next create pins the Pod first (the admission policy refuses a wire
+// of the token alone), makes the wire pinned, and answers with its URL at
+// once. The fake clientset stands in for the API server.
+func TestCreatePinsAPodClaimedBeforePins(t *testing.T) {
+	cfg, tmpl, cs := claimCluster(t, true)
+	p := newPool(cfg, cs, &counts{}, tmpl)
+	if n, err := p.Wire(alice, tmpl); err != nil || n != 1 {
+		t.Fatalf("Wire: %d, %v; want the pooled Pod wired", n, err)
+	}
+	m := sandbox.NewManager(cfg, cs, sandbox.WithPool(p))
+	sb, err := m.Create(alice, claimSpec(t, cfg, "abc", nil), 0)
+	if err != nil || !sb.Pooled || sb.URL == "" {
+		t.Fatalf("create: %+v %v; want a pooled sandbox with a URL", sb, err)
+	}
+	const name = "sandbox-pool-warm-aaaaa"
+	pods, svcs := cs.CoreV1().Pods(ns), cs.CoreV1().Services(ns)
+	// As the version before pins left it.
+	pod, err := pods.Get(alice, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(pod.Labels, keys.LabelPod)
+	if _, err := pods.Update(alice, pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wire, err := svcs.Get(alice, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wire.Spec.Selector = map[string]string{keys.LabelToken: pod.Labels[keys.LabelToken]}
+	if _, err := svcs.Update(alice, wire, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if g, err := m.Get(alice, "abc", 0); err != nil || g.URL != sb.URL {
+		t.Errorf("get with its wire from before pins: %+v %v; want the sandbox at %s", g, err, sb.URL)
+	}
+	if err := svcs.Delete(alice, name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	again, err := m.Create(alice, claimSpec(t, cfg, "abc", nil), 0)
+	if err != nil || again.URL != sb.URL {
+		t.Fatalf("create again: %+v %v; want the sandbox at %s", again, err, sb.URL)
+	}
+	pinned, err := pods.Get(alice, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := svcs.Get(alice, name, metav1.GetOptions{})
+	if err != nil || pinned.Labels[keys.LabelPod] != name || resources.UnpinnedWire(w) || !resources.Wires(cfg.Objects(), w, pinned) {
+		t.Errorf("the Pod (labels %v) and its wire %+v, %v after the create; want the Pod pinned and a pinned wire that wires it", pinned.Labels, w, err)
 	}
 }

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"maps"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -186,7 +187,10 @@ func (c *claimService) prepare(ctx context.Context, pod *corev1.Pod) error {
 			return nil
 		}
 		var err error
-		if resources.URLService(c.svc) == resources.URLService(want) && resources.SlotToken(c.svc) == resources.SlotToken(want) {
+		// The same selector (a reference's none, or the same token and
+		// pin) is handed over; an update may not change what a Service
+		// selects, and an unwired Pod's Service selects that Pod's name.
+		if resources.URLService(c.svc) == resources.URLService(want) && maps.Equal(c.svc.Spec.Selector, want.Spec.Selector) {
 			upd := c.svc.DeepCopy()
 			upd.OwnerReferences = []metav1.OwnerReference{owner}
 			var svc *corev1.Service
@@ -195,7 +199,7 @@ func (c *claimService) prepare(ctx context.Context, pod *corev1.Pod) error {
 				return nil
 			}
 		} else {
-			// Another shape (wired or not) or token: made again below. The
+			// Another shape (wired or not), token or pin: made again below. The
 			// quota counts it again too.
 			err = svcs.Delete(ctx, c.svc.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(c.svc.UID))})
 			if apierrors.IsConflict(err) {

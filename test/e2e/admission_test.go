@@ -200,6 +200,17 @@ func (a admission) spec(id string, req *api.CreateRequest, tmpl string) api.Spec
 	return s
 }
 
+// claim is the function's claim (its own code, through pl) of a pooled
+// Pod of tmpl for s, labelled as a create of s labels it; nil when none
+// was claimed (the log says why).
+func (a admission) claim(ctx context.Context, pl *pool.Pool, tmpl *template.Template, s api.Spec) *corev1.Pod {
+	meta := &metav1.ObjectMeta{Labels: resources.Labels(s), Annotations: resources.Annotations(s)}
+	resources.RecordPrincipal(meta, s)
+	meta.Labels[pooledLabel] = "true"
+	hash := resources.PoolPodTemplate(a.cfg.Objects(), resources.PoolSpec(a.cfg.Objects(), tmpl)).Labels[keys.LabelPoolHash]
+	return pl.Claim(ctx, tmpl, hash, claim.Claim{Labels: meta.Labels, Annotations: meta.Annotations, MaxLifetime: time.Hour})
+}
+
 // pod is the Pod the function builds for id (with req's options).
 func (a admission) pod(id string, req *api.CreateRequest) *corev1.Pod {
 	return resources.BuildPod(a.cfg.Objects(), a.spec(id, req, ""))
@@ -1104,11 +1115,7 @@ func TestAdmissionTiesTheSandboxIDToNames(t *testing.T) {
 		}
 		// The function's claim, its own code, as the ServiceAccount.
 		s := resources.WithTemplate(a.spec("tie4", nil, ""), tmpl)
-		meta := &metav1.ObjectMeta{Labels: resources.Labels(s), Annotations: resources.Annotations(s)}
-		resources.RecordPrincipal(meta, s)
-		meta.Labels[pooledLabel] = "true"
-		hash := resources.PoolPodTemplate(a.cfg.Objects(), resources.PoolSpec(a.cfg.Objects(), tmpl)).Labels[keys.LabelPoolHash]
-		claimed := pool.New(a.cfg, sa, nil, nil).Claim(ctx, tmpl, hash, claim.Claim{Labels: meta.Labels, Annotations: meta.Annotations, MaxLifetime: time.Hour})
+		claimed := a.claim(ctx, pool.New(a.cfg, sa, nil, nil), tmpl, s)
 		if claimed == nil {
 			t.Fatalf("the function's claim of a pooled Pod of %s (pool %s) failed; see the log", tmpl.Name, poolValue)
 		}
@@ -1350,6 +1357,10 @@ func TestAdmissionWiresAPooledPod(t *testing.T) {
 		{"an annotation alone", map[string]any{"metadata": map[string]any{"annotations": map[string]any{keys.AnnotationExpiresAt: "2030-01-01T00:00:00Z"}}}, pinned},
 		{"a token and a deadline", map[string]any{"metadata": map[string]any{"labels": map[string]any{keys.LabelToken: token}},
 			"spec": map[string]any{"activeDeadlineSeconds": 60}}, wiring},
+		// Its pin is its own name (issue 45): no pooled Pod carries
+		// another's, which that Pod's wire selects.
+		{"a token and another Pod's name as its pin", map[string]any{"metadata": map[string]any{"labels": map[string]any{keys.LabelToken: token,
+			keys.LabelPod: pooled.Name + "x"}}}, "sandbox.deerflow.dev/pod label is its own name"},
 	} {
 		p, _ := json.Marshal(tc.patch)
 		if _, err := sa.CoreV1().Pods(ns).Patch(ctx, pooled.Name, types.MergePatchType, p, metav1.PatchOptions{}); !refusedBy(err, podPolicy, tc.message) {
@@ -1368,23 +1379,64 @@ func TestAdmissionWiresAPooledPod(t *testing.T) {
 	if err != nil || !resources.Wires(a.cfg.Objects(), wire, wired) {
 		t.Fatalf("wire: %v %+v; want one that wires %s", err, wire, wired.Name)
 	}
+	// The wiring gave the Pod its pin with its token (one update the Pod
+	// policy admits), and its wire selects both (issue 45).
+	if wired.Labels[keys.LabelPod] != wired.Name || resources.UnpinnedWire(wire) {
+		t.Errorf("wired Pod labels %v, its wire selects %v; want %s=%s, selected beside the token", wired.Labels, wire.Spec.Selector, keys.LabelPod, wired.Name)
+	}
 	if _, err := sa.CoreV1().Pods(ns).Patch(ctx, wired.Name, types.MergePatchType, labels(map[string]any{keys.LabelToken: token}), metav1.PatchOptions{}); !refusedBy(err, podPolicy, pinned) {
 		t.Errorf("another token on wired Pod %s: %v; want a refusal saying %q", wired.Name, err, pinned)
 	}
-	// Wires: only as built, never updated.
-	for name, mutate := range map[string]func(*corev1.Service){
-		"selecting the sandbox label": func(s *corev1.Service) { s.Spec.Selector = map[string]string{keys.LabelApp: keys.LabelAppValue} },
-		"owned by no one":             func(s *corev1.Service) { s.OwnerReferences = nil },
-		"named for another pool":      func(s *corev1.Service) { s.Name = "sandbox-pool-other-abcde" },
-		"labelled a sandbox":          func(s *corev1.Service) { s.Labels[keys.LabelApp] = keys.LabelAppValue },
-	} {
+	// Wires: only as built, never updated. Each below is the function's
+	// wire of another Pod of the pool (sandbox-pool-<pool>-zzzzz, not
+	// there: the owner reference only names it), changed; unchanged, it
+	// is admitted (and removed at once, lest a claim take it for the
+	// wired Pod's).
+	zzzzz := func() *corev1.Service {
 		w := resources.BuildWire(a.cfg.Objects(), wired, wired.Labels[keys.LabelToken])
 		w.Name = "sandbox-pool-" + wired.Labels[poolLabel] + "-zzzzz"
-		w.OwnerReferences[0].Name = w.Name
-		mutate(w)
-		if _, err := sa.CoreV1().Services(ns).Create(ctx, w, metav1.CreateOptions{}); !refusedBy(err, servicePolicy, "") {
-			t.Errorf("a wire %s: %v; want a refusal by %s", name, err, servicePolicy)
+		w.OwnerReferences[0].Name, w.OwnerReferences[0].UID, w.Spec.Selector[keys.LabelPod] = w.Name, "00000000-0000-0000-0000-00000000zzzz", w.Name
+		return w
+	}
+	const wireRule = "wire is owned by that Pod alone, selects exactly"
+	for name, tc := range map[string]struct {
+		mutate  func(*corev1.Service)
+		message string
+	}{
+		"selecting the sandbox label": {func(s *corev1.Service) { s.Spec.Selector = map[string]string{keys.LabelApp: keys.LabelAppValue} }, ""},
+		"owned by no one":             {func(s *corev1.Service) { s.OwnerReferences = nil }, ""},
+		"named for another pool":      {func(s *corev1.Service) { s.Name = "sandbox-pool-other-abcde" }, ""},
+		"labelled a sandbox":          {func(s *corev1.Service) { s.Labels[keys.LabelApp] = keys.LabelAppValue }, ""},
+		// Issue 45: a wire of the token alone would take in any Pod given
+		// that token; one naming another Pod would take in that Pod.
+		"selecting the token alone":           {func(s *corev1.Service) { delete(s.Spec.Selector, keys.LabelPod) }, wireRule},
+		"selecting another Pod's name as pin": {func(s *corev1.Service) { s.Spec.Selector[keys.LabelPod] = wired.Name }, wireRule},
+	} {
+		w := zzzzz()
+		tc.mutate(w)
+		if _, err := sa.CoreV1().Services(ns).Create(ctx, w, metav1.CreateOptions{}); !refusedBy(err, servicePolicy, tc.message) {
+			t.Errorf("a wire %s: %v; want a refusal by %s saying %q", name, err, servicePolicy, tc.message)
 		}
+	}
+	if made, err := sa.CoreV1().Services(ns).Create(ctx, zzzzz(), metav1.CreateOptions{}); err != nil {
+		t.Errorf("the function's wire of a Pod sandbox-pool-...-zzzzz is refused: %v", err)
+	} else if err := sa.CoreV1().Services(ns).Delete(ctx, made.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// A stray Pod the ServiceAccount makes with the wired Pod's token (read
+	// from a Pod list) is admitted, a bare sandbox's shape, and does not
+	// join the wire: it cannot carry the wired Pod's name as its pin.
+	strayPod := a.pod("wirestray", nil)
+	strayPod.Labels[keys.LabelToken] = wired.Labels[keys.LabelToken]
+	stray, err := sa.CoreV1().Pods(ns).Create(ctx, strayPod, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("a bare Pod carrying a token it read is refused (a bare sandbox's shape, selected by no other Service): %v", err)
+	}
+	if _, err := sa.CoreV1().Pods(ns).Patch(ctx, stray.Name, types.MergePatchType, labels(map[string]any{keys.LabelPod: wired.Name}), metav1.PatchOptions{}); !refusedBy(err, podPolicy, "sandbox.deerflow.dev/pod label is its own name") {
+		t.Errorf("the wired Pod's name as the stray Pod's pin: %v; want a refusal", err)
+	}
+	if got := pods(t, ns, labelsOf(wire.Spec.Selector)); len(got) != 1 || got[0].Name != wired.Name {
+		t.Errorf("the wire %v selects %d Pods (%v); want %s alone, not the stray %s", wire.Spec.Selector, len(got), got, wired.Name, stray.Name)
 	}
 	upd := wire.DeepCopy()
 	upd.Spec.Selector = map[string]string{keys.LabelToken: token}
@@ -1393,16 +1445,12 @@ func TestAdmissionWiresAPooledPod(t *testing.T) {
 	}
 	// The function's claim keeps the token; its Service names the wire.
 	s := resources.WithTemplate(a.spec("wire1", nil, ""), tmpl)
-	meta := &metav1.ObjectMeta{Labels: resources.Labels(s), Annotations: resources.Annotations(s)}
-	resources.RecordPrincipal(meta, s)
-	meta.Labels[pooledLabel] = "true"
-	hash := resources.PoolPodTemplate(a.cfg.Objects(), resources.PoolSpec(a.cfg.Objects(), tmpl)).Labels[keys.LabelPoolHash]
-	claimed := pl.Claim(ctx, tmpl, hash, claim.Claim{Labels: meta.Labels, Annotations: meta.Annotations, MaxLifetime: time.Hour})
+	claimed := a.claim(ctx, pl, tmpl, s)
 	if claimed == nil {
 		t.Fatalf("the function's claim of wired Pod %s failed; see the log", wired.Name)
 	}
-	if claimed.Labels[keys.LabelToken] != wired.Labels[keys.LabelToken] {
-		t.Errorf("claimed Pod token %q; want the one it was wired with, %q", claimed.Labels[keys.LabelToken], wired.Labels[keys.LabelToken])
+	if claimed.Labels[keys.LabelToken] != wired.Labels[keys.LabelToken] || claimed.Labels[keys.LabelPod] != claimed.Name {
+		t.Errorf("claimed Pod token %q, pin %q; want the token it was wired with, %q, and its own name", claimed.Labels[keys.LabelToken], claimed.Labels[keys.LabelPod], wired.Labels[keys.LabelToken])
 	}
 	s.Token = claimed.Labels[keys.LabelToken]
 	other := resources.Reference(resources.BuildService(a.cfg.Objects(), s, resources.PodOwnerRef(claimed)), &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-pool-other-abcde"}})
@@ -1566,6 +1614,51 @@ func TestAdmissionPinsServicesToTheirWorkload(t *testing.T) {
 		poolRS.Spec.Template.Labels[keys.LabelWorkload] = keys.WorkloadReplicaSetValue
 		if _, err := sa.AppsV1().ReplicaSets(ns).Create(ctx, poolRS, metav1.CreateOptions{}); !refusedBy(err, rsPolicy, rsPin) {
 			t.Errorf("a warm pool whose Pods carry workload=replicaset: %v; want a refusal saying %q", err, rsPin)
+		}
+	})
+
+	// A sandbox claimed from a warm pool and not wired (Headless mode, or
+	// a Pod not wired yet): its Service, owned by the pooled Pod and made
+	// before the claim, selects the id, the token and that Pod's name,
+	// which the claim writes on the Pod. Neither the form before pins (id
+	// and token) nor another Pod's name is admitted; the function's is,
+	// and a stray Pod given the id and token does not join it.
+	t.Run("claimed pooled Pod", func(t *testing.T) {
+		tmpl, _, pooled := warmPool(t, ns, sa, a, "admpinpool")
+		s := resources.WithTemplate(a.spec("pin8", nil, ""), tmpl)
+		built := func() *corev1.Service {
+			return resources.BuildService(a.cfg.Objects(), s, resources.PodOwnerRef(pooled))
+		}
+		for name, mutate := range map[string]func(*corev1.Service){
+			"its id and token alone": func(svc *corev1.Service) { delete(svc.Spec.Selector, keys.LabelPod) },
+			"another pooled Pod's name": func(svc *corev1.Service) {
+				svc.Spec.Selector[keys.LabelPod] = pooled.Name[:len(pooled.Name)-5] + "zzzzz"
+			},
+			"a bare Pod's name": func(svc *corev1.Service) { svc.Spec.Selector[keys.LabelPod] = resources.PodName("pin8") + "x" },
+		} {
+			svc := built()
+			mutate(svc)
+			if _, err := sa.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); !refusedBy(err, servicePolicy, selects) {
+				t.Errorf("a claimed pooled Pod's Service selecting %s: %v; want a refusal saying %q", name, err, selects)
+			}
+		}
+		svc, err := sa.CoreV1().Services(ns).Create(ctx, built(), metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("the function's Service of a sandbox claimed from a pool is refused: %v", err)
+		}
+		claimed := a.claim(ctx, pool.New(a.cfg, sa, nil, nil), tmpl, s)
+		if claimed == nil {
+			t.Fatalf("the function's claim of pooled Pod %s failed; see the log", pooled.Name)
+		}
+		if claimed.Name != pooled.Name || claimed.Labels[keys.LabelPod] != claimed.Name {
+			t.Fatalf("claimed Pod %s labels %v; want %s carrying its own name as its pin", claimed.Name, claimed.Labels, pooled.Name)
+		}
+		stray, err := sa.CoreV1().Pods(ns).Create(ctx, a.pod("pin8", nil), metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("a bare Pod of the claimed sandbox's id and token is refused (a bare sandbox's shape): %v", err)
+		}
+		if got := selected(svc); !slices.Equal(got, []string{claimed.Name}) {
+			t.Errorf("the claimed sandbox's Service selects %v; want its claimed Pod %s alone, not the stray %s", got, claimed.Name, stray.Name)
 		}
 	})
 

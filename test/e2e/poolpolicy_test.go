@@ -14,6 +14,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 )
 
 // TestAdmissionAdmitsWarmPools runs the function as the provisioner's
@@ -51,6 +54,24 @@ func TestAdmissionAdmitsWarmPools(t *testing.T) {
 	if len(claimed) != 1 || claimed[0].Labels[poolLabel] != "" || len(claimed[0].OwnerReferences) != 0 || claimed[0].Spec.ActiveDeadlineSeconds == nil {
 		t.Fatalf("claimed Pods %+v; want one, out of the pool, with a deadline", claimed)
 	}
+	// The claimed Pod carries its pin (its own name), and what reaches it
+	// (its wire, or its own Service when it was claimed unwired) selects
+	// that name beside its token (issue 45): each write the policies
+	// admitted.
+	svc, err := client().CoreV1().Services(ns).Get(ctx, resources.ServiceName("pp1"), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if name := resources.URLService(svc); name != "" {
+		if svc, err = client().CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if claimed[0].Labels[keys.LabelPod] != claimed[0].Name || svc.Spec.Selector[keys.LabelPod] != claimed[0].Name ||
+		svc.Spec.Selector[keys.LabelToken] != claimed[0].Labels[keys.LabelToken] {
+		t.Errorf("claimed Pod labels %v, Service %s selects %v; want the Pod's own name as its pin, selected beside its token", claimed[0].Labels, svc.Name, svc.Spec.Selector)
+	}
+
 	// The pool refills through the ReplicaSet the policy admitted.
 	eventually(t, 60*time.Second, "the pool refilled", func() (bool, error) {
 		return poolReady(t, ns, "warm") == 2, poolState(t, ns, "warm")

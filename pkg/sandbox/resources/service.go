@@ -2,6 +2,7 @@ package resources
 
 import (
 	"maps"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -87,8 +88,12 @@ func ServiceSelector(id, token string) map[string]string {
 // lets no other Pod carry. For a bare Pod, its name (keys.LabelPod, which
 // the policy ties to the Pod's metadata.name): only the one Pod
 // sandbox-<id> matches. For a ReplicaSet, its workload label, which only
-// the template of the ReplicaSet sandbox-<id> (one per id) may carry. A
-// claimed pooled Pod (any other Pod name) carries no pin yet: nil.
+// the template of the ReplicaSet sandbox-<id> (one per id) may carry. For
+// a warm pool's Pod being claimed (sandbox-pool-<pool>-<suffix>), its own
+// name too: the claim writes it on the Pod (Pinned) with the id and token,
+// in the one write that makes the Pod the sandbox, so the Service, made
+// just before, selects the Pod once the claim lands. Any other Pod name:
+// nil.
 //
 // owner is the workload's reference; a slot's names only the kind (its
 // workload, of the slot's kind, is to be sandbox-<id>).
@@ -98,6 +103,8 @@ func ServicePin(id string, owner metav1.OwnerReference) map[string]string {
 		return map[string]string{keys.LabelWorkload: keys.WorkloadReplicaSetValue}
 	case owner.Kind == "Pod" && (owner.Name == "" || owner.Name == PodName(id)):
 		return map[string]string{keys.LabelPod: PodName(id)}
+	case owner.Kind == "Pod" && strings.HasPrefix(owner.Name, PoolPrefix):
+		return map[string]string{keys.LabelPod: owner.Name}
 	}
 	return nil
 }

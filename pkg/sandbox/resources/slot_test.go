@@ -148,8 +148,37 @@ func TestBindKeepsThePin(t *testing.T) {
 			t.Errorf("%s: Bind's selector (-want +got):\n%s", tc.name, diff)
 		}
 	}
-	// A claimed pooled Pod (another name) has no pin to select yet.
-	if pin := ServicePin(s.ID, metav1.OwnerReference{Kind: "Pod", Name: "sandbox-pool-warm-abcde"}); pin != nil {
-		t.Errorf("ServicePin of a pooled Pod = %v, want none", pin)
+}
+
+// TestServicePin (issue 45): every Service the function makes selects a pin
+// that no Pod but its workload's may carry: sandbox-<id>'s name, a
+// ReplicaSet's mark, or the name of the warm pool's Pod it is claimed
+// from (the claim writes that name on the Pod). A Pod of any other name
+// has none to select.
+func TestServicePin(t *testing.T) {
+	s := testSpec()
+	s.Token = slotToken
+	pooled := metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: "sandbox-pool-warm-abcde", UID: "p"}
+	for _, tc := range []struct {
+		name  string
+		owner metav1.OwnerReference
+		want  map[string]string
+	}{
+		{"its bare Pod", metav1.OwnerReference{Kind: "Pod", Name: PodName(s.ID)}, map[string]string{"sandbox.deerflow.dev/pod": PodName(s.ID)}},
+		{"a Pod's slot", metav1.OwnerReference{Kind: "Pod"}, map[string]string{"sandbox.deerflow.dev/pod": PodName(s.ID)}},
+		{"its ReplicaSet", metav1.OwnerReference{Kind: "ReplicaSet", Name: PodName(s.ID)}, map[string]string{"sandbox.deerflow.dev/workload": "replicaset"}},
+		{"a warm pool's Pod claimed", pooled, map[string]string{"sandbox.deerflow.dev/pod": "sandbox-pool-warm-abcde"}},
+		{"a Pod of another name", metav1.OwnerReference{Kind: "Pod", Name: PodName("other")}, nil},
+	} {
+		if diff := cmp.Diff(tc.want, ServicePin(s.ID, tc.owner)); diff != "" {
+			t.Errorf("ServicePin of %s (-want +got):\n%s", tc.name, diff)
+		}
+	}
+	// A claimed pooled Pod's own Service (not wired: Headless mode, or a
+	// Pod not wired yet) selects it by id, token and name.
+	cfg := testConfig(t, map[string]string{"SANDBOX_SERVICE_TYPE": "Headless"})
+	want := map[string]string{"sandbox-id": s.ID, "sandbox.deerflow.dev/token": slotToken, "sandbox.deerflow.dev/pod": "sandbox-pool-warm-abcde"}
+	if diff := cmp.Diff(want, BuildService(cfg.Objects(), s, pooled).Spec.Selector); diff != "" {
+		t.Errorf("a claimed pooled Pod's Service's selector (-want +got):\n%s", diff)
 	}
 }

@@ -14,8 +14,13 @@ import (
 
 // A pooled Pod's wire is a Service of its own (of SANDBOX_SERVICE_TYPE:
 // NodePort or ClusterIP), named as the Pod,
-// owned by it and selecting nothing but its token (keys.LabelToken, which
-// the function writes on the Pod before it makes the wire). kube-proxy
+// owned by it and selecting nothing but its token (keys.LabelToken) and its
+// pin (keys.LabelPod, the Pod's own name), which the function writes on the
+// Pod before it makes the wire. The token alone would not do: the
+// function's ServiceAccount lists Pods, so a compromised function could
+// write a pooled Pod's token on another and join its wire; the pin is the
+// Pod's name, which the API server keeps unique and the admission policy
+// lets no other Pod carry (issue 45). kube-proxy
 // programs its endpoint while the Pod stands in the pool, so a claim that
 // hands out a wired Pod changes no endpoint: the sandbox answers at the
 // wire's URL as soon as the claim does, instead of after kube-proxy's next
@@ -47,8 +52,8 @@ func PoolWires(pool string) string { return SelectorWires + "," + keys.LabelPool
 // name).
 func WireName(pod *corev1.Pod) string { return pod.Name }
 
-// BuildWire returns pod's wire, selecting token (the one pod carries).
-// Its pool label is pod's, or for a claimed Pod (which no longer carries
+// BuildWire returns pod's wire, selecting token (the one pod carries) and
+// pod's pin (WireSelector), which pod must carry (Pinned). Its pool label is pod's, or for a claimed Pod (which no longer carries
 // one) the pool its name was made in: sandbox-pool-<pool>-<suffix>.
 func BuildWire(cfg config.Objects, pod *corev1.Pod, token string) *corev1.Service {
 	pool := pod.Labels[keys.LabelPool]
@@ -70,7 +75,7 @@ func BuildWire(cfg config.Objects, pod *corev1.Pod, token string) *corev1.Servic
 		},
 		Spec: corev1.ServiceSpec{
 			Type:     corev1.ServiceType(cfg.ServiceType),
-			Selector: map[string]string{keys.LabelToken: token},
+			Selector: WireSelector(pod.Name, token),
 			Ports: []corev1.ServicePort{{
 				Name: portName, Port: cfg.ContainerPort, TargetPort: intstr.FromInt32(cfg.ContainerPort), Protocol: corev1.ProtocolTCP,
 			}},
@@ -78,16 +83,43 @@ func BuildWire(cfg config.Objects, pod *corev1.Pod, token string) *corev1.Servic
 	}
 }
 
+// WireSelector is what the wire of the Pod named name selects: its token
+// and its pin, so that only that one Pod matches whatever token another
+// Pod is given.
+func WireSelector(name, token string) map[string]string {
+	return map[string]string{keys.LabelToken: token, keys.LabelPod: name}
+}
+
+// Pinned reports whether pod carries its pin (keys.LabelPod: its own
+// name), which its wire and, once claimed, its sandbox's Service select.
+// A pooled Pod gets it with its token (the wiring) or its claim; one made
+// by a version before pins has none until then.
+func Pinned(pod *corev1.Pod) bool { return pod.Labels[keys.LabelPod] == pod.Name }
+
+// UnpinnedWire reports whether svc selects exactly {token}, as a wire made
+// before pins does. Such a wire is still pod's (Wires), found and removed
+// with its Pod, but any Pod given that token joins it until its Pod goes.
+func UnpinnedWire(svc *corev1.Service) bool {
+	_, ok := svc.Spec.Selector[keys.LabelToken]
+	return ok && len(svc.Spec.Selector) == 1
+}
+
 // Wires reports whether svc is pod's wire as BuildWire makes it, in use:
-// owned by pod (by UID), selecting exactly the token pod carries, and
-// reaching pod's port (on a node port in NodePort mode). A wire deleted, or edited by hand,
-// is not trusted with a sandbox's URL: the claim unwires the Pod instead.
+// owned by pod (by UID), selecting exactly the token pod carries and pod's
+// pin, which pod carries, and reaching pod's port (on a node port in
+// NodePort mode). A wire made before pins, selecting the token alone
+// (UnpinnedWire), still counts: it reaches pod, and remaking it would move
+// a claimed sandbox's URL. A wire deleted, or edited by hand, is not
+// trusted with a sandbox's URL: the claim unwires the Pod instead.
 func Wires(cfg config.Objects, svc *corev1.Service, pod *corev1.Pod) bool {
 	token := pod.Labels[keys.LabelToken]
 	if svc == nil || svc.DeletionTimestamp != nil || token == "" || svc.Name != WireName(pod) ||
 		svc.Labels[keys.LabelComponent] != keys.ComponentWireValue || OwnerUID(svc.OwnerReferences) != pod.UID ||
-		svc.Spec.Type != corev1.ServiceType(cfg.ServiceType) || !maps.Equal(svc.Spec.Selector, map[string]string{keys.LabelToken: token}) ||
-		len(svc.Spec.Ports) != 1 {
+		svc.Spec.Type != corev1.ServiceType(cfg.ServiceType) || len(svc.Spec.Ports) != 1 {
+		return false
+	}
+	pinned := Pinned(pod) && maps.Equal(svc.Spec.Selector, WireSelector(pod.Name, token))
+	if !pinned && !maps.Equal(svc.Spec.Selector, map[string]string{keys.LabelToken: token}) {
 		return false
 	}
 	p := svc.Spec.Ports[0]

@@ -6,6 +6,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
@@ -15,7 +16,27 @@ const wireToken = "0123456789abcdef0123456789abcdef"
 
 func wiredPod() *corev1.Pod {
 	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-pool-warm-abcde", UID: "pod-uid",
-		Labels: map[string]string{keys.LabelPool: "warm", keys.LabelToken: wireToken}}}
+		Labels: map[string]string{keys.LabelPool: "warm", keys.LabelToken: wireToken, keys.LabelPod: "sandbox-pool-warm-abcde"}}}
+}
+
+// TestBuildWireSelectsTheTokenAndThePin (issue 45): a wire selects its
+// Pod's token and its Pod's own name, which the API server keeps unique:
+// a Pod given that token (read from a Pod list) does not match it.
+func TestBuildWireSelectsTheTokenAndThePin(t *testing.T) {
+	cfg := testConfig(t, map[string]string{"SANDBOX_SERVICE_TYPE": "NodePort"}).Objects()
+	pod := wiredPod()
+	w := BuildWire(cfg, pod, wireToken)
+	want := map[string]string{keys.LabelToken: wireToken, keys.LabelPod: pod.Name}
+	if diff := cmp.Diff(want, w.Spec.Selector); diff != "" {
+		t.Errorf("BuildWire's selector (-want +got):\n%s", diff)
+	}
+	stray := map[string]string{keys.LabelToken: wireToken, keys.LabelPod: "sandbox-stray", keys.LabelID: "stray"}
+	if labels.SelectorFromSet(w.Spec.Selector).Matches(labels.Set(stray)) {
+		t.Errorf("wire %v matches a Pod given its token: %v", w.Spec.Selector, stray)
+	}
+	if !labels.SelectorFromSet(w.Spec.Selector).Matches(labels.Set(pod.Labels)) {
+		t.Errorf("wire %v does not match its own Pod: %v", w.Spec.Selector, pod.Labels)
+	}
 }
 
 // TestWiresTrustsOnlyTheWireAsBuilt: a wire is trusted with a sandbox's URL
@@ -43,6 +64,17 @@ func TestWiresTrustsOnlyTheWireAsBuilt(t *testing.T) {
 		{"not labelled a wire", func(w *corev1.Service, _ *corev1.Pod) { w.Labels[keys.LabelComponent] = "sandbox" }, false},
 		{"being deleted", func(w *corev1.Service, _ *corev1.Pod) { w.DeletionTimestamp = &metav1.Time{} }, false},
 		{"a Pod without a token", func(_ *corev1.Service, p *corev1.Pod) { delete(p.Labels, keys.LabelToken) }, false},
+		// The pin (issue 45): a wire selects its own Pod's name, which
+		// that Pod carries.
+		{"another Pod's name selected", func(w *corev1.Service, _ *corev1.Pod) { w.Spec.Selector[keys.LabelPod] = "sandbox-pool-warm-zzzzz" }, false},
+		{"a Pod without its pin", func(_ *corev1.Service, p *corev1.Pod) { delete(p.Labels, keys.LabelPod) }, false},
+		// Made before pins, it selects the token alone: still the Pod's
+		// wire (found, answered, removed with it), pinned Pod or not.
+		{"a wire from before pins", func(w *corev1.Service, _ *corev1.Pod) { delete(w.Spec.Selector, keys.LabelPod) }, true},
+		{"a wire from before pins of a Pod from before pins", func(w *corev1.Service, p *corev1.Pod) {
+			delete(w.Spec.Selector, keys.LabelPod)
+			delete(p.Labels, keys.LabelPod)
+		}, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
