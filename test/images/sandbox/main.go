@@ -46,6 +46,10 @@ type result struct {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == childArg {
+		kernelChild(os.Args[2:])
+		return
+	}
 	addr := ":8080"
 	if v := os.Getenv("SANDBOX_ADDR"); v != "" {
 		addr = v
