@@ -123,6 +123,23 @@ func (r Remover) service(ctx context.Context, svc *corev1.Service, judged bool) 
 	}), "Service "+svc.Name)
 }
 
+// EnvSecret deletes a sandbox's env Secret (resources.EnvSecret) that a
+// failed create wrote, with its UID as precondition, so the Secret of a
+// create that took the id since stays; the API server's 5xx is retried.
+// Gone, or replaced, counts as done. Its owner, the create's Service,
+// would take it too through the garbage collector, but only once that
+// Service is gone and the collector gets to it: the values are removed
+// with what the undo removes, not after.
+func (r Remover) EnvSecret(ctx context.Context, secret *corev1.Secret) error {
+	err := asRead(Retry(ctx, func() error {
+		return r.Client.CoreV1().Secrets(r.Namespace).Delete(ctx, secret.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(secret.UID))})
+	}), "Secret "+secret.Name)
+	if errors.Is(err, ErrChanged) {
+		return nil
+	}
+	return err
+}
+
 // PodAsRead deletes pod only as it was read (UID and resourceVersion), and
 // returns ErrChanged when it was changed or replaced since. Gone counts as
 // done.

@@ -147,7 +147,7 @@ func (m *Manager) undoMade(ctx context.Context, a made) {
 	}
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.RequestTimeout)
 	defer cancel()
-	if err := m.undoCreate(uctx, w, a.svc); err != nil {
+	if err := m.undoCreate(uctx, w, a.svc, a.env); err != nil {
 		m.audit.Leftover(ctx, w.GetLabels()[keys.LabelID], err)
 	}
 }
@@ -157,6 +157,8 @@ func (m *Manager) undoMade(ctx context.Context, a made) {
 // its Service had to be made again (repaired).
 type made struct {
 	found
+	// env is the request's env Secret this create wrote (nil: none).
+	env               *corev1.Secret
 	existed, repaired bool
 }
 
@@ -242,13 +244,11 @@ func (m *Manager) reuseOtherKind(ctx context.Context, s api.Spec) (made, error) 
 // ensurePod creates the Pod or adopts the existing one. A Pod that is being
 // deleted is not "already there": we wait for it to go, then create anew.
 //
-// It first claims the sandbox's ids (ownership.Registry.Claim): the slot
-// exists and the quota has counted it (fill), so a Lease is only ever
-// written by a create the quota admitted, and before any workload.
+// Its caller (fill) has claimed the sandbox's ids first
+// (ownership.Registry.Claim): the slot exists and the quota has counted
+// it, so a Lease is only ever written by a create the quota admitted, and
+// before any workload.
 func (m *Manager) ensurePod(ctx context.Context, s api.Spec) (*corev1.Pod, bool, error) {
-	if err := m.owners.Claim(ctx, s.Caller, s.UserID, s.ThreadID); err != nil {
-		return nil, false, err
-	}
 	want := resources.BuildPodFor(m.cfg.Objects(), s)
 	pods := m.client.CoreV1().Pods(m.cfg.Namespace)
 	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {

@@ -155,11 +155,12 @@ func (m *Manager) destroy(ctx context.Context, id string) (string, error) {
 }
 
 // undoCreate removes what a refused or failed create made: the workload
-// (undoWorkload), then, once it is gone, its Service (or slot), rather than leaving
-// that to the GC, so a retry of the same id finds nothing stale. ctx must
-// not be the request's: a create that failed because its client went away
-// must still undo.
-func (m *Manager) undoCreate(ctx context.Context, workload workloadObject, svc *corev1.Service) error {
+// (undoWorkload), then, once it is gone, its Service (or slot) and the env
+// Secret it wrote (nil: none), rather than leaving those to the GC, so a
+// retry of the same id finds nothing stale and no value outlives the undo.
+// ctx must not be the request's: a create that failed because its client
+// went away must still undo.
+func (m *Manager) undoCreate(ctx context.Context, workload workloadObject, svc *corev1.Service, env *corev1.Secret) error {
 	removed, err := m.rm.Undo(ctx, workload)
 	if err != nil {
 		return api.Classify(err, "remove what a refused or failed create made")
@@ -169,6 +170,13 @@ func (m *Manager) undoCreate(ctx context.Context, workload workloadObject, svc *
 	// this create's to remove).
 	if removed && svc != nil && resources.Names(svc, workload) && (resources.SandboxOwner(svc.OwnerReferences) != nil || resources.SlotToken(svc) != "") {
 		if err := m.rm.Service(ctx, svc, false); err != nil {
+			return api.Classify(err, "remove what a refused or failed create made")
+		}
+	}
+	// The env Secret it wrote (by its UID), last, as its owner the Service
+	// would take it; a workload answered for since keeps it.
+	if removed && env != nil {
+		if err := m.rm.EnvSecret(ctx, env); err != nil {
 			return api.Classify(err, "remove what a refused or failed create made")
 		}
 	}

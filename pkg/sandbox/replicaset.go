@@ -55,11 +55,8 @@ func (f found) workload() workloadObject {
 // the same user and thread); a paused one is resumed, so DeerFlow's create
 // on a paused sandbox brings it back.
 //
-// It first claims the sandbox's ids, as ensurePod does.
+// Its caller (fill) has claimed the sandbox's ids first, as for ensurePod.
 func (m *Manager) ensureReplicaSet(ctx context.Context, s api.Spec) (*appsv1.ReplicaSet, bool, error) {
-	if err := m.owners.Claim(ctx, s.Caller, s.UserID, s.ThreadID); err != nil {
-		return nil, false, err
-	}
 	want := resources.BuildReplicaSet(m.cfg.Objects(), s)
 	rss := m.client.AppsV1().ReplicaSets(m.cfg.Namespace)
 	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {

@@ -294,18 +294,45 @@ func (m *Manager) fill(ctx context.Context, s api.Spec, k kind, svc *corev1.Serv
 			return made{}, err
 		}
 	}
-	w, existed, err := k.ensure(wctx, s)
+	// The ids are claimed (ownership.Registry.Claim) once the slot exists
+	// and the quota has counted it, so a Lease is only ever written by a
+	// create the quota admitted; then the request's env Secret, owned by
+	// this create's own slot, before the workload that references it. A
+	// create that fills another's slot (a leftover answered for since, or
+	// DeerFlow's Service) finds its workload there: it writes no Secret.
+	var (
+		w       workloadObject
+		existed bool
+		env     *corev1.Secret
+	)
+	err := m.owners.Claim(wctx, s.Caller, s.UserID, s.ThreadID)
+	if err == nil && mine {
+		env, err = m.ensureEnvSecret(wctx, s, svc)
+	}
+	if err == nil {
+		w, existed, err = k.ensure(wctx, s)
+	}
 	if err == nil && existed {
 		w, err = k.reuse(ctx, w, s)
 	}
 	if err != nil {
-		// A workload that may exist keeps its slot: the quota counts it
-		// until the next create, destroy or reap of the id removes both.
+		// A workload that may exist keeps its slot, and its env Secret:
+		// the quota counts it until the next create, destroy or reap of
+		// the id removes all of them.
 		if mine && !errors.Is(err, remove.ErrMayExist) {
 			m.dropSlot(ctx, svc)
+			m.dropEnv(ctx, env)
 			err = late(err)
 		}
 		return made{}, err
+	}
+	if existed && env != nil && !resources.UsesEnvSecret(podSpecOf(w), s.ID) {
+		// A half-made workload this create repairs, made without env: its
+		// env is not this request's (a Pod's cannot change), so the values
+		// are not kept. One that references the Secret (its own went with
+		// its Service) gets it back.
+		m.dropEnv(ctx, env)
+		env = nil
 	}
 	bound, err := m.bind(ctx, svc, w, k.ref(w), s)
 	if err != nil {
@@ -314,14 +341,24 @@ func (m *Manager) fill(ctx context.Context, s api.Spec, k kind, svc *corev1.Serv
 		var uerr error
 		switch {
 		case !existed:
-			uerr = m.undoCreate(uctx, w, svc)
+			uerr = m.undoCreate(uctx, w, svc, env)
 		case mine:
 			m.dropSlot(ctx, svc)
+			m.dropEnv(ctx, env)
 		}
 		return made{}, errors.Join(err, uerr)
 	}
 	f, err := k.found(ctx, w, bound)
-	return made{found: f, existed: existed, repaired: existed && mine}, err
+	return made{found: f, env: env, existed: existed, repaired: existed && mine}, err
+}
+
+// podSpecOf is the Pod spec of a workload: a Pod's own, or a ReplicaSet's
+// Pod template's.
+func podSpecOf(w workloadObject) *corev1.PodSpec {
+	if rs, ok := w.(*appsv1.ReplicaSet); ok {
+		return &rs.Spec.Template.Spec
+	}
+	return &w.(*corev1.Pod).Spec
 }
 
 // judgeLegacy decides whether s's create may adopt svc, a Service with no

@@ -165,17 +165,21 @@ func TestBuildPod(t *testing.T) {
 			corev1.VolumeMount{Name: "host-user", MountPath: "/mnt/acp-workspace", SubPath: "threads/t1/acp-workspace"},
 		), nil),
 	}, {
-		name: "request env after MAX_SHELL_SESSIONS, in name order, every $ literal",
+		name: "request env after MAX_SHELL_SESSIONS, in name order, each by reference to the sandbox's env Secret, no value",
 		spec: func(s *api.Spec) {
 			s.MaxShellSessions = 2
 			s.Env = map[string]string{"ZED": "last", "API_KEY": "sk-$(HOME)$$x", "EMPTY": ""}
 		},
 		want: func() *corev1.Pod {
+			ref := func(name string) corev1.EnvVar {
+				return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+					LocalObjectReference: corev1.LocalObjectReference{Name: "sandbox-0123456789abcdef-env"}, Key: name}}}
+			}
 			p := wantPod(hostVolumes(), hostMounts(), []corev1.EnvVar{
 				{Name: "MAX_SHELL_SESSIONS", Value: "2"},
-				{Name: "API_KEY", Value: "sk-$$(HOME)$$$$x"},
-				{Name: "EMPTY", Value: ""},
-				{Name: "ZED", Value: "last"},
+				ref("API_KEY"),
+				ref("EMPTY"),
+				ref("ZED"),
 			})
 			p.Annotations["sandbox.deerflow.dev/max-shell-sessions"] = "2"
 			return p

@@ -63,6 +63,17 @@ func FuzzCreateRequest(f *testing.F) {
 			return
 		}
 		checkInvariants(t, s, BuildPod(cfg.Objects(), s))
+		if len(s.Env) > 0 {
+			secret := EnvSecret(cfg.Objects(), s, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: ServiceName(s.ID), UID: "u"}})
+			if msgs := validation.IsDNS1123Subdomain(secret.Name); len(msgs) > 0 {
+				t.Fatalf("env Secret name %q: %v", secret.Name, msgs)
+			}
+			for k := range secret.Data {
+				if msgs := validation.IsConfigMapKey(k); len(msgs) > 0 {
+					t.Fatalf("env Secret key %q: %v", k, msgs)
+				}
+			}
+		}
 		checkMounts(t, cfg, s, BuildPod(cfg.Objects(), s))
 		checkMounts(t, pvc, s, BuildPod(pvc.Objects(), s))
 		svc := BuildService(cfg.Objects(), s, PodOwnerRef(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: PodName(s.ID), UID: "u"}}))
@@ -108,10 +119,20 @@ func checkInvariants(t *testing.T, s api.Spec, pod *corev1.Pod) {
 		}
 		names := map[string]bool{}
 		for _, e := range c.Env {
-			if e.ValueFrom != nil || names[e.Name] || len(validation.IsEnvVarName(e.Name)) > 0 {
-				t.Fatalf("container %s: env %s is a reference, repeated or an invalid name", c.Name, e.Name)
+			if names[e.Name] || len(validation.IsEnvVarName(e.Name)) > 0 {
+				t.Fatalf("container %s: env %s is repeated or an invalid name", c.Name, e.Name)
 			}
 			names[e.Name] = true
+			// A request's variable is a reference to its own key in the
+			// sandbox's own env Secret, never a value; nothing else is a
+			// reference.
+			_, requested := s.Env[e.Name]
+			own := e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && e.ValueFrom.SecretKeyRef.Name == EnvSecretName(s.ID) &&
+				e.ValueFrom.SecretKeyRef.Key == e.Name && e.Value == "" && e.ValueFrom.FieldRef == nil &&
+				e.ValueFrom.ResourceFieldRef == nil && e.ValueFrom.ConfigMapKeyRef == nil && e.ValueFrom.FileKeyRef == nil
+			if requested && c.Name == containerName && !own || !(requested && c.Name == containerName) && e.ValueFrom != nil {
+				t.Fatalf("container %s: env %s is %+v; want a request's variable by reference to %s and nothing else by reference", c.Name, e.Name, e, EnvSecretName(s.ID))
+			}
 		}
 	}
 	for name := range s.Env {

@@ -1,10 +1,7 @@
 package resources
 
 import (
-	"maps"
-	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -25,7 +22,7 @@ func BuildPod(cfg config.Objects, s api.Spec) *corev1.Pod {
 	if s.MaxShellSessions > 0 {
 		env = append(env, corev1.EnvVar{Name: "MAX_SHELL_SESSIONS", Value: strconv.Itoa(s.MaxShellSessions)})
 	}
-	env = append(env, requestEnv(s.Env)...)
+	env = append(env, requestEnv(s.ID, s.Env)...) // references only: the values are in EnvSecret
 
 	tolerations, _ := config.ParseTolerations(cfg.Tolerations) // validated at start-up
 	port := cfg.ContainerPort
@@ -91,18 +88,6 @@ func BuildPod(cfg config.Objects, s api.Spec) *corev1.Pod {
 		applyTemplate(cfg.PodSecurityConfig, s.Resolved, pod)
 	}
 	return pod
-}
-
-// requestEnv is the request's env in name order, each value literal: the
-// kubelet expands $(NAME) in an env value to another variable's value and
-// reads $$ as $, so every $ is doubled and a request can name no other
-// variable, only plain values.
-func requestEnv(in map[string]string) []corev1.EnvVar {
-	var env []corev1.EnvVar
-	for _, name := range slices.Sorted(maps.Keys(in)) {
-		env = append(env, corev1.EnvVar{Name: name, Value: strings.ReplaceAll(in[name], "$", "$$")})
-	}
-	return env
 }
 
 func Annotations(s api.Spec) map[string]string {

@@ -38,6 +38,9 @@ func TestPoolShape(t *testing.T) {
 		{"own lifetimes (written by the claim)", api.CreateRequest{IdleTimeoutSeconds: ptr.To[int64](60), MaxLifetimeSeconds: ptr.To[int64](600)}, true},
 		{"legacy skills, which a template without DeerFlow's mounts has none of", api.CreateRequest{IncludeLegacySkills: true}, true},
 		{"max_shell_sessions", api.CreateRequest{MaxShellSessions: ptr.To(4)}, false},
+		// A running Pod's env cannot change: a request with env (by
+		// reference to its own Secret) is made cold.
+		{"env", api.CreateRequest{Env: api.Env{"API_KEY": "sk-1"}}, false},
 		{"extra mounts", api.CreateRequest{ExtraMounts: []api.ExtraMount{{HostPath: "/.deer-flow/users/default/x", ContainerPath: "/mnt/acp-workspace"}}}, false},
 		{"other cpu", api.CreateRequest{CPU: "2"}, false},
 		{"other memory", api.CreateRequest{Memory: "2Gi"}, false},
