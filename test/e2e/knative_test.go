@@ -249,9 +249,19 @@ func TestRBACWithConfigRole(t *testing.T) {
 	rc := rest.CopyConfig(kc.Config)
 	rc.Impersonate = rest.ImpersonationConfig{UserName: serviceAccount}
 	sa := kubernetes.NewForConfigOrDie(rc)
-	_, err := sa.CoreV1().Secrets("deer-flow").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "nope"}}, metav1.CreateOptions{})
+	// Secrets: create, get and delete (a sandbox's env Secret, by name; the
+	// admission policy pins which), never list, watch or update.
+	_, err := sa.CoreV1().Secrets("deer-flow").List(ctx, metav1.ListOptions{})
 	if !apierrors.IsForbidden(err) {
-		t.Errorf("creating a Secret as the ServiceAccount: %v, want Forbidden", err)
+		t.Errorf("listing Secrets as the ServiceAccount: %v, want Forbidden", err)
+	}
+	_, err = sa.CoreV1().Secrets("deer-flow").Watch(ctx, metav1.ListOptions{})
+	if !apierrors.IsForbidden(err) {
+		t.Errorf("watching Secrets as the ServiceAccount: %v, want Forbidden", err)
+	}
+	_, err = sa.CoreV1().Secrets("deer-flow").Update(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-provisioner"}}, metav1.UpdateOptions{})
+	if !apierrors.IsForbidden(err) {
+		t.Errorf("updating a Secret as the ServiceAccount: %v, want Forbidden", err)
 	}
 	_, err = sa.CoreV1().Pods("default").List(ctx, metav1.ListOptions{})
 	if !apierrors.IsForbidden(err) {
