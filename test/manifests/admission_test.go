@@ -69,7 +69,7 @@ func readAdmission(t *testing.T) admissionObjects {
 			t.Fatal(err)
 		}
 	}
-	if got := slices.Sorted(maps.Keys(out.policies)); !slices.Equal(got, []string{"sandbox-provisioner-deletes", "sandbox-provisioner-pods", "sandbox-provisioner-replicasets", "sandbox-provisioner-services"}) {
+	if got := slices.Sorted(maps.Keys(out.policies)); !slices.Equal(got, []string{"sandbox-provisioner-deletes", "sandbox-provisioner-pods", "sandbox-provisioner-replicasets", "sandbox-provisioner-secrets", "sandbox-provisioner-services"}) {
 		t.Fatalf("policies %v", got)
 	}
 	return out
