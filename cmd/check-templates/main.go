@@ -95,7 +95,7 @@ func checkFile(cfg *config.Config, file string) (int, []error) {
 			errs = append(errs, fmt.Errorf("PodTemplate %q lacks the label %s, so the provisioner would not see it", pt.Name, keys.LabelTemplate))
 			continue
 		}
-		if _, err := template.FromPodTemplate(&pt, cfg.Objects()); err != nil {
+		if _, err := template.FromPodTemplateIn(&pt, cfg.Objects(), template.TenancyOf(&cfg.AuthConfig)); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -391,13 +391,14 @@ func (m *Manager) ensureService(ctx context.Context, s api.Spec, owner metav1.Ow
 				return nil, err
 			}
 		case existing.DeletionTimestamp == nil:
-			// Made by DeerFlow's provisioner, which sets no owner: adopt it and
-			// keep its node port, so a URL the backend holds stays valid.
-			adopted, err := svcs.Update(ctx, resources.Bind(existing, owner, s.Token, s), metav1.UpdateOptions{})
-			if err != nil {
-				return nil, api.Classify(err, "adopt the existing sandbox Service")
+			// Made by DeerFlow's provisioner (no owner, no token): adopted
+			// only by default's cold Pod create, with its Pod (judgeLegacy),
+			// never by a claim. Another principal's create gets the taken
+			// id's 409, default's answers with the Pod that holds the id, and
+			// a Service whose Pod is gone goes (errStale: create again).
+			if err := m.judgeLegacy(ctx, s, existing, false); !errors.Is(err, errStale) {
+				return nil, err
 			}
-			return adopted, nil
 		default:
 			// Being deleted without an owner: wait for it to go.
 			if err := sleep.For(ctx, time.Duration(attempt+1)*100*time.Millisecond); err != nil {

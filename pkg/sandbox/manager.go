@@ -83,7 +83,7 @@ func WithObserver(o Observer) Option { return func(m *Manager) { m.observer = o 
 // NewManager returns a Manager over client.
 func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option) *Manager {
 	m := &Manager{cfg: cfg, client: client, rm: remove.Remover{Client: client, Namespace: cfg.Namespace}, recorder: nopRecorder{}, observer: nopObserver{},
-		waits: waitslot.New(cfg.MaxConcurrentWaits), templates: template.NewStore(client, cfg.Objects()),
+		waits: waitslot.New(cfg.MaxConcurrentWaits), templates: template.NewStore(client, cfg.Objects(), template.WithTenancy(template.TenancyOf(&cfg.AuthConfig))),
 		nameWait: follow.DefaultNameWait}
 	for _, o := range opts {
 		o(m)
@@ -153,7 +153,10 @@ func (m *Manager) view(id string, f found) api.Sandbox {
 // in /api/capabilities), with each pool's ready count. A read: it writes
 // nothing, pools included (the reap keeps them).
 func (m *Manager) Templates(ctx context.Context) ([]template.Summary, error) {
-	list, valid, err := m.templates.ListValid(ctx)
+	// A request without a caller fails closed: it sees the templates that
+	// name no principal (and the built-in default).
+	c, _ := api.CallerFrom(ctx)
+	list, valid, err := m.templates.ListValidFor(ctx, c.Principal)
 	if err == nil && m.pool != nil {
 		m.pool.Describe(ctx, list, valid)
 	}

@@ -14,7 +14,7 @@ import (
 // provisioner's defaults. An absent or refused template is the caller's to
 // fix (422 naming it); a failure to read it is transient.
 func (m *Manager) resolveTemplate(ctx context.Context, s api.Spec) (api.Spec, error) {
-	t, err := m.templates.Get(ctx, s.Template)
+	t, err := m.templates.GetFor(ctx, s.Template, s.Caller.Principal) // another's template is absent
 	var te *template.Error
 	switch {
 	case errors.Is(err, template.ErrNotFound):
