@@ -112,8 +112,13 @@ type Settings struct {
 	AllowedSubjects []string          // system:serviceaccount:<ns>:<name> or <ns>:*
 	Admins          []string          // principals that see every sandbox
 	// Operations narrows what a principal may run; "*" is every principal
-	// not listed. Without an entry (and without "*"), everything.
+	// not listed. Without an entry (and without "*"), everything but the
+	// reap (see mayReap).
 	Operations map[string][]string
+	// DefaultReaps lets principal "default" reap without an entry: it is
+	// the only principal that may create (config's MultiplePrincipals is
+	// false), so every sandbox the reap judges is its own.
+	DefaultReaps bool
 	// Groups maps a member (key name or username) to the group principal
 	// it acts as for ownership.
 	Groups map[string]string
@@ -191,7 +196,8 @@ func FromConfig(c *config.AuthConfig, reviewer Reviewer) *Authenticator {
 	groups, _ := config.ParsePrincipalGroups(c.PrincipalGroups)
 	return New(Settings{Key: c.APIKey, Keys: keys, Disabled: c.AuthDisabled, Audience: c.TokenAudience,
 		AllowedSubjects: c.AllowedSubjects, Admins: c.Admins, Operations: ops, Groups: groups,
-		ReviewQPS: float64(c.TokenReviewQPS), ReviewBurst: c.TokenReviewBurst}, reviewer)
+		DefaultReaps: !c.MultiplePrincipals(),
+		ReviewQPS:    float64(c.TokenReviewQPS), ReviewBurst: c.TokenReviewBurst}, reviewer)
 }
 
 // KeyProblem says why key cannot be used, or "" when it can. A key that is
@@ -260,11 +266,32 @@ func (a *Authenticator) authorize(name, operation string) Decision {
 		return refuse(http.StatusForbidden, "%s may not run %q; PROVISIONER_PRINCIPAL_OPERATIONS allows it only %s",
 			name, operation, strings.Join(ops, ", "))
 	}
+	admin := slices.Contains(a.s.Admins, name)
+	if operation == ReapOperation && !listed && !a.mayReap(name, admin) {
+		return refuse(http.StatusForbidden, "%s may not run %q: the reap judges every principal's sandboxes, so it is granted only by PROVISIONER_PRINCIPAL_OPERATIONS (an entry for %s, or \"*\", that lists reap), to the administrators (PROVISIONER_ADMINS), and to %q while it is the only principal that may create; ask the operator to grant it, or leave the reap to the PingSource (config/600-pingsource.yaml)",
+			name, operation, name, config.DefaultPrincipal)
+	}
 	owner := name
 	if g, ok := a.s.Groups[name]; ok {
 		owner = g
 	}
-	return Decision{Principal: Principal{Name: owner, Admin: slices.Contains(a.s.Admins, name), Identity: name}}
+	return Decision{Principal: Principal{Name: owner, Admin: admin, Identity: name}}
+}
+
+// ReapOperation is the operation a principal must be granted.
+const ReapOperation = "reap"
+
+// mayReap says whether a principal that PROVISIONER_PRINCIPAL_OPERATIONS
+// does not list may reap. The reap lists and judges every principal's
+// sandboxes, and runs the pools' upkeep: with tenants, one that may reap
+// makes the replica do work for every tenant on demand, as often as it
+// asks. So it is granted where today's deployments need it and nowhere
+// else: to the administrators, and to "default" (DeerFlow's
+// PROVISIONER_API_KEY) while it is the one tenant. config/'s PingSource
+// and reap Trigger are listed with reap; any other principal needs an
+// entry that lists it.
+func (a *Authenticator) mayReap(name string, admin bool) bool {
+	return admin || (name == config.DefaultPrincipal && a.s.DefaultReaps)
 }
 
 func (a *Authenticator) checkKey(key string) Decision {
