@@ -246,26 +246,25 @@ func (s *Store) ListValidFor(ctx context.Context, principal string) ([]Summary, 
 
 // list lists the templates whose principals uses admits.
 func (s *Store) list(ctx context.Context, uses func(principals []string) bool) ([]Summary, []*Template, error) {
-	list, err := s.client.CoreV1().PodTemplates(s.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: keys.LabelTemplate})
+	pts, err := s.podTemplates(ctx)
 	if err != nil {
-		return nil, nil, fmt.Errorf("list sandbox templates: %w", err)
+		return nil, nil, err
 	}
 	out := []Summary{}
 	var valid []*Template
 	haveDefault := false
-	for i := range list.Items {
-		pt := &list.Items[i]
-		if !uses(principalsOf(pt)) {
+	for _, pt := range pts {
+		e := s.entryOf(pt)
+		if !uses(e.principals) {
 			continue // absent, for this caller
 		}
 		haveDefault = haveDefault || pt.Name == Default
-		t, err := FromPodTemplateIn(pt, s.cfg, s.ten)
-		if err != nil {
-			out = append(out, Summary{Name: pt.Name, Error: err.Error()})
+		if e.err != nil {
+			out = append(out, Summary{Name: pt.Name, Error: e.err.Error()})
 			continue
 		}
-		valid = append(valid, t)
-		out = append(out, Summarize(t))
+		valid = append(valid, e.tmpl)
+		out = append(out, Summarize(e.tmpl))
 	}
 	if !haveDefault {
 		out = append(out, Summary{Name: Default, Kind: KindPod, Image: s.cfg.SandboxImage, IdleAction: IdleDelete, DeerFlowMounts: true, BuiltIn: true,
@@ -273,6 +272,40 @@ func (s *Store) list(ctx context.Context, uses func(principals []string) bool) (
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, valid, nil
+}
+
+// podTemplates are the sandbox templates, by name: the synced watch's
+// (GET /api/templates and /api/capabilities then cost no API call, however
+// often a client asks), else one list from the API server.
+func (s *Store) podTemplates(ctx context.Context) ([]*corev1.PodTemplate, error) {
+	var pts []*corev1.PodTemplate
+	if s.HasSynced() {
+		for _, obj := range s.informer.GetStore().List() {
+			pts = append(pts, obj.(*corev1.PodTemplate))
+		}
+	} else {
+		list, err := s.client.CoreV1().PodTemplates(s.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: keys.LabelTemplate})
+		if err != nil {
+			return nil, fmt.Errorf("list sandbox templates: %w", err)
+		}
+		for i := range list.Items {
+			pts = append(pts, &list.Items[i])
+		}
+	}
+	sort.Slice(pts, func(i, j int) bool { return pts[i].Name < pts[j].Name })
+	return pts, nil
+}
+
+// entryOf is pt's entry, validated once per resourceVersion (the entry a
+// create's Get uses too), and remembered as read now.
+func (s *Store) entryOf(pt *corev1.PodTemplate) entry {
+	s.mu.Lock()
+	e, ok := s.entries[pt.Name]
+	s.mu.Unlock()
+	e = s.validated(pt, e, ok)
+	e.checked = s.now()
+	s.remember(pt.Name, e)
+	return e
 }
 
 // Summarize describes a valid template.
