@@ -28,6 +28,7 @@ declare -A rank=(
   [pkg/keys]=0 [pkg/sleep]=0 [pkg/reqid]=0 [pkg/metrics]=0 [pkg/eventlimit]=0
   [pkg/config]=1
   [pkg/config/configtest]=2 [pkg/template]=2 [pkg/kube]=2
+  [pkg/fairness]=2
   [pkg/api]=3 [pkg/sandbox/status]=3 [pkg/claim]=3
   [pkg/sandbox/resources]=4 [pkg/problem]=4 [pkg/readywait]=4 [pkg/auth]=4 [pkg/waitslot]=4
   [pkg/admission]=4 [pkg/audit]=4 [pkg/api/apitest]=4

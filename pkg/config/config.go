@@ -31,6 +31,7 @@ type Config struct {
 	ResourcesConfig
 	LifecycleConfig
 	QuotaConfig
+	FairnessConfig
 	IsolationConfig
 	TemplatesConfig
 	EventsConfig
@@ -63,6 +64,7 @@ func (c *Config) Validate() error {
 		c.ResourcesConfig.Validate(),
 		c.LifecycleConfig.Validate(),
 		c.QuotaConfig.Validate(),
+		c.FairnessConfig.Validate(),
 		c.IsolationConfig.Validate(),
 		c.TemplatesConfig.Validate(),
 		c.EventsConfig.Validate(),

@@ -21,6 +21,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/auth"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/fairness"
 	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
 	"github.com/deerflow-sandbox/provisioner/pkg/problem"
 	"github.com/deerflow-sandbox/provisioner/pkg/readywait"
@@ -74,18 +75,35 @@ var operations = map[string]operation{
 type Handler struct {
 	cfg     *config.Config
 	auth    *auth.Authenticator
+	gate    *fairness.Gate
 	ops     api.Operations
 	metrics *metrics.Metrics
 	source  string
 }
 
+// Option customises a Handler.
+type Option func(*Handler)
+
+// WithGate admits events through gate, which the replica's other doors
+// share: a principal's limits are its limits whichever door it uses.
+// Without it the Handler admits through a Gate of its own, from the
+// configuration.
+func WithGate(gate *fairness.Gate) Option { return func(h *Handler) { h.gate = gate } }
+
 // New returns the events front door over ops.
-func New(cfg *config.Config, authn *auth.Authenticator, ops api.Operations, m *metrics.Metrics) *Handler {
+func New(cfg *config.Config, authn *auth.Authenticator, ops api.Operations, m *metrics.Metrics, opts ...Option) *Handler {
 	svc := cfg.KService
 	if svc == "" {
 		svc = "local"
 	}
-	return &Handler{cfg: cfg, auth: authn, ops: ops, metrics: m, source: "/deerflow/sandbox-provisioner/" + svc}
+	h := &Handler{cfg: cfg, auth: authn, ops: ops, metrics: m, source: "/deerflow/sandbox-provisioner/" + svc}
+	for _, o := range opts {
+		o(h)
+	}
+	if h.gate == nil {
+		h.gate = fairness.FromConfig(&cfg.FairnessConfig)
+	}
+	return h
 }
 
 // IsCloudEvent reports whether r carries a CloudEvent (binary or structured).
@@ -131,7 +149,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	opName = op.name
-	ctx, c, detail, identity := h.admit(ctx, r, op.name, ev.Source(), ev.Data())
+	ctx, c, detail, identity, release := h.admit(ctx, w, r, op.name, ev.Source(), ev.Data())
 	// Who sent it: behind a Broker, the Trigger's identity.
 	log = log.With("identity", identity)
 	if c != 0 {
@@ -139,6 +157,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		log.Warn("event refused", "status", code, "reason", detail)
 		return
 	}
+	defer release()
 	reply, subject, err := op.run(h, ctx, ev.Data(), ev.Subject())
 	if err != nil {
 		code = problem.Write(w, err)
@@ -174,21 +193,29 @@ const eventsDisabled = "events are disabled on this provisioner (EVENTS_DISABLED
 // CloudEvent and a POST / invocation: the source allow-list, then a
 // credential (X-API-Key, a bearer token, or the api_key field of the JSON
 // data for senders that cannot set headers, such as kn func invoke) of a
-// principal that may run operation. It returns ctx carrying that principal.
+// principal that may run operation, then that principal's share of the
+// replica (package fairness: a refusal sets Retry-After on w). It returns
+// ctx carrying that principal, and release, which ends the request's share
+// (nil with a refusal).
 // An event with a bearer token is judged by the token alone (see
 // auth.Credentials.DataKey): a key in its data is never a credential.
 //
 // identity is the credential's own name when one was verified, so refusals
 // and answers can be told apart by sender in the logs.
-func (h *Handler) admit(ctx context.Context, r *http.Request, operation, source string, data []byte) (context.Context, int, string, string) {
+func (h *Handler) admit(ctx context.Context, w http.ResponseWriter, r *http.Request, operation, source string, data []byte) (context.Context, int, string, string, func()) {
 	if len(h.cfg.EventSourceAllowlist) > 0 && !slices.Contains(h.cfg.EventSourceAllowlist, source) {
-		return ctx, http.StatusForbidden, fmt.Sprintf("event source %q is not in EVENT_SOURCE_ALLOWLIST", api.Truncate(source)), ""
+		return ctx, http.StatusForbidden, fmt.Sprintf("event source %q is not in EVENT_SOURCE_ALLOWLIST", api.Truncate(source)), "", nil
 	}
 	creds := auth.FromRequest(r)
 	creds.DataKey = dataKey(data)
 	d := h.auth.Check(ctx, creds, operation)
 	if !d.Allowed() {
-		return ctx, d.Code, d.Detail, ""
+		return ctx, d.Code, d.Detail, "", nil
+	}
+	release, refused := h.gate.Admit(ctx, d.Principal.Name)
+	if refused != nil {
+		code, detail := refused.Answer(w.Header())
+		return ctx, code, detail, d.Principal.Identity, nil
 	}
 	if creds.Token != "" && creds.DataKey != "" {
 		// Not the key itself: that it travelled through a Broker, copied to
@@ -196,7 +223,7 @@ func (h *Handler) admit(ctx context.Context, r *http.Request, operation, source 
 		reqid.Logger(ctx).Warn("an event with a bearer token also carried api_key in its data; the key was ignored, and it has been seen by everything on the event's way: rotate it",
 			"identity", d.Principal.Identity)
 	}
-	return api.WithCaller(ctx, api.Caller{Principal: d.Principal.Name, Admin: d.Principal.Admin}), 0, "", d.Principal.Identity
+	return api.WithCaller(ctx, api.Caller{Principal: d.Principal.Name, Admin: d.Principal.Admin}), 0, "", d.Principal.Identity, release
 }
 
 // dataKey reads the api_key field of JSON data. It is never logged or

@@ -17,6 +17,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/auth"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/fairness"
 	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
 	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
@@ -471,5 +472,70 @@ func TestBrokeredEventNeverAuthenticatesByDataKey(t *testing.T) {
 				t.Errorf("a refused event reached the domain: %v", ops.calls)
 			}
 		})
+	}
+}
+
+// TestPrincipalOverItsShareIsRefusedOnEveryEventDoor: once the key's
+// principal has spent its burst, a CloudEvent and a POST / invocation
+// alike get 429 with Retry-After and a detail naming the setting, and
+// reach no operation; events that fail to authenticate spent none of it.
+func TestPrincipalOverItsShareIsRefusedOnEveryEventDoor(t *testing.T) {
+	h, ops := newHandler(t, map[string]string{"PRINCIPAL_REQUESTS_PER_SECOND": "0.001", "PRINCIPAL_REQUEST_BURST": "2"})
+	invoke := func(id string) *http.Request {
+		r := httptest.NewRequest("POST", "/", strings.NewReader(`{"operation":"create","sandbox_id":"`+id+`"}`))
+		r.Header.Set("Content-Type", "application/json")
+		r.Header.Set("X-API-Key", testKey)
+		return r
+	}
+	wrong := map[string]string{"X-API-Key": "wrong-key-0123456789"}
+	var got []int
+	for _, step := range []struct {
+		event bool
+		r     *http.Request
+	}{
+		{true, binaryEvent(TypeCreate, "", `{"sandbox_id":"x1"}`, wrong)},
+		{true, binaryEvent(TypeCreate, "", `{"sandbox_id":"x2"}`, wrong)},
+		{true, binaryEvent(TypeCreate, "", `{"sandbox_id":"a1"}`, withKey)},
+		{false, invoke("a2")},
+		{true, binaryEvent(TypeCreate, "", `{"sandbox_id":"a3"}`, withKey)},
+		{false, invoke("a4")},
+	} {
+		w := httptest.NewRecorder()
+		if step.event {
+			h.ServeHTTP(w, step.r)
+		} else {
+			h.Invoke(w, step.r)
+		}
+		got = append(got, w.Code)
+		if w.Code == http.StatusTooManyRequests && (w.Header().Get("Retry-After") == "" || !strings.Contains(w.Body.String(), "PRINCIPAL_REQUESTS_PER_SECOND")) {
+			t.Errorf("429 without Retry-After or a detail naming the setting: %v %s", w.Header(), w.Body)
+		}
+	}
+	if diff := cmp.Diff([]int{401, 401, 200, 200, 429, 429}, got); diff != "" {
+		t.Errorf("statuses (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"create a1", "create a2"}, ops.calls); diff != "" {
+		t.Errorf("operations run (-want +got):\n%s", diff)
+	}
+}
+
+// TestEventsShareTheGate: a Gate given with WithGate is the one events
+// are admitted through, so a share spent on the HTTP door counts here.
+func TestEventsShareTheGate(t *testing.T) {
+	t.Setenv("PROVISIONER_API_KEY", testKey)
+	cfg, err := config.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := fairness.New(fairness.Limits{RequestsPerSecond: 0.001, Burst: 1, MaxInProgress: 10})
+	if _, refused := gate.Admit(context.Background(), config.DefaultPrincipal); refused != nil {
+		t.Fatal(refused.Detail)
+	}
+	ops := &fakeOps{}
+	h := New(cfg, auth.FromConfig(&cfg.AuthConfig, nil), ops, metrics.New(), WithGate(gate))
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, binaryEvent(TypeCreate, "", `{"sandbox_id":"a1"}`, withKey))
+	if w.Code != http.StatusTooManyRequests || len(ops.calls) != 0 {
+		t.Errorf("event after the shared burst was spent: %d %s, calls %v; want 429 and none", w.Code, w.Body, ops.calls)
 	}
 }

@@ -72,12 +72,13 @@ func (h *Handler) Invoke(w http.ResponseWriter, r *http.Request) {
 	}
 	op := operations[evType]
 	opName = op.name
-	ctx, c, detail, _ := h.admit(r.Context(), r, opName, envelope.Source, body)
+	ctx, c, detail, _, release := h.admit(r.Context(), w, r, opName, envelope.Source, body)
 	if c != 0 {
 		code = writeDetail(w, c, detail)
 		reqid.Logger(ctx).Warn("invoke refused", "operation", opName, "status", code, "reason", detail)
 		return
 	}
+	defer release()
 	reply, _, err := op.run(h, ctx, body, "")
 	if err != nil {
 		code = problem.Write(w, err)

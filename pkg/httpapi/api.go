@@ -13,6 +13,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/auth"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/fairness"
 	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
 	"github.com/deerflow-sandbox/provisioner/pkg/problem"
 	"github.com/deerflow-sandbox/provisioner/pkg/readywait"
@@ -26,15 +27,31 @@ var Version = "dev"
 type API struct {
 	cfg     *config.Config
 	auth    *auth.Authenticator
+	gate    *fairness.Gate
 	ops     api.Operations
 	metrics *metrics.Metrics
 	now     func() time.Time
 	mux     *http.ServeMux
 }
 
+// Option customises an API.
+type Option func(*API)
+
+// WithGate admits requests through gate, which the replica's other doors
+// share: a principal's limits are its limits whichever door it uses.
+// Without it the API admits through a Gate of its own, from the
+// configuration.
+func WithGate(gate *fairness.Gate) Option { return func(a *API) { a.gate = gate } }
+
 // New returns the HTTP front door over ops.
-func New(cfg *config.Config, authn *auth.Authenticator, ops api.Operations, m *metrics.Metrics) *API {
+func New(cfg *config.Config, authn *auth.Authenticator, ops api.Operations, m *metrics.Metrics, opts ...Option) *API {
 	a := &API{cfg: cfg, auth: authn, ops: ops, metrics: m, now: time.Now, mux: http.NewServeMux()}
+	for _, o := range opts {
+		o(a)
+	}
+	if a.gate == nil {
+		a.gate = fairness.FromConfig(&cfg.FairnessConfig)
+	}
 	a.mux.HandleFunc("GET /health", a.health)
 	a.mux.Handle("GET /metrics", m.Handler())
 	a.route("GET /api/capabilities", "capabilities", a.capabilities)
@@ -70,13 +87,14 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.mux.ServeHTT
 // handlerFunc answers one request and returns the status it wrote.
 type handlerFunc func(w http.ResponseWriter, r *http.Request) int
 
-// route wraps h with authentication, a deadline and metrics.
+// route wraps h with authentication, the principal's share of the
+// replica, a deadline and metrics.
 func (a *API) route(pattern, operation string, h handlerFunc) {
 	a.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		start := a.now()
 		r, principal, code := a.authenticate(w, r, operation)
 		if code == 0 {
-			code = h(w, r)
+			code = a.admitted(w, r, principal, h)
 		}
 		a.metrics.ObserveRequest(operation, "http", code, time.Since(start))
 		reqid.Logger(r.Context()).Info("request", "operation", operation, "method", r.Method, "path", r.URL.Path,
@@ -96,6 +114,20 @@ func (a *API) authenticate(w http.ResponseWriter, r *http.Request, operation str
 	}
 	ctx := api.WithCaller(r.Context(), api.Caller{Principal: d.Principal.Name, Admin: d.Principal.Admin})
 	return r.WithContext(ctx), d.Principal.Name, 0
+}
+
+// admitted runs h for principal within its share of the replica (package
+// fairness), or refuses it with 429 and Retry-After before h reads or
+// writes anything.
+func (a *API) admitted(w http.ResponseWriter, r *http.Request, principal string, h handlerFunc) int {
+	release, refused := a.gate.Admit(r.Context(), principal)
+	if refused != nil {
+		code, detail := refused.Answer(w.Header())
+		problem.WriteDetail(w, code, detail)
+		return code
+	}
+	defer release()
+	return h(w, r)
 }
 
 func (a *API) health(w http.ResponseWriter, _ *http.Request) {

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +14,8 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/auth"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/config/configtest"
+	"github.com/deerflow-sandbox/provisioner/pkg/fairness"
 	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
@@ -155,5 +158,113 @@ func TestWaitThatIsNoNumberIs422(t *testing.T) {
 				t.Errorf("GET ?wait=%s (-want +got):\n%s\nbody: %s", wait, diff, w.Body)
 			}
 		})
+	}
+}
+
+// counting is the unavailable domain that counts the creates it was asked
+// for and, while hold is set, tells started and holds each until hold
+// closes (for at most a few seconds, so that a create admitted by mistake
+// fails the test rather than hanging it).
+type counting struct {
+	unavailable
+	creates atomic.Int32
+	started chan struct{}
+	hold    chan struct{}
+}
+
+func (c *counting) Create(ctx context.Context, s api.Spec, wait time.Duration) (api.Sandbox, error) {
+	c.creates.Add(1)
+	if c.hold != nil {
+		c.started <- struct{}{}
+		select {
+		case <-c.hold:
+		case <-time.After(3 * time.Second):
+		}
+	}
+	return c.unavailable.Create(ctx, s, wait)
+}
+
+const bobKey = "bob-key-0123456789abcdef"
+
+func fairAPI(t *testing.T, env map[string]string, ops api.Operations) *API {
+	t.Helper()
+	env["PROVISIONER_API_KEY"], env["PROVISIONER_API_KEYS"] = key, "bob="+bobKey
+	cfg := configtest.Load(t, env)
+	return New(cfg, auth.FromConfig(&cfg.AuthConfig, nil), ops, metrics.New())
+}
+
+func createAs(a *API, k string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest("POST", "/api/sandboxes", strings.NewReader(`{"sandbox_id":"abc"}`))
+	r.Header.Set("X-API-Key", k)
+	w := httptest.NewRecorder()
+	a.ServeHTTP(w, r)
+	return w
+}
+
+// TestPrincipalOverItsRateIsRefused: once bob has spent his burst his next
+// create is 429 with Retry-After and a detail naming the setting, and
+// reaches no domain (nothing written); requests that fail to authenticate
+// spent none of it, and the default key, another principal, goes on.
+func TestPrincipalOverItsRateIsRefused(t *testing.T) {
+	ops := &counting{}
+	a := fairAPI(t, map[string]string{"PRINCIPAL_REQUESTS_PER_SECOND": "0.001", "PRINCIPAL_REQUEST_BURST": "2"}, ops)
+	var got []int
+	for _, k := range []string{"wrong-key-0123456789", "", "wrong-key-0123456789", bobKey, bobKey, bobKey, key} {
+		w := createAs(a, k)
+		got = append(got, w.Code)
+		if w.Code == http.StatusTooManyRequests && (w.Header().Get("Retry-After") == "" || !strings.Contains(w.Body.String(), "PRINCIPAL_REQUESTS_PER_SECOND")) {
+			t.Errorf("429 without Retry-After or a detail naming the setting: %v %s", w.Header(), w.Body)
+		}
+	}
+	want := []int{401, 401, 401, 503, 503, 429, 503} // 503: the stand-in domain was reached
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("statuses (-want +got):\n%s", diff)
+	}
+	if n := ops.creates.Load(); n != 3 {
+		t.Errorf("the domain was asked for %d creates, want 3 (bob's two and default's)", n)
+	}
+}
+
+// TestPrincipalOverItsRequestsInProgressIsRefused: with bob's one request
+// in progress (PRINCIPAL_MAX_CONCURRENT_REQUESTS=1) his next is 429 before
+// the domain, while the default key's request is served; once his first
+// ends he is served again.
+func TestPrincipalOverItsRequestsInProgressIsRefused(t *testing.T) {
+	ops := &counting{started: make(chan struct{}, 4), hold: make(chan struct{})}
+	a := fairAPI(t, map[string]string{"PRINCIPAL_MAX_CONCURRENT_REQUESTS": "1"}, ops)
+	first := make(chan int)
+	go func() { first <- createAs(a, bobKey).Code }()
+	<-ops.started
+	got := map[string]int{}
+	w := createAs(a, bobKey)
+	got["bob's second"] = w.Code
+	if w.Code == http.StatusTooManyRequests && (w.Header().Get("Retry-After") == "" || !strings.Contains(w.Body.String(), "PRINCIPAL_MAX_CONCURRENT_REQUESTS")) {
+		t.Errorf("429 without Retry-After or a detail naming the setting: %v %s", w.Header(), w.Body)
+	}
+	done := make(chan int)
+	go func() { done <- createAs(a, key).Code }()
+	<-ops.started
+	close(ops.hold)
+	got["default's"], got["bob's first"] = <-done, <-first
+	ops.hold = nil
+	got["bob's third"] = createAs(a, bobKey).Code
+	want := map[string]int{"bob's first": 503, "bob's second": 429, "default's": 503, "bob's third": 503}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("statuses (-want +got):\n%s", diff)
+	}
+}
+
+// TestTheGateIsShared: a Gate given with WithGate is the one the API
+// admits through, so a principal's share spent on another door counts.
+func TestTheGateIsShared(t *testing.T) {
+	cfg := configtest.Load(t, map[string]string{"PROVISIONER_API_KEY": key})
+	gate := fairness.New(fairness.Limits{RequestsPerSecond: 0.001, Burst: 1, MaxInProgress: 10})
+	if _, refused := gate.Admit(context.Background(), config.DefaultPrincipal); refused != nil {
+		t.Fatal(refused.Detail)
+	}
+	ops := &counting{}
+	a := New(cfg, auth.FromConfig(&cfg.AuthConfig, nil), ops, metrics.New(), WithGate(gate))
+	if w := createAs(a, key); w.Code != http.StatusTooManyRequests || ops.creates.Load() != 0 {
+		t.Errorf("create after the shared burst was spent: %d %s, %d creates; want 429 and none", w.Code, w.Body, ops.creates.Load())
 	}
 }
