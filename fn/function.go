@@ -17,6 +17,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/auth"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/events"
+	"github.com/deerflow-sandbox/provisioner/pkg/fairness"
 	"github.com/deerflow-sandbox/provisioner/pkg/httpapi"
 	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
 	"github.com/deerflow-sandbox/provisioner/pkg/problem"
@@ -70,8 +71,11 @@ func (f *Function) Start(ctx context.Context, cfg map[string]string) error {
 	audit := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("component", "sandbox-provisioner")
 	f.backend = newBackend(c, m, f.log, audit)
 	authn := auth.FromConfig(&c.AuthConfig, f.backend)
-	f.api = httpapi.New(c, authn, f.backend, m)
-	f.events = events.New(c, authn, f.backend, m)
+	// One gate for both doors: a principal's rate and concurrency are its
+	// own whichever door it uses.
+	gate := fairness.FromConfig(&c.FairnessConfig)
+	f.api = httpapi.New(c, authn, f.backend, m, httpapi.WithGate(gate))
+	f.events = events.New(c, authn, f.backend, m, events.WithGate(gate))
 	go f.backend.connect(runCtx)
 	switch {
 	case c.AuthDisabled:
