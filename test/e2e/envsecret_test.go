@@ -232,10 +232,17 @@ func TestAdmissionPinsEnvSecrets(t *testing.T) {
 		})
 	}
 
-	// The Secrets the ServiceAccount may create.
+	// The Secrets the ServiceAccount may create, owned by a Service that
+	// exists (the garbage collector removes a Secret whose owner does not,
+	// which would take the delete row's object before it is deleted).
+	owner, err := client().CoreV1().Services(ns).Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: resources.ServiceName("e1")},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 8080}}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	built := func() *corev1.Secret {
 		s := a.spec("e1", withEnv, "")
-		return resources.EnvSecret(a.cfg.Objects(), s, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: resources.ServiceName("e1"), UID: "0a0a0a0a-0000-4000-8000-000000000001"}})
+		return resources.EnvSecret(a.cfg.Objects(), s, owner)
 	}
 	for _, tc := range []struct {
 		name    string
