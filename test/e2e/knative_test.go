@@ -35,6 +35,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/events"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 )
 
 const serviceAccount = "system:serviceaccount:deer-flow:sandbox-provisioner"
@@ -292,7 +293,10 @@ func TestRBACWithConfigRole(t *testing.T) {
 	// Ownership Leases: create, get, list (a principal's bound) and delete
 	// (the reap frees ids unused for a long time), never update, so the
 	// function cannot hand an id from its owner to another principal.
-	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-owner-u-rbac"}, Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("alice")}}
+	// (Labelled as the function labels its own: the deletes policy, when in
+	// force, lets it delete no other Lease.)
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-owner-u-rbac", Labels: map[string]string{keys.LabelManagedBy: keys.ManagedByValue}},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("alice")}}
 	if lease, err = sa.CoordinationV1().Leases("deer-flow").Create(ctx, lease, metav1.CreateOptions{}); err != nil {
 		t.Errorf("creating an ownership Lease as the ServiceAccount: %v", err)
 	} else if _, err := sa.CoordinationV1().Leases("deer-flow").Get(ctx, lease.Name, metav1.GetOptions{}); err != nil {

@@ -206,11 +206,12 @@ func TestTemplatesShapeTheSandbox(t *testing.T) {
 		want     shape
 	}{{
 		template: "",
-		want: shape{Workload: "Pod", Labels: sandboxLabels("tpl-default", nil), Containers: []string{"sandbox=sandbox:test"},
+		// A bare Pod carries its pin, its own name, which its Service selects.
+		want: shape{Workload: "Pod", Labels: sandboxLabels("tpl-default", map[string]string{keys.LabelPod: "sandbox-tpl-default"}), Containers: []string{"sandbox=sandbox:test"},
 			Volumes: hostRoots, Mounts: defaultMounts, Limits: limits, Deadline: true, Probes: probes, Hardened: true, NoToken: true, ServiceOwner: "Pod"},
 	}, {
 		template: "python",
-		want: shape{Workload: "Pod", Labels: sandboxLabels("tpl-python", map[string]string{"team": "data"}), Template: "python",
+		want: shape{Workload: "Pod", Labels: sandboxLabels("tpl-python", map[string]string{"team": "data", keys.LabelPod: "sandbox-tpl-python"}), Template: "python",
 			Containers:       []string{"sandbox=registry.example.com/sandboxes/python:3.12", "datasets-index=registry.example.com/sandboxes/datasets-index:1.4"},
 			Volumes:          append(hostRoots[:len(hostRoots):len(hostRoots)], "datasets:nfs", "pip-cache:emptyDir"),
 			Mounts:           []string{"/data", "/mnt/skills/custom", "/mnt/skills/legacy", "/mnt/skills/public", "/mnt/user-data", "/var/cache/pip"},
