@@ -12,7 +12,9 @@
 #   - the builders, the templates and the request's validation take the
 #     groups objects are made from (config.Objects), not the whole
 #     configuration with its keys;
-#   - only pkg/remove calls client-go's retry.OnError (see below).
+#   - only pkg/remove calls client-go's retry.OnError (see below);
+#   - one name per concept: docs/architecture.md's glossary terms stay in
+#     use under pkg/, and their retired names do not come back.
 # It has no update-layout.sh twin: what it finds is fixed by hand.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
@@ -29,8 +31,8 @@ declare -A rank=(
   [pkg/config]=1
   [pkg/config/configtest]=2 [pkg/template]=2 [pkg/kube]=2
   [pkg/fairness]=2
-  [pkg/api]=3 [pkg/sandbox/status]=3 [pkg/claim]=3
-  [pkg/sandbox/resources]=4 [pkg/problem]=4 [pkg/readywait]=4 [pkg/auth]=4 [pkg/waitslot]=4
+  [pkg/api]=3 [pkg/sandbox/status]=3 [pkg/poolapi]=3
+  [pkg/sandbox/resources]=4 [pkg/problem]=4 [pkg/readywait]=4 [pkg/auth]=4 [pkg/waitlimit]=4
   [pkg/admission]=4 [pkg/audit]=4 [pkg/api/apitest]=4
   [pkg/quota]=5 [pkg/remove]=5 [pkg/isolation]=5 [pkg/follow]=5 [pkg/token]=5 [pkg/ownership]=5
   [pkg/slot]=6
@@ -88,6 +90,32 @@ done
 while read -r hit; do
   [[ -n "$hit" ]] && fail "$hit: calls retry.OnError; call remove.OnError (or remove.Retry), which keeps a deadline's error"
 done < <(grep -rn 'retry\.OnError(' --include='*.go' . 2>/dev/null | grep -v '^./pkg/remove/' || true)
+
+# One name per concept (docs/architecture.md's glossary): every term the
+# glossary defines is still a word of the code under pkg/, and the names
+# each concept had before it was given one word do not come back.
+glossary=docs/architecture.md
+while read -r term; do
+  grep -rqiF --include='*.go' -- "$term" pkg || fail "$glossary defines \"$term\", which no code under pkg/ uses any more: rename it in the glossary, or keep the word"
+done < <(grep -o '<a id="[a-z-]*"></a>\*\*[^*]*\*\*' "$glossary" | sed 's/.*\*\*\(.*\)\*\*/\1/')
+retired=(
+  'pkg/claim"'          # the create/pool contract: pkg/poolapi
+  'pkg/waitslot"'       # wait permits: pkg/waitlimit
+  'waitslot\.'
+  '\bSlotToken\b'       # the token a Service selects: resources.SelectedToken
+  '\bOrphaned\('        # a reference without its owner: resources.OwnerlessReference
+  '\bclaimService\b'    # a pooled create's Service: pooledService
+  '\bnewSlots\b'        # the quota's Service cache: serviceCache
+  '^type kind struct'   # a cold create's steps by kind: workloadKind
+)
+for name in "${retired[@]}"; do
+  while read -r hit; do
+    [[ -n "$hit" ]] && fail "$hit: a retired name ($name); docs/architecture.md's glossary gives the concept's one word"
+  done < <(grep -rnE --include='*.go' -- "$name" . 2>/dev/null || true)
+done
+for file in pkg/sandbox/slot.go pkg/sandbox/claim.go pkg/quota/slots.go; do
+  [[ ! -e "$file" ]] || fail "$file: its concept has one name now (cold.go, pooled.go, cache.go); do not bring the old file back"
+done
 
 if (( failed )); then
   die "the layout check failed (see above)"

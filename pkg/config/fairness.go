@@ -3,7 +3,7 @@ package config
 // FairnessConfig shares one replica between principals (package fairness):
 // each principal's requests are limited in rate and in how many it has in
 // progress at once, so that one principal's flood is refused at the door
-// and leaves the replica's API client, wait slots and CPU to the others.
+// and leaves the replica's API client, wait permits and CPU to the others.
 //
 // The defaults are sized so that one well-behaved principal never meets
 // them: DeerFlow's backend sends a create per thread and a few reads, and

@@ -4,7 +4,7 @@
 // (PRINCIPAL_REQUESTS_PER_SECOND, PRINCIPAL_REQUEST_BURST) and a bound on
 // the requests it has in progress (PRINCIPAL_MAX_CONCURRENT_REQUESTS).
 // Without it one principal's flood would take the replica's API client
-// (one rate for everyone), its wait slots and its CPU from every other
+// (one rate for everyone), its wait permits and its CPU from every other
 // tenant. A request beyond either bound is refused before it reads or
 // writes anything, with 429 and Retry-After.
 //

@@ -43,9 +43,9 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
-	"github.com/deerflow-sandbox/provisioner/pkg/claim"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/poolapi"
 	"github.com/deerflow-sandbox/provisioner/pkg/remove"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
@@ -72,7 +72,7 @@ const ensureEvery = 30 * time.Second
 // Observer counts claims by template and result.
 type Observer func(template, result string)
 
-// Pool implements claim.Pool.
+// Pool implements poolapi.Pool.
 type Pool struct {
 	cfg     *config.Config
 	client  kubernetes.Interface
@@ -120,7 +120,7 @@ type ensured struct {
 	at  time.Time
 }
 
-var _ claim.Pool = (*Pool)(nil)
+var _ poolapi.Pool = (*Pool)(nil)
 
 // New returns the pools of cfg.Namespace.
 func New(cfg *config.Config, client kubernetes.Interface, observe Observer, log *slog.Logger) *Pool {
@@ -185,7 +185,7 @@ func selector(lv string) map[string]string {
 
 // Claim lists the pool's Ready Pods of the wanted shape and claims one
 // (Ready, then ClaimFrom).
-func (p *Pool) Claim(ctx context.Context, t *template.Template, hash string, c claim.Claim) *corev1.Pod {
+func (p *Pool) Claim(ctx context.Context, t *template.Template, hash string, c poolapi.Claim) *corev1.Pod {
 	ready, err := p.Ready(ctx, t, hash)
 	if err != nil {
 		return nil
@@ -193,7 +193,7 @@ func (p *Pool) Claim(ctx context.Context, t *template.Template, hash string, c c
 	return p.ClaimFrom(ctx, t, hash, ready, c)
 }
 
-// Ready implements claim.Pool: one list of the pool's Pods of the wanted
+// Ready implements poolapi.Pool: one list of the pool's Pods of the wanted
 // shape, the claimable ones best first (order), each rank in random order
 // (so racing claims mostly pick different Pods). A failure is counted and
 // logged here; the caller goes the cold way.
@@ -325,14 +325,14 @@ func readySince(pod *corev1.Pod) time.Time {
 	return time.Time{}
 }
 
-// ClaimFrom implements claim.Pool: it tries the Pods Ready listed, each
+// ClaimFrom implements poolapi.Pool: it tries the Pods Ready listed, each
 // with one patch that carries the resourceVersion it saw (after the
 // claim's Prepare for that Pod): a Pod someone claimed since fails with a
 // conflict, and the next is tried. When none of them could be had, it
 // looks once more with a current list (the watch cache's answer may have
 // missed Pods that turned Ready a moment ago), before the create goes the
 // cold way.
-func (p *Pool) ClaimFrom(ctx context.Context, t *template.Template, hash string, ready []*corev1.Pod, c claim.Claim) *corev1.Pod {
+func (p *Pool) ClaimFrom(ctx context.Context, t *template.Template, hash string, ready []*corev1.Pod, c poolapi.Claim) *corev1.Pod {
 	// done is the Pods this claim is through with: taken by someone else,
 	// gone, or no longer claimable. A Pod it could not write only because
 	// its status kept changing (the kubelet's writes just after it turned
@@ -357,7 +357,7 @@ func (p *Pool) ClaimFrom(ctx context.Context, t *template.Template, hash string,
 				continue
 			}
 			if c.Prepare != nil {
-				if err := c.Prepare(ctx, pod); errors.Is(err, claim.ErrSkip) {
+				if err := c.Prepare(ctx, pod); errors.Is(err, poolapi.ErrSkip) {
 					p.release(pod.UID)
 					done[pod.UID] = true
 					continue
@@ -441,7 +441,7 @@ const maxClaimTries = 3
 // status write), and a later try may win. Such a
 // conflict is retried on the fresh Pod, so that only a claim by someone
 // else sends a create on to another Pod or the cold way.
-func (p *Pool) claim(ctx context.Context, pod *corev1.Pod, hash string, c claim.Claim) (*corev1.Pod, bool, error) {
+func (p *Pool) claim(ctx context.Context, pod *corev1.Pod, hash string, c poolapi.Claim) (*corev1.Pod, bool, error) {
 	pods := p.client.CoreV1().Pods(p.cfg.Namespace)
 	token := tokenOf(pod, c) // what the claim's Prepare saw, and its Service selects
 	for try := 0; try < maxClaimTries; try++ {
@@ -484,7 +484,7 @@ func (p *Pool) claim(ctx context.Context, pod *corev1.Pod, hash string, c claim.
 // a write must have landed; a Pod at any other version never will. A
 // refusal (a 4xx) wrote nothing. When a read fails, c.Uncertain is told:
 // the Pod may be claimed.
-func (p *Pool) readBack(ctx context.Context, pod *corev1.Pod, c claim.Claim, err error) (*corev1.Pod, bool, error) {
+func (p *Pool) readBack(ctx context.Context, pod *corev1.Pod, c poolapi.Claim, err error) (*corev1.Pod, bool, error) {
 	if api.Refused(err) {
 		return nil, false, err
 	}
@@ -508,21 +508,21 @@ func (p *Pool) readBack(ctx context.Context, pod *corev1.Pod, c claim.Claim, err
 
 // claimedBy reports whether pod carries c's claim: its id and token, and
 // is not on its way out.
-func claimedBy(pod *corev1.Pod, c claim.Claim, token string) bool {
+func claimedBy(pod *corev1.Pod, c poolapi.Claim, token string) bool {
 	return pod.DeletionTimestamp == nil && pod.Labels[keys.LabelID] == c.Labels[keys.LabelID] &&
 		token != "" && pod.Labels[keys.LabelToken] == token
 }
 
 // tokenOf is the token a claim of pod writes: the one pod carries (a wired
 // Pod's, which never changes), or else the claim's own.
-func tokenOf(pod *corev1.Pod, c claim.Claim) string {
+func tokenOf(pod *corev1.Pod, c poolapi.Claim) string {
 	if t := pod.Labels[keys.LabelToken]; t != "" {
 		return t
 	}
 	return c.Labels[keys.LabelToken]
 }
 
-// Missed implements claim.Pool.
+// Missed implements poolapi.Pool.
 func (p *Pool) Missed(t *template.Template) {
 	p.ensureSoon(t)
 	p.observe(t.Name, ResultMiss)
@@ -552,7 +552,7 @@ func claimable(pod *corev1.Pod, hash string) bool {
 // its id and token, which the sandbox's Service selects beside them
 // (resources.ServicePin): a Pod not wired before has none yet, and no Pod
 // given the token read from a Pod list can carry another's name.
-func claimPatch(pod *corev1.Pod, c claim.Claim, now time.Time) ([]byte, error) {
+func claimPatch(pod *corev1.Pod, c poolapi.Claim, now time.Time) ([]byte, error) {
 	lbls := map[string]any{keys.LabelPool: nil, keys.LabelPoolHash: nil}
 	for k, v := range c.Labels {
 		lbls[k] = v
@@ -708,7 +708,7 @@ func equalOwners(a, b []metav1.OwnerReference) bool {
 	return true
 }
 
-// Describe implements claim.Pool: one list of the pool ReplicaSets, and
+// Describe implements poolapi.Pool: one list of the pool ReplicaSets, and
 // each template's ready count filled in. It writes nothing: a read of the
 // templates (GET /api/templates, /api/capabilities) is no occasion to make,
 // resize or delete a pool, as any principal that may read could then churn
@@ -741,7 +741,7 @@ func (p *Pool) Describe(ctx context.Context, sums []template.Summary, valid []*t
 	}
 }
 
-// Keep implements claim.Pool. The reap calls it, so pools follow their
+// Keep implements poolapi.Pool. The reap calls it, so pools follow their
 // templates within a reap's period even when no create asks for them; a
 // failure is logged, and the next reap tries again.
 func (p *Pool) Keep(ctx context.Context, templates *template.Store) {

@@ -27,9 +27,9 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
-	"github.com/deerflow-sandbox/provisioner/pkg/claim"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/poolapi"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
@@ -138,8 +138,8 @@ func (c *counts) observe(tmpl, result string) {
 	c.m[tmpl+"/"+result]++
 }
 
-func claimFor(id string) claim.Claim {
-	return claim.Claim{
+func claimFor(id string) poolapi.Claim {
+	return poolapi.Claim{
 		Labels:      map[string]string{keys.LabelApp: keys.LabelAppValue, keys.LabelID: id, keys.LabelPooled: "true"},
 		Annotations: map[string]string{keys.AnnotationUserID: "u", keys.AnnotationCreatedAt: "2026-01-01T00:00:00Z"},
 		MaxLifetime: time.Hour,

@@ -15,8 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
-	"github.com/deerflow-sandbox/provisioner/pkg/claim"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/poolapi"
 	"github.com/deerflow-sandbox/provisioner/pkg/remove"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
@@ -237,7 +237,7 @@ func (p *Pool) wireSoon(t *template.Template) {
 	}()
 }
 
-// WireOf implements claim.Pool. The wire is the one Ready listed a moment
+// WireOf implements poolapi.Pool. The wire is the one Ready listed a moment
 // ago, or else read from etcd. A wire a moment old is as good as one read
 // from etcd (a wire is never updated, and one deleted since leaves the
 // sandbox without a URL until its next create, as a deleted Service does).
@@ -246,7 +246,7 @@ func (p *Pool) wireSoon(t *template.Template) {
 // (deleted by hand, or a wiring cut between its two writes): it is not
 // handed out, since its claim would change an endpoint after all (a URL
 // that answers only after kube-proxy's next sync). It is passed over
-// (claim.ErrSkip) and left in the pool, and its pool is wired again,
+// (poolapi.ErrSkip) and left in the pool, and its pool is wired again,
 // which makes its wire.
 func (p *Pool) WireOf(ctx context.Context, t *template.Template, pod *corev1.Pod) (*corev1.Service, error) {
 	if !resources.Wired(p.cfg.Objects()) || pod.Labels[keys.LabelToken] == "" {
@@ -263,7 +263,7 @@ func (p *Pool) WireOf(ctx context.Context, t *template.Template, pod *corev1.Pod
 	case apierrors.IsNotFound(err):
 		p.log.Info("passing over a pooled sandbox whose Service is gone; its pool is wired again", "pod", pod.Name, "service", resources.WireName(pod))
 		p.wireSoon(t)
-		return nil, claim.ErrSkip
+		return nil, poolapi.ErrSkip
 	case err != nil:
 		return nil, api.Classify(err, "read the pooled Pod's Service")
 	case resources.Wires(p.cfg.Objects(), wire, pod):
@@ -280,10 +280,10 @@ func (p *Pool) WireOf(ctx context.Context, t *template.Template, pod *corev1.Pod
 	}
 	p.log.Info("unwired a pooled sandbox whose Service was edited by hand; passing over it", "pod", pod.Name, "service", wire.Name)
 	p.wireSoon(t)
-	return nil, claim.ErrSkip
+	return nil, poolapi.ErrSkip
 }
 
-// Rewire implements claim.Pool. A sandbox claimed wired answers with its
+// Rewire implements poolapi.Pool. A sandbox claimed wired answers with its
 // wire's URL; with the wire deleted or edited by hand it has none (get
 // answers it without one). Its next create (DeerFlow creates on every
 // acquire) makes the wire again, as the wiring made it: named as the Pod,

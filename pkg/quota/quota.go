@@ -2,7 +2,7 @@
 // principal) with zero overshoot across any number of replicas: a create
 // counts after its own Service is written and before its workload, against
 // every sandbox Service committed before it (Check says why that is
-// enough). The count comes from the Service cache (slots.go), not from a
+// enough). The count comes from the Service cache (cache.go), not from a
 // list per create. docs/architecture.md places the count in a create's
 // writes and defines the terms.
 package quota
@@ -43,9 +43,9 @@ type Counter struct {
 	cfg       config.QuotaConfig
 	namespace string
 	client    kubernetes.Interface
-	// slots caches the sandbox Services (nil without a limit); running
+	// cache holds the sandbox Services (nil without a limit); running
 	// says Run started it.
-	slots   *slots
+	cache   *serviceCache
 	running atomic.Bool
 }
 
@@ -54,7 +54,7 @@ type Counter struct {
 func New(cfg config.QuotaConfig, namespace string, client kubernetes.Interface) *Counter {
 	c := &Counter{cfg: cfg, namespace: namespace, client: client}
 	if Limited(cfg) {
-		c.slots = newSlots(client, namespace)
+		c.cache = newServiceCache(client, namespace)
 	}
 	return c
 }
@@ -62,14 +62,14 @@ func New(cfg config.QuotaConfig, namespace string, client kubernetes.Interface) 
 // Run starts the Service cache (once; later calls do nothing) until ctx
 // ends. A counter that was never run lists instead.
 func (c *Counter) Run(ctx context.Context) {
-	if c.slots != nil && c.running.CompareAndSwap(false, true) {
-		go c.slots.run(ctx)
+	if c.cache != nil && c.running.CompareAndSwap(false, true) {
+		go c.cache.run(ctx)
 	}
 }
 
 // Synced waits, at most within, until the Service cache has its first list.
 func (c *Counter) Synced(ctx context.Context, within time.Duration) bool {
-	return c.slots != nil && c.slots.synced(ctx, within)
+	return c.cache != nil && c.cache.synced(ctx, within)
 }
 
 // Holds reports whether the Service cache holds a sandbox Service named
@@ -90,10 +90,10 @@ func (c *Counter) Lacks(name string) bool {
 // cached looks name up in the Service cache; known is false when there is
 // no cache or it has not synced.
 func (c *Counter) cached(name string) (held, known bool) {
-	if c.slots == nil || !c.running.Load() || !c.slots.informer.HasSynced() {
+	if c.cache == nil || !c.running.Load() || !c.cache.informer.HasSynced() {
 		return false, false
 	}
-	_, ok, _ := c.slots.informer.GetStore().GetByKey(c.namespace + "/" + name)
+	_, ok, _ := c.cache.informer.GetStore().GetByKey(c.namespace + "/" + name)
 	return ok, true
 }
 
@@ -107,7 +107,7 @@ func (c *Counter) cached(name string) (held, known bool) {
 // (Check) is what keeps the overshoot at zero. A sandbox of the id in the
 // cache means room, as for any create of an existing id.
 func (c *Counter) Full(ctx context.Context, s api.Spec) error {
-	if c.slots == nil || !c.running.Load() || !c.slots.informer.HasSynced() {
+	if c.cache == nil || !c.running.Load() || !c.cache.informer.HasSynced() {
 		return nil
 	}
 	var qe *Error
@@ -121,10 +121,10 @@ func (c *Counter) Full(ctx context.Context, s api.Spec) error {
 // than a racing create that may yet withdraw.
 const settled = 3 * time.Second
 
-// slotWait bounds how long a count waits for the Service cache to hold the
+// cacheWait bounds how long a count waits for the Service cache to hold the
 // create's own Service (normally a few milliseconds: one watch event)
 // before it lists instead; a cold replica's first list counts against it.
-const slotWait = 2 * time.Second
+const cacheWait = 2 * time.Second
 
 // endedPhases selects the Pods that will never run again.
 const endedPhases = "status.phase!=Pending,status.phase!=Running,status.phase!=Unknown"
@@ -165,7 +165,7 @@ func Limited(cfg config.QuotaConfig) bool {
 // other; Create then retries a few rounds with random backoff. The caller
 // deletes its slot on refusal.
 //
-// Where the count comes from: the Service cache (slots), a watch of the
+// Where the count comes from: the Service cache (serviceCache), a watch of the
 // sandbox Services in this replica. Watch events come in resourceVersion
 // order and the cache applies each before its handler runs, so once the
 // cache has seen own's resourceVersion it holds every Service committed
@@ -175,7 +175,7 @@ func Limited(cfg config.QuotaConfig) bool {
 // and only a count over the limit asks the API server for the ended Pods
 // (from its watch cache; one that is missed only counts a sandbox too
 // many). Far below the limit it need not even wait for own (see
-// boundedBy). When the cache cannot show own within slotWait (not started, a
+// boundedBy). When the cache cannot show own within cacheWait (not started, a
 // cold replica's first list, a broken watch), the count lists the Services
 // instead, as fresh as own.
 //
@@ -194,27 +194,27 @@ func (c *Counter) Check(ctx context.Context, s api.Spec, own *corev1.Service) er
 		svcs   []metav1.Object
 		cached bool
 	)
-	if c.slots != nil && c.running.Load() {
-		if own != nil && c.cfg.MaxSandboxesPerUser == 0 && c.cfg.MaxSandboxesPerPrincipal == 0 && c.slots.boundedBy(own, c.cfg.MaxSandboxes) {
+	if c.cache != nil && c.running.Load() {
+		if own != nil && c.cfg.MaxSandboxesPerUser == 0 && c.cfg.MaxSandboxesPerPrincipal == 0 && c.cache.boundedBy(own, c.cfg.MaxSandboxes) {
 			// Far enough below the limit that no write since the cache's
 			// state could fill it: no wait for own's watch event, which
 			// on a busy node comes milliseconds after own's create.
 			return nil
 		}
 		if own == nil {
-			cached = c.slots.synced(ctx, slotWait)
+			cached = c.cache.synced(ctx, cacheWait)
 		} else {
-			cached = c.slots.seen(ctx, own, slotWait)
+			cached = c.cache.seen(ctx, own, cacheWait)
 		}
 	}
 	user, principal := resources.LabelValue(s.UserID), resources.PrincipalLabelValue(s.Caller.Principal)
 	switch {
-	case cached && c.cfg.MaxSandboxesPerUser == 0 && c.cfg.MaxSandboxesPerPrincipal == 0 && c.slots.size()+prospective <= c.cfg.MaxSandboxes:
+	case cached && c.cfg.MaxSandboxesPerUser == 0 && c.cfg.MaxSandboxesPerPrincipal == 0 && c.cache.size()+prospective <= c.cfg.MaxSandboxes:
 		return nil // the cache holds no more Services than the limit: neither can the sandboxes be over it
 	case cached && c.cfg.MaxSandboxes == 0 && c.cfg.MaxSandboxesPerPrincipal == 0:
-		svcs = c.slots.services(user)
+		svcs = c.cache.services(user)
 	case cached:
-		svcs = c.slots.services("")
+		svcs = c.cache.services("")
 	default:
 		var after metav1.Object
 		if own != nil {

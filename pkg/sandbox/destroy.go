@@ -168,7 +168,7 @@ func (m *Manager) undoCreate(ctx context.Context, workload workloadObject, svc *
 	// Its Service: owned by it, or the slot made for it and not bound yet;
 	// never one of DeerFlow's provisioner (which names it too, but is not
 	// this create's to remove).
-	if removed && svc != nil && resources.Names(svc, workload) && (resources.SandboxOwner(svc.OwnerReferences) != nil || resources.SlotToken(svc) != "") {
+	if removed && svc != nil && resources.Names(svc, workload) && (resources.SandboxOwner(svc.OwnerReferences) != nil || resources.SelectedToken(svc) != "") {
 		if err := m.rm.Service(ctx, svc, false); err != nil {
 			return api.Classify(err, "remove what a refused or failed create made")
 		}

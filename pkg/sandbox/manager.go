@@ -12,17 +12,17 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/audit"
-	"github.com/deerflow-sandbox/provisioner/pkg/claim"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/follow"
 	"github.com/deerflow-sandbox/provisioner/pkg/isolation"
 	"github.com/deerflow-sandbox/provisioner/pkg/ownership"
+	"github.com/deerflow-sandbox/provisioner/pkg/poolapi"
 	"github.com/deerflow-sandbox/provisioner/pkg/quota"
 	"github.com/deerflow-sandbox/provisioner/pkg/remove"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/slot"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
-	"github.com/deerflow-sandbox/provisioner/pkg/waitslot"
+	"github.com/deerflow-sandbox/provisioner/pkg/waitlimit"
 )
 
 // Recorder is the subset of client-go's record.EventRecorder we use.
@@ -52,12 +52,12 @@ type Manager struct {
 	observer Observer
 	// waits counts the requests of this replica that are waiting for
 	// readiness (each holds an API watch), in all and per principal.
-	waits     *waitslot.Slots
+	waits     *waitlimit.Limiter
 	isolation *isolation.Checker
 	// failing holds the isolation checks whose last verdict failed.
 	failing   sync.Map // check name -> struct{}
 	templates *template.Store
-	pool      claim.Pool
+	pool      poolapi.Pool
 	audit     audit.Log
 	// quota counts sandboxes for the limits (package quota).
 	quota *quota.Counter
@@ -83,7 +83,7 @@ func WithObserver(o Observer) Option { return func(m *Manager) { m.observer = o 
 // NewManager returns a Manager over client.
 func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option) *Manager {
 	m := &Manager{cfg: cfg, client: client, rm: remove.Remover{Client: client, Namespace: cfg.Namespace}, recorder: nopRecorder{}, observer: nopObserver{},
-		waits: waitslot.New(cfg.MaxConcurrentWaits), templates: template.NewStore(client, cfg.Objects(), template.WithTenancy(template.TenancyOf(&cfg.AuthConfig))),
+		waits: waitlimit.New(cfg.MaxConcurrentWaits), templates: template.NewStore(client, cfg.Objects(), template.WithTenancy(template.TenancyOf(&cfg.AuthConfig))),
 		nameWait: follow.DefaultNameWait}
 	for _, o := range opts {
 		o(m)
@@ -121,7 +121,7 @@ func (m *Manager) Run(ctx context.Context) {
 	m.quota.Run(ctx)
 }
 
-// admitWait takes a wait slot for the caller (package waitslot), or
+// admitWait takes a wait permit for the caller (package waitlimit), or
 // refuses at once. The caller calls release when done.
 func (m *Manager) admitWait(ctx context.Context, wait time.Duration) (release func(), err error) {
 	if wait <= 0 {

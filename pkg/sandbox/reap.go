@@ -137,9 +137,9 @@ func (m *Manager) reap(ctx context.Context, c api.Caller) (all, seen api.Reaped,
 			continue
 		}
 		if resources.ClaimedOwner(s, id) && now.Sub(s.CreationTimestamp.Time) < m.undoWindow() {
-			continue // a pooled create's Service, its claim's patch maybe still to come (claimService)
+			continue // a pooled create's Service, its claim's patch maybe still to come (pooledService)
 		}
-		if resources.SandboxOwner(s.OwnerReferences) == nil && resources.SlotToken(s) != "" && !m.slots.Leftover(s) {
+		if resources.SandboxOwner(s.OwnerReferences) == nil && resources.SelectedToken(s) != "" && !m.slots.Leftover(s) {
 			continue // a cold create's slot, its workload maybe still to come (fill)
 		}
 		uid := s.UID

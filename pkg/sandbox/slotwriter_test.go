@@ -130,7 +130,7 @@ func bindRacer(t *testing.T, client *fake.Clientset, slot *corev1.Service) int32
 	bg := context.Background()
 	cfg := testConfig(t, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "true"})
 	s := ownerSpec(slot.Labels[keys.LabelID])
-	s.Caller, s.Token = api.Caller{Principal: "alice"}, resources.SlotToken(slot)
+	s.Caller, s.Token = api.Caller{Principal: "alice"}, resources.SelectedToken(slot)
 	pod, err := client.CoreV1().Pods("deer-flow").Create(bg, resources.BuildPodFor(cfg.Objects(), s), metav1.CreateOptions{})
 	if err != nil {
 		t.Error(err)

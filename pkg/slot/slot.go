@@ -56,7 +56,7 @@ const clockSlack = 2 * time.Second
 // plus the time its create's last write may take to land
 // (remove.Remover.AwaitLanding), plus clockSlack.
 func (s Slots) Leftover(svc *corev1.Service) bool {
-	return resources.SandboxOwner(svc.OwnerReferences) == nil && resources.SlotToken(svc) != "" &&
+	return resources.SandboxOwner(svc.OwnerReferences) == nil && resources.SelectedToken(svc) != "" &&
 		time.Since(svc.CreationTimestamp.Time) > WriteWithin+s.Remover.Landing()+clockSlack
 }
 
@@ -120,7 +120,7 @@ func (s Slots) UndoCut(ctx context.Context, err error, want *corev1.Service) err
 	if apierrors.IsNotFound(rerr) && s.Remover.AwaitLanding(uctx) == nil {
 		rerr = remove.Retry(uctx, read)
 	}
-	if rerr != nil || got.DeletionTimestamp != nil || resources.SandboxOwner(got.OwnerReferences) != nil || resources.SlotToken(got) != resources.SlotToken(want) {
+	if rerr != nil || got.DeletionTimestamp != nil || resources.SandboxOwner(got.OwnerReferences) != nil || resources.SelectedToken(got) != resources.SelectedToken(want) {
 		return nil
 	}
 	return s.Drop(ctx, got)

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -29,10 +30,10 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
-	"github.com/deerflow-sandbox/provisioner/pkg/claim"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/pool"
+	"github.com/deerflow-sandbox/provisioner/pkg/poolapi"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 	"github.com/deerflow-sandbox/provisioner/test/framework/skip"
@@ -208,7 +209,7 @@ func (a admission) claim(ctx context.Context, pl *pool.Pool, tmpl *template.Temp
 	resources.RecordPrincipal(meta, s)
 	meta.Labels[pooledLabel] = "true"
 	hash := resources.PoolPodTemplate(a.cfg.Objects(), resources.PoolSpec(a.cfg.Objects(), tmpl)).Labels[keys.LabelPoolHash]
-	return pl.Claim(ctx, tmpl, hash, claim.Claim{Labels: meta.Labels, Annotations: meta.Annotations, MaxLifetime: time.Hour})
+	return pl.Claim(ctx, tmpl, hash, poolapi.Claim{Labels: meta.Labels, Annotations: meta.Annotations, MaxLifetime: time.Hour})
 }
 
 // pod is the Pod the function builds for id (with req's options).
@@ -701,6 +702,10 @@ func TestAdmissionPolicyRefusesServiceEscapes(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			svc := a.service("svc2", corev1.ServiceTypeNodePort, owner)
+			// Its own pin (owner is sandbox-svc, not sandbox-svc2, so
+			// BuildService gave it none): the row's change alone is what
+			// the policy judges.
+			maps.Copy(svc.Spec.Selector, resources.ServicePin("svc2", metav1.OwnerReference{Kind: "Pod"}))
 			tc.mutate(svc)
 			if _, err := sa.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); !refusedBy(err, servicePolicy, tc.message) {
 				t.Errorf("Service created as the provisioner's ServiceAccount: %v; want a refusal by %s saying %q", err, servicePolicy, tc.message)
@@ -1674,6 +1679,10 @@ func TestAdmissionPinsServicesToTheirWorkload(t *testing.T) {
 			{"another token", func(s *corev1.Service) { s.Spec.Selector[keys.LabelToken] = other }},
 		} {
 			svc := a.service("pin6", corev1.ServiceTypeClusterIP, resources.PodOwnerRef(victim))
+			// Its own pin (its owner, sandbox-pin1, is not its id's
+			// Pod, so BuildService gave it none): the row's change alone
+			// is what the policy judges.
+			maps.Copy(svc.Spec.Selector, resources.ServicePin("pin6", metav1.OwnerReference{Kind: "Pod"}))
 			svc.Spec.Selector[keys.LabelToken] = strings.Repeat("0a", 16)
 			if tc.name != "another token" {
 				tc.mutate(svc)

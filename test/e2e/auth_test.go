@@ -365,7 +365,7 @@ func TestConcurrentWaitsAreCapped(t *testing.T) {
 		t.Errorf("answers %v, want only 200 and 429 (some of each)", codes)
 	}
 	// One principal sent every wait, so it may hold half the slots
-	// (package waitslot): more would mean a flood of one tenant's waits
+	// (package waitlimit): more would mean a flood of one tenant's waits
 	// could take every slot from the rest.
 	if w := proxy.MaxWatches() - open; w > cap/2 || w == 0 {
 		t.Errorf("%d watches for one principal's waits open at once, want between 1 and %d (half of MAX_CONCURRENT_WAITS %d)", w, cap/2, cap)

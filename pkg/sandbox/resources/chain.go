@@ -62,5 +62,5 @@ func ClaimedOwner(svc *corev1.Service, id string) bool {
 // Pending reports whether svc holds id for a workload still to come: a
 // pooled Pod still to be claimed, or a cold create's slot.
 func Pending(svc *corev1.Service, id string) bool {
-	return ClaimedOwner(svc, id) || SandboxOwner(svc.OwnerReferences) == nil && SlotToken(svc) != ""
+	return ClaimedOwner(svc, id) || SandboxOwner(svc.OwnerReferences) == nil && SelectedToken(svc) != ""
 }

@@ -126,15 +126,15 @@ func Token(obj metav1.Object) string {
 // it; or owned by no workload yet and selecting w's token (a create's slot,
 // made before its workload: see Slot); or owned by none and selecting no
 // token (a sandbox of DeerFlow's provisioner, which sets no owners, until a
-// create adopts its Service). An Orphaned Service names none.
+// create adopts its Service). An OwnerlessReference Service names none.
 func Names(svc *corev1.Service, w metav1.Object) bool {
 	if owner := SandboxOwner(svc.OwnerReferences); owner != nil {
 		return owner.UID == w.GetUID()
 	}
-	if Orphaned(svc) {
+	if OwnerlessReference(svc) {
 		return false
 	}
-	t := SlotToken(svc)
+	t := SelectedToken(svc)
 	return t == "" || t == Token(w)
 }
 
@@ -156,8 +156,8 @@ func SlotKind(svc *corev1.Service) string {
 	return "Pod"
 }
 
-// SlotToken is the token svc selects ("" for a Service from before tokens).
-func SlotToken(svc *corev1.Service) string { return svc.Spec.Selector[keys.LabelToken] }
+// SelectedToken is the token svc selects ("" for a Service from before tokens).
+func SelectedToken(svc *corev1.Service) string { return svc.Spec.Selector[keys.LabelToken] }
 
 // Bind makes svc the Service of the workload ref names (as BuildService
 // would have made it): owned by it, selecting token (the workload's) and

@@ -48,8 +48,8 @@ func TestSlot(t *testing.T) {
 	if diff := cmp.Diff(wants, got); diff != "" {
 		t.Errorf("Slot (-want +got):\n%s", diff)
 	}
-	if SlotToken(got["Pod"]) != slotToken {
-		t.Errorf("SlotToken = %q", SlotToken(got["Pod"]))
+	if SelectedToken(got["Pod"]) != slotToken {
+		t.Errorf("SelectedToken = %q", SelectedToken(got["Pod"]))
 	}
 }
 

@@ -154,13 +154,13 @@ func URLService(svc *corev1.Service) string {
 	return svc.Annotations[keys.AnnotationURLService]
 }
 
-// Orphaned reports whether svc is the Service of a sandbox claimed wired
+// OwnerlessReference reports whether svc is the Service of a sandbox claimed wired
 // that lost its owner reference: the garbage collector removes it from
 // the Service when its Pod is deleted with --cascade=orphan. No workload
 // is its (it selects nothing, and a headless Service cannot be given a
 // virtual IP in place), so it is not adopted as DeerFlow's provisioner's
 // Services are: a create removes it and starts over.
-func Orphaned(svc *corev1.Service) bool {
+func OwnerlessReference(svc *corev1.Service) bool {
 	return URLService(svc) != "" && SandboxOwner(svc.OwnerReferences) == nil
 }
 

@@ -123,8 +123,8 @@ func TestExposingAnswersOnlyThroughAWireThatWires(t *testing.T) {
 	}
 	orphaned := ref.DeepCopy()
 	orphaned.OwnerReferences = nil // its Pod deleted with --cascade=orphan
-	if Orphaned(ref) || !Orphaned(orphaned) || Names(orphaned, pod) || Orphaned(own) {
-		t.Errorf("Orphaned: %v for the reference, %v without its owner (naming its Pod: %v), %v for a Service of its own; want false, true (false), false",
-			Orphaned(ref), Orphaned(orphaned), Names(orphaned, pod), Orphaned(own))
+	if OwnerlessReference(ref) || !OwnerlessReference(orphaned) || Names(orphaned, pod) || OwnerlessReference(own) {
+		t.Errorf("OwnerlessReference: %v for the reference, %v without its owner (naming its Pod: %v), %v for a Service of its own; want false, true (false), false",
+			OwnerlessReference(ref), OwnerlessReference(orphaned), Names(orphaned, pod), OwnerlessReference(own))
 	}
 }

@@ -151,10 +151,11 @@ func UpWith(ctx context.Context, name string, o Options) (*Cluster, error) {
 		"--extra-args", "kube-apiserver=kubelet-client-certificate="+filepath.Join(workdir, "clusters", name, "pki", "admin.crt"),
 		"--extra-args", "kube-apiserver=kubelet-client-key="+filepath.Join(workdir, "clusters", name, "pki", "admin.key"),
 		// Projected Pod certificates (podCertificate) are behind a gate
-		// that is off by default; with it off the API server drops the
-		// field before admission, and the admission policy's refusal of it
-		// could not be tested.
+		// that is off by default (beta, with its API group's beta version);
+		// with it off the API server drops the field before admission, and
+		// the admission policy's refusal of it could not be tested.
 		"--extra-args", "kube-apiserver=feature-gates=PodCertificateRequest=true",
+		"--extra-args", "kube-apiserver=runtime-config=certificates.k8s.io/v1beta1=true",
 		"--kubeconfig", filepath.Join(workdir, "kubeconfig-merged"),
 		"--timeout", "120s")...); err != nil {
 		_ = os.RemoveAll(workdir)

@@ -1,10 +1,10 @@
-// Package claim is the contract between a create and a warm pool: what a
+// Package poolapi is the contract between a create and a warm pool: what a
 // pool offers (Pool, which package pool implements over ReplicaSets) and
 // what a claim writes onto the pooled Pod it takes (Claim). Package sandbox
 // claims; neither side imports the other's internals. Pool, claim and wire
 // are defined in docs/architecture.md, with a pooled create's writes in
 // order.
-package claim
+package poolapi
 
 import (
 	"context"
@@ -58,14 +58,14 @@ type Pool interface {
 // annotations (identity, owner, lifetimes from now) and its lifetime cap.
 // Prepare, when set, runs before the claim's first write on each Pod it
 // tries (a pooled create makes the sandbox's Service there: see
-// sandbox.claimService).
+// sandbox.pooledService).
 type Claim struct {
 	Labels, Annotations map[string]string
 	MaxLifetime         time.Duration
 	Prepare             func(ctx context.Context, pod *corev1.Pod) error
 	// Uncertain, when set, is told that a claim's write failed without
 	// saying whether it landed, and a read could not tell either: the Pod
-	// may be claimed, so its Service must stay (sandbox.claimService.giveUp).
+	// may be claimed, so its Service must stay (sandbox.pooledService.giveUp).
 	Uncertain func()
 }
 

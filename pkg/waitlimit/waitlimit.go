@@ -1,10 +1,10 @@
-// Package waitslot bounds the requests of one replica that wait for a
+// Package waitlimit bounds the requests of one replica that wait for a
 // sandbox to become ready: MAX_CONCURRENT_WAITS in all, because each holds
 // an API watch, and at most half of them (at least one) per principal,
-// because the slots are shared among tenants: one principal's flood of
+// because the permits are shared among tenants: one principal's flood of
 // waiting requests must not leave every other principal's wait refused.
-// (docs/architecture.md's glossary calls a slot here a wait permit.)
-package waitslot
+// (A wait permit: see docs/architecture.md's glossary.)
+package waitlimit
 
 import (
 	"fmt"
@@ -13,8 +13,8 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 )
 
-// Slots are one replica's wait slots. They are safe for concurrent use.
-type Slots struct {
+// Limiter holds one replica's wait permits. It is safe for concurrent use.
+type Limiter struct {
 	mu          sync.Mutex
 	total, used int
 	share       int
@@ -23,15 +23,15 @@ type Slots struct {
 
 // New returns total slots (at least one), half of them (at least one) per
 // principal.
-func New(total int) *Slots {
+func New(total int) *Limiter {
 	total = max(total, 1)
-	return &Slots{total: total, share: max(total/2, 1), held: map[string]int{}}
+	return &Limiter{total: total, share: max(total/2, 1), held: map[string]int{}}
 }
 
 // Take takes a slot for principal, or refuses at once (KindQuota, as a
 // 429 with Retry-After) saying which bound it met. release gives it back;
 // calling it again does nothing.
-func (s *Slots) Take(principal string) (release func(), err error) {
+func (s *Limiter) Take(principal string) (release func(), err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
@@ -49,7 +49,7 @@ func (s *Slots) Take(principal string) (release func(), err error) {
 	return func() { once.Do(func() { s.give(principal) }) }, nil
 }
 
-func (s *Slots) give(principal string) {
+func (s *Limiter) give(principal string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.used--
@@ -59,7 +59,7 @@ func (s *Slots) give(principal string) {
 }
 
 // Holding is how many slots principal holds now.
-func (s *Slots) Holding(principal string) int {
+func (s *Limiter) Holding(principal string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.held[principal]

@@ -15,15 +15,15 @@ import (
 	"k8s.io/client-go/tools/cache"
 )
 
-// slots is the quota's view of the sandboxes: every sandbox, of either
+// serviceCache is the quota's view of the sandboxes: every sandbox, of either
 // workload kind, paused or not, has exactly one Service, so the sandbox
-// Services are the quota's slots. A watch (one per replica, by label) keeps
+// Services are what the quota counts. A watch (one per replica, by label) keeps
 // them in memory, stripped to the few fields the count reads, so that a
 // create counts without listing anything: its cost no longer grows with the
 // number of sandboxes. Nothing here is state that matters: a cold replica
 // fills it with one list, and every answer waits until the cache holds
 // the caller's own write (see seen).
-type slots struct {
+type serviceCache struct {
 	informer cache.SharedIndexInformer
 
 	mu sync.Mutex
@@ -33,15 +33,15 @@ type slots struct {
 	changed chan struct{}
 }
 
-// indexByUser indexes the slots by the sandbox's user label.
+// indexByUser indexes the cached Services by the sandbox's user label.
 const indexByUser = "user"
 
-// newSlots makes the cache of namespace's sandbox Services; run starts it.
-func newSlots(client kubernetes.Interface, namespace string) *slots {
+// newServiceCache makes the cache of namespace's sandbox Services; run starts it.
+func newServiceCache(client kubernetes.Interface, namespace string) *serviceCache {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = resources.SelectorAll }))
 	informer := factory.Core().V1().Services().Informer()
-	s := &slots{informer: informer, changed: make(chan struct{})}
+	s := &serviceCache{informer: informer, changed: make(chan struct{})}
 	// The count reads names, labels, owners and timestamps: the rest of
 	// each Service (spec, status, managed fields) is dropped on arrival, so
 	// 5,000 sandboxes cost about a megabyte.
@@ -72,9 +72,9 @@ func newSlots(client kubernetes.Interface, namespace string) *slots {
 }
 
 // run feeds the cache until ctx ends.
-func (s *slots) run(ctx context.Context) { s.informer.Run(ctx.Done()) }
+func (s *serviceCache) run(ctx context.Context) { s.informer.Run(ctx.Done()) }
 
-func (s *slots) saw(obj any) {
+func (s *serviceCache) saw(obj any) {
 	m, ok := obj.(metav1.Object) // not a DeletedFinalStateUnknown: it has no version
 	if !ok {
 		return
@@ -97,7 +97,7 @@ func (s *slots) saw(obj any) {
 // and reports false when that took longer than within or ctx ended. A
 // resourceVersion is etcd's revision: the API server exposes it as opaque,
 // but the quota's freshness rests on the same reading (listFresh).
-func (s *slots) seen(ctx context.Context, own metav1.Object, within time.Duration) bool {
+func (s *serviceCache) seen(ctx context.Context, own metav1.Object, within time.Duration) bool {
 	want, err := strconv.ParseUint(own.GetResourceVersion(), 10, 64)
 	if err != nil {
 		return false
@@ -129,7 +129,7 @@ func (s *slots) seen(ctx context.Context, own metav1.Object, within time.Duratio
 // (The cache may have applied more than its handlers reported, rv: a
 // later state, as seen's own count would be.) It is false while the cache
 // has seen no version, so a create then waits (seen) as before.
-func (s *slots) boundedBy(own metav1.Object, limit int) bool {
+func (s *serviceCache) boundedBy(own metav1.Object, limit int) bool {
 	want, err := strconv.ParseUint(own.GetResourceVersion(), 10, 64)
 	if err != nil || limit <= 0 || !s.informer.HasSynced() {
 		return false
@@ -148,14 +148,14 @@ func (s *slots) boundedBy(own metav1.Object, limit int) bool {
 }
 
 // synced waits, up to within, for the cache's first list.
-func (s *slots) synced(ctx context.Context, within time.Duration) bool {
+func (s *serviceCache) synced(ctx context.Context, within time.Duration) bool {
 	ctx, cancel := context.WithTimeout(ctx, within)
 	defer cancel()
 	return cache.WaitForCacheSync(ctx.Done(), s.informer.HasSynced)
 }
 
 // services is every sandbox Service in the cache (user "" means all users).
-func (s *slots) services(user string) []metav1.Object {
+func (s *serviceCache) services(user string) []metav1.Object {
 	var objs []any
 	if user == "" {
 		objs = s.informer.GetStore().List()
@@ -170,4 +170,4 @@ func (s *slots) services(user string) []metav1.Object {
 }
 
 // size is how many Services the cache holds, an upper bound of the count.
-func (s *slots) size() int { return len(s.informer.GetStore().ListKeys()) }
+func (s *serviceCache) size() int { return len(s.informer.GetStore().ListKeys()) }

@@ -1,4 +1,4 @@
-package waitslot
+package waitlimit
 
 import (
 	"testing"

@@ -30,8 +30,8 @@ import (
 // the same sandbox, which this create waits for (fill: a slot has one
 // writer).
 
-// kind is what a create's steps need of one workload kind.
-type kind struct {
+// workloadKind is what a cold create's steps need of one workload kind.
+type workloadKind struct {
 	name string // "Pod" or "ReplicaSet"
 	// ensure creates the workload of s, or returns the one of its name
 	// that exists (existed), as its own kind's create finds it.
@@ -46,9 +46,9 @@ type kind struct {
 	found func(ctx context.Context, w workloadObject, svc *corev1.Service) (found, error)
 }
 
-func (m *Manager) podKind() kind {
+func (m *Manager) podKind() workloadKind {
 	pods := m.client.CoreV1().Pods(m.cfg.Namespace)
-	return kind{
+	return workloadKind{
 		name: "Pod",
 		ensure: func(ctx context.Context, s api.Spec) (workloadObject, bool, error) {
 			pod, existed, err := m.ensurePod(ctx, s)
@@ -74,9 +74,9 @@ func (m *Manager) podKind() kind {
 	}
 }
 
-func (m *Manager) replicaSetKind() kind {
+func (m *Manager) replicaSetKind() workloadKind {
 	rss := m.client.AppsV1().ReplicaSets(m.cfg.Namespace)
-	return kind{
+	return workloadKind{
 		name: "ReplicaSet",
 		ensure: func(ctx context.Context, s api.Spec) (workloadObject, bool, error) {
 			rs, existed, err := m.ensureReplicaSet(ctx, s)
@@ -113,7 +113,7 @@ func (m *Manager) replicaSetKind() kind {
 var errStale = errors.New("the sandbox's Service changed during the create")
 
 // createKindOnce makes one attempt at a sandbox of kind k.
-func (m *Manager) createKindOnce(ctx context.Context, s api.Spec, k kind) (made, error) {
+func (m *Manager) createKindOnce(ctx context.Context, s api.Spec, k workloadKind) (made, error) {
 	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
 		if attempt > 0 {
 			if err := sleep.For(ctx, time.Duration(attempt)*100*time.Millisecond); err != nil {
@@ -195,7 +195,7 @@ func judge(existing *corev1.Service, err error, s api.Spec) (*corev1.Service, bo
 // that workload's sandbox, if it lives and is this create's kind. A
 // Service whose workload is gone is removed (the GC would, later), and the
 // create starts over.
-func (m *Manager) existing(ctx context.Context, s api.Spec, k kind, svc *corev1.Service, owner metav1.OwnerReference) (made, error) {
+func (m *Manager) existing(ctx context.Context, s api.Spec, k workloadKind, svc *corev1.Service, owner metav1.OwnerReference) (made, error) {
 	if owner.Kind != k.name || owner.Name != resources.PodName(s.ID) {
 		live, err := m.ownerLives(ctx, owner, svc, s.ID)
 		switch {
@@ -226,7 +226,7 @@ func (m *Manager) existing(ctx context.Context, s api.Spec, k kind, svc *corev1.
 
 // fill makes or finds the workload of a Service that no workload owns yet
 // and binds the two: this create's slot (mine), a leftover slot, or a
-// Service of DeerFlow's provisioner (an Orphaned one goes). The quota counts first, with that
+// Service of DeerFlow's provisioner (an OwnerlessReference one goes). The quota counts first, with that
 // Service as the sandbox's place. A slot the quota refuses goes at once,
 // and so does a half-made workload of the id (one without its Service:
 // from before slots) that it would have repaired.
@@ -237,11 +237,11 @@ func (m *Manager) existing(ctx context.Context, s api.Spec, k kind, svc *corev1.
 // another request has answered with that workload since: then this create
 // binds it. This create writes under its own slot only until writeBy
 // (slot.WriteWithin), or gives it up and starts over (errStale).
-func (m *Manager) fill(ctx context.Context, s api.Spec, k kind, svc *corev1.Service, mine bool, writeBy time.Time) (made, error) {
-	if resources.Orphaned(svc) {
+func (m *Manager) fill(ctx context.Context, s api.Spec, k workloadKind, svc *corev1.Service, mine bool, writeBy time.Time) (made, error) {
+	if resources.OwnerlessReference(svc) {
 		return made{}, m.dropStale(ctx, svc)
 	}
-	if t := resources.SlotToken(svc); t != "" && !mine {
+	if t := resources.SelectedToken(svc); t != "" && !mine {
 		if !m.slots.Leftover(svc) {
 			switch {
 			case resources.SlotKind(svc) != k.name:
@@ -451,7 +451,7 @@ func (m *Manager) dropLeftoverSlot(ctx context.Context, svc *corev1.Service) (an
 	case apierrors.IsNotFound(err):
 	case err != nil:
 		return false, api.Classify(err, "read the workload of a leftover sandbox Service")
-	case w.GetDeletionTimestamp() == nil && resources.Token(w) == resources.SlotToken(svc):
+	case w.GetDeletionTimestamp() == nil && resources.Token(w) == resources.SelectedToken(svc):
 		removed, err := m.rm.Undo(ctx, w)
 		if err != nil {
 			return false, api.Classify(err, "remove the workload of a leftover sandbox Service")
@@ -474,7 +474,7 @@ func (m *Manager) dropSlot(ctx context.Context, svc *corev1.Service) {
 // dropHalfMade removes the workload of s's id that a refused create would
 // have repaired: s's own, named by no Service (the refused slot is gone),
 // unless another request has answered for it meanwhile (undoWorkload).
-func (m *Manager) dropHalfMade(ctx context.Context, s api.Spec, k kind) {
+func (m *Manager) dropHalfMade(ctx context.Context, s api.Spec, k workloadKind) {
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.RequestTimeout)
 	defer cancel()
 	w, err := k.get(uctx, resources.PodName(s.ID))

@@ -79,7 +79,7 @@ func TestSlotsBoundedBy(t *testing.T) {
 					own = s
 				}
 			}
-			s := newSlots(client, "deer-flow")
+			s := newServiceCache(client, "deer-flow")
 			rctx, stop := context.WithCancel(ctx)
 			stopped := make(chan struct{})
 			go func() { s.run(rctx); close(stopped) }()
@@ -116,7 +116,7 @@ func TestSlotsBoundedByNeedsARevision(t *testing.T) {
 		resources.PodOwnerRef(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: resources.PodName("s0")}})), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	s := newSlots(client, "deer-flow")
+	s := newServiceCache(client, "deer-flow")
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	go s.run(ctx)

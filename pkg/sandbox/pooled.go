@@ -12,16 +12,16 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
-	"github.com/deerflow-sandbox/provisioner/pkg/claim"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/follow"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/poolapi"
 	"github.com/deerflow-sandbox/provisioner/pkg/quota"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 )
 
 // WithPool serves creates of pooled templates from warm pools.
-func WithPool(p claim.Pool) Option { return func(m *Manager) { m.pool = p } }
+func WithPool(p poolapi.Pool) Option { return func(m *Manager) { m.pool = p } }
 
 // createFromPool serves a create from its template's warm pool when it can;
 // handled false sends it the cold way, within the same request.
@@ -110,8 +110,8 @@ func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Dura
 	if readyErr != nil {
 		return api.Sandbox{}, false, nil
 	}
-	cs := &claimService{m: m, s: s}
-	pod := m.pool.ClaimFrom(ctx, t, hash, ready, claim.Claim{Labels: meta.Labels, Annotations: meta.Annotations,
+	cs := &pooledService{m: m, s: s}
+	pod := m.pool.ClaimFrom(ctx, t, hash, ready, poolapi.Claim{Labels: meta.Labels, Annotations: meta.Annotations,
 		MaxLifetime: s.MaxLifetime, Prepare: cs.prepare, Uncertain: func() { cs.uncertain = true }})
 	if pod == nil {
 		return cs.giveUp(ctx, wait)
@@ -121,7 +121,7 @@ func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Dura
 	return m.answer(ctx, s.ID, found{pod: pod, svc: cs.svc, wire: cs.wire}, wait)
 }
 
-// claimService makes a pooled create's Service before its Pod is claimed,
+// pooledService makes a pooled create's Service before its Pod is claimed,
 // owned by the Pod about to be claimed, and counts the quota with it.
 //
 // Why the Service comes first: a claim takes its Pod out of the pool's
@@ -140,7 +140,7 @@ func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Dura
 // (reuseOtherKind); a claim that never lands (its replica stopped between
 // the writes) leaves a Service that a create replaces once it is older
 // than any create could be (see ownerLives).
-type claimService struct {
+type pooledService struct {
 	m    *Manager
 	s    api.Spec
 	svc  *corev1.Service // the Service this create made, owned by the Pod it tries
@@ -162,9 +162,9 @@ type claimService struct {
 // reference Service (resources.Reference): its URL is the wire's, whose
 // endpoint kube-proxy has already programmed; there is no slice to wait
 // for. A Pod not wired yet is claimed as an unwired one; one whose wire
-// was deleted or edited by hand is passed over (claim.ErrSkip: the pool
+// was deleted or edited by hand is passed over (poolapi.ErrSkip: the pool
 // wires it again).
-func (c *claimService) prepare(ctx context.Context, pod *corev1.Pod) error {
+func (c *pooledService) prepare(ctx context.Context, pod *corev1.Pod) error {
 	owner := resources.PodOwnerRef(pod)
 	svcs := c.m.client.CoreV1().Services(c.m.cfg.Namespace)
 	s := c.s
@@ -172,7 +172,7 @@ func (c *claimService) prepare(ctx context.Context, pod *corev1.Pod) error {
 		s.Token = t
 	}
 	wire, err := c.m.pool.WireOf(ctx, c.s.Resolved, pod)
-	if errors.Is(err, claim.ErrSkip) {
+	if errors.Is(err, poolapi.ErrSkip) {
 		return err
 	} else if err != nil {
 		c.err = err
@@ -249,7 +249,7 @@ func (c *claimService) prepare(ctx context.Context, pod *corev1.Pod) error {
 // racing create that holds the id, with the quota's refusal, or by the
 // cold way (handled false) when the pool had nothing to give. The Service
 // this create made goes first: no Pod of this id will carry it.
-func (c *claimService) giveUp(ctx context.Context, wait time.Duration) (api.Sandbox, bool, error) {
+func (c *pooledService) giveUp(ctx context.Context, wait time.Duration) (api.Sandbox, bool, error) {
 	m, err := c.m, c.err
 	if errors.Is(err, errOtherKind) {
 		// A racing create of this id made its Service first: answer with its.
