@@ -11,26 +11,41 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 )
 
-// TestLoad creates and destroys 1,000 sandboxes at concurrency 32 through the
-// HTTP API: zero errors, and nothing left behind. `make load` runs it; set
-// LOAD_SANDBOXES to change the count.
+// TestLoad creates and destroys sandboxes through the HTTP API, each id
+// created and then destroyed: every call answers 200, every create and
+// destroy completes before the deadline, and the namespace is left with
+// nothing but the NetworkPolicies that outlive sandboxes (the shared one
+// and the principal's ingress policies).
+// `make load` (LOAD=1) runs 1,000 at concurrency 32; without LOAD, a short
+// run of 200 at concurrency 8, so that `make test` runs it on every change
+// and it cannot rot unseen. LOAD_SANDBOXES changes the count.
 func TestLoad(t *testing.T) {
-	if os.Getenv("LOAD") == "" {
-		t.Skip("set LOAD=1 (make load) to run the load test")
+	total, concurrency, within := 200, 8, 2*time.Minute
+	if os.Getenv("LOAD") != "" {
+		total, concurrency, within = 1000, 32, 5*time.Minute
 	}
-	total, concurrency := 1000, 32
 	if v := os.Getenv("LOAD_SANDBOXES"); v != "" {
-		fmt.Sscan(v, &total)
+		if _, err := fmt.Sscan(v, &total); err != nil {
+			t.Fatalf("LOAD_SANDBOXES=%q: %v", v, err)
+		}
 	}
 	ns := namespace(t)
 	f := start(t, ns, nil)
-	var next, failures atomic.Int64
+	// next hands out ids; created and destroyed count the calls that
+	// completed (answered 200), which is what the run must show.
+	var next, created, destroyed, failures atomic.Int64
 	var wg sync.WaitGroup
 	began := time.Now()
-	deadline := began.Add(5 * time.Minute)
+	deadline := began.Add(within)
 	for w := 0; w < concurrency; w++ {
 		wg.Add(1)
 		go func() {
@@ -41,7 +56,10 @@ func TestLoad(t *testing.T) {
 					return
 				}
 				id := fmt.Sprintf("load-%04d", i)
-				for _, step := range []struct{ method, path string }{{"POST", "/api/sandboxes"}, {"DELETE", "/api/sandboxes/" + id}} {
+				for _, step := range []struct {
+					method, path string
+					done         *atomic.Int64
+				}{{"POST", "/api/sandboxes", &created}, {"DELETE", "/api/sandboxes/" + id, &destroyed}} {
 					var body any
 					if step.method == "POST" {
 						body = map[string]any{"sandbox_id": id}
@@ -50,20 +68,41 @@ func TestLoad(t *testing.T) {
 					if err != nil || r.Code != 200 {
 						failures.Add(1)
 						t.Errorf("%s %s: %v %d %s", step.method, step.path, err, r.Code, r.Raw)
+						continue
 					}
+					step.done.Add(1)
 				}
 			}
 		}()
 	}
 	wg.Wait()
 	elapsed := time.Since(began)
-	if n := next.Load(); n < int64(total) {
-		t.Fatalf("only %d of %d sandboxes done before the deadline", n, total)
+	t.Logf("%d creates and %d destroys of %d completed at concurrency %d in %s (%.0f requests/s), %d errors",
+		created.Load(), destroyed.Load(), total, concurrency, elapsed.Round(time.Millisecond), float64(created.Load()+destroyed.Load())/elapsed.Seconds(), failures.Load())
+	if created.Load() != int64(total) || destroyed.Load() != int64(total) {
+		t.Fatalf("%d of %d creates and %d of %d destroys completed within %s", created.Load(), total, destroyed.Load(), total, within)
 	}
-	t.Logf("%d creates and %d deletes at concurrency %d in %s (%.0f requests/s), %d errors",
-		total, total, concurrency, elapsed.Round(time.Millisecond), float64(2*total)/elapsed.Seconds(), failures.Load())
+
+	// What the function leaves: no Pod, Service or ReplicaSet (a sandbox's
+	// objects), and of NetworkPolicies only those that outlive sandboxes:
+	// the shared one it ensured at start (SANDBOX_NETWORK_POLICY_ENSURE in
+	// the harness's settings), as the shipped manifest names and labels it,
+	// and the two its key's principal ("default", the only one) had written
+	// by its first create: its ingress policy and the legacy one.
+	for k, v := range function.BaseEnv(kubeconfig, ns) {
+		t.Setenv(k, v) // the function's settings, for the policies' names
+	}
+	cfg, err := config.Load()
+	if err != nil {
+		t.Fatalf("the harness's settings: %v", err)
+	}
+	shared := shippedNetworkPolicy(t, ns)
+	want := map[string]map[string]string{shared.Name: shared.Labels}
+	for _, np := range []*networkingv1.NetworkPolicy{resources.BuildIngressPolicy(cfg.Objects(), config.DefaultPrincipal, nil), resources.BuildLegacyIngressPolicy(cfg.Objects(), nil)} {
+		want[np.Name] = np.Labels
+	}
 	ctx := context.Background()
-	eventually(t, 120*time.Second, "namespace empty of Pods, Services and NetworkPolicies", func() (bool, error) {
+	eventually(t, 120*time.Second, "namespace empty of Pods, Services and ReplicaSets, and of NetworkPolicies but those that outlive sandboxes", func() (bool, error) {
 		p, err := client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err
@@ -72,12 +111,23 @@ func TestLoad(t *testing.T) {
 		if err != nil {
 			return false, err
 		}
+		rs, err := client().AppsV1().ReplicaSets(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		if len(p.Items)+len(s.Items)+len(rs.Items) > 0 {
+			return false, fmt.Errorf("%d Pods, %d Services, %d ReplicaSets left", len(p.Items), len(s.Items), len(rs.Items))
+		}
 		n, err := client().NetworkingV1().NetworkPolicies(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err
 		}
-		if len(p.Items)+len(s.Items)+len(n.Items) > 0 {
-			return false, fmt.Errorf("%d Pods, %d Services, %d NetworkPolicies left", len(p.Items), len(s.Items), len(n.Items))
+		got := map[string]map[string]string{}
+		for _, np := range n.Items {
+			got[np.Name] = np.Labels
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			return false, fmt.Errorf("NetworkPolicies left, by name and labels (-want +got):\n%s", diff)
 		}
 		return true, nil
 	})

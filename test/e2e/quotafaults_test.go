@@ -105,6 +105,12 @@ func TestQuotaHoldsUnderFaults(t *testing.T) {
 	if injected == 0 || summary["POST 200"] == 0 {
 		t.Errorf("the load proved nothing: %d faults injected, %d creates admitted", injected, summary["POST 200"])
 	}
+	// The count must have reached the limit, or that it never passed it
+	// proves nothing. (A refusal for the quota, 429, is no better witness:
+	// under these faults most creates at the limit fail on a 5xx first.)
+	if pk.max < limit {
+		t.Errorf("the load never reached the limit: at most %d sandbox workloads at once, limit %d", pk.max, limit)
+	}
 
 	// Settled: every id destroyed leaves no sandbox object behind.
 	for i := 0; i < ids; i++ {
