@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -23,7 +24,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 )
 
@@ -71,15 +74,23 @@ const (
 //     than MAX_SANDBOXES, nor more than MAX_SANDBOXES_PER_PRINCIPAL of one
 //     principal;
 //   - after the settle (faults off, past every undo's window, one reap),
-//     no Pod without its Service and no Service without its workload.
+//     no Pod without its Service and no Service without its workload;
+//   - on the network (soaknet_test.go), each principal's backend, at
+//     random moments, connected to every sandbox and pooled Pod on the
+//     real node: none reached another principal's sandbox or an unclaimed
+//     pooled Pod, and each reached its own.
 //
 // An id's checks pause for a while after a request on it was cut (the
 // client gave up, or a replica died): the function may still be working on
 // it.
 //
 // The API server and the faults are real (the proxy stands in for an API
-// server answering 5xx); the nodes are kwok's: what is checked does not
-// depend on a node.
+// server answering 5xx); the nodes are kwok's, where what is checked does
+// not depend on a node, but for a small share on the real node (the
+// sandboxes of two ids of each principal, from the pooled template
+// soak-net), which the network checks need: there a connection is made or
+// refused by the policy agent. Without a real node (REAL_NODE=0) the soak
+// runs on kwok alone and says so; under CI that fails.
 func TestSoak(t *testing.T) {
 	dur := 2 * time.Minute
 	if v := os.Getenv("SOAK_DURATION"); v != "" {
@@ -109,9 +120,16 @@ func TestSoak(t *testing.T) {
 		"REQUEST_TIMEOUT":             soakReqTimeout.String(),
 		"SANDBOX_MAX_READY_WAIT":      soakReadyWait.String(),
 		"EMIT_KUBERNETES_EVENTS":      "false",
+		// Each principal's sandboxes admit its own backends alone.
+		"PROVISIONER_PRINCIPAL_INGRESS": soakSources,
+		// Every principal may run everything, the reap too (the setup's
+		// and the settle's, and the load's): with several principals the
+		// reap is granted only so.
+		"PROVISIONER_PRINCIPAL_OPERATIONS": "*=" + strings.Join(config.Operations, ","),
 	} {
 		env[k] = v
 	}
+	network := newSoakNet(t, ns, env)
 	bin, err := function.Binary()
 	if err != nil {
 		t.Fatal(err)
@@ -129,15 +147,16 @@ func TestSoak(t *testing.T) {
 			replicas[i].Load().Stop()
 		}
 	})
-	warmUp(t, replicas[0].Load(), ns, "soak-pool", 3)
-	keepPools(t, replicas[0].Load()) // wires the pool's Pods: claims of wired Pods are in the load from the start
+	warmUp(t, replicas[0].Load(), ns, "soak-pool", 3) // its reap makes soak-net's pool too, if any
+	keepPools(t, replicas[0].Load())                  // wires the pool's Pods: claims of wired Pods are in the load from the start
+	network.awaitPool(t, replicas[0].Load())
 	w := watchWorkloads(t, ns)
-	s := &soak{t: t, ns: ns, seed: seed, replicas: &replicas, ids: map[string]*soakID{}}
+	s := &soak{t: t, ns: ns, seed: seed, replicas: &replicas, ids: map[string]*soakID{}, net: network}
 	for _, p := range []soakPrincipal{{"alice", aliceKey}, {"bob", soakBobKey}} {
 		for wk := 0; wk < soakWorkers; wk++ {
 			for i := 0; i < soakIDs; i++ {
 				id := fmt.Sprintf("sk-%s%d-%d", p.name[:1], wk, i)
-				s.ids[id] = &soakID{id: id, owner: p, user: fmt.Sprintf("%s-u%d", p.name, wk), thread: id}
+				s.ids[id] = &soakID{id: id, owner: p, user: fmt.Sprintf("%s-u%d", p.name, wk), thread: id, template: network.template(wk, i)}
 			}
 		}
 	}
@@ -145,7 +164,7 @@ func TestSoak(t *testing.T) {
 	// any attack names it (ownership is first come: an attack must meet
 	// an owner): each id is created and destroyed once.
 	for _, x := range s.sortedIDs() {
-		if r := s.send(replicas[0].Load(), x.owner, "POST", "/api/sandboxes", x.createBody(""), 30*time.Second); r != 200 {
+		if r := s.send(replicas[0].Load(), x.owner, "POST", "/api/sandboxes", x.createBody(x.template), 30*time.Second); r != 200 {
 			t.Fatalf("first create of %s: %d", x.id, r)
 		}
 		if r := s.send(replicas[0].Load(), x.owner, "DELETE", "/api/sandboxes/"+x.id, nil, 30*time.Second); r != 200 {
@@ -173,6 +192,7 @@ func TestSoak(t *testing.T) {
 			}(rand.New(rand.NewPCG(seed, uint64(g))))
 		}
 	}
+	network.probe(seed, end, &wg)
 	go func() { // progress, for a long make soak
 		for tick := time.NewTicker(30 * time.Second); time.Now().Before(end); <-tick.C {
 			s.mu.Lock()
@@ -238,16 +258,20 @@ func TestSoak(t *testing.T) {
 	if claims[`{result="wired",template="soak-pool"}`] == 0 {
 		s.violate("no claim of a wired pooled Pod in the load: %v", claims)
 	}
+	netSummary, netLittle := network.check(s)
 	injected := faults.byKind()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t.Logf("soak: seed %d; %d operations %v; faults injected %v; %d watch events (%d deletions missed), at most %d workloads at once (per principal %v); pool claims (running replicas) %v; violations: %d",
-		seed, s.ops, s.answers, injected, pk.events, pk.missed, pk.max, pk.byPrincipal, claims, len(s.violations))
+	t.Logf("soak: seed %d; %d operations %v; faults injected %v; %d watch events (%d deletions missed), at most %d workloads at once (per principal %v); pool claims (running replicas) %v; %s; violations: %d",
+		seed, s.ops, s.answers, injected, pk.events, pk.missed, pk.max, pk.byPrincipal, claims, netSummary, len(s.violations))
 	for _, v := range s.violations {
 		t.Error(v)
 	}
 	if s.answers["POST 200"] == 0 || injected["5xx after the API server's work"] == 0 {
 		t.Errorf("the soak proved little: %v answers, %v faults", s.answers, injected)
+	}
+	if netLittle != "" {
+		t.Errorf("the soak's network prober proved little: %s", netLittle)
 	}
 }
 
@@ -264,6 +288,7 @@ type soakID struct {
 	mu               sync.Mutex // one request on the id at a time, the owner's or an attack's
 	id, user, thread string
 	owner            soakPrincipal
+	template         string // every create's, when set (soak-net); else the op's
 	state            int
 	taintedUntil     time.Time // a request on it was cut: the function may still work on it
 }
@@ -284,6 +309,7 @@ type soak struct {
 	seed     uint64
 	replicas *[2]atomic.Pointer[function.Instance]
 	ids      map[string]*soakID
+	net      *soakNet // nil without a real node
 
 	// gate, when set, holds new steps until it is closed; inflight counts
 	// the steps under way.
@@ -394,6 +420,10 @@ func (s *soak) step(r *rand.Rand, p soakPrincipal, wk int) {
 		method, path = "POST", "/api/sandboxes/"+mine.id+"/pause"
 	default:
 		method, path = "POST", "/api/sandboxes/"+mine.id+"/resume"
+	}
+	if body != nil && mine.template != "" {
+		tmpl = mine.template // its sandboxes run on the real node
+		body = mine.createBody(tmpl)
 	}
 	settled := mine.settled()
 	code := s.send(f, p, method, path, body, giveUp)
@@ -517,7 +547,8 @@ func (s *soak) whole(x *soakID) error {
 // wholeWired says why x, claimed from a wired pooled Pod, is not a whole
 // sandbox of its owner: its Service serving (serves) a live Pod of the
 // owner with the id, and that Pod's wire, named by the Service, selecting
-// the Pod's token alone.
+// exactly the Pod's token and pin (resources.WireSelector), which the Pod
+// carries: no other Pod can join it.
 func (s *soak) wholeWired(ctx context.Context, x *soakID, svc *corev1.Service) error {
 	name := svc.Annotations[keys.AnnotationURLService]
 	pod, err := client().CoreV1().Pods(s.ns).Get(ctx, name, metav1.GetOptions{})
@@ -536,9 +567,9 @@ func (s *soak) wholeWired(ctx context.Context, x *soakID, svc *corev1.Service) e
 		return fmt.Errorf("no wire %s", name)
 	case err != nil:
 		return nil
-	case wire.DeletionTimestamp != nil || len(wire.Spec.Selector) != 1 || pod.Labels[keys.LabelToken] == "" ||
-		wire.Spec.Selector[keys.LabelToken] != pod.Labels[keys.LabelToken]:
-		return fmt.Errorf("wire %s selects %v, not the token of its Pod (%q)", name, wire.Spec.Selector, pod.Labels[keys.LabelToken])
+	case wire.DeletionTimestamp != nil || pod.Labels[keys.LabelToken] == "" || !resources.Pinned(pod) ||
+		!maps.Equal(wire.Spec.Selector, resources.WireSelector(pod.Name, pod.Labels[keys.LabelToken])):
+		return fmt.Errorf("wire %s selects %v, not the token and pin of its Pod (%q, pinned %v)", name, wire.Spec.Selector, pod.Labels[keys.LabelToken], resources.Pinned(pod))
 	}
 	return nil
 }
