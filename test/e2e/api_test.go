@@ -311,9 +311,15 @@ func TestHalfPresentSandboxRepaired(t *testing.T) {
 	}
 	r = mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "half2"})
 	expectCode(t, r, 200, "repairing create")
-	want := fmt.Sprintf("http://127.0.0.1:%d", orphan.Spec.Ports[0].NodePort)
-	if r.Body["sandbox_url"] != want {
-		t.Errorf("adopted Service URL %v, want the existing node port %s", r.Body["sandbox_url"], want)
+	// DeerFlow's Service is adopted only with its Pod (issue 45: a Service
+	// alone proves nothing of whose it was): without one it is replaced by
+	// a Service of the new Pod's own, so its node port is not kept.
+	old := fmt.Sprintf("http://127.0.0.1:%d", orphan.Spec.Ports[0].NodePort)
+	if url, _ := r.Body["sandbox_url"].(string); url == old || !nodePortURL.MatchString(url) {
+		t.Errorf("repaired Service URL %v, want a node port of a new Service, not the Pod-less one's %s", r.Body["sandbox_url"], old)
+	}
+	if svc := services(t, ns, "sandbox-id=half2"); len(svc) != 1 || svc[0].UID == orphan.UID || len(svc[0].OwnerReferences) != 1 || svc[0].OwnerReferences[0].Kind != "Pod" {
+		t.Errorf("Services of half2 after the repair: %+v; want one new Service owned by the Pod", svc)
 	}
 	if p := pods(t, ns, "sandbox-id=half2"); len(p) != 1 {
 		t.Errorf("%d Pods after repair, want 1", len(p))

@@ -134,7 +134,11 @@ func TestEveryDoorAuthenticated(t *testing.T) {
 	allowed := "system:serviceaccount:" + ns + ":trigger-oidc"
 	// tok1 is a ReplicaSet sandbox, so that pause and resume succeed too.
 	putTemplate(t, ns, rsTemplate("heal", "sandbox:test", nil))
-	f := start(t, ns, map[string]string{"AUTH_TOKEN_AUDIENCE": audience, "AUTH_ALLOWED_SUBJECTS": allowed})
+	// The token's principal may reap as config/ lets its PingSource: by an
+	// entry that grants it (beside DeerFlow's key, a second principal, the
+	// reap is no one's by default).
+	f := start(t, ns, map[string]string{"AUTH_TOKEN_AUDIENCE": audience, "AUTH_ALLOWED_SUBJECTS": allowed,
+		"PROVISIONER_PRINCIPAL_OPERATIONS": allowed + "=create,get,list,destroy,pause,resume,reap,templates,capabilities"})
 	good := token(t, ns, "trigger-oidc", audience)
 	bearer := func(tok string) map[string]string { return map[string]string{"Authorization": "Bearer " + tok} }
 
@@ -232,7 +236,9 @@ func TestMissingOrTemplateKeyFailsClosed(t *testing.T) {
 func TestSandboxBoundToItsOwner(t *testing.T) {
 	ns := namespace(t)
 	putTemplate(t, ns, rsTemplate("heal", "sandbox:test", nil))
-	f := start(t, ns, map[string]string{"PROVISIONER_API_KEYS": "bob=" + bobKey})
+	// default reaps below, granted as to config/'s PingSource.
+	f := start(t, ns, map[string]string{"PROVISIONER_API_KEYS": "bob=" + bobKey,
+		"PROVISIONER_PRINCIPAL_OPERATIONS": "default=create,get,list,destroy,pause,resume,reap,templates,capabilities"})
 	ctx := context.Background()
 	a := mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "shared1", "user_id": "alice", "thread_id": "t1", "template": "heal"})
 	expectCode(t, a, 200, "alice's create")
