@@ -64,20 +64,34 @@ func (c *Checker) ingressChecks(principal string) []check {
 	return cs
 }
 
-// ensureIngress reads np (from the watch cache: a stale answer is met by
-// the create or update it leads to, which the API server judges on the
+// ensureIngress reads np (first from the watch cache: a stale answer is met
+// by the create or update it leads to, which the API server judges on the
 // current object), creates it when missing and restores it when it differs.
+// A racing replica's create (AlreadyExists) or update (Conflict) is met by
+// reading again, from etcd, and judging what it wrote: every replica builds
+// the same policy, so the race ends in agreement, not in a refusal.
 func (c *Checker) ensureIngress(ctx context.Context, v *verdict, principal string, want *networkingv1.NetworkPolicy) error {
 	nps := c.client.NetworkingV1().NetworkPolicies(c.namespace)
 	what := fmt.Sprintf("ensure the NetworkPolicy %s/%s that admits the backends of principal %q", c.namespace, want.Name, principal)
-	live, err := nps.Get(ctx, want.Name, metav1.GetOptions{ResourceVersion: "0"})
-	switch {
-	case apierrors.IsNotFound(err):
-		live, err = nps.Create(ctx, want.DeepCopy(), metav1.CreateOptions{})
-	case err == nil && (len(specDiff(want.Spec, live.Spec)) > 0 || !labelsHold(live.Labels, want.Labels)):
-		restored := want.DeepCopy()
-		restored.ResourceVersion = live.ResourceVersion
-		live, err = nps.Update(ctx, restored, metav1.UpdateOptions{})
+	var (
+		live *networkingv1.NetworkPolicy
+		err  error
+	)
+	read := metav1.GetOptions{ResourceVersion: "0"}
+	for attempt := 0; attempt < 3; attempt++ {
+		live, err = nps.Get(ctx, want.Name, read)
+		read = metav1.GetOptions{}
+		switch {
+		case apierrors.IsNotFound(err):
+			live, err = nps.Create(ctx, want.DeepCopy(), metav1.CreateOptions{})
+		case err == nil && (len(specDiff(want.Spec, live.Spec)) > 0 || !labelsHold(live.Labels, want.Labels)):
+			restored := want.DeepCopy()
+			restored.ResourceVersion = live.ResourceVersion
+			live, err = nps.Update(ctx, restored, metav1.UpdateOptions{})
+		}
+		if !apierrors.IsAlreadyExists(err) && !apierrors.IsConflict(err) {
+			break
+		}
 	}
 	if apierrors.IsForbidden(err) || apierrors.IsInvalid(err) {
 		// Not transient: the Role (config/201-role.yaml) or the admission
@@ -89,10 +103,11 @@ func (c *Checker) ensureIngress(ctx context.Context, v *verdict, principal strin
 		c.report(CheckIngress, verdict)
 		return verdict
 	}
+	if apierrors.IsAlreadyExists(err) || apierrors.IsConflict(err) {
+		return &api.Error{Kind: api.KindUnavailable, Err: err, Detail: "the NetworkPolicy " + c.namespace + "/" + want.Name + " is changing concurrently; retry"}
+	}
 	if err != nil {
-		// AlreadyExists (a racing replica's create) and Conflict (a racing
-		// update) included: the next create reads again.
-		return api.Classify(err, what)
+		return api.Classify(err, what) // transient: the next create reads again
 	}
 	v.store(nil, live.ResourceVersion)
 	c.report(CheckIngress, nil)

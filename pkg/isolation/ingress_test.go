@@ -100,6 +100,35 @@ func TestRequireIngressWritesWhatIsMissing(t *testing.T) {
 	}
 }
 
+// TestRequireIngressMeetsARacingReplica: two replicas' first creates of a
+// principal both find its policy missing; the one whose create loses
+// (AlreadyExists) reads the winner's, finds it the same, and admits the
+// create instead of refusing it. The fake clientset stands in for the API
+// server; the reactor plays the other replica's create landing first.
+func TestRequireIngressMeetsARacingReplica(t *testing.T) {
+	cfg := testConfig(t, nil)
+	build := func(p string) []*networkingv1.NetworkPolicy {
+		return []*networkingv1.NetworkPolicy{resources.BuildIngressPolicy(cfg.Objects(), p, cfg.IngressSources(p, false))}
+	}
+	client := fake.NewClientset(resources.BuildNetworkPolicy(cfg.Objects()))
+	raced := false
+	client.PrependReactor("create", "networkpolicies", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		np := a.(k8stesting.CreateAction).GetObject().(*networkingv1.NetworkPolicy)
+		if raced {
+			return false, nil, nil
+		}
+		raced = true
+		if err := client.Tracker().Add(np.DeepCopy()); err != nil { // the other replica's, first
+			return true, nil, err
+		}
+		return true, nil, apierrors.NewAlreadyExists(schema.GroupResource{Group: "networking.k8s.io", Resource: "networkpolicies"}, np.Name)
+	})
+	c := New(&cfg.IsolationConfig, &cfg.PodSecurityConfig, cfg.Namespace, 10*time.Second, resources.BuildNetworkPolicy(cfg.Objects()), client, WithIngress(build))
+	if err := c.Require(context.Background(), "default"); err != nil || !raced {
+		t.Fatalf("Require after losing the create to another replica: %v (raced %v), want admitted", err, raced)
+	}
+}
+
 // TestRequireIngressForgetsTransientFailures: a failure to reach the API
 // server is answered (unavailable) but not remembered, so the next create
 // tries again at once.
