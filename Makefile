@@ -116,10 +116,10 @@ bench: tools node image
 load: tools
 	LOAD=1 REAL_NODE=0 $(GO) test -tags e2e -count=1 -timeout 20m -v -run '^TestLoad$$' ./test/e2e/...
 
-## soak: the fault soak for SOAK_DURATION (default 10m; make test runs 2m): two principals, two replicas, aborts, 5xx, a kill, an API server restart; SOAK_SEED replays
+## soak: the fault soak for SOAK_DURATION (default 10m; make test runs 2m): two principals, two replicas, aborts, 5xx, a kill, an API server restart, a network prober on the real node (root); SOAK_SEED replays
 .PHONY: soak
-soak: tools
-	REAL_NODE=0 SOAK_DURATION=$(or $(SOAK_DURATION),10m) $(GO) test -tags e2e -count=1 -timeout 40m -v -run '^TestSoak$$' ./test/e2e/ 2>&1 | hack/summarize-tests.sh
+soak: tools node
+	SOAK_DURATION=$(or $(SOAK_DURATION),10m) $(GO) test -tags e2e -count=1 -timeout 40m -v -run '^TestSoak$$' ./test/e2e/ 2>&1 | hack/summarize-tests.sh
 
 ## fuzz: run each fuzz target for FUZZTIME (default 1m)
 .PHONY: fuzz
