@@ -27,7 +27,9 @@ import (
 // and bob's destroy removes his stray Pod and nothing of alice's.
 func TestStrayPodNeverJoinsAnotherPrincipalsSandbox(t *testing.T) {
 	ns := namespace(t)
-	f := start(t, ns, map[string]string{"PROVISIONER_API_KEYS": "alice=" + aliceKey + ",bob=" + bobKey})
+	// default keeps the pools (a reap), granted as to config/'s PingSource.
+	f := start(t, ns, map[string]string{"PROVISIONER_API_KEYS": "alice=" + aliceKey + ",bob=" + bobKey,
+		"PROVISIONER_PRINCIPAL_OPERATIONS": "default=create,get,list,destroy,pause,resume,reap,templates,capabilities"})
 	warmUp(t, f, ns, "warm", 1)
 	alice, bob := keyHeader(aliceKey), keyHeader(bobKey)
 	create := door{name: "create px", method: "POST", path: "/api/sandboxes", body: `{"sandbox_id":"px","template":"warm","user_id":"alice-user"}`}
