@@ -100,14 +100,23 @@ func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option)
 // its sandboxes: its own, and, for the principal that owns the sandboxes
 // that record none ("default", or the one principal there is), the legacy
 // one, with "default"'s sources.
+//
+// The settings do not change while the function runs, so each principal's
+// policies are built once and kept (one entry per principal that created):
+// a create only looks them up. Their users copy before writing.
 func ingressPolicies(cfg *config.Config) func(principal string) []*networkingv1.NetworkPolicy {
 	multi := cfg.MultiplePrincipals()
+	var built sync.Map // principal → []*networkingv1.NetworkPolicy
 	return func(principal string) []*networkingv1.NetworkPolicy {
+		if nps, ok := built.Load(principal); ok {
+			return nps.([]*networkingv1.NetworkPolicy)
+		}
 		objs := cfg.Objects()
 		out := []*networkingv1.NetworkPolicy{resources.BuildIngressPolicy(objs, principal, cfg.IngressSources(principal, multi))}
 		if principal == api.LegacyPrincipal || !multi {
 			out = append(out, resources.BuildLegacyIngressPolicy(objs, cfg.IngressSources(api.LegacyPrincipal, multi)))
 		}
+		built.Store(principal, out)
 		return out
 	}
 }
