@@ -147,3 +147,20 @@ const (
 	OwnsUser   = "user"
 	OwnsThread = "thread"
 )
+
+// Egress (package egress): what a sandbox may reach outside the cluster.
+const (
+	// TemplateEgress (on a PodTemplate) and LabelEgress (on a sandbox's
+	// Pods and Service) hold the mode: open, isolated or allowlist. The
+	// NetworkPolicies select Pods by the label, so it is fixed at create.
+	TemplateEgress = Prefix + "egress"
+	LabelEgress    = TemplateEgress
+	// TemplateEgressAllow (on a PodTemplate) and AnnotationEgressAllow (on
+	// a sandbox's Service) hold the names an allowlist sandbox may reach
+	// through the egress proxy, comma-separated.
+	TemplateEgressAllow   = Prefix + "egress-allow"
+	AnnotationEgressAllow = TemplateEgressAllow
+	// AnnotationEgressGrants (on a sandbox's Service) holds the names
+	// granted at run time, as JSON (egress.EncodeGrants).
+	AnnotationEgressGrants = Prefix + "egress-grants"
+)
