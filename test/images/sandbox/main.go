@@ -2,13 +2,20 @@
 // node. It answers what DeerFlow's client and our readiness probe use
 // (GET /v1/sandbox) and, for the attack tests, POST /v1/exec: a fixed set of
 // actions that hostile code inside a sandbox would try (connect anywhere,
-// query any DNS server, plant symlinks, read files, call into the kernel).
-// It is a test image: it exists to behave like an attacker, and is never
-// deployed.
+// query any DNS server, talk to the egress proxy by hand, plant symlinks,
+// read files, call into the kernel). It is a test image: it exists to
+// behave like an attacker, and is never deployed.
+//
+// The real node's surroundings run it too, as hosts outside the cluster:
+// SANDBOX_DNS_ADDR adds a toy DNS server (zone.go; SANDBOX_DNS_ZONE names
+// what it answers besides its one fallback address), SANDBOX_TLS_ADDR the
+// same API over TLS with a certificate made at start for SANDBOX_TLS_NAMES
+// (tls.go; GET /v1/cert tells its fingerprint).
 package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -35,6 +42,19 @@ type action struct {
 	Path      string            `json:"path,omitempty"`   // read, list, symlink (the link)
 	Target    string            `json:"target,omitempty"` // symlink
 	TimeoutMs int               `json:"timeout_ms,omitempty"`
+	// http: the Host header, when it should differ from the URL's host
+	// (a request that names one host to the proxy and another to the
+	// server); tunnel: the Host of the GET sent through the tunnel.
+	Host string `json:"host,omitempty"`
+	// http: skip the verification of the server's certificate (the
+	// surroundings' certificates are self-signed).
+	Insecure bool `json:"insecure,omitempty"`
+	// tunnel (tunnel.go): the TLS handshake's SNI through the tunnel;
+	// empty (and no ECH) sends the GET in the clear.
+	SNI string `json:"sni,omitempty"`
+	// tunnel: the handshake carries an Encrypted Client Hello, whose
+	// public (outer) name is SNI (default: Addr's host).
+	ECH bool `json:"ech,omitempty"`
 }
 
 // result says whether the action succeeded, and what it saw.
@@ -54,25 +74,38 @@ func main() {
 	if v := os.Getenv("SANDBOX_ADDR"); v != "" {
 		addr = v
 	}
-	host, _ := os.Hostname()
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/sandbox", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, "{\"status\":\"ok\",\"host\":%q}\n", host)
-	})
-	mux.HandleFunc("POST /v1/exec", func(w http.ResponseWriter, r *http.Request) {
-		var a action
-		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&a); err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
+	var zone dnsZone
+	if v := os.Getenv("SANDBOX_DNS_ZONE"); v != "" {
+		z, err := parseZone(v)
+		if err != nil {
+			log.Fatalf("SANDBOX_DNS_ZONE: %v", err)
 		}
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(run(r.Context(), a))
-	})
+		zone = z
+	}
 	if dns := os.Getenv("SANDBOX_DNS_ADDR"); dns != "" {
 		// The tests' stand-in for a resolver outside the cluster.
-		go serveDNS(dns)
+		go serveDNS(dns, zone)
 	}
+	// SANDBOX_TLS_ADDR serves the same API over TLS, with a certificate
+	// made now for SANDBOX_TLS_NAMES and the address's IP.
+	var cert *tls.Certificate
+	tlsAddr := os.Getenv("SANDBOX_TLS_ADDR")
+	if tlsAddr != "" {
+		ip, _, err := net.SplitHostPort(tlsAddr)
+		if err != nil {
+			log.Fatalf("SANDBOX_TLS_ADDR=%q: %v", tlsAddr, err)
+		}
+		if net.ParseIP(ip) == nil {
+			ip = "" // a name or nothing: no IP SAN
+		}
+		c, err := selfSigned(tlsNames(os.Getenv("SANDBOX_TLS_NAMES")), ip)
+		if err != nil {
+			log.Fatal(err)
+		}
+		cert = &c
+		log.Printf("TLS certificate sha256 %s for %v %s", certFingerprint(c.Certificate[0]), c.Leaf.DNSNames, ip)
+	}
+	mux := newMux(cert)
 	// STANDIN_START_DELAY (a duration) holds the server back, as a slow
 	// image would be: tests set it per request (the create's env) to see
 	// waits that outlast the platform's own timeouts.
@@ -84,9 +117,60 @@ func main() {
 		log.Printf("waiting %s before serving (STANDIN_START_DELAY)", d)
 		time.Sleep(d)
 	}
+	if cert != nil {
+		tlsSrv := &http.Server{
+			Addr: tlsAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second,
+			TLSConfig: &tls.Config{Certificates: []tls.Certificate{*cert}},
+		}
+		log.Printf("sandbox stand-in on %s (TLS)", tlsAddr)
+		go func() { log.Fatal(tlsSrv.ListenAndServeTLS("", "")) }()
+	}
 	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	log.Printf("sandbox stand-in on %s", addr)
 	log.Fatal(srv.ListenAndServe())
+}
+
+// sandboxInfo is GET /v1/sandbox's answer: DeerFlow's client and the
+// readiness probes look for status ok, tests for the host (the Pod's
+// name); the Host header and the SNI (over TLS) show what name a request
+// that came through a proxy carried to its end.
+type sandboxInfo struct {
+	Status     string `json:"status"`
+	Host       string `json:"host"`
+	HostHeader string `json:"host_header"`
+	SNI        string `json:"sni,omitempty"`
+}
+
+// newMux is the stand-in's API, served over HTTP and (with cert) TLS.
+func newMux(cert *tls.Certificate) *http.ServeMux {
+	host, _ := os.Hostname()
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/sandbox", func(w http.ResponseWriter, r *http.Request) {
+		info := sandboxInfo{Status: "ok", Host: host, HostHeader: r.Host}
+		if r.TLS != nil {
+			info.SNI = r.TLS.ServerName
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(info)
+	})
+	mux.HandleFunc("GET /v1/cert", func(w http.ResponseWriter, r *http.Request) {
+		if cert == nil {
+			http.Error(w, "no TLS here (SANDBOX_TLS_ADDR is not set)", http.StatusNotFound)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain")
+		fmt.Fprintln(w, certFingerprint(cert.Certificate[0]))
+	})
+	mux.HandleFunc("POST /v1/exec", func(w http.ResponseWriter, r *http.Request) {
+		var a action
+		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&a); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(run(r.Context(), a))
+	})
+	return mux
 }
 
 func run(ctx context.Context, a action) result {
@@ -117,13 +201,33 @@ func run(ctx context.Context, a action) result {
 		for k, v := range a.Headers {
 			req.Header.Set(k, v)
 		}
-		resp, err := http.DefaultClient.Do(req)
+		if a.Host != "" {
+			req.Host = a.Host
+		}
+		// Through the proxy the environment names (HTTP_PROXY,
+		// HTTPS_PROXY, NO_PROXY), as most clients in a sandbox go.
+		client := http.DefaultClient
+		if a.Insecure {
+			tr := http.DefaultTransport.(*http.Transport).Clone() // keeps Proxy: http.ProxyFromEnvironment
+			tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true}
+			defer tr.CloseIdleConnections()
+			client = &http.Client{Transport: tr}
+		}
+		resp, err := client.Do(req)
 		if err != nil {
 			return fail(err)
 		}
 		defer resp.Body.Close()
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return result{OK: true, Output: fmt.Sprintf("%d %s", resp.StatusCode, strings.TrimSpace(string(body)))}
+		out := fmt.Sprintf("%d %s", resp.StatusCode, strings.TrimSpace(string(body)))
+		if resp.TLS != nil {
+			// Which certificate the client saw: the server's own
+			// (GET /v1/cert) unless something in between answered.
+			out += "\ncert=" + peerFingerprint(resp.TLS)
+		}
+		return result{OK: true, Output: out}
+	case "tunnel":
+		return tunnel(ctx, a)
 	case "dns":
 		// A resolver that asks only the given server, as code that ignores
 		// the Pod's resolv.conf would.
@@ -165,41 +269,4 @@ func run(ctx context.Context, a action) result {
 		return result{OK: true, Output: string(b)}
 	}
 	return result{Error: "unknown op " + a.Op}
-}
-
-// serveDNS answers every query on addr (UDP) with one A record, 192.0.2.53:
-// just enough of RFC 1035 for a Go resolver to accept the answer.
-func serveDNS(addr string) {
-	pc, err := net.ListenPacket("udp", addr)
-	if err != nil {
-		log.Fatal(err)
-	}
-	buf := make([]byte, 512)
-	for {
-		n, from, err := pc.ReadFrom(buf)
-		if err != nil || n < 12 {
-			continue
-		}
-		q := buf[12:n]
-		end := 0
-		for end < len(q) && q[end] != 0 {
-			end += int(q[end]) + 1
-		}
-		if end+5 > len(q) {
-			continue
-		}
-		question := q[:end+5] // name, type, class
-		isA := q[end+1] == 0 && q[end+2] == 1
-		answers := byte(0)
-		if isA {
-			answers = 1
-		}
-		resp := append([]byte{}, buf[:2]...)                          // id
-		resp = append(resp, 0x81, 0x80, 0, 1, 0, answers, 0, 0, 0, 0) // response, recursion; 1 question
-		resp = append(resp, question...)
-		if isA {
-			resp = append(resp, 0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4, 192, 0, 2, 53) // pointer to the name, A, IN, TTL 60
-		}
-		_, _ = pc.WriteTo(resp, from)
-	}
 }
