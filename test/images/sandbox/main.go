@@ -203,6 +203,16 @@ func run(ctx context.Context, a action) result {
 		}
 		if a.Host != "" {
 			req.Host = a.Host
+			// Through a proxy, Go's client writes the Host header's
+			// name into the absolute-form request line too, so the two
+			// always agree. An opaque URL is written as it is: the
+			// request line keeps the URL's host, the Host header says
+			// a.Host, as a hand-made request can.
+			if req.URL.Scheme == "http" {
+				if p, err := http.ProxyFromEnvironment(req); err == nil && p != nil {
+					req.URL.Opaque = "//" + req.URL.Host + req.URL.EscapedPath()
+				}
+			}
 		}
 		// Through the proxy the environment names (HTTP_PROXY,
 		// HTTPS_PROXY, NO_PROXY), as most clients in a sandbox go.

@@ -66,7 +66,7 @@ func tunnelGet(ctx context.Context, a action) (string, error) {
 	}
 	// What the proxy sent after its answer (the far end's first bytes)
 	// may sit in br already: the tunnel reads through it.
-	var tun net.Conn = &bufferedConn{Conn: conn, r: br}
+	tun := &bufferedConn{Conn: conn, r: br}
 
 	if a.SNI == "" && !a.ECH {
 		host := a.Host
@@ -108,7 +108,7 @@ func tunnelGet(ctx context.Context, a action) (string, error) {
 	}
 	tc := tls.Client(tun, cfg)
 	if err := tc.HandshakeContext(ctx); err != nil {
-		return "", fmt.Errorf("TLS handshake (SNI %q, ECH %v) through the tunnel to %s: %w%s", sni, a.ECH, a.Addr, err, notTLS(err))
+		return "", fmt.Errorf("TLS handshake (SNI %q, ECH %v) through the tunnel to %s: %w%s", sni, a.ECH, a.Addr, err, notTLS(err, tun))
 	}
 	host := a.Host
 	if host == "" {
@@ -139,15 +139,17 @@ func getSandbox(c net.Conn, host string) (string, error) {
 
 // notTLS is what came instead of a TLS handshake, when what came was not
 // TLS: an egress proxy that refuses inside a tunnel may answer in HTTP
-// ("HTTP/1.1 403 …"), and its reason is what a test looks for.
-func notTLS(err error) string {
+// ("HTTP/1.1 403 …"), and its reason is what a test looks for. The TLS
+// client has read part of it (maybe all) into buffers of its own; tun has
+// kept a copy.
+func notTLS(err error, tun *bufferedConn) string {
 	var rh tls.RecordHeaderError
-	if !errors.As(err, &rh) || rh.Conn == nil {
+	if !errors.As(err, &rh) {
 		return ""
 	}
-	_ = rh.Conn.SetReadDeadline(time.Now().Add(time.Second))
-	rest, _ := io.ReadAll(io.LimitReader(rh.Conn, 1024))
-	raw := append(rh.RecordHeader[:], rest...)
+	_ = tun.SetReadDeadline(time.Now().Add(time.Second))
+	_, _ = io.Copy(io.Discard, io.LimitReader(tun, maxFirst))
+	raw := tun.first
 	if resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(raw)), nil); err == nil {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return fmt.Sprintf("; the tunnel answered %s: %s", resp.Status, strings.TrimSpace(string(body)))
@@ -182,11 +184,22 @@ func envProxy() (string, error) {
 	return net.JoinHostPort(u.Hostname(), port), nil
 }
 
+// maxFirst is how much of what comes through a tunnel bufferedConn keeps.
+const maxFirst = 1024
+
 // bufferedConn reads through r, which holds what was read ahead of the
-// tunnel's first bytes.
+// tunnel's first bytes, and keeps a copy of the first of them (first):
+// what to show when they were not what the reader expected.
 type bufferedConn struct {
 	net.Conn
-	r *bufio.Reader
+	r     *bufio.Reader
+	first []byte
 }
 
-func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+func (c *bufferedConn) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	if room := maxFirst - len(c.first); room > 0 {
+		c.first = append(c.first, p[:min(n, room)]...)
+	}
+	return n, err
+}
