@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/deerflow-sandbox/provisioner/pkg/egress"
 	"io"
 	"maps"
 	"path"
@@ -111,6 +112,18 @@ type Spec struct {
 	// Create: a new one for a new sandbox, the workload's for an existing
 	// one. Empty: a sandbox from before tokens, selected by id alone.
 	Token string
+	// Egress is what the sandbox may reach outside the cluster (its
+	// template's, or the deployment's), set by Create.
+	Egress Egress
+}
+
+// Egress is a sandbox's egress: its mode, the names an allowlist sandbox
+// may reach, and the proxy it reaches them through (host:port, the proxy
+// Service's ClusterIP).
+type Egress struct {
+	Mode  egress.Mode
+	Allow []string
+	Proxy string
 }
 
 // Requested marks the request fields that win over a template.

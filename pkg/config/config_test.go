@@ -27,7 +27,7 @@ func TestLoadDefaultsMatchDeerFlow(t *testing.T) {
 		"DEER_FLOW_HOST_BASE_DIR": "/.deer-flow", "SANDBOX_CONTAINER_PORT": int32(8080), "SANDBOX_SERVICE_TYPE": "NodePort",
 		"NODE_HOST": "host.docker.internal", "SANDBOX_IDLE_TIMEOUT": time.Hour, "PROVISIONER_AUTH_DISABLED": false,
 		"AUTH_TOKEN_AUDIENCE": "", "SANDBOX_RUN_AS_NON_ROOT": true, "SANDBOX_USER_NAMESPACE": true,
-		"SANDBOX_EGRESS_MODE": "internet", "waits fit the runtime": true,
+		"SANDBOX_EGRESS_MODE": "open", "waits fit the runtime": true,
 		"SKILLS_PVC_SUBPATH_TEMPLATE": "",
 	}
 	if diff := cmp.Diff(want, got); diff != "" {

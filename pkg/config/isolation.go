@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/egress"
 )
 
 // ServiceHeadless is the SANDBOX_SERVICE_TYPE of sandbox Services without a
@@ -30,7 +32,18 @@ type IsolationConfig struct {
 	IngressFromPodLabels map[string]string `envconfig:"SANDBOX_INGRESS_FROM_POD_LABELS" default:"app.kubernetes.io/name:deer-flow-backend"`
 	IngressFromNamespace map[string]string `envconfig:"SANDBOX_INGRESS_FROM_NAMESPACE_LABELS"`
 	IngressNodeCIDRs     []string          `envconfig:"SANDBOX_INGRESS_NODE_CIDRS"`
-	EgressMode           string            `envconfig:"SANDBOX_EGRESS_MODE" default:"internet"`
+	// EgressMode is the egress of sandboxes whose template names none
+	// (egress.Mode; the names before modes, internet and deny-all, still
+	// mean open and isolated), EgressAllow the names an allowlist sandbox
+	// may reach through the egress proxy when its template lists none.
+	EgressMode  string `envconfig:"SANDBOX_EGRESS_MODE" default:"open"`
+	EgressAllow string `envconfig:"SANDBOX_EGRESS_ALLOW"`
+	// The egress proxy: its Service (whose ClusterIP allowlist sandboxes
+	// are given as HTTP(S)_PROXY), its port, and its Pods' labels (the
+	// only egress the allowlist policy admits).
+	EgressProxyService   string            `envconfig:"SANDBOX_EGRESS_PROXY_SERVICE" default:"sandbox-egress-proxy"`
+	EgressProxyPort      int32             `envconfig:"SANDBOX_EGRESS_PROXY_PORT" default:"3128"`
+	EgressProxyPodLabels map[string]string `envconfig:"SANDBOX_EGRESS_PROXY_POD_LABELS" default:"app.kubernetes.io/name:sandbox-egress-proxy"`
 	EgressDenyCIDRs      []string          `envconfig:"SANDBOX_EGRESS_DENY_CIDRS" default:"10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,169.254.0.0/16,100.64.0.0/10,169.254.169.254/32,169.254.170.2/32,100.100.100.200/32,168.63.129.16/32,fc00::/7,fe80::/10,fd00:ec2::254/128"`
 	EgressAllowCIDRs     []string          `envconfig:"SANDBOX_EGRESS_ALLOW_CIDRS" default:"0.0.0.0/0,::/0"`
 	DNSNamespaceLabels   map[string]string `envconfig:"SANDBOX_DNS_NAMESPACE_LABELS" default:"kubernetes.io/metadata.name:kube-system"`
@@ -48,6 +61,31 @@ type IsolationConfig struct {
 	NetworkPolicyCheckTTL time.Duration `envconfig:"SANDBOX_NETWORK_POLICY_CHECK_TTL" default:"2s"`
 }
 
+// DefaultEgress is the mode of a sandbox whose template names none.
+func (c *IsolationConfig) DefaultEgress() egress.Mode {
+	m, _ := egressMode(c.EgressMode) // validated at start-up
+	return m
+}
+
+// DefaultEgressAllow is the list of an allowlist sandbox whose template
+// lists no names.
+func (c *IsolationConfig) DefaultEgressAllow() []string {
+	names, _ := egress.ParseNames(c.EgressAllow) // validated at start-up
+	return names
+}
+
+// egressMode reads SANDBOX_EGRESS_MODE, with the names it had before
+// DeerFlow's modes: internet (open) and deny-all (isolated).
+func egressMode(s string) (egress.Mode, error) {
+	switch s {
+	case "internet":
+		return egress.Open, nil
+	case "deny-all":
+		return egress.Isolated, nil
+	}
+	return egress.ParseMode(s)
+}
+
 // Validate checks the Service type, the host, the policy's name and
 // selectors, the egress mode and every CIDR.
 func (c *IsolationConfig) Validate() error {
@@ -55,8 +93,20 @@ func (c *IsolationConfig) Validate() error {
 	if c.ServiceType != "NodePort" && c.ServiceType != "ClusterIP" && c.ServiceType != ServiceHeadless {
 		p.bad("SANDBOX_SERVICE_TYPE", "%q must be NodePort, ClusterIP or %s", c.ServiceType, ServiceHeadless)
 	}
-	if c.EgressMode != "internet" && c.EgressMode != "deny-all" {
-		p.bad("SANDBOX_EGRESS_MODE", "%q must be internet or deny-all", c.EgressMode)
+	if _, err := egressMode(c.EgressMode); err != nil {
+		p.bad("SANDBOX_EGRESS_MODE", "%v", err)
+	}
+	if _, err := egress.ParseNames(c.EgressAllow); err != nil {
+		p.bad("SANDBOX_EGRESS_ALLOW", "%v", err)
+	}
+	if msgs := validation.IsDNS1035Label(c.EgressProxyService); len(msgs) > 0 {
+		p.bad("SANDBOX_EGRESS_PROXY_SERVICE", "%q: %s", c.EgressProxyService, strings.Join(msgs, "; "))
+	}
+	if c.EgressProxyPort < 1 || c.EgressProxyPort > 65535 {
+		p.bad("SANDBOX_EGRESS_PROXY_PORT", "%d is not a port", c.EgressProxyPort)
+	}
+	if len(c.EgressProxyPodLabels) == 0 || c.EgressProxyPodLabels["app"] == "deer-flow-sandbox" {
+		p.bad("SANDBOX_EGRESS_PROXY_POD_LABELS", "must select the egress proxy's Pods alone (an empty selector, or one that selects sandboxes, would let an allowlist sandbox reach them)")
 	}
 	if c.NetworkPolicy && len(c.IngressFromPodLabels) == 0 {
 		p.bad("SANDBOX_INGRESS_FROM_POD_LABELS", "must select the agent backend's Pods (an empty selector would admit every Pod, sandboxes included)")

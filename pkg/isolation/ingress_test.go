@@ -16,6 +16,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/egress"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 )
 
@@ -54,7 +55,7 @@ func TestRequireIngressWritesWhatIsMissing(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			client := fake.NewClientset(append(tc.objects, resources.BuildNetworkPolicy(cfg.Objects()))...)
+			client := fake.NewClientset(append(tc.objects, sharedPolicies(cfg)...)...)
 			var writes []string
 			client.PrependReactor("*", "networkpolicies", func(a k8stesting.Action) (bool, runtime.Object, error) {
 				if a.GetVerb() == "get" {
@@ -63,8 +64,8 @@ func TestRequireIngressWritesWhatIsMissing(t *testing.T) {
 				writes = append(writes, a.GetVerb())
 				return tc.fail != nil, nil, tc.fail
 			})
-			c := New(&cfg.IsolationConfig, &cfg.PodSecurityConfig, cfg.Namespace, 10*time.Second, resources.BuildNetworkPolicy(cfg.Objects()), client, WithIngress(build))
-			err := c.Require(context.Background(), "alice")
+			c := New(&cfg.IsolationConfig, &cfg.PodSecurityConfig, cfg.Namespace, 10*time.Second, resources.SharedPolicies(cfg.Objects()), client, WithIngress(build))
+			_, err := c.Require(context.Background(), "alice", egress.Open)
 			if diff := cmp.Diff(tc.writes, writes); diff != "" {
 				t.Errorf("writes (-want +got):\n%s", diff)
 			}
@@ -85,11 +86,11 @@ func TestRequireIngressWritesWhatIsMissing(t *testing.T) {
 			}
 			// Within the TTL the verdict stands: nothing more is read.
 			writes, reads := nil, len(client.Actions())
-			if err := c.Require(context.Background(), "alice"); err != nil || len(client.Actions()) != reads {
+			if _, err := c.Require(context.Background(), "alice", egress.Open); err != nil || len(client.Actions()) != reads {
 				t.Errorf("a second Require within the TTL: %v, %d more calls; want admitted with none", err, len(client.Actions())-reads)
 			}
 			// Another principal's policy is its own object and verdict.
-			if err := c.Require(context.Background(), "bob"); err != nil {
+			if _, err := c.Require(context.Background(), "bob", egress.Open); err != nil {
 				t.Fatal(err)
 			}
 			bob, err := client.NetworkingV1().NetworkPolicies(cfg.Namespace).Get(context.Background(), build("bob")[0].Name, metav1.GetOptions{})
@@ -110,7 +111,7 @@ func TestRequireIngressMeetsARacingReplica(t *testing.T) {
 	build := func(p string) []*networkingv1.NetworkPolicy {
 		return []*networkingv1.NetworkPolicy{resources.BuildIngressPolicy(cfg.Objects(), p, cfg.IngressSources(p, false))}
 	}
-	client := fake.NewClientset(resources.BuildNetworkPolicy(cfg.Objects()))
+	client := fake.NewClientset(sharedPolicies(cfg)...)
 	raced := false
 	client.PrependReactor("create", "networkpolicies", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		np := a.(k8stesting.CreateAction).GetObject().(*networkingv1.NetworkPolicy)
@@ -123,8 +124,8 @@ func TestRequireIngressMeetsARacingReplica(t *testing.T) {
 		}
 		return true, nil, apierrors.NewAlreadyExists(schema.GroupResource{Group: "networking.k8s.io", Resource: "networkpolicies"}, np.Name)
 	})
-	c := New(&cfg.IsolationConfig, &cfg.PodSecurityConfig, cfg.Namespace, 10*time.Second, resources.BuildNetworkPolicy(cfg.Objects()), client, WithIngress(build))
-	if err := c.Require(context.Background(), "default"); err != nil || !raced {
+	c := New(&cfg.IsolationConfig, &cfg.PodSecurityConfig, cfg.Namespace, 10*time.Second, resources.SharedPolicies(cfg.Objects()), client, WithIngress(build))
+	if _, err := c.Require(context.Background(), "default", egress.Open); err != nil || !raced {
 		t.Fatalf("Require after losing the create to another replica: %v (raced %v), want admitted", err, raced)
 	}
 }
@@ -137,7 +138,7 @@ func TestRequireIngressForgetsTransientFailures(t *testing.T) {
 	build := func(p string) []*networkingv1.NetworkPolicy {
 		return []*networkingv1.NetworkPolicy{resources.BuildIngressPolicy(cfg.Objects(), p, cfg.IngressSources(p, false))}
 	}
-	client := fake.NewClientset(resources.BuildNetworkPolicy(cfg.Objects()))
+	client := fake.NewClientset(sharedPolicies(cfg)...)
 	down := true
 	client.PrependReactor("create", "networkpolicies", func(k8stesting.Action) (bool, runtime.Object, error) {
 		if down {
@@ -145,12 +146,12 @@ func TestRequireIngressForgetsTransientFailures(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	c := New(&cfg.IsolationConfig, &cfg.PodSecurityConfig, cfg.Namespace, 10*time.Second, resources.BuildNetworkPolicy(cfg.Objects()), client, WithIngress(build))
-	if err := c.Require(context.Background(), "default"); api.KindOf(err) != api.KindUnavailable {
+	c := New(&cfg.IsolationConfig, &cfg.PodSecurityConfig, cfg.Namespace, 10*time.Second, resources.SharedPolicies(cfg.Objects()), client, WithIngress(build))
+	if _, err := c.Require(context.Background(), "default", egress.Open); api.KindOf(err) != api.KindUnavailable {
 		t.Fatalf("Require while the API server fails: %v, want unavailable", err)
 	}
 	down = false
-	if err := c.Require(context.Background(), "default"); err != nil {
+	if _, err := c.Require(context.Background(), "default", egress.Open); err != nil {
 		t.Fatalf("Require once it is back: %v, want admitted at once", err)
 	}
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/egress"
 )
 
 // Checker keeps the last verdict of each check. Nothing runs between
@@ -35,14 +36,14 @@ import (
 type Checker struct {
 	cfg          *config.IsolationConfig
 	namespace    string
-	runtimeClass string        // SANDBOX_RUNTIME_CLASS; "" checks none
-	userNS       bool          // SANDBOX_USER_NAMESPACE: sandboxes ask for hostUsers: false
-	timeout      time.Duration // a check's own bound: REQUEST_TIMEOUT
-	want         *networkingv1.NetworkPolicy
+	runtimeClass string         // SANDBOX_RUNTIME_CLASS; "" checks none
+	userNS       bool           // SANDBOX_USER_NAMESPACE: sandboxes ask for hostUsers: false
+	timeout      time.Duration  // a check's own bound: REQUEST_TIMEOUT
+	policies     []*policyCheck // the shared policy first, then the egress modes'
 	client       kubernetes.Interface
 	report       func(check string, err error)
-	policy       verdict
 	runtime      verdict
+	proxy        proxyCheck
 	ingressOf    func(principal string) []*networkingv1.NetworkPolicy // nil: none to ensure
 	ingress      ingress
 }
@@ -60,13 +61,23 @@ type Option func(*Checker)
 // metrics and Events the caller keeps.
 func WithReport(f func(check string, err error)) Option { return func(c *Checker) { c.report = f } }
 
-// New returns the checker of namespace's shared NetworkPolicy, which must
-// mean what want (resources.BuildNetworkPolicy of the settings) means, and
+// policyCheck is one of the policies every sandbox depends on.
+type policyCheck struct {
+	want *networkingv1.NetworkPolicy
+	v    verdict
+}
+
+// New returns the checker of namespace's shared NetworkPolicies, each of
+// which must mean what want (resources.BuildNetworkPolicy and
+// resources.BuildEgressPolicies of the settings) means, and
 // of the sandboxes' runtime class (pod's; none when ""); it has no verdict
 // yet. Each check is bounded by timeout.
-func New(cfg *config.IsolationConfig, pod *config.PodSecurityConfig, namespace string, timeout time.Duration, want *networkingv1.NetworkPolicy, client kubernetes.Interface, opts ...Option) *Checker {
-	c := &Checker{cfg: cfg, namespace: namespace, runtimeClass: pod.RuntimeClassName, userNS: pod.UserNamespace, timeout: timeout, want: want, client: client,
+func New(cfg *config.IsolationConfig, pod *config.PodSecurityConfig, namespace string, timeout time.Duration, want []*networkingv1.NetworkPolicy, client kubernetes.Interface, opts ...Option) *Checker {
+	c := &Checker{cfg: cfg, namespace: namespace, runtimeClass: pod.RuntimeClassName, userNS: pod.UserNamespace, timeout: timeout, client: client,
 		report: func(string, error) {}}
+	for _, w := range want {
+		c.policies = append(c.policies, &policyCheck{want: w})
+	}
 	for _, o := range opts {
 		o(c)
 	}
@@ -85,7 +96,9 @@ type check struct {
 func (c *Checker) checks() []check {
 	var cs []check
 	if c.cfg.NetworkPolicy {
-		cs = append(cs, check{&c.policy, "check the shared sandbox NetworkPolicy", c.checkPolicy})
+		for _, p := range c.policies {
+			cs = append(cs, check{&p.v, "check the sandbox NetworkPolicy " + p.want.Name, func(ctx context.Context) error { return c.checkPolicy(ctx, p) }})
+		}
 	}
 	if c.runtimeClass != "" {
 		cs = append(cs, check{&c.runtime, "check the sandboxes' RuntimeClass", c.checkRuntimeClass})
@@ -108,15 +121,19 @@ func (c *Checker) Ensure(ctx context.Context) error {
 	return nil
 }
 
-// Require is the check a create for principal makes; it fails closed: no
-// sandbox runs unconfined, nor on the node's own kernel when a sandboxed one
-// is asked for, nor unreachable by its principal's backends (the policies
-// RequireIngress ensures). The stale checks are made at once, side by side:
-// a create that finds every verdict older than the TTL (the first after a
-// quiet moment) waits for one round trip, not several. Of several refusals
-// the first check's is answered.
-func (c *Checker) Require(ctx context.Context, principal string) error {
+// Require is the check a create for principal of a sandbox in mode makes;
+// it fails closed: no sandbox runs unconfined, nor on the node's own kernel
+// when a sandboxed one is asked for, nor unreachable by its principal's
+// backends (the policies RequireIngress ensures), nor in allowlist mode
+// without the proxy's address, which it returns. The stale checks are made
+// at once, side by side: a create that finds every verdict older than the
+// TTL (the first after a quiet moment) waits for one round trip, not
+// several. Of several refusals the first check's is answered.
+func (c *Checker) Require(ctx context.Context, principal string, mode egress.Mode) (proxy string, err error) {
 	cs := append(c.checks(), c.ingressChecks(principal)...)
+	if mode == egress.Allowlist {
+		cs = append(cs, c.proxyChecks()...)
+	}
 	errs := make([]error, len(cs))
 	var g errgroup.Group
 	for i, k := range cs {
@@ -133,37 +150,40 @@ func (c *Checker) Require(ctx context.Context, principal string) error {
 	_ = g.Wait()
 	for _, err := range errs {
 		if err != nil {
-			return err
+			return "", err
 		}
 	}
-	return nil
+	if mode == egress.Allowlist {
+		return c.proxy.address(), nil
+	}
+	return "", nil
 }
 
 // checkPolicy reads the policy and records the verdict. A failure to
 // read it is transient and not recorded: the next create reads again.
-func (c *Checker) checkPolicy(ctx context.Context) error {
-	name := c.namespace + "/" + c.cfg.NetworkPolicyName
+func (c *Checker) checkPolicy(ctx context.Context, p *policyCheck) error {
+	name := c.namespace + "/" + p.want.Name
 	nps := c.client.NetworkingV1().NetworkPolicies(c.namespace)
-	want := c.want.DeepCopy()
-	live, err := nps.Get(ctx, c.cfg.NetworkPolicyName, metav1.GetOptions{})
+	want := p.want.DeepCopy()
+	live, err := nps.Get(ctx, want.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) && c.cfg.EnsureNetworkPolicy {
 		live, err = nps.Create(ctx, want, metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {
-			live, err = nps.Get(ctx, c.cfg.NetworkPolicyName, metav1.GetOptions{})
+			live, err = nps.Get(ctx, want.Name, metav1.GetOptions{})
 		}
 	}
 	if apierrors.IsNotFound(err) {
 		verdict := &api.Error{Kind: api.KindUnavailable, Err: err, Detail: "the shared NetworkPolicy " + name +
 			" that isolates sandboxes does not exist, so no sandbox is created; apply config/701-networkpolicy-sandboxes.yaml (or set SANDBOX_NETWORK_POLICY_ENSURE=true)"}
-		c.policy.store(verdict, "")
+		p.v.store(verdict, "")
 		c.report(CheckNetworkPolicy, verdict)
 		return verdict
 	}
 	if err != nil {
-		return api.Classify(err, "check the shared sandbox NetworkPolicy")
+		return api.Classify(err, "check the sandbox NetworkPolicy "+name)
 	}
-	if _, rv, verdict := c.policy.last(); rv != "" && rv == live.ResourceVersion {
-		c.policy.store(verdict, rv) // unchanged since it was judged
+	if _, rv, verdict := p.v.last(); rv != "" && rv == live.ResourceVersion {
+		p.v.store(verdict, rv) // unchanged since it was judged
 		return verdict
 	}
 	var verdict error
@@ -171,7 +191,7 @@ func (c *Checker) checkPolicy(ctx context.Context) error {
 		verdict = &api.Error{Kind: api.KindUnavailable, Detail: fmt.Sprintf("the shared NetworkPolicy %s that isolates sandboxes is not what this function's settings make of it (its %s differ), so no sandbox is created; "+
 			"restore it (kubectl apply -f config/701-networkpolicy-sandboxes.yaml), or align the SANDBOX_* network settings with it", name, strings.Join(parts, ", "))}
 	}
-	c.policy.store(verdict, live.ResourceVersion)
+	p.v.store(verdict, live.ResourceVersion)
 	c.report(CheckNetworkPolicy, verdict)
 	return verdict
 }

@@ -19,6 +19,7 @@ import (
 	nodeclient "k8s.io/client-go/kubernetes/typed/node/v1"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/egress"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 )
 
@@ -26,7 +27,7 @@ import (
 // the protocol left to the API server's default, is the same policy; a
 // dropped rule, a widened range or a lost policy type is not.
 func TestSpecDiffIsSemantic(t *testing.T) {
-	want := resources.BuildNetworkPolicy(testConfig(t, nil).Objects()).Spec
+	want := resources.BuildEgressPolicies(testConfig(t, nil).Objects())[0].Spec // open: the one with rules
 	tests := []struct {
 		name   string
 		mutate func(*networkingv1.NetworkPolicySpec)
@@ -76,8 +77,8 @@ func TestStaleChecksRunSideBySide(t *testing.T) {
 		objects []runtime.Object
 		want    string // in the refusal's detail; "" admits
 	}{
-		{"both in force", []runtime.Object{resources.BuildNetworkPolicy(cfg.Objects()), &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "gvisor"}, Handler: GVisorHandler}}, ""},
-		{"the class missing", []runtime.Object{resources.BuildNetworkPolicy(cfg.Objects())}, "SANDBOX_RUNTIME_CLASS"},
+		{"both in force", append(sharedPolicies(cfg), &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "gvisor"}, Handler: GVisorHandler}), ""},
+		{"the class missing", sharedPolicies(cfg), "SANDBOX_RUNTIME_CLASS"},
 		{"both missing: the policy's refusal", nil, "NetworkPolicy"},
 	}
 	for _, tt := range tests {
@@ -87,8 +88,10 @@ func TestStaleChecksRunSideBySide(t *testing.T) {
 				mu    sync.Mutex
 				alone []string
 			)
+			// Several policies are read: the first read of a kind opens its gate.
+			opened := map[string]*sync.Once{"networkpolicies": {}, "runtimeclasses": {}}
 			meet := func(resource, other string) {
-				close(began[resource])
+				opened[resource].Do(func() { close(began[resource]) })
 				select {
 				case <-began[other]:
 				case <-time.After(5 * time.Second):
@@ -98,8 +101,8 @@ func TestStaleChecksRunSideBySide(t *testing.T) {
 				}
 			}
 			client := meetingClient{fake.NewClientset(tt.objects...), meet}
-			c := New(&cfg.IsolationConfig, &cfg.PodSecurityConfig, cfg.Namespace, 10*time.Second, resources.BuildNetworkPolicy(cfg.Objects()), client)
-			err := c.Require(context.Background(), "default")
+			c := New(&cfg.IsolationConfig, &cfg.PodSecurityConfig, cfg.Namespace, 10*time.Second, resources.SharedPolicies(cfg.Objects()), client)
+			_, err := c.Require(context.Background(), "default", egress.Open)
 			if len(alone) > 0 {
 				t.Errorf("%v read with no other read under way: the checks ran one after the other", alone)
 			}

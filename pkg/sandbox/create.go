@@ -170,13 +170,12 @@ const maxQuotaRetries = 4
 // sandbox that DeerFlow, sending no template, creates again; a bare Pod
 // sandbox from before templates) is answered with that sandbox.
 func (m *Manager) createOnce(ctx context.Context, s api.Spec) (made, error) {
-	if err := m.isolation.Require(ctx, s.Caller.Principal); err != nil {
+	proxy, err := m.isolation.Require(ctx, s.Caller.Principal, s.Egress.Mode)
+	if err != nil {
 		return made{}, err
 	}
-	var (
-		a   made
-		err error
-	)
+	s.Egress.Proxy = proxy
+	var a made
 	if s.Resolved != nil && s.Resolved.Kind == template.KindReplicaSet {
 		a, err = m.createKindOnce(ctx, s, m.replicaSetKind())
 	} else {

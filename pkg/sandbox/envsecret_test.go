@@ -154,7 +154,7 @@ func TestCreateKeepsEnvInItsSecret(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := testConfig(t, nil)
-			client := fake.NewClientset(resources.BuildNetworkPolicy(cfg.Objects()))
+			client := fake.NewClientset(sharedPolicies(cfg)...)
 			apiServerWrites(t, client)
 			m := NewManager(cfg, client)
 			ctx, cancel := context.WithCancel(api.WithCaller(context.Background(), api.Caller{Principal: "alice"}))

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/egress"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -20,7 +21,7 @@ import (
 // against a real one.
 func TestIsolationRechecked(t *testing.T) {
 	cfg := testConfig(t, map[string]string{"SANDBOX_NETWORK_POLICY_CHECK_TTL": "0s"})
-	client := fake.NewClientset(resources.BuildNetworkPolicy(cfg.Objects()))
+	client := fake.NewClientset(sharedPolicies(cfg)...)
 	gets := 0
 	client.PrependReactor("get", "networkpolicies", func(k8stesting.Action) (bool, runtime.Object, error) {
 		gets++
@@ -31,7 +32,7 @@ func TestIsolationRechecked(t *testing.T) {
 	nps := client.NetworkingV1().NetworkPolicies(cfg.Namespace)
 	check := func(what string, wantRefused bool, wantDetail string) {
 		t.Helper()
-		err := m.isolation.Require(ctx, "default")
+		_, err := m.isolation.Require(ctx, "default", egress.Open)
 		if !wantRefused {
 			if err != nil {
 				t.Fatalf("%s: %v, want creates admitted", what, err)
@@ -51,7 +52,7 @@ func TestIsolationRechecked(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("restored", false, "")
-	altered := resources.BuildNetworkPolicy(cfg.Objects())
+	altered := resources.BuildEgressPolicies(cfg.Objects())[0] // open's: DNS and the internet
 	altered.Spec.Egress = altered.Spec.Egress[:1]
 	altered.ResourceVersion = "altered"
 	if _, err := nps.Update(ctx, altered, metav1.UpdateOptions{}); err != nil {

@@ -91,7 +91,7 @@ func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option)
 	m.slots = slot.Slots{Client: client, Namespace: cfg.Namespace, Remover: &m.rm, UndoTimeout: cfg.RequestTimeout}
 	m.quota = quota.New(cfg.QuotaConfig, cfg.Namespace, client)
 	m.owners = ownership.New(cfg.Namespace, &cfg.AuthConfig, cfg.MaxOwnedIDsPerPrincipal, client)
-	m.isolation = isolation.New(&cfg.IsolationConfig, &cfg.PodSecurityConfig, cfg.Namespace, cfg.RequestTimeout, resources.BuildNetworkPolicy(cfg.Objects()), client,
+	m.isolation = isolation.New(&cfg.IsolationConfig, &cfg.PodSecurityConfig, cfg.Namespace, cfg.RequestTimeout, resources.SharedPolicies(cfg.Objects()), client,
 		isolation.WithReport(m.isolationVerdict), isolation.WithIngress(ingressPolicies(cfg)))
 	return m
 }

@@ -55,7 +55,9 @@ func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Dura
 	)
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		isoErr = m.isolation.Require(gctx, s.Caller.Principal)
+		// A pool of allowlist sandboxes is never kept (template.pool), so
+		// the proxy's address is not needed here.
+		_, isoErr = m.isolation.Require(gctx, s.Caller.Principal, s.Egress.Mode)
 		return nil
 	})
 	g.Go(func() error {

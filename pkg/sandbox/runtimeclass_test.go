@@ -53,7 +53,7 @@ func TestRuntimeClassFailsClosed(t *testing.T) {
 	// As config/ deploys gVisor: without a user namespace (see
 	// TestGVisorRefusesUserNamespaces).
 	cfg := testConfig(t, map[string]string{"SANDBOX_RUNTIME_CLASS": "gvisor", "SANDBOX_USER_NAMESPACE": "false", "SANDBOX_NETWORK_POLICY_CHECK_TTL": "0s"})
-	client := fake.NewClientset(resources.BuildNetworkPolicy(cfg.Objects()))
+	client := fake.NewClientset(sharedPolicies(cfg)...)
 	rec, obs := &events{}, &gauges{got: map[string]bool{}}
 	m := NewManager(cfg, client, WithRecorder(rec), WithObserver(obs))
 	ctx := api.WithCaller(context.Background(), api.Caller{Principal: "default"})
@@ -113,7 +113,7 @@ func TestGVisorRefusesUserNamespaces(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := testConfig(t, map[string]string{"SANDBOX_RUNTIME_CLASS": "sandboxed", "SANDBOX_USER_NAMESPACE": tc.userNS})
-			client := fake.NewClientset(resources.BuildNetworkPolicy(cfg.Objects()), &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "sandboxed"}, Handler: tc.handler})
+			client := fake.NewClientset(append(sharedPolicies(cfg), &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "sandboxed"}, Handler: tc.handler})...)
 			m := NewManager(cfg, client)
 			s := testSpec()
 			_, err := m.Create(api.WithCaller(context.Background(), api.Caller{Principal: "default"}), s, 0)

@@ -29,5 +29,5 @@ func (m *Manager) resolveTemplate(ctx context.Context, s api.Spec) (api.Spec, er
 			return s, err
 		}
 	}
-	return resources.WithTemplate(s, t), nil
+	return resources.WithTemplate(m.cfg.Objects(), s, t), nil
 }

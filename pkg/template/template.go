@@ -28,6 +28,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/egress"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 )
 
@@ -74,7 +75,12 @@ type Template struct {
 	// Principals may use the template (keys.TemplatePrincipals); nil when
 	// every principal may.
 	Principals []string
-	Pod        corev1.PodTemplateSpec
+	// Egress is the sandboxes' egress mode ("": the deployment's,
+	// SANDBOX_EGRESS_MODE); EgressAllow the names an allowlist sandbox may
+	// reach (nil: the deployment's, SANDBOX_EGRESS_ALLOW).
+	Egress      egress.Mode
+	EgressAllow []string
+	Pod         corev1.PodTemplateSpec
 }
 
 // Error is a refused template: which one, which field, and why.
@@ -181,6 +187,14 @@ func (v validator) settings(a map[string]string, t *Template) error {
 			t.PausedTimeout, err = v.duration(field(key), val, v.cfg.MaxMaxLifetime)
 		case keys.TemplatePrincipals:
 			err = v.principals(field(key), t.Principals)
+		case keys.TemplateEgress:
+			if t.Egress, err = egress.ParseMode(val); err != nil || val == "" {
+				return v.bad(field(key), "%q: want open, isolated or allowlist", val)
+			}
+		case keys.TemplateEgressAllow:
+			if t.EgressAllow, err = egress.ParseNames(val); err != nil {
+				return v.bad(field(key), "%v", err)
+			}
 		case keys.TemplatePoolSize:
 			n, perr := strconv.Atoi(val)
 			switch {
@@ -193,11 +207,14 @@ func (v validator) settings(a map[string]string, t *Template) error {
 			}
 		default:
 			return v.bad(field(key), "unknown setting; the settings are %s", strings.Join([]string{keys.TemplateKind, keys.TemplateIdleTimeout,
-				keys.TemplateMaxLifetime, keys.TemplateIdleAction, keys.TemplatePausedTimeout, keys.TemplatePort, keys.TemplateDeerFlowMounts, keys.TemplatePoolSize, keys.TemplatePrincipals}, ", "))
+				keys.TemplateMaxLifetime, keys.TemplateIdleAction, keys.TemplatePausedTimeout, keys.TemplatePort, keys.TemplateDeerFlowMounts, keys.TemplatePoolSize, keys.TemplatePrincipals, keys.TemplateEgress, keys.TemplateEgressAllow}, ", "))
 		}
 		if err != nil {
 			return err
 		}
+	}
+	if t.EgressAllow != nil && t.Egress != egress.Allowlist {
+		return v.bad(field(keys.TemplateEgressAllow), "names only an allowlist sandbox's reach: set %s: allowlist beside it", keys.TemplateEgress)
 	}
 	if t.IdleAction == IdlePause && t.Kind != KindReplicaSet {
 		return v.bad(field(keys.TemplateIdleAction), "pause needs %s: %s (a bare Pod cannot be paused and resumed)", keys.TemplateKind, KindReplicaSet)
@@ -221,6 +238,8 @@ func (v validator) pool(t *Template) {
 		t.PoolError = fmt.Sprintf("a pool on a template whose Pods need per-request data: DeerFlow's mounts give each Pod its user's and thread's directories; set %s: \"false\" to pool this template", keys.TemplateDeerFlowMounts)
 	case t.Kind != KindPod:
 		t.PoolError = fmt.Sprintf("a pool serves templates of %s: %s only; a claimed Pod becomes a bare Pod sandbox, not a ReplicaSet's", keys.TemplateKind, KindPod)
+	case t.Egress == egress.Allowlist || t.Egress == "" && v.cfg.DefaultEgress() == egress.Allowlist:
+		t.PoolError = "a pool of allowlist sandboxes is not kept: an allowlist Pod is given the egress proxy's address when its create has checked the proxy, and a pooled Pod is made before any create"
 	default:
 		return
 	}

@@ -1119,7 +1119,7 @@ func TestAdmissionTiesTheSandboxIDToNames(t *testing.T) {
 			}
 		}
 		// The function's claim, its own code, as the ServiceAccount.
-		s := resources.WithTemplate(a.spec("tie4", nil, ""), tmpl)
+		s := resources.WithTemplate(a.cfg.Objects(), a.spec("tie4", nil, ""), tmpl)
 		claimed := a.claim(ctx, pool.New(a.cfg, sa, nil, nil), tmpl, s)
 		if claimed == nil {
 			t.Fatalf("the function's claim of a pooled Pod of %s (pool %s) failed; see the log", tmpl.Name, poolValue)
@@ -1449,7 +1449,7 @@ func TestAdmissionWiresAPooledPod(t *testing.T) {
 		t.Errorf("updating wire %s: %v; want a refusal", wire.Name, err)
 	}
 	// The function's claim keeps the token; its Service names the wire.
-	s := resources.WithTemplate(a.spec("wire1", nil, ""), tmpl)
+	s := resources.WithTemplate(a.cfg.Objects(), a.spec("wire1", nil, ""), tmpl)
 	claimed := a.claim(ctx, pl, tmpl, s)
 	if claimed == nil {
 		t.Fatalf("the function's claim of wired Pod %s failed; see the log", wired.Name)
@@ -1630,7 +1630,7 @@ func TestAdmissionPinsServicesToTheirWorkload(t *testing.T) {
 	// and a stray Pod given the id and token does not join it.
 	t.Run("claimed pooled Pod", func(t *testing.T) {
 		tmpl, _, pooled := warmPool(t, ns, sa, a, "admpinpool")
-		s := resources.WithTemplate(a.spec("pin8", nil, ""), tmpl)
+		s := resources.WithTemplate(a.cfg.Objects(), a.spec("pin8", nil, ""), tmpl)
 		built := func() *corev1.Service {
 			return resources.BuildService(a.cfg.Objects(), s, resources.PodOwnerRef(pooled))
 		}

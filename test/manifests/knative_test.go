@@ -227,17 +227,24 @@ func TestKnativeServiceValidates(t *testing.T) {
 }
 
 // TestSharedNetworkPolicyIsWhatTheFunctionBuilds: config/ ships the same
-// isolation policy that the function would create on a local cluster with
-// default settings, so the two cannot drift apart.
+// isolation policies (the shared one and each egress mode's) that the
+// function checks for, and would create on a local cluster, with default
+// settings, so the two cannot drift apart.
 func TestSharedNetworkPolicyIsWhatTheFunctionBuilds(t *testing.T) {
-	var shipped networkingv1.NetworkPolicy
-	decode(t, "701-networkpolicy-sandboxes.yaml", &shipped)
+	var shipped []*networkingv1.NetworkPolicy
+	for _, o := range configObjects(t) {
+		if o.file == "701-networkpolicy-sandboxes.yaml" {
+			np := &networkingv1.NetworkPolicy{}
+			o.into(t, np)
+			shipped = append(shipped, np)
+		}
+	}
 	cfg, err := config.Load()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(resources.BuildNetworkPolicy(cfg.Objects()), &shipped); diff != "" {
-		t.Errorf("config/701-networkpolicy-sandboxes.yaml differs from resources.BuildNetworkPolicy's defaults (-built +shipped):\n%s", diff)
+	if diff := cmp.Diff(resources.SharedPolicies(cfg.Objects()), shipped); diff != "" {
+		t.Errorf("config/701-networkpolicy-sandboxes.yaml differs from resources.SharedPolicies's defaults (-built +shipped):\n%s", diff)
 	}
 }
 

@@ -333,41 +333,75 @@ func TestBuildNetworkPolicy(t *testing.T) {
 		{Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To(intstr.FromInt32(1)), EndPort: ptr.To[int32](52)},
 		{Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To(intstr.FromInt32(54)), EndPort: ptr.To[int32](65535)},
 	}}
-	// No ingress rule at all, whatever the ingress settings: the shared
-	// policy admits no one, so a pooled Pod (which no principal owns)
-	// answers no one; each principal's own policy admits its backends.
-	policy := func(egress ...networkingv1.NetworkPolicyEgressRule) *networkingv1.NetworkPolicy {
+	// The shared policy: no rule at all, in or out, whatever the settings:
+	// it admits no one, so a pooled Pod (which no principal owns) answers
+	// no one, and an isolated sandbox (which no mode's policy selects)
+	// reaches nothing. Each principal's own policy admits its backends,
+	// each mode's policy gives its egress.
+	labels := map[string]string{"app.kubernetes.io/name": "deer-flow", "app.kubernetes.io/component": "sandbox", "app.kubernetes.io/managed-by": "deerflow-sandbox-provisioner"}
+	meta := func(name string) metav1.ObjectMeta {
+		return metav1.ObjectMeta{Name: name, Namespace: "deer-flow", Labels: labels}
+	}
+	shared := &networkingv1.NetworkPolicy{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
+		ObjectMeta: meta("deer-flow-sandbox-isolation"),
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "deer-flow-sandbox"}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
+		},
+	}
+	// A mode's policy selects its label, and, for the deployment's default
+	// mode, sandboxes with no mode label (made before modes).
+	labelled := func(mode string) metav1.LabelSelector {
+		return metav1.LabelSelector{MatchLabels: map[string]string{"app": "deer-flow-sandbox", "sandbox.deerflow.dev/egress": mode}}
+	}
+	byDefault := func(others ...string) metav1.LabelSelector {
+		return metav1.LabelSelector{MatchLabels: map[string]string{"app": "deer-flow-sandbox"},
+			MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "sandbox.deerflow.dev/egress", Operator: metav1.LabelSelectorOpNotIn, Values: others}}}
+	}
+	modePolicy := func(name string, sel metav1.LabelSelector, egress ...networkingv1.NetworkPolicyEgressRule) *networkingv1.NetworkPolicy {
 		return &networkingv1.NetworkPolicy{
-			TypeMeta: metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
-			ObjectMeta: metav1.ObjectMeta{Name: "deer-flow-sandbox-isolation", Namespace: "deer-flow", Labels: map[string]string{
-				"app.kubernetes.io/name": "deer-flow", "app.kubernetes.io/component": "sandbox", "app.kubernetes.io/managed-by": "deerflow-sandbox-provisioner"}},
-			Spec: networkingv1.NetworkPolicySpec{
-				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "deer-flow-sandbox"}},
-				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
-				Egress:      append([]networkingv1.NetworkPolicyEgressRule(nil), egress...),
-			},
+			TypeMeta: metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"}, ObjectMeta: meta(name),
+			Spec: networkingv1.NetworkPolicySpec{PodSelector: sel, PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}, Egress: egress},
 		}
+	}
+	proxy := networkingv1.NetworkPolicyEgressRule{
+		To:    []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": "sandbox-egress-proxy"}}}},
+		Ports: []networkingv1.NetworkPolicyPort{{Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(intstr.FromInt32(3128))}},
 	}
 	tests := []struct {
 		name string
 		env  map[string]string
-		want *networkingv1.NetworkPolicy
+		want []*networkingv1.NetworkPolicy
 	}{{
-		name: "default: no ingress, DNS, internet without private or metadata ranges",
-		want: policy(dns, internet),
+		name: "default: open by default (DNS, internet without private or metadata ranges); allowlist to the proxy alone",
+		want: []*networkingv1.NetworkPolicy{shared,
+			modePolicy("deer-flow-sandbox-isolation-egress-open", byDefault("isolated", "allowlist"), dns, internet),
+			modePolicy("deer-flow-sandbox-isolation-egress-allowlist", labelled("allowlist"), proxy)},
 	}, {
-		name: "node addresses and principals' sources stay out of the shared policy",
+		name: "node addresses and principals' sources stay out of the shared policies",
 		env:  map[string]string{"SANDBOX_INGRESS_NODE_CIDRS": "192.168.1.10/32", "PROVISIONER_PRINCIPAL_INGRESS": "alice=cidr:203.0.113.0/24"},
-		want: policy(dns, internet),
+		want: []*networkingv1.NetworkPolicy{shared,
+			modePolicy("deer-flow-sandbox-isolation-egress-open", byDefault("isolated", "allowlist"), dns, internet),
+			modePolicy("deer-flow-sandbox-isolation-egress-allowlist", labelled("allowlist"), proxy)},
 	}, {
-		name: "deny-all egress",
+		name: "deny-all, the old name of isolated: a sandbox from before modes stays without egress",
 		env:  map[string]string{"SANDBOX_EGRESS_MODE": "deny-all"},
-		want: policy(),
+		want: []*networkingv1.NetworkPolicy{shared,
+			modePolicy("deer-flow-sandbox-isolation-egress-open", labelled("open"), dns, internet),
+			modePolicy("deer-flow-sandbox-isolation-egress-allowlist", labelled("allowlist"), proxy)},
+	}, {
+		name: "allowlist by default, another proxy port",
+		env:  map[string]string{"SANDBOX_EGRESS_MODE": "allowlist", "SANDBOX_EGRESS_PROXY_PORT": "8888"},
+		want: []*networkingv1.NetworkPolicy{shared,
+			modePolicy("deer-flow-sandbox-isolation-egress-open", labelled("open"), dns, internet),
+			modePolicy("deer-flow-sandbox-isolation-egress-allowlist", byDefault("open", "isolated"), networkingv1.NetworkPolicyEgressRule{
+				To: proxy.To, Ports: []networkingv1.NetworkPolicyPort{{Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(intstr.FromInt32(8888))}}})},
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if diff := cmp.Diff(tc.want, BuildNetworkPolicy(testConfig(t, tc.env).Objects())); diff != "" {
-				t.Errorf("BuildNetworkPolicy (-want +got):\n%s", diff)
+			if diff := cmp.Diff(tc.want, SharedPolicies(testConfig(t, tc.env).Objects())); diff != "" {
+				t.Errorf("SharedPolicies (-want +got):\n%s", diff)
 			}
 		})
 	}

@@ -102,5 +102,8 @@ func Labels(s api.Spec) map[string]string {
 	if s.Token != "" {
 		l[keys.LabelToken] = s.Token
 	}
+	if s.Egress.Mode != "" {
+		l[keys.LabelEgress] = string(s.Egress.Mode)
+	}
 	return l
 }

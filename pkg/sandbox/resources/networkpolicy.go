@@ -11,64 +11,141 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/egress"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
-
-// EgressDenyAll is the SANDBOX_EGRESS_MODE that allows no egress at all.
-const EgressDenyAll = "deny-all"
 
 // BuildNetworkPolicy is the one policy that isolates every sandbox, selected
 // by label, so it exists before any sandbox does, pooled Pods included. It
-// admits no ingress at all: who may connect to a sandbox is each principal's
-// own policy's to say (BuildIngressPolicy), so a pooled Pod, which no
-// principal owns until it is claimed, answers no one (the kubelet's probes
-// come from the node, which NetworkPolicy does not judge). config/ ships it;
-// the builder is what the function ensures on local clusters and what the
-// tests compare config/ with.
-//
-// Egress: DNS to the cluster DNS only, and the internet except private,
-// link-local, CGNAT and metadata ranges; or nothing at all.
+// admits nothing, in or out: who may connect to a sandbox is each
+// principal's own policy's to say (BuildIngressPolicy), so a pooled Pod,
+// which no principal owns until it is claimed, answers no one (the
+// kubelet's probes come from the node, which NetworkPolicy does not
+// judge); what a sandbox may reach is its egress mode's policy's
+// (BuildEgressPolicies), so an isolated sandbox, which no such policy
+// selects, reaches nothing. config/ ships it; the builder is what the
+// function ensures on local clusters and what the tests compare config/
+// with.
 func BuildNetworkPolicy(cfg config.Objects) *networkingv1.NetworkPolicy {
-	var egress []networkingv1.NetworkPolicyEgressRule // none at all in deny-all mode
-	if cfg.EgressMode != EgressDenyAll {
-		egress = append(egress, networkingv1.NetworkPolicyEgressRule{
-			To: []networkingv1.NetworkPolicyPeer{{
-				NamespaceSelector: &metav1.LabelSelector{MatchLabels: cfg.DNSNamespaceLabels},
-				PodSelector:       &metav1.LabelSelector{MatchLabels: cfg.DNSPodLabels},
-			}},
-			Ports: []networkingv1.NetworkPolicyPort{
-				{Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To(intstr.FromInt32(53))},
-				{Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(intstr.FromInt32(53))},
-			},
-		})
-		var peers []networkingv1.NetworkPolicyPeer
-		for _, allow := range cfg.EgressAllowCIDRs {
-			block := &networkingv1.IPBlock{CIDR: allow}
-			for _, deny := range cfg.EgressDenyCIDRs {
-				if cidrWithin(deny, allow) {
-					block.Except = append(block.Except, deny)
-				}
-			}
-			peers = append(peers, networkingv1.NetworkPolicyPeer{IPBlock: block})
-		}
-		if len(peers) > 0 {
-			egress = append(egress, networkingv1.NetworkPolicyEgressRule{To: peers, Ports: allButDNS()})
-		}
-	}
-
 	return &networkingv1.NetworkPolicy{
-		TypeMeta: metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
-		ObjectMeta: metav1.ObjectMeta{
-			Name:      cfg.NetworkPolicyName,
-			Namespace: cfg.Namespace,
-			Labels:    map[string]string{keys.LabelName: "deer-flow", keys.LabelComponent: "sandbox", keys.LabelManagedBy: keys.ManagedByValue},
-		},
+		TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
+		ObjectMeta: sharedMeta(cfg, cfg.NetworkPolicyName),
 		Spec: networkingv1.NetworkPolicySpec{
 			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{keys.LabelApp: keys.LabelAppValue}},
 			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
-			Egress:      egress,
 		},
 	}
+}
+
+func sharedMeta(cfg config.Objects, name string) metav1.ObjectMeta {
+	return metav1.ObjectMeta{
+		Name:      name,
+		Namespace: cfg.Namespace,
+		Labels:    map[string]string{keys.LabelName: "deer-flow", keys.LabelComponent: "sandbox", keys.LabelManagedBy: keys.ManagedByValue},
+	}
+}
+
+// EgressPolicyName names the policy that gives sandboxes in mode their
+// egress.
+func EgressPolicyName(cfg config.Objects, mode egress.Mode) string {
+	return cfg.NetworkPolicyName + "-egress-" + string(mode)
+}
+
+// BuildEgressPolicies are the policies that give each egress mode what it
+// may reach, beside the shared policy that denies everything; config/
+// ships them with it. Each selects sandboxes by their mode's label; a
+// sandbox from before modes has none and gets the deployment's default
+// mode's policy, so an upgrade neither opens nor closes anything.
+//
+//   - open: DNS to the cluster DNS only, and the internet except private,
+//     link-local, CGNAT and metadata ranges on every other port;
+//   - allowlist: the egress proxy's Pods on its port, nothing else (no DNS:
+//     the proxy resolves names itself);
+//   - isolated: no policy, so nothing.
+func BuildEgressPolicies(cfg config.Objects) []*networkingv1.NetworkPolicy {
+	dns := networkingv1.NetworkPolicyEgressRule{
+		To: []networkingv1.NetworkPolicyPeer{{
+			NamespaceSelector: &metav1.LabelSelector{MatchLabels: cfg.DNSNamespaceLabels},
+			PodSelector:       &metav1.LabelSelector{MatchLabels: cfg.DNSPodLabels},
+		}},
+		Ports: []networkingv1.NetworkPolicyPort{
+			{Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To(intstr.FromInt32(53))},
+			{Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(intstr.FromInt32(53))},
+		},
+	}
+	open := []networkingv1.NetworkPolicyEgressRule{dns}
+	var peers []networkingv1.NetworkPolicyPeer
+	for _, allow := range cfg.EgressAllowCIDRs {
+		block := &networkingv1.IPBlock{CIDR: allow}
+		for _, deny := range cfg.EgressDenyCIDRs {
+			if cidrWithin(deny, allow) {
+				block.Except = append(block.Except, deny)
+			}
+		}
+		peers = append(peers, networkingv1.NetworkPolicyPeer{IPBlock: block})
+	}
+	if len(peers) > 0 {
+		open = append(open, networkingv1.NetworkPolicyEgressRule{To: peers, Ports: allButDNS()})
+	}
+	proxy := []networkingv1.NetworkPolicyEgressRule{{
+		To:    []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: cfg.EgressProxyPodLabels}}},
+		Ports: []networkingv1.NetworkPolicyPort{{Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(intstr.FromInt32(cfg.EgressProxyPort))}},
+	}}
+	build := func(mode egress.Mode, rules []networkingv1.NetworkPolicyEgressRule) *networkingv1.NetworkPolicy {
+		return &networkingv1.NetworkPolicy{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
+			ObjectMeta: sharedMeta(cfg, EgressPolicyName(cfg, mode)),
+			Spec: networkingv1.NetworkPolicySpec{
+				PodSelector: modeSelector(cfg.DefaultEgress(), mode),
+				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+				Egress:      rules,
+			},
+		}
+	}
+	return []*networkingv1.NetworkPolicy{build(egress.Open, open), build(egress.Allowlist, proxy)}
+}
+
+// SharedPolicies are the policies every sandbox depends on, which config/
+// ships and the function checks before a create: BuildNetworkPolicy's,
+// then BuildEgressPolicies'.
+func SharedPolicies(cfg config.Objects) []*networkingv1.NetworkPolicy {
+	return append([]*networkingv1.NetworkPolicy{BuildNetworkPolicy(cfg)}, BuildEgressPolicies(cfg)...)
+}
+
+// EgressOf is the egress of a sandbox made from t (nil: no template): the
+// template's mode and list where it names them, else the deployment's.
+func EgressOf(cfg config.Objects, t *template.Template) api.Egress {
+	e := api.Egress{Mode: cfg.DefaultEgress(), Allow: cfg.DefaultEgressAllow()}
+	if t != nil && t.Egress != "" {
+		e.Mode = t.Egress
+	}
+	if t != nil && t.EgressAllow != nil {
+		e.Allow = t.EgressAllow
+	}
+	if e.Mode != egress.Allowlist {
+		e.Allow = nil
+	}
+	return e
+}
+
+// modeSelector selects the sandboxes in mode: those labelled so, and, when
+// mode is the deployment's default, those with no mode label (made before
+// modes).
+func modeSelector(def, mode egress.Mode) metav1.LabelSelector {
+	sel := metav1.LabelSelector{MatchLabels: map[string]string{keys.LabelApp: keys.LabelAppValue}}
+	if mode != def {
+		sel.MatchLabels[keys.LabelEgress] = string(mode)
+		return sel
+	}
+	var others []string
+	for _, m := range egress.Modes {
+		if m != mode {
+			others = append(others, string(m))
+		}
+	}
+	sel.MatchExpressions = []metav1.LabelSelectorRequirement{{Key: keys.LabelEgress, Operator: metav1.LabelSelectorOpNotIn, Values: others}}
+	return sel
 }
 
 // ComponentIngressValue is app.kubernetes.io/component of the policies that

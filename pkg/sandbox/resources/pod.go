@@ -12,6 +12,7 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/egress"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 )
 
@@ -23,6 +24,7 @@ func BuildPod(cfg config.Objects, s api.Spec) *corev1.Pod {
 		env = append(env, corev1.EnvVar{Name: "MAX_SHELL_SESSIONS", Value: strconv.Itoa(s.MaxShellSessions)})
 	}
 	env = append(env, requestEnv(s.ID, s.Env)...) // references only: the values are in EnvSecret
+	env = append(env, proxyEnv(s.Egress)...)
 
 	tolerations, _ := config.ParseTolerations(cfg.Tolerations) // validated at start-up
 	port := cfg.ContainerPort
@@ -90,6 +92,24 @@ func BuildPod(cfg config.Objects, s api.Spec) *corev1.Pod {
 	return pod
 }
 
+// proxyEnv points an allowlist sandbox's HTTP clients at the egress proxy,
+// by address: the sandbox has no DNS. Both spellings, as curl, pip, Go and
+// Python's requests each read one or the other. It is a convenience, not
+// the confinement: the NetworkPolicy lets the sandbox reach the proxy
+// alone, whatever its code does with these.
+func proxyEnv(e api.Egress) []corev1.EnvVar {
+	if e.Mode != egress.Allowlist || e.Proxy == "" {
+		return nil
+	}
+	url := "http://" + e.Proxy
+	var env []corev1.EnvVar
+	for _, name := range []string{"HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"} {
+		env = append(env, corev1.EnvVar{Name: name, Value: url})
+	}
+	return env
+}
+
+// Annotations are a sandbox workload's bookkeeping.
 func Annotations(s api.Spec) map[string]string {
 	a := map[string]string{
 		keys.AnnotationUserID:       s.UserID,

@@ -19,7 +19,7 @@ import (
 // t and nothing else.
 func PoolSpec(cfg config.Objects, t *template.Template) api.Spec {
 	s, _ := api.CreateRequest{SandboxID: "pool", Template: t.Name}.Validate(cfg, time.Time{}) // valid by construction
-	return WithTemplate(s, t)
+	return WithTemplate(cfg, s, t)
 }
 
 // poolIdentity are the annotations that make a Pod one sandbox; a claim
@@ -49,9 +49,11 @@ func PoolPodTemplate(cfg config.Objects, s api.Spec) corev1.PodTemplateSpec {
 	return tpl
 }
 
-// WithTemplate fills the bounded fields the request left unset from t.
-func WithTemplate(s api.Spec, t *template.Template) api.Spec {
+// WithTemplate fills the bounded fields the request left unset from t, and
+// sets the sandbox's egress (EgressOf).
+func WithTemplate(cfg config.Objects, s api.Spec, t *template.Template) api.Spec {
 	s.Resolved = t
+	s.Egress = EgressOf(cfg, t)
 	if t == nil {
 		return s
 	}

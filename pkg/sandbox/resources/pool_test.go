@@ -55,7 +55,7 @@ func TestPoolShape(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			s = WithTemplate(s, tmpl)
+			s = WithTemplate(cfg.Objects(), s, tmpl)
 			got := PoolPodTemplate(cfg.Objects(), s).Labels[keys.LabelPoolHash] == pool
 			if got != tt.poolable {
 				t.Errorf("poolable = %v, want %v", got, tt.poolable)

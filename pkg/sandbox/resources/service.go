@@ -13,6 +13,7 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/egress"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 )
 
@@ -66,6 +67,11 @@ func BuildService(cfg config.Objects, s api.Spec, owner metav1.OwnerReference) *
 		// balance away from.
 		svc.Spec.Type, svc.Spec.ClusterIP = corev1.ServiceTypeClusterIP, corev1.ClusterIPNone
 		svc.Spec.PublishNotReadyAddresses = true
+	}
+	if s.Egress.Mode == egress.Allowlist {
+		// The list the egress proxy judges by, on the object that lives as
+		// long as the sandbox, whatever its kind (grants are added here).
+		svc.Annotations = map[string]string{keys.AnnotationEgressAllow: strings.Join(s.Egress.Allow, ",")}
 	}
 	RecordPrincipal(svc, s)
 	return svc
