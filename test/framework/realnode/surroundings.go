@@ -44,7 +44,8 @@ const surroundingsPrefix = "/31"
 
 // startSurroundings builds what the attack tests aim at outside the cluster:
 // a "public" host (a network namespace at PublicIP, reached through a veth,
-// serving HTTP on 80 and DNS on 53), the off-node hosts on denied addresses
+// serving HTTP on 80, HTTPS on 443 and DNS with its zone on 53: zone.go),
+// the off-node hosts on denied addresses
 // (OffNodeHosts, built the same way), a web server on the metadata address
 // and a resolver on the node's own address (port 53, as a node-local cache
 // or a dnsmasq would be). All run the sandbox stand-in's binary, taken from
@@ -75,7 +76,11 @@ func (n *Node) startSurroundings(ctx context.Context) error {
 		}
 	}
 	for _, h := range hosts {
-		if err := n.start(h.ns, []string{"SANDBOX_ADDR=" + h.IP + ":80", "SANDBOX_DNS_ADDR=" + h.IP + ":53"}, "ip", "netns", "exec", h.ns, bin); err != nil {
+		env := []string{"SANDBOX_ADDR=" + h.IP + ":80", "SANDBOX_DNS_ADDR=" + h.IP + ":53"}
+		if h.IP == PublicIP {
+			env = append(env, publicHostEnv()...)
+		}
+		if err := n.start(h.ns, env, "ip", "netns", "exec", h.ns, bin); err != nil {
 			return err
 		}
 	}
@@ -83,7 +88,7 @@ func (n *Node) startSurroundings(ctx context.Context) error {
 		return err
 	}
 	return poll(ctx, 10*time.Second, "public host, off-node hosts and metadata listener", func(ctx context.Context) (bool, error) {
-		addrs := []string{MetadataIP + ":80"}
+		addrs := []string{MetadataIP + ":80", PublicTLSAddr}
 		for _, h := range hosts {
 			addrs = append(addrs, net.JoinHostPort(h.IP, "80"))
 		}

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
 )
 
 func TestParseZone(t *testing.T) {
@@ -138,6 +140,31 @@ func TestAnswerDNSOtherTypes(t *testing.T) {
 	for _, junk := range [][]byte{nil, query[:11], query[:len(query)-1], append(query[:12:12], 0xc0, 12, 0, 1, 0, 1)} {
 		if resp := answerDNS(junk, zone); resp != nil {
 			t.Errorf("answerDNS(%x) = %x; want no answer", junk, resp)
+		}
+	}
+}
+
+// TestPublicHostsZone: the stand-in takes the zone the real node gives
+// the public host, and answers each of its names as realnode says.
+func TestPublicHostsZone(t *testing.T) {
+	zone, err := parseZone(realnode.PublicZoneEnv())
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := startDNS(t, zone)
+	for name, want := range realnode.PublicZone() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		got, err := res.LookupHost(ctx, name)
+		cancel()
+		if err != nil {
+			t.Errorf("LookupHost(%s): %v", name, err)
+			continue
+		}
+		want = slices.Clone(want)
+		slices.Sort(want)
+		slices.Sort(got)
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("LookupHost(%s) (-want +got):\n%s", name, diff)
 		}
 	}
 }
