@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"net/textproto"
 	"strings"
+	"time"
 )
 
 // hopByHop are the headers that describe one connection, not the message
@@ -80,9 +81,11 @@ func (s *Server) forward(ctx context.Context, c net.Conn, req *http.Request, hos
 	sent := make(chan error, 1)
 	go func() { sent <- req.Write(up) }()
 	defer func() {
-		// Closing both ends whatever the request's writer still blocks on.
+		// Ends whatever the request's writer still blocks on: a write
+		// upstream, or a read of the client's body (the deadline; the
+		// client connection is closed after a drain, by Serve).
 		up.Close()
-		c.Close()
+		c.SetReadDeadline(time.Now())
 		<-sent
 	}()
 
@@ -130,6 +133,7 @@ func checkForm(req *http.Request, hosts []string, r *request) *refusal {
 		// A bad port is admit's to refuse; here it only must agree.
 		port = parsePort(p)
 	}
+	r.port = port
 	switch {
 	case len(hosts) != 1:
 		return refuse(ReasonHostMismatch, "the request carries %d Host headers; send exactly one, naming %s", len(hosts), u.Host)

@@ -145,21 +145,22 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			if ctx.Err() != nil {
 				break
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				time.Sleep(backoff)
-				backoff = min(2*backoff, time.Second)
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				acceptErr = fmt.Errorf("egress proxy: accepting: %w", err)
+				break
 			}
-			acceptErr = fmt.Errorf("egress proxy: accepting: %w", err)
-			break
+			// Out of file descriptors and the like: wait, do not die.
+			s.log().Error("egress proxy: accepting", "error", err.Error())
+			time.Sleep(backoff)
+			backoff = min(2*backoff, time.Second)
+			continue
 		}
 		backoff = 5 * time.Millisecond
 		s.track(c, true)
 		wg.Go(func() {
 			defer s.track(c, false)
-			defer c.Close()
 			s.serveConn(connCtx, c)
+			lingerClose(c)
 		})
 	}
 	ln.Close()
@@ -191,6 +192,19 @@ func (s *Server) track(c net.Conn, add bool) {
 	}
 	delete(s.conns, c)
 	s.Metrics.openConns(-1)
+}
+
+// lingerClose closes c after a short drain of what the client still
+// sends: closing a socket with unread data resets it, and the reset can
+// overtake the refusal just written.
+func lingerClose(c net.Conn) {
+	defer c.Close()
+	cw, ok := c.(interface{ CloseWrite() error })
+	if !ok || cw.CloseWrite() != nil {
+		return
+	}
+	c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+	io.Copy(io.Discard, io.LimitReader(c, 256<<10))
 }
 
 // request is one proxy request as the log and the verdict see it.

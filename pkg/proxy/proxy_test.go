@@ -51,6 +51,7 @@ var now = time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 var (
 	publicAddr  = netip.MustParseAddr("203.0.113.10")
 	deadAddr    = netip.MustParseAddr("203.0.113.99") // Dial refuses it
+	rawAddr     = netip.MustParseAddr("203.0.113.20") // the raw upstream
 	privateAddr = netip.MustParseAddr("10.0.0.1")
 )
 
@@ -59,6 +60,8 @@ type env struct {
 	roots     *x509.CertPool
 	metrics   *Metrics
 	logs      *syncBuffer
+	raw       chan net.Conn // connections to the raw upstream (raw.example.com)
+	plain     *httptest.Server
 
 	mu      sync.Mutex
 	dialled []string // upstream addresses the proxy dialled
@@ -98,7 +101,7 @@ func (f fakeResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Ad
 	return a, nil
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T, opts ...func(*Server)) *env {
 	t.Helper()
 	// The upstreams: one plain, one TLS (httptest's certificate names
 	// example.com and *.example.com). Each says what it received.
@@ -114,7 +117,25 @@ func newEnv(t *testing.T) *env {
 	secure.StartTLS()
 	t.Cleanup(secure.Close)
 
-	e := &env{roots: x509.NewCertPool(), logs: &syncBuffer{}}
+	// A raw TCP upstream, for tests that drive both ends by hand.
+	rawLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rawLn.Close() })
+
+	e := &env{roots: x509.NewCertPool(), logs: &syncBuffer{}, raw: make(chan net.Conn, 4)}
+	go func() {
+		for {
+			c, err := rawLn.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+			e.raw <- c
+		}
+	}()
+	e.plain = plain
 	e.roots.AddCert(secure.Certificate())
 	reg := prometheus.NewRegistry()
 	m, err := NewMetrics(reg)
@@ -150,6 +171,7 @@ func newEnv(t *testing.T) *env {
 			"private.example.com": {privateAddr},
 			"mixed.example.com":   {publicAddr, netip.MustParseAddr("192.168.1.1")},
 			"dead.example.com":    {deadAddr},
+			"raw.example.com":     {rawAddr},
 		}},
 		// The seam: publicAddr:80 and :443 are the local test servers.
 		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -159,6 +181,7 @@ func newEnv(t *testing.T) *env {
 			local := map[string]string{
 				netip.AddrPortFrom(publicAddr, 80).String():  plain.Listener.Addr().String(),
 				netip.AddrPortFrom(publicAddr, 443).String(): secure.Listener.Addr().String(),
+				netip.AddrPortFrom(rawAddr, 80).String():     rawLn.Addr().String(),
 			}[addr]
 			if local == "" {
 				return nil, fmt.Errorf("dial %s: connection refused (test)", addr)
@@ -169,6 +192,9 @@ func newEnv(t *testing.T) *env {
 		Metrics:       m,
 		Now:           func() time.Time { return now },
 		HeaderTimeout: 2 * time.Second,
+	}
+	for _, o := range opts {
+		o(s)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -591,51 +617,106 @@ func TestProxyResolvesOnceRooted(t *testing.T) {
 	}
 }
 
-// The tunnel's idle timeout closes a tunnel nobody uses.
+// A tunnel nobody uses is closed after IdleTimeout.
 func TestProxyIdleTunnel(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	up := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err == nil {
-			up <- c
-		}
-	}()
-	s := &Server{
-		Lookup: func(context.Context, netip.Addr) (string, egress.Policy, error) {
-			return "sb", egress.Policy{Mode: egress.Allowlist, Allow: []string{"example.com"}}, nil
-		},
-		Resolver: fakeResolver{e: &env{}, answers: map[string][]netip.Addr{"example.com": {publicAddr}}},
-		Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, network, ln.Addr().String())
-		},
-		Log:         slog.New(slog.DiscardHandler),
-		IdleTimeout: 200 * time.Millisecond,
-	}
-	pl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- s.Serve(ctx, pl) }()
-	defer func() { cancel(); <-done }()
-
-	e := &env{proxyAddr: pl.Addr().String()}
-	c := e.tunnel(t, srcExact, "example.com:80")
-	io.WriteString(c, "GET / HTTP/1.1\r\nHost: example.com\r\n\r\n")
-	u := <-up
-	defer u.Close()
+	e := newEnv(t, func(s *Server) { s.IdleTimeout = 200 * time.Millisecond })
+	c := e.tunnel(t, srcWildcard, "raw.example.com:80")
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: raw.example.com\r\n\r\n")
+	<-e.raw
 	start := time.Now()
 	if _, err := io.ReadAll(c); err != nil {
 		t.Fatalf("reading the tunnel: %v", err)
 	}
 	if d := time.Since(start); d > 3*time.Second {
 		t.Errorf("the idle tunnel closed after %v, want about 200ms", d)
+	}
+}
+
+// A tunnel whose client sends nothing after the 200 is closed after
+// HeaderTimeout, and counted.
+func TestProxySilentTunnel(t *testing.T) {
+	e := newEnv(t, func(s *Server) { s.HeaderTimeout = 100 * time.Millisecond })
+	counter := e.metrics.requests.WithLabelValues("refused", ReasonBadRequest)
+	c := e.tunnel(t, srcExact, "example.com:443")
+	b, err := io.ReadAll(c)
+	if err != nil || len(b) != 0 {
+		t.Errorf("the silent tunnel ended with %q, %v; want a bare close", b, err)
+	}
+	if got := value(t, counter); got != 1 {
+		t.Errorf("requests_total{refused,bad_request} = %v, want 1", got)
+	}
+}
+
+// Each half of a tunnel closes on its own: the client's end of stream
+// reaches the upstream, which can still answer.
+func TestProxyHalfClose(t *testing.T) {
+	e := newEnv(t)
+	c := e.tunnel(t, srcWildcard, "raw.example.com:80")
+	io.WriteString(c, "GET / HTTP/1.1\r\nHost: raw.example.com\r\n\r\nrest")
+	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	up := <-e.raw
+	up.SetDeadline(time.Now().Add(5 * time.Second))
+	got, err := io.ReadAll(up) // ends only when the client's EOF arrives
+	if err != nil {
+		t.Fatalf("upstream read: %v", err)
+	}
+	if want := "GET / HTTP/1.1\r\nHost: raw.example.com\r\n\r\nrest"; string(got) != want {
+		t.Errorf("upstream got %q, want %q", got, want)
+	}
+	io.WriteString(up, "answer after EOF")
+	up.Close()
+	back, err := io.ReadAll(c)
+	if err != nil || string(back) != "answer after EOF" {
+		t.Errorf("client got %q, %v; want the upstream's answer", back, err)
+	}
+}
+
+// A plain HTTP response is streamed: the client has the first part before
+// the upstream writes the rest.
+func TestProxyStreamsPlainHTTP(t *testing.T) {
+	e := newEnv(t)
+	c := e.dialProxy(t, srcWildcard)
+	io.WriteString(c, "GET http://raw.example.com/stream HTTP/1.1\r\nHost: raw.example.com\r\n\r\n")
+	up := <-e.raw
+	up.SetDeadline(time.Now().Add(5 * time.Second))
+	ureq, err := http.ReadRequest(bufio.NewReader(up))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ureq.RequestURI != "/stream" || ureq.Host != "raw.example.com" {
+		t.Errorf("upstream got %s %s Host %s; want /stream, raw.example.com", ureq.Method, ureq.RequestURI, ureq.Host)
+	}
+	io.WriteString(up, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := make([]byte, 5)
+	if _, err := io.ReadFull(resp.Body, first); err != nil || string(first) != "first" {
+		t.Fatalf("first part: %q, %v", first, err)
+	}
+	io.WriteString(up, "4\r\nlast\r\n0\r\n\r\n")
+	rest, err := io.ReadAll(resp.Body)
+	if err != nil || string(rest) != "last" {
+		t.Errorf("rest: %q, %v", rest, err)
+	}
+}
+
+// Time to connect upstream is observed for each allowed connection.
+func TestProxyConnectHistogram(t *testing.T) {
+	e := newEnv(t)
+	for range 3 {
+		get(e, srcExact, "https://example.com/")
+	}
+	var m dto.Metric
+	if err := e.metrics.connect.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.GetHistogram().GetSampleCount(); got != 3 {
+		t.Errorf("upstream_connect_seconds count = %d, want 3", got)
 	}
 }
 

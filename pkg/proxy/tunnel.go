@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -93,14 +94,10 @@ var errHelloRead = errors.New("egress proxy: ClientHello read")
 func (s *Server) inspectTLS(c net.Conn, br *bufio.Reader, r *request) ([]byte, *refusal) {
 	rc := &recordingConn{Conn: c, r: br}
 	var hello *tls.ClientHelloInfo
-	var ech bool
 	cfg := &tls.Config{
-		// Called only when the hello carries the ECH extension, and before
-		// GetConfigForClient.
-		GetEncryptedClientHelloKeys: func(chi *tls.ClientHelloInfo) ([]tls.EncryptedClientHelloKey, error) {
-			hello, ech = chi, true
-			return nil, errHelloRead
-		},
+		// With no ECH keys configured, the server hands over the outer
+		// hello as is (a malformed ECH extension fails before this call,
+		// and is refused for want of a hello).
 		GetConfigForClient: func(chi *tls.ClientHelloInfo) (*tls.Config, error) {
 			hello = chi
 			return nil, errHelloRead
@@ -111,18 +108,14 @@ func (s *Server) inspectTLS(c net.Conn, br *bufio.Reader, r *request) ([]byte, *
 	if hello == nil {
 		return rec, refuse(ReasonBadRequest, "could not read a TLS ClientHello in the tunnel to %s: %v", r.host, err)
 	}
-	if ech || slices.Contains(hello.Extensions, extensionECH) {
+	if slices.Contains(hello.Extensions, extensionECH) {
 		return rec, refuse(ReasonECH, "the TLS ClientHello to %s uses Encrypted ClientHello, which hides the server name; turn ECH off for proxied connections", r.host)
 	}
-	if sni := hello.ServerName; sni == "" || !sameHost(sni, r.host, r.port) || hasPort(sni) {
+	// r.host is never empty, so neither may the server name be.
+	if sni := strings.TrimSuffix(hello.ServerName, "."); !strings.EqualFold(sni, r.host) {
 		return rec, refuse(ReasonSNI, "the TLS server name %q is not %s, the host this tunnel was opened to; they must agree", hello.ServerName, r.host)
 	}
 	return rec, nil
-}
-
-func hasPort(host string) bool {
-	_, _, err := net.SplitHostPort(host)
-	return err == nil
 }
 
 // inspectHTTP reads the head of the client's first HTTP request in the
