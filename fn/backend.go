@@ -210,6 +210,10 @@ func (b *backend) Pause(ctx context.Context, id string) (api.Sandbox, error) {
 	return withManager(b, func(m *sandbox.Manager) (api.Sandbox, error) { return m.Pause(ctx, id) })
 }
 
+func (b *backend) Egress(ctx context.Context, id string, c api.EgressChange) (api.Sandbox, error) {
+	return withManager(b, func(m *sandbox.Manager) (api.Sandbox, error) { return m.Egress(ctx, id, c) })
+}
+
 func (b *backend) Resume(ctx context.Context, id string, wait time.Duration) (api.Sandbox, error) {
 	return withManager(b, func(m *sandbox.Manager) (api.Sandbox, error) { return m.Resume(ctx, id, wait) })
 }

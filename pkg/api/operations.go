@@ -18,6 +18,8 @@ type Operations interface {
 	Pause(ctx context.Context, id string) (Sandbox, error)
 	Resume(ctx context.Context, id string, wait time.Duration) (Sandbox, error)
 	Templates(ctx context.Context) ([]template.Summary, error)
+	// Egress grants or revokes names on one allowlist sandbox's egress list.
+	Egress(ctx context.Context, id string, c EgressChange) (Sandbox, error)
 }
 
 // ListResponse is DeerFlow's list body.

@@ -1,5 +1,7 @@
 package api
 
+import "github.com/deerflow-sandbox/provisioner/pkg/egress"
+
 // Sandbox is what the provisioner reports about one sandbox. The first three
 // fields are DeerFlow's SandboxResponse; the rest are extra, which DeerFlow ignores.
 type Sandbox struct {
@@ -16,6 +18,17 @@ type Sandbox struct {
 	Reason       string `json:"reason,omitempty"`
 	// Pooled says that the sandbox's Pod was claimed from a warm pool.
 	Pooled bool `json:"pooled,omitempty"`
+	// Egress is what the sandbox may reach outside the cluster.
+	Egress *EgressView `json:"egress,omitempty"`
+}
+
+// EgressView is a sandbox's egress as get and list show it: its mode, and,
+// in allowlist mode, its list (the template's) and the grants made since,
+// live ones only.
+type EgressView struct {
+	Mode   egress.Mode    `json:"mode"`
+	Allow  []string       `json:"allow"`
+	Grants []egress.Grant `json:"grants,omitempty"`
 }
 
 // StatusNotFound is DeerFlow's status for a sandbox whose Pod is gone.

@@ -17,7 +17,7 @@ const AnonymousPrincipal = "anonymous"
 
 // Operations are what a principal may be allowed to run, as the doors name
 // them (an HTTP route, a CloudEvent type, a POST / operation).
-var Operations = []string{"create", "get", "list", "destroy", "pause", "resume", "reap", "templates", "capabilities"}
+var Operations = []string{"create", "get", "list", "destroy", "pause", "resume", "reap", "templates", "capabilities", "egress"}
 
 // minKeyBytes mirrors auth.MinKeyBytes: a named key shorter than this is
 // guessable or a placeholder.

@@ -38,6 +38,7 @@ const (
 	TypeReap    = "dev.deerflow.sandbox.reap"
 	TypePause   = "dev.deerflow.sandbox.pause"
 	TypeResume  = "dev.deerflow.sandbox.resume"
+	TypeEgress  = "dev.deerflow.sandbox.egress"
 	TypePing    = "dev.knative.sources.ping"
 
 	TypeCreated   = "dev.deerflow.sandbox.created"
@@ -47,10 +48,11 @@ const (
 	TypeReaped    = "dev.deerflow.sandbox.reaped"
 	TypePaused    = "dev.deerflow.sandbox.paused"
 	TypeResumed   = "dev.deerflow.sandbox.resumed"
+	TypeEgressed  = "dev.deerflow.sandbox.egressed"
 )
 
 // RequestTypes lists the event types we accept, in the order we document them.
-var RequestTypes = []string{TypeCreate, TypeGet, TypeList, TypeDestroy, TypePause, TypeResume, TypeReap, TypePing}
+var RequestTypes = []string{TypeCreate, TypeGet, TypeList, TypeDestroy, TypePause, TypeResume, TypeEgress, TypeReap, TypePing}
 
 // operation is one request type's behaviour. Every operation, reads and
 // reap included, needs a credential.
@@ -68,6 +70,7 @@ var operations = map[string]operation{
 	TypeReap:    {"reap", TypeReaped, (*Handler).reap},
 	TypePause:   {"pause", TypePaused, pauseByID},
 	TypeResume:  {"resume", TypeResumed, resumeByID},
+	TypeEgress:  {"egress", TypeEgressed, (*Handler).egress},
 	TypePing:    {"reap", TypeReaped, (*Handler).reap},
 }
 
@@ -306,6 +309,35 @@ var (
 		return ops.Resume(ctx, id, wait)
 	})
 )
+
+// egress grants (or, with "revoke": true, revokes) names on one allowlist
+// sandbox's egress: {"sandbox_id", "allow", "for", "revoke"}, as the
+// HTTP API's POST and DELETE /api/sandboxes/{id}/egress.
+func (h *Handler) egress(ctx context.Context, data []byte, subject string) (any, string, error) {
+	var req struct {
+		SandboxID string `json:"sandbox_id"`
+		Revoke    bool   `json:"revoke"`
+	}
+	if err := json.Unmarshal(data, &req); err != nil {
+		return nil, "", api.Malformedf("the event's data must be a JSON object such as {\"sandbox_id\": \"abc\", \"allow\": [\"pypi.org\"], \"for\": \"10m\"}: %v", err)
+	}
+	if req.SandboxID == "" {
+		req.SandboxID = subject
+	}
+	var body map[string]json.RawMessage
+	_ = json.Unmarshal(data, &body) // valid JSON, checked above
+	delete(body, "sandbox_id")
+	delete(body, "revoke")
+	rest, _ := json.Marshal(body)
+	change, err := api.DecodeEgressRequest(rest, req.Revoke)
+	if err != nil {
+		return nil, req.SandboxID, err
+	}
+	ctx, cancel := readywait.Deadline(ctx, h.cfg.ServerConfig, 0)
+	defer cancel()
+	sb, err := h.ops.Egress(ctx, req.SandboxID, change)
+	return sb, req.SandboxID, err
+}
 
 func (h *Handler) list(ctx context.Context, _ []byte, _ string) (any, string, error) {
 	ctx, cancel := readywait.Deadline(ctx, h.cfg.ServerConfig, 0)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -63,6 +64,10 @@ func (f *fakeOps) Resume(_ context.Context, id string, _ time.Duration) (api.San
 	return api.Sandbox{ID: id, Status: "Pending"}, nil
 }
 func (f *fakeOps) Templates(context.Context) ([]template.Summary, error) { return nil, nil }
+func (f *fakeOps) Egress(_ context.Context, id string, c api.EgressChange) (api.Sandbox, error) {
+	f.calls = append(f.calls, fmt.Sprintf("egress %s %v for=%s revoke=%v", id, c.Allow, c.For, c.Revoke))
+	return api.Sandbox{ID: id}, nil
+}
 
 const testKey = "0123456789abcdef-test"
 
@@ -116,6 +121,10 @@ func TestRouting(t *testing.T) {
 		{"destroy", binaryEvent(TypeDestroy, "", `{"sandbox_id":"abc"}`, key), 200, TypeDestroyed, "abc", []string{"destroy abc"}},
 		{"pause", binaryEvent(TypePause, "", `{"sandbox_id":"abc"}`, key), 200, TypePaused, "abc", []string{"pause abc"}},
 		{"resume", binaryEvent(TypeResume, "abc", `{}`, key), 200, TypeResumed, "abc", []string{"resume abc"}},
+		{"egress grant", binaryEvent(TypeEgress, "", `{"sandbox_id":"abc","allow":["PyPI.org"],"for":"10m"}`, key), 200, TypeEgressed, "abc", []string{"egress abc [pypi.org] for=10m0s revoke=false"}},
+		{"egress revoke by subject", binaryEvent(TypeEgress, "abc", `{"allow":["*.github.com"],"revoke":true}`, key), 200, TypeEgressed, "abc", []string{"egress abc [*.github.com] for=0s revoke=true"}},
+		{"egress of an IP literal", binaryEvent(TypeEgress, "abc", `{"allow":["203.0.113.10"]}`, key), 422, "", "", nil},
+		{"egress revoke with a duration", binaryEvent(TypeEgress, "abc", `{"allow":["pypi.org"],"for":"1m","revoke":true}`, key), 422, "", "", nil},
 		{"ping reaps", binaryEvent(TypePing, "", ``, key), 200, TypeReaped, "", []string{"reap"}},
 		{"reap", binaryEvent(TypeReap, "", ``, key), 200, TypeReaped, "", []string{"reap"}},
 		{"key in the data", binaryEvent(TypeCreate, "", `{"sandbox_id":"abf","api_key":"`+testKey+`"}`, nil), 200, TypeCreated, "abf", []string{"create abf"}},

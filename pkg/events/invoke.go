@@ -19,7 +19,7 @@ import (
 // invokeOperations maps the "operation" of a POST / body to its event type.
 var invokeOperations = map[string]string{
 	"create": TypeCreate, "get": TypeGet, "list": TypeList, "destroy": TypeDestroy, "reap": TypeReap,
-	"pause": TypePause, "resume": TypeResume,
+	"pause": TypePause, "resume": TypeResume, "egress": TypeEgress,
 }
 
 // invokeNames lists the operations for error details.

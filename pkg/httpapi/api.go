@@ -72,6 +72,8 @@ func New(cfg *config.Config, authn *auth.Authenticator, ops api.Operations, m *m
 	a.route("POST /api/sandboxes/{id}/resume", "resume", a.byID(true, func(ctx context.Context, id string, wait time.Duration) (any, error) {
 		return a.ops.Resume(ctx, id, wait)
 	}))
+	a.route("POST /api/sandboxes/{id}/egress", "egress", a.egress(false))
+	a.route("DELETE /api/sandboxes/{id}/egress", "egress", a.egress(true))
 	a.route("GET /api/templates", "templates", a.whole(func(ctx context.Context) (any, error) {
 		list, err := a.ops.Templates(ctx)
 		return api.TemplatesResponse{Templates: list, Count: len(list)}, err
@@ -223,6 +225,30 @@ func (a *API) create(w http.ResponseWriter, r *http.Request) int {
 	return http.StatusOK
 }
 
+// egress grants names to (revoke: revokes names from) the egress of the
+// allowlist sandbox the path names: {"allow": [...], "for": "10m"}.
+func (a *API) egress(revoke bool) handlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) int {
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.cfg.MaxRequestBodyBytes))
+		if err != nil {
+			return problem.Write(w, api.Malformedf("could not read the request body: %v", err))
+		}
+		change, err := api.DecodeEgressRequest(body, revoke)
+		if err != nil {
+			return problem.Write(w, err)
+		}
+		ctx, cancel := readywait.Deadline(r.Context(), a.cfg.ServerConfig, 0)
+		defer cancel()
+		id := r.PathValue("id")
+		sb, err := a.ops.Egress(ctx, id, change)
+		if err != nil {
+			return a.fail(w, r, err, "sandbox_id", id)
+		}
+		problem.WriteJSON(w, http.StatusOK, sb)
+		return http.StatusOK
+	}
+}
+
 // byID answers one operation on the sandbox the path names, under the
 // deadline its wait (when the operation takes one: ?wait=) allows.
 func (a *API) byID(waits bool, op func(ctx context.Context, id string, wait time.Duration) (any, error)) handlerFunc {
@@ -262,7 +288,7 @@ func (a *API) whole(op func(ctx context.Context) (any, error)) handlerFunc {
 
 func (a *API) notFound(w http.ResponseWriter, r *http.Request) {
 	problem.WriteDetail(w, http.StatusNotFound, "no such endpoint "+r.Method+" "+r.URL.Path+
-		"; the API is GET /health, GET /api/capabilities, GET /api/templates, POST|GET /api/sandboxes, GET|DELETE /api/sandboxes/{id}, POST /api/sandboxes/{id}/pause|resume, POST /api/reap")
+		"; the API is GET /health, GET /api/capabilities, GET /api/templates, POST|GET /api/sandboxes, GET|DELETE /api/sandboxes/{id}, POST /api/sandboxes/{id}/pause|resume, POST|DELETE /api/sandboxes/{id}/egress, POST /api/reap")
 }
 
 // fail logs a failed operation (server-side failures at error level) and answers.

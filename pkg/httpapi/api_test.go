@@ -39,6 +39,9 @@ func (unavailable) Resume(context.Context, string, time.Duration) (api.Sandbox, 
 	return api.Sandbox{}, nil
 }
 func (unavailable) Templates(context.Context) ([]template.Summary, error) { return nil, nil }
+func (unavailable) Egress(context.Context, string, api.EgressChange) (api.Sandbox, error) {
+	return api.Sandbox{}, &api.Error{Kind: api.KindNotFound, Detail: "sandbox not found"}
+}
 
 func newAPI(t *testing.T, env map[string]string) *API {
 	for k, v := range env {
@@ -158,6 +161,40 @@ func TestWaitThatIsNoNumberIs422(t *testing.T) {
 				t.Errorf("GET ?wait=%s (-want +got):\n%s\nbody: %s", wait, diff, w.Body)
 			}
 		})
+	}
+}
+
+// TestEgressBodies: a grant or revoke that names no host, an IP, a bad
+// duration or an unknown field is a 4xx whose detail says what to fix,
+// before the domain is asked; a good one reaches it (here: not found).
+func TestEgressBodies(t *testing.T) {
+	a := newAPI(t, map[string]string{"PROVISIONER_API_KEY": key})
+	type result struct {
+		Code   int
+		Detail bool
+	}
+	for _, tc := range []struct {
+		method, body, says string
+		want             int
+	}{
+		{"POST", `{"allow":["pypi.org"],"for":"10m"}`, "not found", http.StatusNotFound},
+		{"DELETE", `{"allow":["pypi.org"]}`, "not found", http.StatusNotFound},
+		{"POST", `{"allow":[]}`, "allow", http.StatusUnprocessableEntity},
+		{"POST", `{"allow":["10.0.0.1"]}`, "IP address", http.StatusUnprocessableEntity},
+		{"POST", `{"allow":["pypi.org"],"for":"forever"}`, "for", http.StatusUnprocessableEntity},
+		{"POST", `{"allow":["pypi.org"],"for":"0.5s"}`, "for", http.StatusUnprocessableEntity},
+		{"DELETE", `{"allow":["pypi.org"],"for":"10m"}`, "revoke", http.StatusUnprocessableEntity},
+		{"POST", `{"allow":["pypi.org"],"mode":"open"}`, "unknown field", http.StatusBadRequest},
+		{"POST", `not json`, "JSON object", http.StatusBadRequest},
+	} {
+		r := httptest.NewRequest(tc.method, "/api/sandboxes/abc/egress", strings.NewReader(tc.body))
+		r.Header.Set("X-API-Key", key)
+		w := httptest.NewRecorder()
+		a.ServeHTTP(w, r)
+		got := result{w.Code, strings.Contains(w.Body.String(), tc.says)}
+		if diff := cmp.Diff(result{tc.want, true}, got); diff != "" {
+			t.Errorf("%s %s (-want +got):\n%s\nbody: %s", tc.method, tc.body, diff, w.Body)
+		}
 	}
 }
 

@@ -28,6 +28,7 @@ type Metrics struct {
 	eventsDropped   prometheus.Counter
 	poolClaims      *prometheus.CounterVec
 	isolation       *prometheus.GaugeVec
+	egressChanges   *prometheus.CounterVec
 }
 
 // New registers the series on a fresh registry.
@@ -73,13 +74,17 @@ func New() *Metrics {
 			Namespace: namespace, Name: "isolation_in_force",
 			Help: "Whether each isolation check (network_policy, runtime_class) passed when last made in this replica (1) or failed (0): while one is 0, creates are refused.",
 		}, []string{"check"}),
+		egressChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "egress_changes_total",
+			Help: "Egress grants and revokes on allowlist sandboxes, by operation (egress-grant, egress-revoke) and outcome.",
+		}, []string{"operation", "outcome"}),
 		poolClaims: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "pool_claims_total",
 			Help: "Creates of templates with a warm pool, by template and result: wired (claimed a wired pooled sandbox, whose URL answered at once), hit (claimed one not wired yet), miss (the request needs what a pooled one lacks), empty (none Ready), error (the pool could not be read or written); all but wired and hit start cold.",
 		}, []string{"template", "result"}),
 	}
 	m.Registry.MustRegister(m.requests, m.requestDuration, m.createToReady, m.kubeRequests, m.kubeDuration,
-		m.reaped, m.quotaRefusals, m.eventsDropped, m.poolClaims, m.isolation, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		m.reaped, m.quotaRefusals, m.eventsDropped, m.poolClaims, m.isolation, m.egressChanges, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
@@ -110,6 +115,11 @@ func (m *Metrics) PoolClaim(template, result string) {
 
 // EventDropped counts one Event over the budget.
 func (m *Metrics) EventDropped() { m.eventsDropped.Inc() }
+
+// EgressChanged counts one egress grant or revoke and its outcome.
+func (m *Metrics) EgressChanged(op, outcome string) {
+	m.egressChanges.WithLabelValues(op, outcome).Inc()
+}
 
 // Isolation records whether an isolation check is in force.
 func (m *Metrics) Isolation(check string, inForce bool) {

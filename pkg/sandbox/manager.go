@@ -7,6 +7,7 @@ import (
 	"time"
 
 	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 
@@ -38,6 +39,8 @@ type Observer interface {
 	// Isolation says whether one isolation check (isolation.Check*) is in
 	// force in this replica.
 	Isolation(check string, inForce bool)
+	// EgressChanged counts one grant or revoke (op) and its outcome.
+	EgressChanged(op, outcome string)
 }
 
 // Manager runs the sandbox operations against the Kubernetes API. It holds no
@@ -148,14 +151,24 @@ func (nopRecorder) Eventf(runtime.Object, string, string, string, ...interface{}
 
 type nopObserver struct{}
 
-func (nopObserver) CreateToReady(time.Duration) {}
-func (nopObserver) Reaped(string)               {}
-func (nopObserver) QuotaRefused(string)         {}
-func (nopObserver) Isolation(string, bool)      {}
+func (nopObserver) CreateToReady(time.Duration)  {}
+func (nopObserver) Reaped(string)                {}
+func (nopObserver) QuotaRefused(string)          {}
+func (nopObserver) Isolation(string, bool)       {}
+func (nopObserver) EgressChanged(string, string) {}
 
 // view joins what exists of a sandbox into a Sandbox (resources.View).
 func (m *Manager) view(id string, f found) api.Sandbox {
-	return resources.View(m.cfg.Objects(), id, f.pod, f.rs, resources.Exposing(m.cfg.Objects(), f.svc, f.wire, f.pod))
+	sb := resources.View(m.cfg.Objects(), id, f.pod, f.rs, resources.Exposing(m.cfg.Objects(), f.svc, f.wire, f.pod))
+	var w metav1.Object
+	switch {
+	case f.rs != nil:
+		w = f.rs
+	case f.pod != nil:
+		w = f.pod
+	}
+	sb.Egress = resources.EgressView(m.cfg.Objects(), w, f.svc, time.Now())
+	return sb
 }
 
 // Templates lists the sandbox templates (GET /api/templates, and the names

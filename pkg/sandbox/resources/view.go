@@ -3,6 +3,7 @@ package resources
 import (
 	"net"
 	"strconv"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/egress"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/status"
 )
@@ -78,4 +80,37 @@ func URL(cfg config.Objects, svc *corev1.Service) string {
 
 func joinHostPort(host string, port int32) string {
 	return net.JoinHostPort(host, strconv.Itoa(int(port)))
+}
+
+// EgressView is the egress of the sandbox whose workload is w and whose
+// Service is svc (either may be nil), at now: the mode its workload's
+// label records (a sandbox from before modes has the deployment's default),
+// and, in allowlist mode, the list and the live grants its Service holds,
+// which the egress proxy judges by.
+func EgressView(cfg config.Objects, w metav1.Object, svc *corev1.Service, now time.Time) *api.EgressView {
+	var labels map[string]string
+	switch {
+	case w != nil:
+		labels = w.GetLabels()
+	case svc != nil:
+		labels = svc.Labels
+	}
+	mode, err := egress.ParseMode(labels[keys.LabelEgress])
+	if err != nil || labels[keys.LabelEgress] == "" {
+		mode = cfg.DefaultEgress()
+	}
+	v := &api.EgressView{Mode: mode, Allow: []string{}}
+	if mode != egress.Allowlist || svc == nil {
+		return v
+	}
+	if names, err := egress.ParseNames(svc.Annotations[keys.AnnotationEgressAllow]); err == nil {
+		v.Allow = names
+	}
+	grants, _ := egress.DecodeGrants(svc.Annotations[keys.AnnotationEgressGrants])
+	for _, g := range grants {
+		if g.Live(now) {
+			v.Grants = append(v.Grants, g)
+		}
+	}
+	return v
 }
