@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -76,6 +77,13 @@ func (s *Server) forward(ctx context.Context, c net.Conn, req *http.Request, hos
 
 	idle := newIdleTimer(s.idleTimeout(), func() { c.Close(); up.Close() })
 	defer idle.stop()
+	if req.Body != nil && req.Body != http.NoBody {
+		// A long upload is activity too.
+		req.Body = struct {
+			io.Reader
+			io.Closer
+		}{&activity{r: req.Body, t: idle}, req.Body}
+	}
 	// The request goes up while the response comes down: an upstream may
 	// answer (or ask to continue) before it has read the body.
 	sent := make(chan error, 1)

@@ -705,6 +705,42 @@ func TestProxyStreamsPlainHTTP(t *testing.T) {
 	}
 }
 
+// A request body goes up as the client sends it, after the upstream's
+// 100 Continue has come down to a client that waits for it.
+func TestProxyForwardsBodyAfterContinue(t *testing.T) {
+	e := newEnv(t)
+	c := e.dialProxy(t, srcWildcard)
+	io.WriteString(c, "POST http://raw.example.com/up HTTP/1.1\r\nHost: raw.example.com\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+	up := <-e.raw
+	up.SetDeadline(time.Now().Add(5 * time.Second))
+	ubr := bufio.NewReader(up)
+	ureq, err := http.ReadRequest(ubr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(up, "HTTP/1.1 100 Continue\r\n\r\n")
+
+	cbr := bufio.NewReader(c)
+	cont, err := http.ReadResponse(cbr, nil)
+	if err != nil || cont.StatusCode != 100 {
+		t.Fatalf("want 100 Continue first, got %v, %v", cont, err)
+	}
+	io.WriteString(c, "hello")
+	body, err := io.ReadAll(ureq.Body)
+	if err != nil || string(body) != "hello" {
+		t.Fatalf("upstream body %q, %v", body, err)
+	}
+	io.WriteString(up, "HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok")
+	resp, err := http.ReadResponse(cbr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 201 || string(got) != "ok" {
+		t.Errorf("got %d %q, want 201 \"ok\"", resp.StatusCode, got)
+	}
+}
+
 // Time to connect upstream is observed for each allowed connection.
 func TestProxyConnectHistogram(t *testing.T) {
 	e := newEnv(t)
