@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the images the real test node runs, as OCI image archives containerd
 # imports (nothing can be pulled here): pause (the Pod sandbox image), the
-# sandbox stand-in (test/images/sandbox) and kube-network-policies. Each is one
+# sandbox stand-in (test/images/sandbox), kube-network-policies and the
+# egress proxy (cmd/proxy). Each is one
 # static binary in an otherwise empty image (test/images/mkimage).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -18,4 +19,6 @@ CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$work/sandbox" ./test/imag
 "$work/mkimage" -ref localhost/sandbox:e2e -out "$NODE_IMAGES_DIR/sandbox.tar" -user 1000:1000 "$work/sandbox"
 "$work/mkimage" -ref "localhost/kube-network-policies:$KNP_VERSION-xtq" -out "$NODE_IMAGES_DIR/kube-network-policies.tar" \
   -entrypoint /bin/netpol "$NODE_BIN_DIR/kube-network-policies"
+# The egress proxy (cmd/proxy), which allowlist sandboxes go through.
+"$REPO_ROOT/hack/proxy-image.sh"
 log "images: $(cd "$NODE_IMAGES_DIR" && ls)"

@@ -96,8 +96,8 @@ func TestEventSendersCarryTheAudience(t *testing.T) {
 		t.Error("400-service.yaml narrows every principal (\"*\"): the agent backend's key would lose operations")
 	}
 	triggers, _ := filepath.Glob(filepath.Join("..", "..", "config", "500-trigger-*.yaml"))
-	if len(triggers) != 7 {
-		t.Fatalf("%d Triggers in config/, want 7 (create, get, list, destroy, pause, resume, reap)", len(triggers))
+	if len(triggers) != 8 {
+		t.Fatalf("%d Triggers in config/, want 8 (create, get, list, destroy, pause, resume, egress, reap)", len(triggers))
 	}
 	for _, file := range triggers {
 		var tr eventingv1.Trigger
@@ -188,8 +188,8 @@ func TestTriggersAreOneOwner(t *testing.T) {
 			}
 		}
 	}
-	if len(want) != 7 {
-		t.Errorf("%d Triggers in config/, want 7 (create, get, list, destroy, pause, resume, reap)", len(want))
+	if len(want) != 8 {
+		t.Errorf("%d Triggers in config/, want 8 (create, get, list, destroy, pause, resume, egress, reap)", len(want))
 	}
 	if diff := cmp.Diff(want, groups); diff != "" {
 		t.Errorf("400-service.yaml: PROVISIONER_PRINCIPAL_GROUPS, member → group (-the Triggers as default +shipped):\n%s", diff)

@@ -13,11 +13,16 @@ import (
 
 // importImages loads the images built here and pins them: they can never be
 // pulled again, so image garbage collection must not delete them.
+// ProxyImage is the egress proxy's image, built from cmd/proxy by
+// hack/proxy-image.sh.
+const ProxyImage = "localhost/sandbox-egress-proxy:e2e"
+
 func (n *Node) importImages(ctx context.Context) error {
 	for _, img := range []struct{ file, ref string }{
 		{"pause.tar", "localhost/pause:e2e"},
 		{"sandbox.tar", SandboxImage},
 		{"kube-network-policies.tar", policyAgentImage()},
+		{"proxy.tar", ProxyImage},
 	} {
 		if _, err := n.ctr(ctx, "images", "import", "--platform", "linux/amd64", filepath.Join(n.paths.ImagesDir, img.file)); err != nil {
 			return err
