@@ -175,7 +175,7 @@ func TestEgressBodies(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		method, body, says string
-		want             int
+		want               int
 	}{
 		{"POST", `{"allow":["pypi.org"],"for":"10m"}`, "not found", http.StatusNotFound},
 		{"DELETE", `{"allow":["pypi.org"]}`, "not found", http.StatusNotFound},
