@@ -23,6 +23,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/auth"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/eventlimit"
+	"github.com/deerflow-sandbox/provisioner/pkg/grant"
 	"github.com/deerflow-sandbox/provisioner/pkg/kube"
 	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
 	"github.com/deerflow-sandbox/provisioner/pkg/pool"
@@ -211,7 +212,10 @@ func (b *backend) Pause(ctx context.Context, id string) (api.Sandbox, error) {
 }
 
 func (b *backend) Egress(ctx context.Context, id string, c api.EgressChange) (api.Sandbox, error) {
-	return withManager(b, func(m *sandbox.Manager) (api.Sandbox, error) { return m.Egress(ctx, id, c) })
+	return withManager(b, func(m *sandbox.Manager) (api.Sandbox, error) {
+		client, _ := b.client.Load().(kubernetes.Interface) // set before the manager
+		return grant.New(b.cfg, client, m, b.audit, b.metrics).Egress(ctx, id, c)
+	})
 }
 
 func (b *backend) Resume(ctx context.Context, id string, wait time.Duration) (api.Sandbox, error) {

@@ -39,8 +39,6 @@ type Observer interface {
 	// Isolation says whether one isolation check (isolation.Check*) is in
 	// force in this replica.
 	Isolation(check string, inForce bool)
-	// EgressChanged counts one grant or revoke (op) and its outcome.
-	EgressChanged(op, outcome string)
 }
 
 // Manager runs the sandbox operations against the Kubernetes API. It holds no
@@ -151,11 +149,10 @@ func (nopRecorder) Eventf(runtime.Object, string, string, string, ...interface{}
 
 type nopObserver struct{}
 
-func (nopObserver) CreateToReady(time.Duration)  {}
-func (nopObserver) Reaped(string)                {}
-func (nopObserver) QuotaRefused(string)          {}
-func (nopObserver) Isolation(string, bool)       {}
-func (nopObserver) EgressChanged(string, string) {}
+func (nopObserver) CreateToReady(time.Duration) {}
+func (nopObserver) Reaped(string)               {}
+func (nopObserver) QuotaRefused(string)         {}
+func (nopObserver) Isolation(string, bool)      {}
 
 // view joins what exists of a sandbox into a Sandbox (resources.View).
 func (m *Manager) view(id string, f found) api.Sandbox {
