@@ -77,7 +77,7 @@ func TestEgressModes(t *testing.T) {
 		if template != "" {
 			body["template"] = template
 		}
-		r, err := f.DoWithHeaders("POST", "/api/sandboxes?wait=30s", body, as(aliceKey))
+		r, err := f.DoWithHeaders("POST", "/api/sandboxes?wait=20s", body, as(aliceKey))
 		if err != nil || r.Code != 200 {
 			t.Fatalf("create %s: %v %d %s", id, err, r.Code, r.Raw)
 		}
@@ -297,6 +297,16 @@ func deployProxy(t *testing.T, ns string) {
 
 func waitProxyReady(t *testing.T, ns string, n int32) {
 	t.Helper()
+	defer func() {
+		if !t.Failed() {
+			return
+		}
+		for _, p := range pods(t, ns, "app.kubernetes.io/name=sandbox-egress-proxy") {
+			t.Logf("proxy Pod %s on %q: %s %+v", p.Name, p.Spec.NodeName, p.Status.Phase, p.Status.ContainerStatuses)
+			logs, err := client().CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{TailLines: ptr.To[int64](30)}).DoRaw(context.Background())
+			t.Logf("its log (%v):\n%s", err, logs)
+		}
+	}()
 	eventually(t, 90*time.Second, fmt.Sprintf("%d egress proxy replicas ready", n), func() (bool, error) {
 		d, err := client().AppsV1().Deployments(ns).Get(context.Background(), "sandbox-egress-proxy", metav1.GetOptions{})
 		if err != nil {

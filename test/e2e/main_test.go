@@ -43,7 +43,10 @@ func run(m *testing.M) int {
 	defer cancel()
 	start := time.Now()
 	var err error
-	if kc, err = cluster.Up(ctx, "e2e", 2); err != nil {
+	// The egress proxy runs on the real node and watches the API server
+	// as an in-cluster client, through the kubernetes Service's ClusterIP:
+	// the certificate must name it.
+	if kc, err = cluster.UpWith(ctx, "e2e", cluster.Options{Nodes: 2, APIServerSANs: []string{"10.96.0.1"}}); err != nil {
 		fmt.Fprintln(os.Stderr, "bringing up the test cluster:", err)
 		return 1
 	}
