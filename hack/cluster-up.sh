@@ -45,7 +45,12 @@ else
   # hands its components, which a real node's kube-proxy would otherwise take
   # over on 127.0.0.1; a real node's logs and exec go through the API server
   # to its kubelet by address, as kwok's admin (kubectl logs on a sandbox).
-  kwok create cluster --runtime binary \
+  # The API server's certificate also names the kubernetes Service's
+  # ClusterIP, which in-cluster clients on a real node dial (the egress
+  # proxy); only kwokctl's configuration file takes extra names.
+  mkdir -p "$KWOK_WORKDIR"
+  printf 'apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokctlConfiguration\noptions:\n  kubeApiserverCertSANs: [10.96.0.1]\n' >"$KWOK_WORKDIR/kwokctl-$CLUSTER_NAME.yaml"
+  kwok --config "$KWOK_WORKDIR/kwokctl-$CLUSTER_NAME.yaml" create cluster --runtime binary \
     --kube-apiserver-binary "$KUBE_BIN_DIR/kube-apiserver" \
     --kube-scheduler-binary "$KUBE_BIN_DIR/kube-scheduler" \
     --kube-controller-manager-binary "$KUBE_BIN_DIR/kube-controller-manager" \

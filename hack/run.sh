@@ -157,7 +157,8 @@ if [[ "$NODE" == real ]]; then
   rm -f "$envfile"
   log "building the real node's launcher"
   (cd "$REPO_ROOT" && go build -o "$state/realnode-up" ./test/framework/realnode/cmd/realnode-up)
-  args=(-kubeconfig "$KUBECONFIG" -pki-dir "$(dirname "$KUBECONFIG")/pki" -host-base "$state/deer-flow" -env-file "$envfile")
+  args=(-kubeconfig "$KUBECONFIG" -pki-dir "$(dirname "$KUBECONFIG")/pki" -host-base "$state/deer-flow" -env-file "$envfile"
+    -proxy-manifest "$REPO_ROOT/config/300-egress-proxy.yaml")
   if [[ -n "${SANDBOX_IMAGE_TAR:-}" ]]; then
     args+=(-image-tar "$SANDBOX_IMAGE_TAR" -image "$SANDBOX_IMAGE")
   fi

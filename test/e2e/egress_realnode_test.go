@@ -12,11 +12,8 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
@@ -255,44 +252,16 @@ func TestEgressModes(t *testing.T) {
 	})
 }
 
-// deployProxy applies config/300-egress-proxy.yaml into ns, as shipped but
-// for what this machine needs: the locally built image (never pulled), the
-// real node (its selector and toleration) and the public host's resolver.
+// deployProxy applies config/300-egress-proxy.yaml into ns, as `make run
+// NODE=real` does (realnode.DeployProxy says what it changes, and why).
 func deployProxy(t *testing.T, ns string) {
 	t.Helper()
-	objs := readObjects(t, filepath.Join("..", "..", "config", "300-egress-proxy.yaml"))
-	for _, o := range objs {
-		o.SetNamespace(ns)
-		switch o.GetKind() {
-		case "RoleBinding":
-			subjects, _, _ := unstructured.NestedSlice(o.Object, "subjects")
-			for _, s := range subjects {
-				s.(map[string]any)["namespace"] = ns
-			}
-			_ = unstructured.SetNestedSlice(o.Object, subjects, "subjects")
-		case "Deployment":
-			var d appsv1.Deployment
-			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &d); err != nil {
-				t.Fatal(err)
-			}
-			spec := &d.Spec.Template.Spec
-			spec.NodeSelector = map[string]string{realnode.NodeLabel: "true"}
-			spec.Tolerations = append(spec.Tolerations, realnode.Toleration)
-			spec.TerminationGracePeriodSeconds = ptr.To[int64](2)
-			c := &spec.Containers[0]
-			c.Image, c.ImagePullPolicy = realnode.ProxyImage, corev1.PullNever
-			c.Env = append(c.Env, corev1.EnvVar{Name: "PROXY_RESOLVER", Value: realnode.PublicResolver})
-			u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&d)
-			if err != nil {
-				t.Fatal(err)
-			}
-			o.Object = u
-			o.SetKind("Deployment")
-			o.SetAPIVersion("apps/v1")
-		}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := realnode.DeployProxy(ctx, client(), filepath.Join("..", "..", "config", "300-egress-proxy.yaml"), ns); err != nil {
+		waitProxyReady(t, ns, 2) // its diagnostics: the Pods' states and logs
+		t.Fatal(err)
 	}
-	applyServerSide(t, objs)
-	waitProxyReady(t, ns, 2)
 }
 
 func waitProxyReady(t *testing.T, ns string, n int32) {

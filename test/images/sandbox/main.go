@@ -34,14 +34,17 @@ type action struct {
 	URL  string `json:"url,omitempty"`  // http
 	// http: a POST (or other method) with these headers and body, as a
 	// client in the cluster would send a CloudEvent; GET without them.
-	Method    string            `json:"method,omitempty"`
-	Headers   map[string]string `json:"headers,omitempty"`
-	Body      string            `json:"body,omitempty"`
-	Server    string            `json:"server,omitempty"` // dns: ip:port
-	Name      string            `json:"name,omitempty"`   // dns; kernel: the probe (kernel.go)
-	Path      string            `json:"path,omitempty"`   // read, list, symlink (the link)
-	Target    string            `json:"target,omitempty"` // symlink
-	TimeoutMs int               `json:"timeout_ms,omitempty"`
+	Method  string            `json:"method,omitempty"`
+	Headers map[string]string `json:"headers,omitempty"`
+	Body    string            `json:"body,omitempty"`
+	Server  string            `json:"server,omitempty"` // dns: ip:port
+	Name    string            `json:"name,omitempty"`   // dns; kernel: the probe (kernel.go)
+	Path    string            `json:"path,omitempty"`   // read, list, symlink (the link)
+	Target  string            `json:"target,omitempty"` // symlink
+	// timing (timing.go): how many requests, how many at a time.
+	N           int `json:"n,omitempty"`
+	Concurrency int `json:"concurrency,omitempty"`
+	TimeoutMs   int `json:"timeout_ms,omitempty"`
 	// http: the Host header, when it should differ from the URL's host
 	// (a request that names one host to the proxy and another to the
 	// server); tunnel: the Host of the GET sent through the tunnel.
@@ -236,6 +239,8 @@ func run(ctx context.Context, a action) result {
 			out += "\ncert=" + peerFingerprint(resp.TLS)
 		}
 		return result{OK: true, Output: out}
+	case "timing":
+		return timeFirstBytes(ctx, a.URL, a.N, a.Concurrency)
 	case "tunnel":
 		return tunnel(ctx, a)
 	case "dns":

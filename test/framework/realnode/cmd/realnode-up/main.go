@@ -44,6 +44,7 @@ func run() error {
 	envFile := flag.String("env-file", "", "where to write the function's settings for this node")
 	imageTar := flag.String("image-tar", "", "an image archive (docker save or OCI) to import as the sandbox image")
 	imageRef := flag.String("image", "", "the sandbox image's reference inside -image-tar")
+	proxyManifest := flag.String("proxy-manifest", "", "the egress proxy's manifest (config/300-egress-proxy.yaml) to deploy onto the node; none when empty")
 	flag.Parse()
 	if *kubeconfig == "" || *pki == "" || *base == "" || *envFile == "" {
 		return fmt.Errorf("-kubeconfig, -pki-dir, -host-base and -env-file are required")
@@ -78,6 +79,21 @@ func run() error {
 	}
 
 	env := realnode.FunctionEnv(*base)
+	if *proxyManifest != "" {
+		// The proxy allowlist sandboxes go through, always on beside the
+		// function, as config/ deploys it.
+		ns := os.Getenv("K8S_NAMESPACE")
+		if ns == "" {
+			ns = "deer-flow"
+		}
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		err := realnode.DeployProxy(pctx, client, *proxyManifest, ns)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("the egress proxy did not start: %w", err)
+		}
+		slog.Info("egress proxy Ready", "namespace", ns, "resolver", realnode.PublicResolver)
+	}
 	if *imageTar != "" {
 		if err := node.ImportArchive(ctx, *imageTar, *imageRef); err != nil {
 			return fmt.Errorf("importing %s: %w", *imageTar, err)
