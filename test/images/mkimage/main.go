@@ -1,41 +1,95 @@
-// Command mkimage packs one static binary into a single-layer linux/amd64
-// image and writes it as an OCI image archive (an OCI layout in a tar, what
-// `ctr images import` reads), named by the io.containerd.image.name
-// annotation. Only the standard library: the format is a handful of small
-// JSON documents around one layer.
+// Command mkimage packs one static binary into a single-layer image: an OCI
+// image archive for the real test node, or an image pushed to a registry
+// for a real cluster.
+//
+// The archive (an OCI layout in a tar, what `ctr images import` reads) is
+// linux/amd64, named by the io.containerd.image.name annotation, and written
+// with the standard library only: the format is a handful of small JSON
+// documents around one layer.
 //
 //	mkimage -ref localhost/sandbox:e2e -out sandbox.tar /path/to/binary
+//
+// -push builds the same image (the same layer, user, entrypoint and
+// environment) for the binary's own architecture (linux/amd64 or
+// linux/arm64, read from its ELF header, so a GOARCH=arm64 build gives an
+// arm64 image) with go-containerregistry, pushes it with credentials from
+// the default keychain (Docker's config and its helpers) and prints the
+// pushed manifest's digest on stdout. -insecure talks plain HTTP to a
+// registry that is not on loopback (loopback and private addresses are
+// plain HTTP already).
+//
+//	mkimage -push registry.example.com/team/sandbox-egress-proxy:v1 -user 65532:65532 /path/to/binary
 package main
 
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"time"
 )
 
 func main() {
-	ref := flag.String("ref", "", "image reference, e.g. localhost/sandbox:e2e")
-	out := flag.String("out", "", "archive to write")
-	entry := flag.String("entrypoint", "", "path of the binary in the image (default /<name>)")
-	user := flag.String("user", "", "image user, e.g. 65532:65532")
-	flag.Parse()
-	if *ref == "" || *out == "" || flag.NArg() != 1 {
-		log.Fatal("usage: mkimage -ref REF -out FILE [-entrypoint PATH] [-user UID:GID] BINARY")
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		log.Fatal(err)
 	}
-	bin := flag.Arg(0)
+}
+
+const usage = "usage: mkimage -ref REF -out FILE [-entrypoint PATH] [-user UID:GID] BINARY\n" +
+	"       mkimage -push REF [-insecure] [-entrypoint PATH] [-user UID:GID] BINARY"
+
+// run parses args and writes the archive, or pushes and prints the digest
+// on stdout. The flags' help goes to stderr.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("mkimage", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	ref := fs.String("ref", "", "image reference in the archive, e.g. localhost/sandbox:e2e")
+	out := fs.String("out", "", "archive to write")
+	pushRef := fs.String("push", "", "push the image to this reference (name:tag) instead of writing an archive")
+	insecure := fs.Bool("insecure", false, "with -push: plain HTTP to the registry")
+	entry := fs.String("entrypoint", "", "path of the binary in the image (default /<name>)")
+	user := fs.String("user", "", "image user, e.g. 65532:65532")
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("%w\n%s", err, usage)
+	}
+	archive := *ref != "" || *out != ""
+	switch {
+	case fs.NArg() != 1:
+		return errors.New(usage)
+	case *pushRef != "" && archive:
+		return fmt.Errorf("-push and -ref/-out exclude each other\n%s", usage)
+	case *pushRef == "" && (*ref == "" || *out == ""):
+		return errors.New(usage)
+	case *insecure && *pushRef == "":
+		return fmt.Errorf("-insecure goes with -push\n%s", usage)
+	}
+	bin := fs.Arg(0)
 	if *entry == "" {
 		*entry = "/" + filepath.Base(bin)
 	}
-	if err := write(*ref, *out, bin, *entry, *user); err != nil {
-		log.Fatal(err)
+	if len(*entry) < 2 || (*entry)[0] != '/' {
+		return fmt.Errorf("-entrypoint %q: want an absolute path", *entry)
 	}
+	if *pushRef == "" {
+		return write(*ref, *out, bin, *entry, *user)
+	}
+	digest, err := push(ctx, *pushRef, *insecure, bin, *entry, *user)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(stdout, digest)
+	return err
 }
 
 // blob is one content-addressed file of the layout.
@@ -50,35 +104,49 @@ func (b blob) descriptor() map[string]any {
 	return map[string]any{"mediaType": b.mediaType, "digest": b.digest(), "size": len(b.body)}
 }
 
-// write builds the layer (the binary and a world-writable /tmp), the image
-// config, the manifest and the index. Timestamps are the epoch, so the same
-// binary always gives the same image.
+// epoch is every timestamp in the image, so the same binary always gives
+// the same image.
+var epoch = time.Unix(0, 0).UTC()
+
+// imageEnv is the image's environment: the binary sits at the root.
+var imageEnv = []string{"PATH=/"}
+
+// layerTar is the image's one layer, uncompressed: a world-writable /tmp and
+// the binary at entry (absolute), mode 0755.
+func layerTar(data []byte, entry string) ([]byte, error) {
+	var layer bytes.Buffer
+	tw := tar.NewWriter(&layer)
+	if err := tw.WriteHeader(&tar.Header{Name: "tmp/", Typeflag: tar.TypeDir, Mode: 0o1777, ModTime: epoch}); err != nil {
+		return nil, fmt.Errorf("layer: %w", err)
+	}
+	if err := tw.WriteHeader(&tar.Header{Name: entry[1:], Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(data)), ModTime: epoch}); err != nil {
+		return nil, fmt.Errorf("layer: %w", err)
+	}
+	if _, err := tw.Write(data); err != nil {
+		return nil, fmt.Errorf("layer: %w", err)
+	}
+	if err := tw.Close(); err != nil {
+		return nil, fmt.Errorf("layer: %w", err)
+	}
+	return layer.Bytes(), nil
+}
+
+// write builds the layer, the image config, the manifest and the index.
 func write(ref, out, bin, entry, user string) error {
 	data, err := os.ReadFile(bin)
 	if err != nil {
 		return err
 	}
-	epoch := time.Unix(0, 0).UTC()
-	var layer bytes.Buffer
-	tw := tar.NewWriter(&layer)
-	if err := tw.WriteHeader(&tar.Header{Name: "tmp/", Typeflag: tar.TypeDir, Mode: 0o1777, ModTime: epoch}); err != nil {
+	layer, err := layerTar(data, entry)
+	if err != nil {
 		return err
 	}
-	if err := tw.WriteHeader(&tar.Header{Name: entry[1:], Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(data)), ModTime: epoch}); err != nil {
-		return err
-	}
-	if _, err := tw.Write(data); err != nil {
-		return err
-	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	layerBlob := blob{"application/vnd.oci.image.layer.v1.tar", layer.Bytes()}
+	layerBlob := blob{"application/vnd.oci.image.layer.v1.tar", layer}
 	config, err := json.Marshal(map[string]any{
 		"architecture": "amd64",
 		"os":           "linux",
 		"created":      epoch.Format(time.RFC3339),
-		"config":       map[string]any{"Entrypoint": []string{entry}, "Env": []string{"PATH=/"}, "User": user},
+		"config":       map[string]any{"Entrypoint": []string{entry}, "Env": imageEnv, "User": user},
 		"rootfs":       map[string]any{"type": "layers", "diff_ids": []string{layerBlob.digest()}},
 	})
 	if err != nil {
