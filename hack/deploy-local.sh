@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # `make deploy-local`: deploys the function to the local Knative cluster
-# (make knative) as `make deploy` would to a real one: builds the image,
-# pushes it to a registry on this machine (the node's containerd pulls it
-# from there by digest) and applies config/ through the test overlay
-# test/overlays/knative-local (only the image digest, a generated API key
-# Secret and what this cluster needs differ). Waits until the Knative
-# Service, the Broker, the Triggers and the PingSource are Ready, then
-# prints FUNCTION_URL=…, PROVISIONER_API_KEY=… and KUBECONFIG=… on stdout.
+# (make knative) as `make deploy` would to a real one: builds the
+# function's image and the egress proxy's, pushes them to a registry on
+# this machine (the node's containerd pulls both from there by digest) and
+# applies config/ through the test overlay test/overlays/knative-local
+# (only the images' digests, a generated API key Secret and what this
+# cluster needs differ). Waits until the Knative Service, the Broker, the
+# Triggers and the PingSource are Ready, then prints FUNCTION_URL=…,
+# PROVISIONER_API_KEY=… and KUBECONFIG=… on stdout.
 #
 # FUNCTION_URL is the function's own cluster-local route
 # (http://sandbox-provisioner.deer-flow.svc.cluster.local), reached through
@@ -56,7 +57,10 @@ if [[ -z "$key" ]]; then
   log "generated the API key Secret $NS/sandbox-provisioner"
 fi
 
-# The image for this machine's node only (hack/image.sh).
+# The images for this machine's node only (hack/image.sh; the proxy's,
+# hack/proxy-image.sh, is this machine's by default). deploy.sh names the
+# proxy's $REGISTRY_ADDR/deer-flow/sandbox-egress-proxy:local, beside the
+# function's.
 PLATFORM="linux/$(go env GOARCH)" KUSTOMIZE_DIR="$REPO_ROOT/test/overlays/knative-local" "$REPO_ROOT/hack/deploy.sh" "$REGISTRY_ADDR/deer-flow/sandbox-provisioner:local" >&2
 
 log "waiting for the Knative Service, the Broker, the Triggers and the PingSource to be Ready"
