@@ -68,6 +68,11 @@ for what in ksvc/sandbox-provisioner broker/default "triggers --all" "pingsource
   # shellcheck disable=SC2086 # "kind --all" is two arguments
   "$kubectl" -n "$NS" wait --for=condition=Ready --timeout=300s $what >&2
 done
+# The egress proxy allowlist sandboxes go through, pulled from the local
+# registry: a pull or start failure shows here, not at the first allowlist
+# create.
+log "waiting for the egress proxy's replicas"
+"$kubectl" -n "$NS" rollout status deployment/sandbox-egress-proxy --timeout=180s >&2
 
 url=$("$kubectl" -n "$NS" get ksvc sandbox-provisioner -o jsonpath='{.status.url}')
 host=${url#*://}
