@@ -191,6 +191,13 @@ func TestEgressModes(t *testing.T) {
 			t.Errorf("the proxy's refusals for %s did not grow (%v → %v)", reason, before["refused/"+reason], after["refused/"+reason])
 		}
 	}
+	// And logged each, naming the sandbox and the reason.
+	logs := proxyLogs(t, ns)
+	for _, reason := range []string{"not_listed", "ip_literal", "forbidden_address", "host_mismatch", "sni", "ech"} {
+		if !strings.Contains(logs, `"reason":"`+reason+`"`) || !strings.Contains(logs, `"sandbox":"allow1"`) {
+			t.Errorf("the proxy's log has no refusal of allow1 for %s", reason)
+		}
+	}
 	if after["allowed/ok"] < before["allowed/ok"]+3 {
 		t.Errorf("the proxy counted %v allowed connections, want 3 more than %v", after["allowed/ok"], before["allowed/ok"])
 	}
@@ -334,6 +341,21 @@ func proxyCounts(t *testing.T, ns string) map[string]float64 {
 		}
 	}
 	return sums
+}
+
+// proxyLogs is the log of every egress proxy Pod (through the API server,
+// from the real node's kubelet).
+func proxyLogs(t *testing.T, ns string) string {
+	t.Helper()
+	var all strings.Builder
+	for _, p := range pods(t, ns, "app.kubernetes.io/name=sandbox-egress-proxy") {
+		b, err := client().CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{}).DoRaw(context.Background())
+		if err != nil {
+			t.Fatalf("the log of %s: %v", p.Name, err)
+		}
+		all.Write(b)
+	}
+	return all.String()
 }
 
 // envOf is the sandbox container's plain env.
