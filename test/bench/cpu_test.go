@@ -32,6 +32,15 @@ var cpuParts = map[string]string{
 	"kubelet":         "kubelet",
 	"containerd":      "containerd",
 	"kwok":            "kwok",
+	// On the real node: kube-proxy, the policy agent, the egress proxy,
+	// the stand-in hosts of the fake internet, and gVisor's processes.
+	"kube-proxy":    "kube-proxy",
+	"netpol":        "policy agent (kube-network-policies)",
+	"proxy":         "egress proxy",
+	"standin":       "fake internet hosts (stand-in)",
+	"runsc-sandbox": "gVisor (runsc)",
+	"runsc-gofer":   "gVisor (runsc)",
+	"exe":           "gVisor (runsc)",
 }
 
 // sampleCPU reads the CPU time used so far by each part; fnPID is the

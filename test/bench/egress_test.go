@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -104,17 +105,31 @@ func BenchmarkEgress(b *testing.B) {
 	direct := "https://" + realnode.PublicIP + "/v1/sandbox"
 	proxied := "https://" + realnode.AllowedName + "/v1/sandbox"
 	type row struct {
-		c               int
-		direct, proxied []time.Duration
+		c                  int
+		direct, proxied    []time.Duration
+		cpuDirect, cpuProx cpuUse // what each part of the machine used, over the rounds
 	}
 	var rows []row
+	timed := func(into cpuUse, f func() []time.Duration) []time.Duration {
+		before, err := sampleCPU(0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		out := f()
+		after, err := sampleCPU(0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		into.add(before, after)
+		return out
+	}
 	for _, c := range []int{1, 8} {
 		const rounds, perRound = 5, 40
 		progress("egress: HTTPS time to first byte at c=%d, %d rounds of %d, direct and proxied alternating", c, rounds, perRound)
-		r := row{c: c}
+		r := row{c: c, cpuDirect: cpuUse{}, cpuProx: cpuUse{}}
 		for i := 0; i < rounds; i++ {
-			r.direct = append(r.direct, firstBytes(b, openIP, direct, perRound, c)...)
-			r.proxied = append(r.proxied, firstBytes(b, allowIP, proxied, perRound, c)...)
+			r.direct = append(r.direct, timed(r.cpuDirect, func() []time.Duration { return firstBytes(b, openIP, direct, perRound, c) })...)
+			r.proxied = append(r.proxied, timed(r.cpuProx, func() []time.Duration { return firstBytes(b, allowIP, proxied, perRound, c) })...)
 		}
 		rows = append(rows, r)
 	}
@@ -130,6 +145,18 @@ func BenchmarkEgress(b *testing.B) {
 		pct(openCreate, .5), pct(allowCreate, .5), pct(allowCreate, .5)-pct(openCreate, .5), pct(allowCreate, .5)/pct(openCreate, .5),
 		pctText(openCreate, .95, "%.0f"), pctText(allowCreate, .95, "%.0f"))
 	fmt.Fprintf(&md, "\nTargets (issue 46): first byte ≤ +5 ms p50 at c=1 and ≤ +20 %% at c=8; create → Ready within 10 %% of open.\n")
+	last := rows[len(rows)-1]
+	fmt.Fprintf(&md, "\nCPU per request at c=%d (ms, /proc), by part of the machine:\n\n| CPU of | direct | through the proxy |\n|---|---|---|\n", last.c)
+	names := []string{"machine"}
+	for k := range last.cpuProx {
+		if k != "machine" {
+			names = append(names, k)
+		}
+	}
+	sort.Slice(names[1:], func(i, j int) bool { return last.cpuProx[names[1+i]] > last.cpuProx[names[1+j]] })
+	for _, k := range names {
+		fmt.Fprintf(&md, "| %s | %.2f | %.2f |\n", k, 1000*last.cpuDirect[k]/float64(len(last.direct)), 1000*last.cpuProx[k]/float64(len(last.proxied)))
+	}
 	fmt.Println(md.String())
 }
 
