@@ -218,22 +218,39 @@ func TestCallsPerCreate(t *testing.T) {
 	}
 }
 
-// TestAlternateSides: every side runs every operation once, in chunks, and
-// within a chunk the sides run in the order given.
+// TestAlternateSides: every side runs every operation once, in chunks;
+// within a chunk the sides run in the order given, or with rotate from one
+// side further each chunk.
 func TestAlternateSides(t *testing.T) {
-	var order []string
-	side := func(name string) func(int) error {
-		return func(i int) error { order = append(order, fmt.Sprintf("%s%d", name, i)); return nil }
+	tests := []struct {
+		name      string
+		n, chunks int
+		rotate    bool
+		want      []string
+	}{
+		{name: "fixed", n: 4, chunks: 2,
+			want: []string{"b0", "b1", "f0", "f1", "o0", "o1", "b2", "b3", "f2", "f3", "o2", "o3"}},
+		{name: "rotating", n: 4, chunks: 4, rotate: true,
+			want: []string{"b0", "f0", "o0", "f1", "o1", "b1", "o2", "b2", "f2", "b3", "f3", "o3"}},
+		{name: "rotating chunks", n: 4, chunks: 2, rotate: true,
+			want: []string{"b0", "b1", "f0", "f1", "o0", "o1", "f2", "f3", "o2", "o3", "b2", "b3"}},
 	}
-	s := alternateSides(4, 1, 2, side("b"), side("f"), side("o"))
-	want := []string{"b0", "b1", "f0", "f1", "o0", "o1", "b2", "b3", "f2", "f3", "o2", "o3"}
-	if diff := cmp.Diff(want, order); diff != "" {
-		t.Errorf("order (-want +got):\n%s", diff)
-	}
-	for i, x := range s {
-		if len(x.d) != 4 {
-			t.Errorf("side %d: %d samples, want 4", i, len(x.d))
-		}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var order []string
+			side := func(name string) func(int) error {
+				return func(i int) error { order = append(order, fmt.Sprintf("%s%d", name, i)); return nil }
+			}
+			s := alternateSides(tc.n, 1, tc.chunks, tc.rotate, side("b"), side("f"), side("o"))
+			if diff := cmp.Diff(tc.want, order); diff != "" {
+				t.Errorf("order (-want +got):\n%s", diff)
+			}
+			for i, x := range s {
+				if len(x.d) != tc.n {
+					t.Errorf("side %d: %d samples, want %d", i, len(x.d), tc.n)
+				}
+			}
+		})
 	}
 }
 
