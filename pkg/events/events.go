@@ -326,8 +326,10 @@ func (h *Handler) egress(ctx context.Context, data []byte, subject string) (any,
 	}
 	var body map[string]json.RawMessage
 	_ = json.Unmarshal(data, &body) // valid JSON, checked above
-	delete(body, "sandbox_id")
-	delete(body, "revoke")
+	// The rest is the grant; what the doors themselves read is not.
+	for _, k := range []string{"sandbox_id", "revoke", "operation", "source", "api_key"} {
+		delete(body, k)
+	}
 	rest, _ := json.Marshal(body)
 	change, err := api.DecodeEgressRequest(rest, req.Revoke)
 	if err != nil {

@@ -67,6 +67,10 @@ type door struct {
 	path   string
 	body   string
 	event  string // CloudEvent type, for event doors
+	// authorized is the answer of an allowed caller (0: 200). An egress
+	// grant to an open sandbox is the domain's 409 (a grant never changes
+	// a mode): the door let the caller through.
+	authorized int
 }
 
 // doors are every operation on sandbox id through every door. Its creates
@@ -74,6 +78,7 @@ type door struct {
 // may not use the user an omitted user_id becomes (docs/tenancy.md).
 func doors(id string) []door {
 	create := `{"sandbox_id":"` + id + `","user_id":"u-` + id + `"}`
+	grant := `{"allow":["pypi.org"]}`
 	d := []door{
 		{name: "GET /api/capabilities", method: "GET", path: "/api/capabilities"},
 		{name: "POST /api/sandboxes", method: "POST", path: "/api/sandboxes", body: create},
@@ -82,22 +87,30 @@ func doors(id string) []door {
 		{name: "DELETE /api/sandboxes/{id}", method: "DELETE", path: "/api/sandboxes/" + id},
 		{name: "POST /api/sandboxes/{id}/pause", method: "POST", path: "/api/sandboxes/" + id + "/pause"},
 		{name: "POST /api/sandboxes/{id}/resume", method: "POST", path: "/api/sandboxes/" + id + "/resume"},
+		{name: "POST /api/sandboxes/{id}/egress", method: "POST", path: "/api/sandboxes/" + id + "/egress", body: grant, authorized: 409},
+		{name: "DELETE /api/sandboxes/{id}/egress", method: "DELETE", path: "/api/sandboxes/" + id + "/egress", body: grant, authorized: 409},
 		{name: "GET /api/templates", method: "GET", path: "/api/templates"},
 		{name: "POST /api/reap", method: "POST", path: "/api/reap"},
 	}
 	for _, typ := range events.RequestTypes {
-		body := `{"sandbox_id":"` + id + `"}`
-		if typ == events.TypeCreate {
+		body, authorized := `{"sandbox_id":"`+id+`"}`, 0
+		switch typ {
+		case events.TypeCreate:
 			body = create
+		case events.TypeEgress:
+			body, authorized = `{"sandbox_id":"`+id+`","allow":["pypi.org"]}`, 409
 		}
-		d = append(d, door{name: "event " + typ, method: "POST", path: "/", body: body, event: typ})
+		d = append(d, door{name: "event " + typ, method: "POST", path: "/", body: body, event: typ, authorized: authorized})
 	}
-	for _, op := range []string{"create", "get", "list", "destroy", "pause", "resume", "reap"} {
-		body := `{"operation":"` + op + `","sandbox_id":"` + id + `"}`
-		if op == "create" {
+	for _, op := range []string{"create", "get", "list", "destroy", "pause", "resume", "egress", "reap"} {
+		body, authorized := `{"operation":"`+op+`","sandbox_id":"`+id+`"}`, 0
+		switch op {
+		case "create":
 			body = `{"operation":"create","sandbox_id":"` + id + `","user_id":"u-` + id + `"}`
+		case "egress":
+			body, authorized = `{"operation":"egress","sandbox_id":"`+id+`","allow":["pypi.org"]}`, 409
 		}
-		d = append(d, door{name: "POST / " + op, method: "POST", path: "/", body: body})
+		d = append(d, door{name: "POST / " + op, method: "POST", path: "/", body: body, authorized: authorized})
 	}
 	return d
 }
@@ -138,7 +151,7 @@ func TestEveryDoorAuthenticated(t *testing.T) {
 	// entry that grants it (beside DeerFlow's key, a second principal, the
 	// reap is no one's by default).
 	f := start(t, ns, map[string]string{"AUTH_TOKEN_AUDIENCE": audience, "AUTH_ALLOWED_SUBJECTS": allowed,
-		"PROVISIONER_PRINCIPAL_OPERATIONS": allowed + "=create,get,list,destroy,pause,resume,reap,templates,capabilities"})
+		"PROVISIONER_PRINCIPAL_OPERATIONS": allowed + "=create,get,list,destroy,pause,resume,reap,templates,capabilities,egress"})
 	good := token(t, ns, "trigger-oidc", audience)
 	bearer := func(tok string) map[string]string { return map[string]string{"Authorization": "Bearer " + tok} }
 
@@ -195,8 +208,12 @@ func TestEveryDoorAuthenticated(t *testing.T) {
 	expectCode(t, createTok1.send(t, f, bearer(good)), 200, "create tok1")
 	for _, d := range doors("tok1") {
 		r := d.send(t, f, bearer(good))
-		if r.Code != 200 {
-			t.Errorf("%s with an allowed token: %d %s", d.name, r.Code, r.Raw)
+		want := d.authorized
+		if want == 0 {
+			want = 200
+		}
+		if r.Code != want {
+			t.Errorf("%s with an allowed token: %d %s, want %d", d.name, r.Code, r.Raw, want)
 		}
 		if strings.Contains(d.name, "DELETE") || d.event == events.TypeDestroy || d.name == "POST / destroy" {
 			// Recreate for the next door that reads it.

@@ -18,21 +18,43 @@ import (
 	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 )
 
-// shippedNetworkPolicy is config/701-networkpolicy-sandboxes.yaml as it is
-// on disk, moved to ns: what an operator applies, written independently of
-// the builder the function uses.
-func shippedNetworkPolicy(t *testing.T, ns string) *networkingv1.NetworkPolicy {
+// shippedNetworkPolicies are config/701-networkpolicy-sandboxes.yaml as it
+// is on disk, moved to ns: what an operator applies (the shared policy and
+// each egress mode's), written independently of the builder the function
+// uses.
+func shippedNetworkPolicies(t *testing.T, ns string) []*networkingv1.NetworkPolicy {
 	t.Helper()
 	objs := readObjects(t, filepath.Join("..", "..", "config", "701-networkpolicy-sandboxes.yaml"))
-	if len(objs) != 1 {
-		t.Fatalf("config/701-networkpolicy-sandboxes.yaml holds %d objects, want 1", len(objs))
+	if len(objs) != 3 {
+		t.Fatalf("config/701-networkpolicy-sandboxes.yaml holds %d objects, want 3 (the shared policy, open's and allowlist's)", len(objs))
 	}
-	var np networkingv1.NetworkPolicy
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(objs[0].Object, &np); err != nil {
-		t.Fatal(err)
+	var out []*networkingv1.NetworkPolicy
+	for _, o := range objs {
+		var np networkingv1.NetworkPolicy
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &np); err != nil {
+			t.Fatal(err)
+		}
+		np.Namespace = ns
+		out = append(out, &np)
 	}
-	np.Namespace = ns
-	return &np
+	return out
+}
+
+// shippedNetworkPolicy is the shared one of them, which every sandbox
+// depends on.
+func shippedNetworkPolicy(t *testing.T, ns string) *networkingv1.NetworkPolicy {
+	t.Helper()
+	return shippedNetworkPolicies(t, ns)[0]
+}
+
+// applyShippedPolicies creates every shipped policy in ns.
+func applyShippedPolicies(t *testing.T, ns string) {
+	t.Helper()
+	for _, np := range shippedNetworkPolicies(t, ns) {
+		if _, err := client().NetworkingV1().NetworkPolicies(ns).Create(context.Background(), np, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // TestSharedNetworkPolicy: one policy selects every sandbox and exists before
@@ -48,30 +70,42 @@ func TestSharedNetworkPolicy(t *testing.T) {
 	cases := []struct {
 		name    string
 		env     map[string]string
-		want    func(*networkingv1.NetworkPolicySpec)
-		sources []networkingv1.NetworkPolicyPeer // whom DeerFlow's sandboxes admit
+		want    func(byName map[string]*networkingv1.NetworkPolicySpec) // the shipped policies as these settings make them
+		sources []networkingv1.NetworkPolicyPeer                        // whom DeerFlow's sandboxes admit
 	}{
-		{"default", nil, func(*networkingv1.NetworkPolicySpec) {}, []networkingv1.NetworkPolicyPeer{backend}},
-		{"NodePort with node addresses", map[string]string{"SANDBOX_INGRESS_NODE_CIDRS": "192.168.1.10/32,192.168.1.11/32"}, func(*networkingv1.NetworkPolicySpec) {},
+		{"default", nil, func(map[string]*networkingv1.NetworkPolicySpec) {}, []networkingv1.NetworkPolicyPeer{backend}},
+		{"NodePort with node addresses", map[string]string{"SANDBOX_INGRESS_NODE_CIDRS": "192.168.1.10/32,192.168.1.11/32"}, func(map[string]*networkingv1.NetworkPolicySpec) {},
 			[]networkingv1.NetworkPolicyPeer{backend, {IPBlock: &networkingv1.IPBlock{CIDR: "192.168.1.10/32"}}, {IPBlock: &networkingv1.IPBlock{CIDR: "192.168.1.11/32"}}}},
-		{"deny-all egress", map[string]string{"SANDBOX_EGRESS_MODE": "deny-all"}, func(s *networkingv1.NetworkPolicySpec) { s.Egress = nil }, []networkingv1.NetworkPolicyPeer{backend}},
+		// isolated by default (deny-all is its old name): open's policy
+		// selects only sandboxes labelled open, so one from before modes
+		// keeps no egress.
+		{"deny-all egress", map[string]string{"SANDBOX_EGRESS_MODE": "deny-all"}, func(byName map[string]*networkingv1.NetworkPolicySpec) {
+			open := byName["deer-flow-sandbox-isolation-egress-open"]
+			open.PodSelector = metav1.LabelSelector{MatchLabels: map[string]string{"app": "deer-flow-sandbox", "sandbox.deerflow.dev/egress": "open"}}
+		}, []networkingv1.NetworkPolicyPeer{backend}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			ns := namespace(t)
 			f := start(t, ns, tc.env)
 			ctx := context.Background()
-			want := shippedNetworkPolicy(t, ns)
-			tc.want(&want.Spec)
-			got, err := client().NetworkingV1().NetworkPolicies(ns).Get(ctx, want.Name, metav1.GetOptions{})
-			if err != nil {
-				t.Fatalf("the shared policy does not exist before the first sandbox: %v", err)
+			shipped := shippedNetworkPolicies(t, ns)
+			byName := map[string]*networkingv1.NetworkPolicySpec{}
+			for _, np := range shipped {
+				byName[np.Name] = &np.Spec
 			}
-			if diff := cmp.Diff(want.Spec, got.Spec); diff != "" {
-				t.Errorf("shared policy (-want +got):\n%s", diff)
-			}
-			if len(got.Spec.Ingress) != 0 {
-				t.Errorf("the shared policy admits %+v; want no one", got.Spec.Ingress)
+			tc.want(byName)
+			for _, np := range shipped {
+				got, err := client().NetworkingV1().NetworkPolicies(ns).Get(ctx, np.Name, metav1.GetOptions{})
+				if err != nil {
+					t.Fatalf("the policy %s does not exist before the first sandbox: %v", np.Name, err)
+				}
+				if diff := cmp.Diff(np.Spec, got.Spec); diff != "" {
+					t.Errorf("%s (-want +got):\n%s", np.Name, diff)
+				}
+				if len(got.Spec.Ingress) != 0 {
+					t.Errorf("%s admits %+v; want no one", np.Name, got.Spec.Ingress)
+				}
 			}
 
 			writesOf := func(id string) map[string]int {
@@ -100,11 +134,11 @@ func TestSharedNetworkPolicy(t *testing.T) {
 				t.Errorf("synchronous writes of a later create (-want +got):\n%s", diff)
 			}
 			l, err := client().NetworkingV1().NetworkPolicies(ns).List(ctx, metav1.ListOptions{})
-			if err != nil || len(l.Items) != 3 {
-				t.Fatalf("NetworkPolicies after two creates: %d (%v), want the shared one and DeerFlow's key's two", len(l.Items), err)
+			if err != nil || len(l.Items) != len(shipped)+2 {
+				t.Fatalf("NetworkPolicies after two creates: %d (%v), want the %d shipped and DeerFlow's key's two", len(l.Items), err, len(shipped))
 			}
 			for _, np := range l.Items {
-				if np.Name == want.Name {
+				if _, ok := byName[np.Name]; ok {
 					continue
 				}
 				if len(np.Spec.Ingress) != 1 {
@@ -132,9 +166,7 @@ func TestNoSandboxWithoutIsolation(t *testing.T) {
 	if p, s := pods(t, ns, ""), services(t, ns, ""); len(p) != 0 || len(s) != 0 {
 		t.Errorf("a refused create left %d Pods and %d Services", len(p), len(s))
 	}
-	if _, err := client().NetworkingV1().NetworkPolicies(ns).Create(context.Background(), shippedNetworkPolicy(t, ns), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	applyShippedPolicies(t, ns)
 	// Within SANDBOX_NETWORK_POLICY_CHECK_TTL of the refusal.
 	eventually(t, 5*time.Second, "a create once the policy exists", func() (bool, error) {
 		r := mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "open1"})
@@ -150,10 +182,8 @@ func TestIsolationPolicyRechecked(t *testing.T) {
 	ns := namespace(t)
 	ctx := context.Background()
 	nps := client().NetworkingV1().NetworkPolicies(ns)
+	applyShippedPolicies(t, ns)
 	shipped := shippedNetworkPolicy(t, ns)
-	if _, err := nps.Create(ctx, shipped, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	f := start(t, ns, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "false"})
 	n, admitted := 0, 0
 	createOnce := func() function.Response {
@@ -196,11 +226,11 @@ func TestIsolationPolicyRechecked(t *testing.T) {
 	}
 	until("creates admitted once it is restored", time.Now(), ok)
 
-	got, err := nps.Get(ctx, shipped.Name, metav1.GetOptions{})
+	got, err := nps.Get(ctx, shipped.Name+"-egress-open", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	got.Spec.Egress = got.Spec.Egress[:1] // DNS only: the internet rule dropped
+	got.Spec.Egress = got.Spec.Egress[:1] // open sandboxes' DNS only: the internet rule dropped
 	if _, err := nps.Update(ctx, got, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -96,8 +96,10 @@ func TestLoad(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the harness's settings: %v", err)
 	}
-	shared := shippedNetworkPolicy(t, ns)
-	want := map[string]map[string]string{shared.Name: shared.Labels}
+	want := map[string]map[string]string{}
+	for _, shared := range shippedNetworkPolicies(t, ns) {
+		want[shared.Name] = shared.Labels
+	}
 	for _, np := range []*networkingv1.NetworkPolicy{resources.BuildIngressPolicy(cfg.Objects(), config.DefaultPrincipal, nil), resources.BuildLegacyIngressPolicy(cfg.Objects(), nil)} {
 		want[np.Name] = np.Labels
 	}
