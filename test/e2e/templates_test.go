@@ -178,7 +178,8 @@ const deerflowImage = "enterprise-public-cn-beijing.cr.volces.com/vefaas-public/
 func sandboxLabels(id string, extra map[string]string) map[string]string {
 	l := map[string]string{"app": "deer-flow-sandbox", "sandbox-id": id, "app.kubernetes.io/name": "deer-flow",
 		"app.kubernetes.io/component": "sandbox", "app.kubernetes.io/managed-by": "deerflow-sandbox-provisioner",
-		keys.LabelPrincipal: resources.PrincipalLabelValue("default"), keys.LabelToken: "<32 hex digits>"}
+		keys.LabelPrincipal: resources.PrincipalLabelValue("default"), keys.LabelToken: "<32 hex digits>",
+		keys.LabelEgress: "open"} // the default mode, recorded on every sandbox
 	for k, v := range extra {
 		l[k] = v
 	}
