@@ -39,27 +39,17 @@ func removeHopByHop(h http.Header) {
 // HTTP through the proxy is rare (HTTPS tunnels), and one request per
 // connection spares the proxy from tracking request bodies across requests.
 func (s *Server) forward(ctx context.Context, c net.Conn, req *http.Request, hosts []string, r *request) {
-	pol, ref := s.identify(ctx, r)
-	var addrs []netip.Addr
-	if ref == nil {
-		ref = checkForm(req, hosts, r)
-	}
-	if ref == nil {
+	up, ap := s.open(ctx, c, r, func() (string, *refusal) {
+		if ref := checkForm(req, hosts, r); ref != nil {
+			return "", ref
+		}
 		port := req.URL.Port()
 		if port == "" {
 			port = "80"
 		}
-		addrs, ref = s.admit(ctx, r, pol, net.JoinHostPort(req.URL.Hostname(), port))
-	}
-	if ref != nil {
-		s.record(r, ref)
-		writeStatus(c, ref.status, ref.body())
-		return
-	}
-	up, ap, ref := s.dial(ctx, r, addrs)
-	if ref != nil {
-		s.record(r, ref)
-		writeStatus(c, ref.status, ref.body())
+		return net.JoinHostPort(req.URL.Hostname(), port), nil
+	})
+	if up == nil {
 		return
 	}
 	defer up.Close()

@@ -25,28 +25,45 @@ const extensionECH = 0xfe0d
 // clear: what a client gets when its handshake is refused after the 200.
 var alertAccessDenied = []byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 49}
 
+// open is what both doors do first: identify the caller, run the door's
+// own check of the request and give its target (host:port), admit it, and
+// dial the judged addresses. A refusal is recorded and answered here (403,
+// or 502 for an upstream that cannot be had), and open returns nil.
+func (s *Server) open(ctx context.Context, c net.Conn, r *request, target func() (string, *refusal)) (net.Conn, netip.AddrPort) {
+	pol, ref := s.identify(ctx, r)
+	var addrs []netip.Addr
+	if ref == nil {
+		var t string
+		if t, ref = target(); ref == nil {
+			addrs, ref = s.admit(ctx, r, pol, t)
+		}
+	}
+	var (
+		up net.Conn
+		ap netip.AddrPort
+	)
+	if ref == nil {
+		up, ap, ref = s.dial(ctx, r, addrs)
+	}
+	if ref != nil {
+		s.record(r, ref)
+		writeStatus(c, ref.status, ref.body())
+		return nil, ap
+	}
+	return up, ap
+}
+
 // connect serves a CONNECT: the checks, the upstream connection, the 200,
 // then a look at what the client sends first (its TLS server name or its
 // HTTP Host must be the CONNECT host) before the bytes flow.
 func (s *Server) connect(ctx context.Context, c net.Conn, br *bufio.Reader, req *http.Request, r *request) {
-	pol, ref := s.identify(ctx, r)
-	var addrs []netip.Addr
-	if ref == nil {
+	up, ap := s.open(ctx, c, r, func() (string, *refusal) {
 		if req.URL == nil || req.URL.Host == "" {
-			ref = badRequest("CONNECT wants host:port, got %q", req.RequestURI)
-		} else {
-			addrs, ref = s.admit(ctx, r, pol, req.URL.Host)
+			return "", badRequest("CONNECT wants host:port, got %q", req.RequestURI)
 		}
-	}
-	if ref != nil {
-		s.record(r, ref)
-		writeStatus(c, ref.status, ref.body())
-		return
-	}
-	up, ap, ref := s.dial(ctx, r, addrs)
-	if ref != nil {
-		s.record(r, ref)
-		writeStatus(c, ref.status, ref.body())
+		return req.URL.Host, nil
+	})
+	if up == nil {
 		return
 	}
 	defer up.Close()
