@@ -101,7 +101,7 @@ func (f fakeResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Ad
 	return a, nil
 }
 
-func newEnv(t *testing.T, opts ...func(*Server)) *env {
+func newEnv(t testing.TB, opts ...func(*Server)) *env {
 	t.Helper()
 	// The upstreams: one plain, one TLS (httptest's certificate names
 	// example.com and *.example.com). Each says what it received.
