@@ -88,10 +88,12 @@ func BenchmarkColdStartFromZero(b *testing.B) {
 		var podName func() string
 		ctx, cancel := context.WithCancel(context.Background())
 		if i == 0 {
-			s = &steps{at: map[string]time.Duration{}}
+			s = &steps{at: map[string]time.Time{}}
 			podName = watchRevisionPods(b, ctx, rev, s)
 			time.Sleep(200 * time.Millisecond) // the watch established
+			s.mu.Lock()
 			s.start = time.Now()
+			s.mu.Unlock()
 		}
 		d, created, err := timedCreate(fnURL, body, headers)
 		if s != nil {

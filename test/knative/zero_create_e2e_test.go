@@ -268,28 +268,40 @@ func sandboxAppears(tb testing.TB, ctx context.Context, id string) <-chan time.T
 	return seen
 }
 
-// steps records, relative to a start, the first moment each step was seen.
+// steps records the first moment each step was seen; print shows them
+// relative to start (the moment the request was sent).
 type steps struct {
 	start time.Time
 	mu    sync.Mutex
-	at    map[string]time.Duration
+	at    map[string]time.Time
 }
 
 func (s *steps) mark(name string, when time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.at[name]; !ok {
-		s.at[name] = when.Sub(s.start)
+		s.at[name] = when
 	}
 }
 
 // watchRevisionPods records, as a watch sees them, the steps of the
 // revision's new Pod: created, scheduled, each container started and
 // ready, the Pod Ready. The watch's own delay (a few ms on one node) is in
-// each figure. It returns the name of the Pod it saw.
+// each figure. Pods that exist when it starts (at zero replicas, the last
+// Pod may still be terminating) are not the new one. It returns the name
+// of the Pod it saw.
 func watchRevisionPods(tb testing.TB, ctx context.Context, rev string, s *steps) func() string {
 	tb.Helper()
-	w, err := kube.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{LabelSelector: "serving.knative.dev/revision=" + rev})
+	sel := "serving.knative.dev/revision=" + rev
+	l, err := kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	if err != nil {
+		tb.Fatalf("list the revision's Pods: %v", err)
+	}
+	old := map[string]bool{}
+	for _, p := range l.Items {
+		old[p.Name] = true
+	}
+	w, err := kube.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{LabelSelector: sel, ResourceVersion: l.ResourceVersion})
 	if err != nil {
 		tb.Fatalf("watch the revision's Pods: %v", err)
 	}
@@ -299,7 +311,7 @@ func watchRevisionPods(tb testing.TB, ctx context.Context, rev string, s *steps)
 		defer w.Stop()
 		for ev := range w.ResultChan() {
 			p, ok := ev.Object.(*corev1.Pod)
-			if !ok || ev.Type == watch.Deleted {
+			if !ok || ev.Type == watch.Deleted || old[p.Name] || p.DeletionTimestamp != nil {
 				continue
 			}
 			now := time.Now()
@@ -357,7 +369,8 @@ func logSteps(tb testing.TB, pod string, s *steps, until time.Duration) {
 		}
 		ts, _ := line["time"].(string)
 		when, err := time.Parse(time.RFC3339Nano, ts)
-		if err != nil || when.Sub(s.start) > until+time.Second {
+		// Lines of this request only: not the Pod's earlier life.
+		if err != nil || when.Before(s.start.Add(-time.Minute)) || when.Sub(s.start) > until+time.Second {
 			continue
 		}
 		msg, _ := line["msg"].(string)
@@ -384,8 +397,8 @@ func (s *steps) print(title string) {
 		at   time.Duration
 	}
 	var rows []row
-	for n, d := range s.at {
-		rows = append(rows, row{n, d})
+	for n, t := range s.at {
+		rows = append(rows, row{n, t.Sub(s.start)})
 	}
 	sort.Slice(rows, func(i, j int) bool { return rows[i].at < rows[j].at })
 	fmt.Printf("\n%s\n\n| step | at (ms after the request was sent) | since the step before (ms) |\n|---|---|---|\n", title)
