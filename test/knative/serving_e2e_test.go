@@ -277,7 +277,7 @@ func routeDiagnosis(t *testing.T, id string) string {
 // backendPod starts (once per name) a Pod of the stand-in image labelled as
 // DeerFlow's backend, with the given ServiceAccount, and waits until it
 // answers.
-func backendPod(t *testing.T, name, sa string) *corev1.Pod {
+func backendPod(t testing.TB, name, sa string) *corev1.Pod {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := kube.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {

@@ -22,10 +22,8 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 
@@ -178,28 +176,9 @@ func newBroker(tb testing.TB) *broker {
 	if br.url == "" || br.audience == "" {
 		tb.Fatalf("the Broker has no address (%q) or audience (%q)", br.url, br.audience)
 	}
-	if _, err := kube.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: backendSA}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		tb.Fatal(err)
-	}
-	name := "bench-sender"
-	p := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app.kubernetes.io/name": "deer-flow-backend"}},
-		Spec: corev1.PodSpec{
-			ServiceAccountName: backendSA,
-			Containers: []corev1.Container{{Name: "backend", Image: "localhost/sandbox:e2e", ImagePullPolicy: corev1.PullNever,
-				ReadinessProbe: &corev1.Probe{PeriodSeconds: 1, ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/v1/sandbox", Port: intstr.FromInt32(8080)}}},
-				SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false), RunAsNonRoot: ptr.To(true),
-					Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}, SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}}}},
-		},
-	}
-	if _, err := kube.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		tb.Fatal(err)
-	}
+	const name = "bench-sender"
+	br.pod = backendPod(tb, name, backendSA)
 	tb.Cleanup(func() { _ = kube.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{}) })
-	eventually(tb, 90*time.Second, "sender Pod Ready", func() (bool, error) {
-		br.pod, err = kube.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-		return err == nil && realnode.Ready(br.pod), err
-	})
 	return br
 }
 
