@@ -112,13 +112,12 @@ func (c *Checker) checks() []check {
 // missing one), and that the RuntimeClass exists. It runs at start-up;
 // creates run each check again when its last verdict is older than the
 // TTL, and are refused (503 naming the policy or the setting) while one fails.
+//
+// The checks run side by side, as a create's do: the shared policies are
+// several now (the shared one and each egress mode's), and a cold replica
+// should wait for one round trip before it serves, not one per policy.
 func (c *Checker) Ensure(ctx context.Context) error {
-	for _, k := range c.checks() {
-		if err := k.v.run(ctx, c.timeout, k.action, k.make); err != nil {
-			return err
-		}
-	}
-	return nil
+	return c.run(ctx, c.checks(), true)
 }
 
 // Require is the check a create for principal of a sandbox in mode makes;
@@ -134,11 +133,22 @@ func (c *Checker) Require(ctx context.Context, principal string, mode egress.Mod
 	if mode == egress.Allowlist {
 		cs = append(cs, c.proxyChecks()...)
 	}
+	if err := c.run(ctx, cs, false); err != nil {
+		return "", err
+	}
+	if mode == egress.Allowlist {
+		return c.proxy.address(), nil
+	}
+	return "", nil
+}
+
+// run makes the checks whose verdicts are stale (all of them when every is
+// set) side by side, and answers the first check's refusal of several.
+func (c *Checker) run(ctx context.Context, cs []check, every bool) error {
 	errs := make([]error, len(cs))
 	var g errgroup.Group
 	for i, k := range cs {
-		err, ok := k.v.fresh(c.cfg.NetworkPolicyCheckTTL)
-		if ok {
+		if err, ok := k.v.fresh(c.cfg.NetworkPolicyCheckTTL); ok && !every {
 			errs[i] = err
 			continue
 		}
@@ -150,13 +160,10 @@ func (c *Checker) Require(ctx context.Context, principal string, mode egress.Mod
 	_ = g.Wait()
 	for _, err := range errs {
 		if err != nil {
-			return "", err
+			return err
 		}
 	}
-	if mode == egress.Allowlist {
-		return c.proxy.address(), nil
-	}
-	return "", nil
+	return nil
 }
 
 // checkPolicy reads the policy and records the verdict. A failure to

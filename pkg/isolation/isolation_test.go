@@ -81,38 +81,46 @@ func TestStaleChecksRunSideBySide(t *testing.T) {
 		{"the class missing", sharedPolicies(cfg), "SANDBOX_RUNTIME_CLASS"},
 		{"both missing: the policy's refusal", nil, "NetworkPolicy"},
 	}
+	// Both entry points: a create's Require, and Ensure at start-up (a
+	// cold replica waits for it before it serves).
+	entries := map[string]func(*Checker) error{
+		"Require": func(c *Checker) error { _, err := c.Require(context.Background(), "default", egress.Open); return err },
+		"Ensure":  func(c *Checker) error { return c.Ensure(context.Background()) },
+	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			began := map[string]chan struct{}{"networkpolicies": make(chan struct{}), "runtimeclasses": make(chan struct{})}
-			var (
-				mu    sync.Mutex
-				alone []string
-			)
-			// Several policies are read: the first read of a kind opens its gate.
-			opened := map[string]*sync.Once{"networkpolicies": {}, "runtimeclasses": {}}
-			meet := func(resource, other string) {
-				opened[resource].Do(func() { close(began[resource]) })
-				select {
-				case <-began[other]:
-				case <-time.After(5 * time.Second):
-					mu.Lock()
-					alone = append(alone, resource)
-					mu.Unlock()
+		for entry, check := range entries {
+			t.Run(entry+"/"+tt.name, func(t *testing.T) {
+				began := map[string]chan struct{}{"networkpolicies": make(chan struct{}), "runtimeclasses": make(chan struct{})}
+				var (
+					mu    sync.Mutex
+					alone []string
+				)
+				// Several policies are read: the first read of a kind opens its gate.
+				opened := map[string]*sync.Once{"networkpolicies": {}, "runtimeclasses": {}}
+				meet := func(resource, other string) {
+					opened[resource].Do(func() { close(began[resource]) })
+					select {
+					case <-began[other]:
+					case <-time.After(5 * time.Second):
+						mu.Lock()
+						alone = append(alone, resource)
+						mu.Unlock()
+					}
 				}
-			}
-			client := meetingClient{fake.NewClientset(tt.objects...), meet}
-			c := New(&cfg.IsolationConfig, &cfg.PodSecurityConfig, cfg.Namespace, 10*time.Second, resources.SharedPolicies(cfg.Objects()), client)
-			_, err := c.Require(context.Background(), "default", egress.Open)
-			if len(alone) > 0 {
-				t.Errorf("%v read with no other read under way: the checks ran one after the other", alone)
-			}
-			switch {
-			case tt.want == "" && err != nil:
-				t.Errorf("Require: %v, want admitted", err)
-			case tt.want != "" && (api.KindOf(err) != api.KindUnavailable || !strings.Contains(api.DetailOf(err), tt.want)):
-				t.Errorf("Require: %v (kind %v), want unavailable naming %q", err, api.KindOf(err), tt.want)
-			}
-		})
+				client := meetingClient{fake.NewClientset(tt.objects...), meet}
+				c := New(&cfg.IsolationConfig, &cfg.PodSecurityConfig, cfg.Namespace, 10*time.Second, resources.SharedPolicies(cfg.Objects()), client)
+				err := check(c)
+				if len(alone) > 0 {
+					t.Errorf("%v read with no other read under way: the checks ran one after the other", alone)
+				}
+				switch {
+				case tt.want == "" && err != nil:
+					t.Errorf("Require: %v, want admitted", err)
+				case tt.want != "" && (api.KindOf(err) != api.KindUnavailable || !strings.Contains(api.DetailOf(err), tt.want)):
+					t.Errorf("Require: %v (kind %v), want unavailable naming %q", err, api.KindOf(err), tt.want)
+				}
+			})
+		}
 	}
 }
 

@@ -664,18 +664,7 @@ func TestHeadlessSandboxAnswersDeerFlowsPoll(t *testing.T) {
 func warmPool(t *testing.T, local *function.Instance, name string) {
 	t.Helper()
 	ctx := context.Background()
-	pt := &corev1.PodTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{keys.LabelTemplate: "true"},
-			Annotations: map[string]string{keys.TemplatePoolSize: "1", keys.TemplateDeerFlowMounts: "false"}},
-		Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "sandbox", Image: "localhost/sandbox:e2e"}}}},
-	}
-	if _, err := kube.CoreV1().PodTemplates(ns).Create(ctx, pt, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = kube.CoreV1().PodTemplates(ns).Delete(ctx, name, metav1.DeleteOptions{})
-		_ = kube.AppsV1().ReplicaSets(ns).Delete(ctx, "sandbox-pool-"+name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
-	})
+	zeroPool(t, name) // the template, and its removal at cleanup
 	if r, err := local.Do(http.MethodPost, "/api/reap", nil); err != nil || r.Code != http.StatusOK {
 		t.Fatalf("POST /api/reap: %v %v", r, err)
 	}

@@ -96,7 +96,8 @@ func destroyThroughRoute(tb testing.TB, id string) {
 	}
 }
 
-// zeroPool makes a template with a warm pool of one Pod, removed at cleanup.
+// zeroPool makes a template with a warm pool of one Pod, removed (with the
+// pool) at cleanup; warmPool and poolStands make the pool stand.
 func zeroPool(tb testing.TB, name string) {
 	tb.Helper()
 	ctx := context.Background()
