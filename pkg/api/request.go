@@ -115,6 +115,12 @@ type Spec struct {
 	// Egress is what the sandbox may reach outside the cluster (its
 	// template's, or the deployment's), set by Create.
 	Egress Egress
+	// EnvdTokenHash is the SHA-256 (hex) of the sandbox's envd access token
+	// (package access), given to the agent of a template that carries it;
+	// empty, the agent answers nothing. Metadata is an E2B sandbox's
+	// metadata (keys.AnnotationMetadata). Both are set by the E2B API.
+	EnvdTokenHash string
+	Metadata      map[string]string
 }
 
 // Egress is a sandbox's egress: its mode, the names an allowlist sandbox

@@ -34,6 +34,7 @@ type Config struct {
 	FairnessConfig
 	IsolationConfig
 	TemplatesConfig
+	E2BConfig
 	EventsConfig
 	ClientConfig
 	ServerConfig
@@ -67,6 +68,7 @@ func (c *Config) Validate() error {
 		c.FairnessConfig.Validate(),
 		c.IsolationConfig.Validate(),
 		c.TemplatesConfig.Validate(),
+		c.E2BConfig.Validate(),
 		c.EventsConfig.Validate(),
 		c.ClientConfig.Validate(),
 		c.ServerConfig.Validate(),

@@ -15,9 +15,10 @@ type Objects struct {
 	*IsolationConfig
 	*TemplatesConfig
 	*ClientConfig
+	*E2BConfig
 }
 
 // Objects returns the groups of c that sandbox objects are made from.
 func (c *Config) Objects() Objects {
-	return Objects{&c.DeerFlowConfig, &c.PodSecurityConfig, &c.ResourcesConfig, &c.LifecycleConfig, &c.IsolationConfig, &c.TemplatesConfig, &c.ClientConfig}
+	return Objects{&c.DeerFlowConfig, &c.PodSecurityConfig, &c.ResourcesConfig, &c.LifecycleConfig, &c.IsolationConfig, &c.TemplatesConfig, &c.ClientConfig, &c.E2BConfig}
 }

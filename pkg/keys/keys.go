@@ -137,6 +137,22 @@ const (
 	TemplatePoolSize = Prefix + "pool-size"
 )
 
+// E2B sandboxes (docs/e2b.md).
+const (
+	// TemplateEnvd ("true") on a template puts the envd-compatible agent
+	// (cmd/envd) into its sandbox container, so E2B's SDK can drive it.
+	TemplateEnvd = Prefix + "envd"
+	// LabelEnvd ("true") marks a sandbox Pod that carries the agent: the
+	// router opens EnvdPort on those alone, and the router's policy admits
+	// it to those alone.
+	LabelEnvd = TemplateEnvd
+	// AnnotationMetadata is an E2B sandbox's metadata, a JSON object of
+	// strings, on its workload.
+	AnnotationMetadata = Prefix + "metadata"
+	// EnvdPort is the agent's port, as E2B's SDK knows it.
+	EnvdPort = 49983
+)
+
 // On ownership Leases (coordination.k8s.io), one per user_id and one per
 // thread_id that a principal has used (package ownership). The Lease's
 // holderIdentity is the owning principal; the id itself is in

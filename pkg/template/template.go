@@ -80,7 +80,10 @@ type Template struct {
 	// reach (nil: the deployment's, SANDBOX_EGRESS_ALLOW).
 	Egress      egress.Mode
 	EgressAllow []string
-	Pod         corev1.PodTemplateSpec
+	// Envd puts the envd-compatible agent into the sandbox container, so
+	// E2B's SDK can drive its sandboxes (keys.TemplateEnvd).
+	Envd bool
+	Pod  corev1.PodTemplateSpec
 }
 
 // Error is a refused template: which one, which field, and why.
@@ -195,6 +198,13 @@ func (v validator) settings(a map[string]string, t *Template) error {
 			if t.EgressAllow, err = egress.ParseNames(val); err != nil {
 				return v.bad(field(key), "%v", err)
 			}
+		case keys.TemplateEnvd:
+			if t.Envd, err = strconv.ParseBool(val); err != nil {
+				return v.bad(field(key), "%q: want true or false", val)
+			}
+			if t.Envd && v.cfg.EnvdImage == "" {
+				return v.bad(field(key), "the agent's image is not set: the operator sets SANDBOX_ENVD_IMAGE (docs/e2b.md)")
+			}
 		case keys.TemplatePoolSize:
 			n, perr := strconv.Atoi(val)
 			switch {
@@ -207,7 +217,7 @@ func (v validator) settings(a map[string]string, t *Template) error {
 			}
 		default:
 			return v.bad(field(key), "unknown setting; the settings are %s", strings.Join([]string{keys.TemplateKind, keys.TemplateIdleTimeout,
-				keys.TemplateMaxLifetime, keys.TemplateIdleAction, keys.TemplatePausedTimeout, keys.TemplatePort, keys.TemplateDeerFlowMounts, keys.TemplatePoolSize, keys.TemplatePrincipals, keys.TemplateEgress, keys.TemplateEgressAllow}, ", "))
+				keys.TemplateMaxLifetime, keys.TemplateIdleAction, keys.TemplatePausedTimeout, keys.TemplatePort, keys.TemplateDeerFlowMounts, keys.TemplatePoolSize, keys.TemplatePrincipals, keys.TemplateEgress, keys.TemplateEgressAllow, keys.TemplateEnvd}, ", "))
 		}
 		if err != nil {
 			return err
@@ -238,6 +248,8 @@ func (v validator) pool(t *Template) {
 		t.PoolError = fmt.Sprintf("a pool on a template whose Pods need per-request data: DeerFlow's mounts give each Pod its user's and thread's directories; set %s: \"false\" to pool this template", keys.TemplateDeerFlowMounts)
 	case t.Kind != KindPod:
 		t.PoolError = fmt.Sprintf("a pool serves templates of %s: %s only; a claimed Pod becomes a bare Pod sandbox, not a ReplicaSet's", keys.TemplateKind, KindPod)
+	case t.Envd:
+		t.PoolError = "a pool of E2B sandboxes is not kept: each agent is given the hash of its own sandbox's access token when its create makes it, and a pooled Pod is made before any create"
 	case t.Egress == egress.Allowlist || t.Egress == "" && v.cfg.DefaultEgress() == egress.Allowlist:
 		t.PoolError = "a pool of allowlist sandboxes is not kept: an allowlist Pod is given the egress proxy's address when its create has checked the proxy, and a pooled Pod is made before any create"
 	default:

@@ -246,6 +246,17 @@ func TestSharedNetworkPolicyIsWhatTheFunctionBuilds(t *testing.T) {
 	if diff := cmp.Diff(resources.SharedPolicies(cfg.Objects()), shipped); diff != "" {
 		t.Errorf("config/701-networkpolicy-sandboxes.yaml differs from resources.SharedPolicies's defaults (-built +shipped):\n%s", diff)
 	}
+	var router []*networkingv1.NetworkPolicy
+	for _, o := range configObjects(t) {
+		if o.file == "702-networkpolicy-router.yaml" {
+			np := &networkingv1.NetworkPolicy{}
+			o.into(t, np)
+			router = append(router, np)
+		}
+	}
+	if diff := cmp.Diff([]*networkingv1.NetworkPolicy{resources.BuildRouterPolicy(cfg.Objects())}, router); diff != "" {
+		t.Errorf("config/702-networkpolicy-router.yaml differs from resources.BuildRouterPolicy's defaults (-built +shipped):\n%s", diff)
+	}
 }
 
 // TestFuncYAMLCarriesNoTrustOrCredential: func's host builder copies

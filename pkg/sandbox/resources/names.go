@@ -105,5 +105,8 @@ func Labels(s api.Spec) map[string]string {
 	if s.Egress.Mode != "" {
 		l[keys.LabelEgress] = string(s.Egress.Mode)
 	}
+	if s.Resolved != nil && s.Resolved.Envd {
+		l[keys.LabelEnvd] = "true"
+	}
 	return l
 }

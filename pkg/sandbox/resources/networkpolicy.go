@@ -1,6 +1,7 @@
 package resources
 
 import (
+	"maps"
 	"net"
 
 	corev1 "k8s.io/api/core/v1"
@@ -241,4 +242,41 @@ func cidrWithin(inner, outer string) bool {
 	inOnes, _ := in.Mask.Size()
 	outOnes, _ := out.Mask.Size()
 	return out.Contains(in.IP) && inOnes > outOnes
+}
+
+// RouterPolicyName names the policy that admits the E2B router to the
+// sandboxes that carry the agent.
+func RouterPolicyName(cfg config.Objects) string { return cfg.NetworkPolicyName + "-router" }
+
+// BuildRouterPolicy admits the router's Pods (SANDBOX_ROUTER_POD_LABELS, in
+// SANDBOX_ROUTER_NAMESPACE_LABELS or the sandboxes' namespace) to the
+// sandboxes that carry the agent (keys.LabelEnvd), on TCP: the agent's port
+// and whatever port the sandbox's container exposes, which the router
+// checks before it forwards, with the sandbox's token. No other sandbox is
+// selected, so a DeerFlow sandbox answers its principal's backends alone,
+// as before; and nothing here lets a sandbox reach the router (its egress
+// policy does not, and the router's own policy admits no sandbox). It is
+// not one of SharedPolicies: a create does not need it (without it the
+// router reaches nothing, which fails closed), and a deployment without
+// E2B need not ship it.
+func BuildRouterPolicy(cfg config.Objects) *networkingv1.NetworkPolicy {
+	peer := networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{MatchLabels: maps.Clone(cfg.RouterPodLabels)}}
+	if len(cfg.RouterNamespaceLabels) > 0 {
+		peer.NamespaceSelector = &metav1.LabelSelector{MatchLabels: maps.Clone(cfg.RouterNamespaceLabels)}
+	}
+	return &networkingv1.NetworkPolicy{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
+		ObjectMeta: sharedMeta(cfg, RouterPolicyName(cfg)),
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{
+				MatchLabels:      map[string]string{keys.LabelApp: keys.LabelAppValue, keys.LabelEnvd: "true"},
+				MatchExpressions: []metav1.LabelSelectorRequirement{{Key: keys.LabelPool, Operator: metav1.LabelSelectorOpDoesNotExist}},
+			},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				From:  []networkingv1.NetworkPolicyPeer{peer},
+				Ports: []networkingv1.NetworkPolicyPort{{Protocol: ptr.To(corev1.ProtocolTCP)}},
+			}},
+		},
+	}
 }

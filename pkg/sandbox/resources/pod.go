@@ -1,6 +1,7 @@
 package resources
 
 import (
+	"encoding/json"
 	"strconv"
 	"time"
 
@@ -88,6 +89,9 @@ func BuildPod(cfg config.Objects, s api.Spec) *corev1.Pod {
 	addLarkContainers(cfg, s, pod)
 	if s.Resolved != nil {
 		applyTemplate(cfg.PodSecurityConfig, s.Resolved, pod)
+		if s.Resolved.Envd {
+			addAgent(cfg, s, pod)
+		}
 	}
 	return pod
 }
@@ -122,6 +126,10 @@ func Annotations(s api.Spec) map[string]string {
 	}
 	if s.MaxShellSessions > 0 {
 		a[keys.AnnotationMaxShellSessions] = strconv.Itoa(s.MaxShellSessions)
+	}
+	if len(s.Metadata) > 0 {
+		b, _ := json.Marshal(s.Metadata) // a map of strings always marshals
+		a[keys.AnnotationMetadata] = string(b)
 	}
 	return a
 }
