@@ -1,0 +1,223 @@
+// Command router is the sandbox router of E2B's data plane (package
+// router): one address for every sandbox (E2B_SANDBOX_URL) that forwards a
+// request to the Pod its E2b-Sandbox-Id header names, on the port its
+// E2b-Sandbox-Port header names, once the sandbox's token checks out. It
+// serves one namespace's sandboxes from informer caches.
+//
+// Environment:
+//
+//	POD_NAMESPACE        the namespace whose sandboxes it serves (required)
+//	E2B_TOKEN_KEY_FILE   the file holding the token key the function uses
+//	                     (Secret sandbox-e2b-key, data key "key"; required,
+//	                     at least 32 bytes)
+//	ROUTER_ADDR          listen address of the router (default :8080);
+//	                     HTTP/1.1 and HTTP/2 without TLS (h2c, prior knowledge)
+//	ROUTER_METRICS_ADDR  /metrics, /healthz, /readyz (default :9090)
+//
+// RBAC: a Role in POD_NAMESPACE granting get, list and watch on pods and
+// services (apiGroups [""]), bound to the router's ServiceAccount; nothing
+// else, and nothing cluster-wide.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/access"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/router"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+)
+
+// shutdownGrace lets open streams finish after SIGTERM, within the Pod's
+// default 30 s termination grace period.
+const shutdownGrace = 20 * time.Second
+
+func main() {
+	log := slog.New(slog.NewJSONHandler(os.Stdout, nil))
+	if err := run(log); err != nil {
+		fmt.Fprintln(os.Stderr, "sandbox router:", err)
+		os.Exit(1)
+	}
+}
+
+type settings struct {
+	addr, metricsAddr, namespace string
+	key                          access.Key
+}
+
+func loadSettings(getenv func(string) string) (settings, error) {
+	s := settings{
+		addr:        or(getenv("ROUTER_ADDR"), ":8080"),
+		metricsAddr: or(getenv("ROUTER_METRICS_ADDR"), ":9090"),
+		namespace:   strings.TrimSpace(getenv("POD_NAMESPACE")),
+	}
+	if s.namespace == "" {
+		return s, errors.New("POD_NAMESPACE is required (the namespace whose sandboxes the router serves)")
+	}
+	path := strings.TrimSpace(getenv("E2B_TOKEN_KEY_FILE"))
+	if path == "" {
+		return s, errors.New("E2B_TOKEN_KEY_FILE is required (the file holding the token key, from the Secret sandbox-e2b-key)")
+	}
+	k, err := access.LoadKey(path)
+	if err != nil {
+		return s, fmt.Errorf("E2B_TOKEN_KEY_FILE: %w", err)
+	}
+	s.key = k
+	return s, nil
+}
+
+func run(log *slog.Logger) error {
+	set, err := loadSettings(os.Getenv)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		// Outside a cluster (a local run): the usual kubeconfig.
+		cfg, err = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+			clientcmd.NewDefaultClientConfigLoadingRules(), nil).ClientConfig()
+		if err != nil {
+			return fmt.Errorf("no in-cluster config and no usable kubeconfig: %w", err)
+		}
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	// Sandbox Pods and Services carry app=deer-flow-sandbox; pooled Pods'
+	// wires do not (they carry the wire component), so they have an
+	// informer of their own. Nothing else in the namespace is cached.
+	sandboxes := informers.NewSharedInformerFactoryWithOptions(cs, 0,
+		informers.WithNamespace(set.namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = keys.LabelApp + "=" + keys.LabelAppValue
+		}))
+	wires := informers.NewSharedInformerFactoryWithOptions(cs, 0,
+		informers.WithNamespace(set.namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = resources.SelectorWires }))
+	pods := sandboxes.Core().V1().Pods().Informer()
+	if err := pods.AddIndexers(cache.Indexers{router.IDIndex: router.IndexByID}); err != nil {
+		return fmt.Errorf("pod id index: %w", err)
+	}
+	resolver := router.Cache{
+		Pods:     pods.GetIndexer(),
+		Services: sandboxes.Core().V1().Services().Lister().Services(set.namespace),
+		Wires:    wires.Core().V1().Services().Lister().Services(set.namespace),
+	}
+	sandboxes.Start(ctx.Done())
+	wires.Start(ctx.Done())
+	var ready atomic.Bool
+	go func() {
+		if allTrue(sandboxes.WaitForCacheSync(ctx.Done())) && allTrue(wires.WaitForCacheSync(ctx.Done())) {
+			ready.Store(true)
+			log.Info("sandbox router ready: caches synced", "namespace", set.namespace)
+		}
+	}()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics, err := router.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	h := router.New(router.Options{Resolver: resolver, Key: set.key, Log: log, Metrics: metrics})
+
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !ready.Load() || ctx.Err() != nil {
+			http.Error(w, "not ready: the Pod and Service caches have not synced", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	msrv := &http.Server{Addr: set.metricsAddr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := msrv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server", "error", err.Error())
+			stop()
+		}
+	}()
+
+	srv := newServer(h)
+	ln, err := net.Listen("tcp", set.addr)
+	if err != nil {
+		return fmt.Errorf("listening on ROUTER_ADDR %s: %w", set.addr, err)
+	}
+	log.Info("sandbox router listening", "addr", ln.Addr().String(), "metrics_addr", set.metricsAddr, "namespace", set.namespace)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err = <-errc:
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancel()
+	if serr := srv.Shutdown(sctx); serr != nil {
+		log.Warn("streams still open at shutdown", "error", serr.Error())
+	}
+	msrv.Shutdown(sctx)
+	log.Info("sandbox router stopped")
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// newServer serves h over HTTP/1.1 and over HTTP/2 without TLS (h2c with
+// prior knowledge), so a client may multiplex its streams on one
+// connection. No write or read timeout: streams last as long as a sandbox's
+// process; headers must come in time.
+func newServer(h http.Handler) *http.Server {
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	return &http.Server{
+		Handler:           h,
+		Protocols:         &p,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       5 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+	}
+}
+
+func allTrue[K comparable](m map[K]bool) bool {
+	for _, v := range m {
+		if !v {
+			return false
+		}
+	}
+	return len(m) > 0
+}
+
+func or(s, def string) string {
+	if s = strings.TrimSpace(s); s != "" {
+		return s
+	}
+	return def
+}

@@ -1,0 +1,248 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	listerscorev1 "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/access"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+)
+
+// LabelEnvd ("true") marks a sandbox Pod whose sandbox container carries the
+// agent (cmd/envd): the router opens EnvdPort on those Pods alone.
+// TODO(lead): move to pkg/keys.
+const (
+	LabelEnvd      = keys.Prefix + "envd"
+	LabelEnvdValue = "true"
+)
+
+// EnvdPort is the agent's port, as E2B's SDK knows it.
+const EnvdPort = 49983
+
+// Target is where a sandbox's traffic goes, and what its tokens are made of.
+type Target struct {
+	Pod string // the Pod's name, for logs
+	IP  string
+	// Sandbox is what the sandbox's tokens are bound to (its Pod's principal
+	// and created-at annotations and its id).
+	Sandbox access.Sandbox
+	// Envd says the Pod carries the agent (LabelEnvd).
+	Envd bool
+	// Ports are the TCP containerPorts of the Pod's containers, sorted,
+	// without repeats.
+	Ports []int32
+}
+
+// Resolver finds a sandbox's Pod.
+type Resolver interface {
+	// Resolve returns the sandbox's Target, or an error wrapping ErrNotFound
+	// or ErrNotRunning.
+	Resolve(id string) (Target, error)
+}
+
+var (
+	// ErrNotFound: no sandbox of that id, as far as the router can tell (no
+	// Service, or no Pod that its Service selects).
+	ErrNotFound = errors.New("not found")
+	// ErrNotRunning: the sandbox's Pod exists but cannot take traffic (not
+	// Running, no IP yet, or terminating).
+	ErrNotRunning = errors.New("not running")
+)
+
+// IDIndex is the name of the Pod index by sandbox id (IndexByID).
+const IDIndex = "sandboxID"
+
+// IndexByID indexes a Pod under its sandbox id label, if it has one.
+func IndexByID(obj any) ([]string, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return nil, nil
+	}
+	if id := p.Labels[keys.LabelID]; id != "" {
+		return []string{id}, nil
+	}
+	return nil, nil
+}
+
+// Cache resolves sandboxes from informer caches: sandbox Pods indexed by
+// IndexByID, sandbox Services (app=deer-flow-sandbox) and pooled Pods' wires
+// (resources.SelectorWires), all of one namespace.
+type Cache struct {
+	Pods     cache.Indexer
+	Services listerscorev1.ServiceNamespaceLister
+	Wires    listerscorev1.ServiceNamespaceLister
+}
+
+// Resolve finds the one Pod that sandbox id's Service (sandbox-<id>-svc)
+// selects. The id is the caller's to choose, so a Pod of another principal's
+// failed create of the same id can carry it too; what ties a Pod to the
+// sandbox is the Service's selector, which names the token the function
+// wrote on the sandbox's own workload (and its pin), as the egress proxy
+// decides (cmd/proxy). A sandbox claimed from a wired pooled Pod has a
+// Service that selects nothing (resources.Reference): there the wire it
+// names, which is the Pod's own and owned by it, must select the Pod.
+func (c Cache) Resolve(id string) (Target, error) {
+	svc, err := c.Services.Get(resources.ServiceName(id))
+	if apierrors.IsNotFound(err) {
+		return Target{}, fmt.Errorf("sandbox %s has no Service: %w", id, ErrNotFound)
+	} else if err != nil {
+		return Target{}, fmt.Errorf("sandbox %s's Service: %w", id, err)
+	}
+	if svc.DeletionTimestamp != nil || resources.ServiceID(svc) != id {
+		return Target{}, fmt.Errorf("Service %s is no live Service of sandbox %s: %w", svc.Name, id, ErrNotFound)
+	}
+	var wire *corev1.Service
+	if name := resources.URLService(svc); name != "" {
+		if wire, err = c.Wires.Get(name); apierrors.IsNotFound(err) {
+			return Target{}, fmt.Errorf("sandbox %s's wire %s is gone: %w", id, name, ErrNotFound)
+		} else if err != nil {
+			return Target{}, fmt.Errorf("sandbox %s's wire %s: %w", id, name, err)
+		}
+	}
+	objs, err := c.Pods.ByIndex(IDIndex, id)
+	if err != nil {
+		return Target{}, fmt.Errorf("pod index: %w", err)
+	}
+	var selected []*corev1.Pod
+	for _, o := range objs {
+		if p, ok := o.(*corev1.Pod); ok && Selects(svc, wire, p) {
+			selected = append(selected, p)
+		}
+	}
+	if len(selected) == 0 {
+		return Target{}, fmt.Errorf("no Pod of sandbox %s is the one its Service selects: %w", id, ErrNotFound)
+	}
+	// A ReplicaSet sandbox may briefly have a terminating Pod beside its
+	// next one: take a live one, the newest (the Service would balance
+	// over all; any is the sandbox).
+	slices.SortFunc(selected, func(a, b *corev1.Pod) int {
+		if c := b.CreationTimestamp.Compare(a.CreationTimestamp.Time); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	for _, p := range selected {
+		if ip := podIP(p); ip != "" && p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
+			return targetOf(p, id, ip), nil
+		}
+	}
+	p := selected[0]
+	return Target{}, fmt.Errorf("sandbox %s's Pod %s is not running (phase %s%s): %w", id, p.Name, p.Status.Phase, why(p), ErrNotRunning)
+}
+
+func why(p *corev1.Pod) string {
+	switch {
+	case p.DeletionTimestamp != nil:
+		return ", terminating"
+	case podIP(p) == "":
+		return ", no IP yet"
+	}
+	return ""
+}
+
+// Selects reports whether pod is the Pod of the sandbox whose Service is
+// svc: a sandbox Pod of svc's id, not an unclaimed pooled Pod, carrying a
+// token, and matched by what svc selects (its id, that token and its pin),
+// or, when svc refers to a wire (resources.URLService), by that wire, which
+// must be pod's own (named as pod, owned by its UID, as svc is).
+func Selects(svc, wire *corev1.Service, pod *corev1.Pod) bool {
+	id := resources.ServiceID(svc)
+	token := pod.Labels[keys.LabelToken]
+	if id == "" || !resources.IsSandbox(pod, id) || token == "" {
+		return false
+	}
+	if _, pooled := pod.Labels[keys.LabelPool]; pooled {
+		return false
+	}
+	sel := svc.Spec.Selector
+	if name := resources.URLService(svc); name != "" {
+		if wire == nil || wire.Name != name || name != pod.Name || pod.UID == "" || wire.DeletionTimestamp != nil ||
+			resources.OwnerUID(svc.OwnerReferences) != pod.UID || resources.OwnerUID(wire.OwnerReferences) != pod.UID ||
+			wire.Labels[keys.LabelComponent] != keys.ComponentWireValue {
+			return false
+		}
+		sel = wire.Spec.Selector
+	} else if sel[keys.LabelID] != id {
+		return false
+	}
+	// The token is what a Pod of another create of the id cannot know: a
+	// selector without it (a Service from before tokens) ties nothing.
+	if sel[keys.LabelToken] != token {
+		return false
+	}
+	return labels.SelectorFromSet(sel).Matches(labels.Set(pod.Labels))
+}
+
+func podIP(p *corev1.Pod) string {
+	if p.Spec.HostNetwork {
+		// Its IP is the node's: no sandbox's address.
+		return ""
+	}
+	if p.Status.PodIP != "" {
+		return p.Status.PodIP
+	}
+	if len(p.Status.PodIPs) > 0 {
+		return p.Status.PodIPs[0].IP
+	}
+	return ""
+}
+
+func targetOf(p *corev1.Pod, id, ip string) Target {
+	t := Target{
+		Pod: p.Name,
+		IP:  ip,
+		Sandbox: access.Sandbox{
+			Principal: p.Annotations[keys.AnnotationPrincipal],
+			ID:        id,
+			CreatedAt: p.Annotations[keys.AnnotationCreatedAt],
+		},
+		Envd: p.Labels[LabelEnvd] == LabelEnvdValue,
+	}
+	for _, c := range p.Spec.Containers {
+		for _, cp := range c.Ports {
+			if (cp.Protocol == "" || cp.Protocol == corev1.ProtocolTCP) && cp.ContainerPort > 0 && !slices.Contains(t.Ports, cp.ContainerPort) {
+				t.Ports = append(t.Ports, cp.ContainerPort)
+			}
+		}
+	}
+	slices.Sort(t.Ports)
+	return t
+}
+
+// Exposes reports whether port is open on t: EnvdPort on a Pod with the
+// agent, any other port if a container declares it.
+func (t Target) Exposes(port int) bool {
+	if port == EnvdPort {
+		return t.Envd
+	}
+	return slices.Contains(t.Ports, int32(port))
+}
+
+// PortList names the ports t exposes, for an answer that refuses another.
+func (t Target) PortList() string {
+	ps := slices.Clone(t.Ports)
+	if t.Envd && !slices.Contains(ps, EnvdPort) {
+		ps = append(ps, EnvdPort)
+	}
+	slices.Sort(ps)
+	var out []string
+	for _, p := range ps {
+		if p != EnvdPort || t.Envd {
+			out = append(out, strconv.Itoa(int(p)))
+		}
+	}
+	if len(out) == 0 {
+		return "none"
+	}
+	return strings.Join(out, ", ")
+}

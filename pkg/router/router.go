@@ -1,0 +1,343 @@
+// Package router is the sandbox router of E2B's data plane (docs/e2b.md):
+// one address for every sandbox (E2B_SANDBOX_URL), which E2B's SDK names a
+// sandbox and port to in the E2b-Sandbox-Id and E2b-Sandbox-Port headers.
+// The router finds the sandbox's Pod in an informer's cache (Cache), checks
+// the sandbox's token for that port (pkg/access) and forwards the request to
+// the Pod's IP, streaming both ways.
+//
+// Every sandbox is secure: the agent's port (EnvdPort) needs the envd token
+// in X-Access-Token, any other port the traffic token in
+// e2b-traffic-access-token. Nothing reaches a sandbox without its token.
+package router
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/access"
+	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
+)
+
+// The headers the router reads. Go canonicalizes names, so any case
+// matches.
+const (
+	HeaderSandboxID    = "E2b-Sandbox-Id"
+	HeaderSandboxPort  = "E2b-Sandbox-Port"
+	HeaderAccessToken  = "X-Access-Token"
+	HeaderTrafficToken = "E2b-Traffic-Access-Token"
+)
+
+// DefaultDialTimeout bounds the connection to a sandbox's Pod: a Pod IP that
+// does not answer (a Pod gone since the cache last heard) fails fast.
+const DefaultDialTimeout = 2 * time.Second
+
+// Options configure a Handler.
+type Options struct {
+	Resolver Resolver
+	// Key makes the tokens the router checks (the function's).
+	Key     access.Key
+	Log     *slog.Logger
+	Metrics *Metrics
+	// DialTimeout bounds the connection to the sandbox (DefaultDialTimeout).
+	DialTimeout time.Duration
+	// Dial replaces the dialer (tests); it must honour ctx.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// Handler routes requests to sandboxes.
+type Handler struct {
+	opts  Options
+	proxy *httputil.ReverseProxy
+}
+
+// New returns a Handler.
+func New(o Options) *Handler {
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	if o.DialTimeout <= 0 {
+		o.DialTimeout = DefaultDialTimeout
+	}
+	dial := o.Dial
+	if dial == nil {
+		dial = (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext
+	}
+	timeout := o.DialTimeout
+	h := &Handler{opts: o}
+	h.proxy = &httputil.ReverseProxy{
+		Rewrite: rewrite,
+		Transport: &http.Transport{
+			// Never a proxy from the environment: the router talks to Pod
+			// IPs only.
+			Proxy: nil,
+			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				ctx, cancel := context.WithTimeout(ctx, timeout)
+				defer cancel()
+				return dial(ctx, network, addr)
+			},
+			MaxIdleConns:        1024,
+			MaxIdleConnsPerHost: 32,
+			IdleConnTimeout:     90 * time.Second,
+			// Bodies are streamed as they come: the transport's own
+			// buffers only.
+			DisableCompression: true,
+		},
+		// Server-streamed Connect responses (process output, watches) and
+		// downloads reach the client as the sandbox writes them.
+		FlushInterval: -1,
+		ErrorHandler:  h.upstreamError,
+		ErrorLog:      slog.NewLogLogger(o.Log.Handler(), slog.LevelWarn),
+	}
+	return h
+}
+
+type routeKey struct{}
+
+// route is what ServeHTTP decided, for rewrite and upstreamError.
+type route struct {
+	id      string
+	port    int
+	kind    string
+	target  Target
+	request string // the request id
+}
+
+func rewrite(pr *httputil.ProxyRequest) {
+	rt := pr.In.Context().Value(routeKey{}).(*route)
+	pr.SetURL(&url.URL{Scheme: "http", Host: net.JoinHostPort(rt.target.IP, strconv.Itoa(rt.port))})
+	// Rewrite has dropped the client's X-Forwarded-* headers (and this
+	// drops its Forwarded): what the sandbox sees is the router's own,
+	// naming the real peer.
+	h := pr.Out.Header
+	h.Del("Forwarded")
+	pr.SetXForwarded()
+	// The routing headers are the router's; the traffic token is for the
+	// router alone. The envd token goes on to the agent (which checks it
+	// too) and to no other port.
+	h.Del(HeaderSandboxID)
+	h.Del(HeaderSandboxPort)
+	h.Del(HeaderTrafficToken)
+	if rt.kind != KindEnvd {
+		h.Del(HeaderAccessToken)
+	}
+	h.Set(reqid.Header, rt.request)
+}
+
+// ServeHTTP routes one request.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	id := reqid.Sanitize(r.Header.Get(reqid.Header))
+	rt := &route{kind: KindNone, request: id}
+	rec := &recorder{ResponseWriter: w}
+	w.Header().Set(reqid.Header, id)
+	h.opts.Metrics.flight(1)
+	defer func() {
+		h.opts.Metrics.flight(-1)
+		if rec.code == 0 {
+			// Nothing answered (a panic below, or an aborted stream).
+			rec.code = http.StatusBadGateway
+			rec.at = time.Now()
+		}
+		h.opts.Metrics.observe(strconv.Itoa(rec.code), rt.kind, rec.at.Sub(start).Seconds())
+	}()
+	log := h.opts.Log.With("request_id", id)
+	status, msg, detail := h.admit(r, rt)
+	if status != 0 {
+		lvl := slog.LevelInfo
+		if status >= 500 {
+			lvl = slog.LevelWarn
+		}
+		log.Log(r.Context(), lvl, "refused", "sandbox", rt.id, "port", rt.port, "status", status, "reason", detail)
+		writeError(rec, status, msg)
+		return
+	}
+	if r.ProtoMajor == 1 {
+		// An HTTP/1 handler may not read the request after writing the
+		// response unless told it may: a bidirectional stream needs both.
+		_ = http.NewResponseController(rec).EnableFullDuplex()
+	}
+	ctx := context.WithValue(r.Context(), routeKey{}, rt)
+	h.proxy.ServeHTTP(rec, r.WithContext(ctx))
+	log.Debug("forwarded", "sandbox", rt.id, "pod", rt.target.Pod, "port", rt.port, "status", rec.code,
+		"path", r.URL.Path, "seconds", time.Since(start).Seconds())
+}
+
+// admit decides a request: 0 to forward it, or the status and message to
+// answer with (and a detail for the log).
+func (h *Handler) admit(r *http.Request, rt *route) (int, string, string) {
+	id, err := single(r.Header, HeaderSandboxID)
+	if err != nil {
+		return http.StatusBadRequest, err.Error(), err.Error()
+	}
+	if errs := validation.IsValidLabelValue(id); len(errs) > 0 {
+		msg := fmt.Sprintf("header %s: %q is no sandbox id", HeaderSandboxID, clip(id))
+		return http.StatusBadRequest, msg, msg
+	}
+	rt.id = id
+	ps, err := single(r.Header, HeaderSandboxPort)
+	if err != nil {
+		return http.StatusBadRequest, err.Error(), err.Error()
+	}
+	port, perr := strconv.ParseUint(ps, 10, 16)
+	if perr != nil || port == 0 {
+		msg := fmt.Sprintf("header %s: %q is no port (1 to 65535)", HeaderSandboxPort, clip(ps))
+		return http.StatusBadRequest, msg, msg
+	}
+	rt.port, rt.kind = int(port), KindTraffic
+	kind, header := access.Traffic, HeaderTrafficToken
+	if port == EnvdPort {
+		rt.kind, kind, header = KindEnvd, access.Envd, HeaderAccessToken
+	}
+	t, err := h.opts.Resolver.Resolve(id)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return http.StatusNotFound, fmt.Sprintf("sandbox %s not found", id), err.Error()
+	case errors.Is(err, ErrNotRunning):
+		return http.StatusBadGateway, fmt.Sprintf("sandbox %s is not running", id), err.Error()
+	case err != nil:
+		return http.StatusBadGateway, fmt.Sprintf("sandbox %s cannot be resolved now", id), err.Error()
+	}
+	rt.target = t
+	// The token before the port: a caller without it learns nothing of the
+	// sandbox's ports.
+	got, err := single(r.Header, header)
+	switch {
+	case err != nil:
+		return http.StatusUnauthorized, fmt.Sprintf("sandbox %s port %d needs its token in %s", id, port, header), err.Error()
+	case t.Sandbox.Principal == "" || t.Sandbox.CreatedAt == "":
+		// No principal or creation time: no token was ever issued for it
+		// (a sandbox from before E2B, or DeerFlow's own provisioner's).
+		return http.StatusUnauthorized, fmt.Sprintf("sandbox %s has no E2B tokens", id), "the Pod lacks the principal or created-at annotation"
+	case !h.opts.Key.Check(kind, t.Sandbox, got):
+		return http.StatusUnauthorized, fmt.Sprintf("wrong %s for sandbox %s", header, id), "wrong token"
+	}
+	if !t.Exposes(int(port)) {
+		msg := fmt.Sprintf("sandbox %s exposes no port %d; its ports: %s", id, port, t.PortList())
+		return http.StatusNotFound, msg, msg
+	}
+	return 0, "", ""
+}
+
+// upstreamError answers a request the sandbox did not take: 502, unless the
+// client left first.
+func (h *Handler) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	rt, _ := r.Context().Value(routeKey{}).(*route)
+	if rt == nil {
+		rt = &route{}
+	}
+	log := h.opts.Log.With("request_id", rt.request, "sandbox", rt.id, "pod", rt.target.Pod, "port", rt.port)
+	if r.Context().Err() != nil {
+		log.Debug("client went away", "error", err.Error())
+		// Nobody reads this; counted as nginx's 499 (client closed).
+		w.WriteHeader(499)
+		return
+	}
+	log.Warn("sandbox unreachable", "error", err.Error())
+	writeError(w, http.StatusBadGateway, fmt.Sprintf("sandbox %s port %d is unreachable: %s", rt.id, rt.port, brief(err)))
+}
+
+// brief is err without the address the router dialled: the client needs to
+// know the sandbox did not answer, not its Pod IP.
+func brief(err error) string {
+	var op *net.OpError
+	if errors.As(err, &op) {
+		var to interface{ Timeout() bool }
+		if errors.As(err, &to) && to.Timeout() {
+			return "no answer in time"
+		}
+		if op.Op == "dial" {
+			return "connection refused or unreachable"
+		}
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return "no answer in time"
+	}
+	return "the connection failed"
+}
+
+// single reads a header that must have one value, across repeats and
+// comma-joined lists (a fetch that appends a header twice joins them).
+func single(h http.Header, name string) (string, error) {
+	var v string
+	for _, line := range h.Values(name) {
+		for f := range strings.SplitSeq(line, ",") {
+			f = strings.TrimSpace(f)
+			switch {
+			case f == "":
+			case v == "":
+				v = f
+			case v != f:
+				return "", fmt.Errorf("header %s has more than one value", name)
+			}
+		}
+	}
+	if v == "" {
+		return "", fmt.Errorf("header %s is missing", name)
+	}
+	return v, nil
+}
+
+func clip(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "…"
+	}
+	return s
+}
+
+// errorBody is E2B's error shape: its SDK reads message.
+type errorBody struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	b, _ := json.Marshal(errorBody{Code: code, Message: msg})
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
+	w.WriteHeader(code)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// recorder notes the status and when the header went, for the metrics.
+// Unwrap lets http.ResponseController (the proxy's flushes, upgrades, full
+// duplex) reach the server's writer.
+type recorder struct {
+	http.ResponseWriter
+	code int
+	at   time.Time
+}
+
+func (r *recorder) WriteHeader(code int) {
+	if r.code == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		r.code, r.at = code, time.Now()
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	if r.code == 0 {
+		r.code, r.at = http.StatusOK, time.Now()
+	}
+	return r.ResponseWriter.Write(b)
+}
+
+func (r *recorder) Flush() {
+	if r.code == 0 {
+		r.code, r.at = http.StatusOK, time.Now()
+	}
+	_ = http.NewResponseController(r.ResponseWriter).Flush()
+}
+
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
