@@ -1,4 +1,18 @@
-// Package envd is an agent wire-compatible with E2B's envd: the process and
-// filesystem Connect services and the HTTP /files and /health endpoints the
-// e2b SDK calls on port 49983 inside a sandbox.
+// Package envd is an agent wire-compatible with E2B's envd, so the
+// unmodified e2b SDK drives a sandbox through it: the process and
+// filesystem Connect services (connect-go; the Connect, gRPC and gRPC-Web
+// protocols, JSON or binary, over HTTP/1.1 or h2c) and the HTTP endpoints
+// /files (upload and download) and /health, on port 49983 inside the
+// sandbox.
+//
+// It runs as the image's own user and checks every call but /health for
+// the sandbox's envd access token (X-Access-Token), of which it holds only
+// the SHA-256 (ENVD_ACCESS_TOKEN_SHA256, pkg/access): with none configured,
+// it refuses every call.
+//
+// What it does not do (and Version is chosen so that the SDK does not ask):
+// pseudo-terminals (sandbox.pty answers Unimplemented), file metadata
+// (envd 0.6.2), entries in watch events and watches of network mounts
+// (0.6.3, 0.6.4), and signed /files URLs (downloadUrl, uploadUrl), whose
+// signature needs the token itself.
 package envd

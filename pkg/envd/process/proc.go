@@ -1,0 +1,253 @@
+package process
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+
+	pb "github.com/deerflow-sandbox/provisioner/pkg/envd/gen/process"
+)
+
+const (
+	// readChunk is the most output one data event carries.
+	readChunk = 32 << 10
+	// subscriberBuffer is how many events wait for a slow stream before the
+	// process's output readers wait for it too (and the process with them,
+	// once its pipe fills): back pressure, not unbounded memory.
+	subscriberBuffer = 64
+	// outputGrace is how long output is still read after the process
+	// exited. Its pipes reach EOF at once unless something it started in
+	// the background (cmd &) still holds them; that may run for ever, and
+	// the command's end must not wait for it.
+	outputGrace = time.Second
+)
+
+// proc is a started process and those following its events.
+type proc struct {
+	pid    uint32
+	info   *pb.ProcessInfo
+	cmd    *exec.Cmd
+	stdout *os.File
+	stderr *os.File
+
+	stdinMu sync.Mutex
+	stdin   io.WriteCloser // nil: started without stdin, or closed
+
+	mu    sync.Mutex
+	subs  map[*subscriber]struct{}
+	end   *pb.ProcessEvent_EndEvent // set once it has ended and been reaped
+	ended chan struct{}             // closed once end is set
+}
+
+// subscriber is one stream following a process.
+type subscriber struct {
+	ch   chan *pb.ProcessEvent
+	gone chan struct{}
+	once sync.Once
+}
+
+// subscribe follows the process's further events; if it has ended, there
+// are none, and its end event is returned instead.
+func (p *proc) subscribe() (*subscriber, *pb.ProcessEvent_EndEvent) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.end != nil {
+		return nil, p.end
+	}
+	s := &subscriber{ch: make(chan *pb.ProcessEvent, subscriberBuffer), gone: make(chan struct{})}
+	p.subs[s] = struct{}{}
+	return s, nil
+}
+
+func (p *proc) unsubscribe(s *subscriber) {
+	if s == nil {
+		return
+	}
+	// gone first: a broadcast blocked on this subscriber lets go at once.
+	s.once.Do(func() { close(s.gone) })
+	p.mu.Lock()
+	delete(p.subs, s)
+	p.mu.Unlock()
+}
+
+// broadcast hands ev to every subscriber, waiting for each to take it or
+// leave.
+func (p *proc) broadcast(ev *pb.ProcessEvent, subs []*subscriber) {
+	for _, s := range subs {
+		select {
+		case s.ch <- ev:
+		case <-s.gone:
+		}
+	}
+}
+
+func (p *proc) subscribers() []*subscriber {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]*subscriber, 0, len(p.subs))
+	for s := range p.subs {
+		out = append(out, s)
+	}
+	return out
+}
+
+func (p *proc) endEvent() *pb.ProcessEvent_EndEvent {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.end
+}
+
+// run reads the process's output until it ends, then reaps it and
+// broadcasts its end.
+func (p *proc) run() {
+	var readers sync.WaitGroup
+	read := func(f *os.File, event func([]byte) *pb.ProcessEvent_DataEvent) {
+		defer readers.Done()
+		buf := make([]byte, readChunk)
+		for {
+			n, err := f.Read(buf)
+			if n > 0 {
+				data := append([]byte(nil), buf[:n]...)
+				p.broadcast(&pb.ProcessEvent{Event: &pb.ProcessEvent_Data{Data: event(data)}}, p.subscribers())
+			}
+			if err != nil {
+				return
+			}
+		}
+	}
+	readers.Add(2)
+	go read(p.stdout, func(b []byte) *pb.ProcessEvent_DataEvent {
+		return &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stdout{Stdout: b}}
+	})
+	go read(p.stderr, func(b []byte) *pb.ProcessEvent_DataEvent {
+		return &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stderr{Stderr: b}}
+	})
+	// Stdout and stderr are *os.File, so Wait does not wait for them: it
+	// returns when the process exits.
+	waitErr := p.cmd.Wait()
+	drained := make(chan struct{})
+	go func() { readers.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(outputGrace):
+		now := time.Now()
+		_ = p.stdout.SetReadDeadline(now)
+		_ = p.stderr.SetReadDeadline(now)
+		<-drained
+	}
+	p.stdout.Close()
+	p.stderr.Close()
+
+	end := &pb.ProcessEvent_EndEvent{}
+	if ps := p.cmd.ProcessState; ps != nil {
+		end.Exited = ps.Exited()
+		end.ExitCode = int32(ps.ExitCode()) // -1 if a signal ended it
+		end.Status = ps.String()            // "exit status 3", "signal: killed"
+	}
+	if waitErr != nil {
+		// The SDK's CommandExitError carries this as its message.
+		msg := waitErr.Error()
+		end.Error = &msg
+	}
+	p.mu.Lock()
+	p.end = end
+	subs := make([]*subscriber, 0, len(p.subs))
+	for s := range p.subs {
+		subs = append(subs, s)
+	}
+	p.mu.Unlock()
+	close(p.ended)
+	p.broadcast(&pb.ProcessEvent{Event: &pb.ProcessEvent_End{End: end}}, subs)
+}
+
+// signal sends sig to the process's group (the process and what it
+// started), or to the process alone if the group is gone.
+func (p *proc) signal(sig syscall.Signal) error {
+	if p.endEvent() != nil {
+		// Reaped: its pid may be another process's by now.
+		return os.ErrProcessDone
+	}
+	if err := syscall.Kill(-int(p.pid), sig); err == nil {
+		return nil
+	}
+	return p.cmd.Process.Signal(sig)
+}
+
+func (p *proc) input(in *pb.ProcessInput) error {
+	switch v := in.GetInput().(type) {
+	case *pb.ProcessInput_Stdin:
+		p.stdinMu.Lock()
+		defer p.stdinMu.Unlock()
+		if p.stdin == nil {
+			return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d has no open stdin: it was started without stdin (start it with stdin: true) or its stdin was closed", p.pid))
+		}
+		if _, err := p.stdin.Write(v.Stdin); err != nil {
+			if errors.Is(err, os.ErrClosed) || errors.Is(err, syscall.EPIPE) {
+				return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d no longer reads its stdin: %w", p.pid, err))
+			}
+			return connect.NewError(connect.CodeInternal, fmt.Errorf("writing to process %d's stdin: %w", p.pid, err))
+		}
+		return nil
+	case *pb.ProcessInput_Pty:
+		return connect.NewError(connect.CodeUnimplemented, errors.New("pseudo-terminals (sandbox.pty) are not supported by this agent; send stdin instead"))
+	}
+	return connect.NewError(connect.CodeInvalidArgument, errors.New("the input carries neither stdin nor pty data"))
+}
+
+func (p *proc) closeStdin() error {
+	p.stdinMu.Lock()
+	defer p.stdinMu.Unlock()
+	if p.stdin == nil {
+		return nil // never opened, or closed already: EOF either way
+	}
+	err := p.stdin.Close()
+	p.stdin = nil
+	if err != nil && !errors.Is(err, os.ErrClosed) {
+		return connect.NewError(connect.CodeInternal, fmt.Errorf("closing process %d's stdin: %w", p.pid, err))
+	}
+	return nil
+}
+
+func startEvent(pid uint32) *pb.ProcessEvent {
+	return &pb.ProcessEvent{Event: &pb.ProcessEvent_Start{Start: &pb.ProcessEvent_StartEvent{Pid: pid}}}
+}
+
+// pump sends a start event, then the subscription's events until the end
+// event, with a keepalive after every idle interval (0: none).
+func pump(ctx context.Context, p *proc, sub *subscriber, keepalive time.Duration, send func(*pb.ProcessEvent) error) error {
+	defer p.unsubscribe(sub)
+	if err := send(startEvent(p.pid)); err != nil {
+		return err
+	}
+	var tick <-chan time.Time
+	if keepalive > 0 {
+		t := time.NewTicker(keepalive)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case ev := <-sub.ch:
+			if err := send(ev); err != nil {
+				return err
+			}
+			if _, ok := ev.GetEvent().(*pb.ProcessEvent_End); ok {
+				return nil
+			}
+		case <-tick:
+			if err := send(&pb.ProcessEvent{Event: &pb.ProcessEvent_Keepalive{Keepalive: &pb.ProcessEvent_KeepAlive{}}}); err != nil {
+				return err
+			}
+		}
+	}
+}
