@@ -25,6 +25,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/eventlimit"
 	"github.com/deerflow-sandbox/provisioner/pkg/grant"
 	"github.com/deerflow-sandbox/provisioner/pkg/kube"
+	"github.com/deerflow-sandbox/provisioner/pkg/lifetime"
 	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
 	"github.com/deerflow-sandbox/provisioner/pkg/pool"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox"
@@ -215,6 +216,13 @@ func (b *backend) Egress(ctx context.Context, id string, c api.EgressChange) (ap
 	return withManager(b, func(m *sandbox.Manager) (api.Sandbox, error) {
 		client, _ := b.client.Load().(kubernetes.Interface) // set before the manager
 		return grant.New(b.cfg, client, m, b.audit, b.metrics).Egress(ctx, id, c)
+	})
+}
+
+func (b *backend) SetTimeout(ctx context.Context, id string, d time.Duration) (api.Sandbox, error) {
+	return withManager(b, func(m *sandbox.Manager) (api.Sandbox, error) {
+		client, _ := b.client.Load().(kubernetes.Interface) // set before the manager
+		return lifetime.New(b.cfg, client, m, b.audit).SetTimeout(ctx, id, d)
 	})
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/auth"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/e2b"
 	"github.com/deerflow-sandbox/provisioner/pkg/events"
 	"github.com/deerflow-sandbox/provisioner/pkg/fairness"
 	"github.com/deerflow-sandbox/provisioner/pkg/httpapi"
@@ -31,6 +32,7 @@ type Function struct {
 	log     *slog.Logger
 	cfg     *config.Config
 	api     http.Handler
+	e2b     http.Handler
 	events  *events.Handler
 	backend *backend
 	stop    context.CancelFunc
@@ -76,6 +78,7 @@ func (f *Function) Start(ctx context.Context, cfg map[string]string) error {
 	gate := fairness.FromConfig(&c.FairnessConfig)
 	f.api = httpapi.New(c, authn, f.backend, m, httpapi.WithGate(gate))
 	f.events = events.New(c, authn, f.backend, m, events.WithGate(gate))
+	f.e2b = e2b.New(c, authn, f.backend, m, gate)
 	go f.backend.connect(runCtx)
 	switch {
 	case c.AuthDisabled:
@@ -124,7 +127,8 @@ func (f *Function) Ready(ctx context.Context) (bool, error) {
 func (f *Function) Alive(context.Context) (bool, error) { return true, nil }
 
 // Handle routes one request: CloudEvents to the events door, POST / to the
-// invoke door, everything else to the DeerFlow-compatible HTTP API.
+// invoke door, /e2b/... to E2B's control plane, everything else to the
+// DeerFlow-compatible HTTP API.
 func (f *Function) Handle(w http.ResponseWriter, r *http.Request) {
 	id := reqid.Sanitize(r.Header.Get(reqid.Header))
 	w.Header().Set(reqid.Header, id)
@@ -142,6 +146,8 @@ func (f *Function) Handle(w http.ResponseWriter, r *http.Request) {
 		f.events.ServeHTTP(w, r)
 	case r.Method == http.MethodPost && (r.URL.Path == "/" || r.URL.Path == ""):
 		f.events.Invoke(w, r)
+	case r.URL.Path == e2b.Prefix || strings.HasPrefix(r.URL.Path, e2b.Prefix+"/"):
+		f.e2b.ServeHTTP(w, r)
 	default:
 		f.api.ServeHTTP(w, r)
 	}

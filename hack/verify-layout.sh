@@ -27,20 +27,23 @@ fail() { printf '  %s\n' "$*" >&2; failed=1; }
 # Ranks, lowest first. A package missing here is refused, so a new one is
 # placed on purpose.
 declare -A rank=(
-  [pkg/keys]=0 [pkg/egress]=0 [pkg/sleep]=0 [pkg/reqid]=0 [pkg/metrics]=0 [pkg/eventlimit]=0
-  [pkg/config]=1 [pkg/proxy]=1
+  [pkg/keys]=0 [pkg/egress]=0 [pkg/access]=0 [pkg/sleep]=0 [pkg/reqid]=0 [pkg/metrics]=0 [pkg/eventlimit]=0
+  [pkg/config]=1 [pkg/proxy]=1 [pkg/router]=1
+  [pkg/envd/gen/process]=1 [pkg/envd/gen/filesystem]=1
+  [pkg/envd/gen/process/processconnect]=2 [pkg/envd/gen/filesystem/filesystemconnect]=2
+  [pkg/envd/process]=3 [pkg/envd/filesystem]=3 [pkg/envd]=4
   [pkg/config/configtest]=2 [pkg/template]=2 [pkg/kube]=2
   [pkg/fairness]=2
   [pkg/api]=3 [pkg/sandbox/status]=3 [pkg/poolapi]=3
   [pkg/sandbox/resources]=4 [pkg/problem]=4 [pkg/readywait]=4 [pkg/auth]=4 [pkg/waitlimit]=4
   [pkg/admission]=4 [pkg/audit]=4 [pkg/api/apitest]=4
-  [pkg/quota]=5 [pkg/remove]=5 [pkg/grant]=8 [pkg/isolation]=5 [pkg/follow]=5 [pkg/token]=5 [pkg/ownership]=5
+  [pkg/quota]=5 [pkg/remove]=5 [pkg/grant]=8 [pkg/lifetime]=8 [pkg/isolation]=5 [pkg/follow]=5 [pkg/token]=5 [pkg/ownership]=5
   [pkg/slot]=6
   [pkg/sandbox]=7
   [pkg/pool]=8
-  [pkg/httpapi]=9 [pkg/events]=9
+  [pkg/httpapi]=9 [pkg/events]=9 [pkg/e2b]=9
   [fn]=10
-  [.]=11 [cmd/provisioner]=11 [cmd/check-templates]=11 [cmd/proxy]=11
+  [.]=11 [cmd/provisioner]=11 [cmd/check-templates]=11 [cmd/proxy]=11 [cmd/router]=11 [cmd/envd]=11
 )
 pure=(pkg/keys pkg/sandbox/resources pkg/sandbox/status)
 

@@ -20,6 +20,16 @@ type Sandbox struct {
 	Pooled bool `json:"pooled,omitempty"`
 	// Egress is what the sandbox may reach outside the cluster.
 	Egress *EgressView `json:"egress,omitempty"`
+
+	// Known to the doors, not on DeerFlow's wire: the E2B API answers them
+	// (its template, start and metadata), and makes the sandbox's access
+	// tokens from the principal and creation time the workload records.
+	Template  string            `json:"-"`
+	CreatedAt string            `json:"-"`
+	Principal string            `json:"-"`
+	Metadata  map[string]string `json:"-"`
+	// Envd says the sandbox carries the envd-compatible agent.
+	Envd bool `json:"-"`
 }
 
 // EgressView is a sandbox's egress as get and list show it: its mode, and,

@@ -210,6 +210,11 @@ type Summary struct {
 	IdleAction         string `json:"idle_action"`
 	DeerFlowMounts     bool   `json:"deerflow_mounts"`
 	BuiltIn            bool   `json:"built_in,omitempty"`
+	// Envd says its sandboxes carry the envd-compatible agent: E2B's SDK
+	// can create them.
+	Envd bool `json:"envd,omitempty"`
+	// Egress is the sandboxes' egress mode when the template names one.
+	Egress string `json:"egress,omitempty"`
 	// Error is why the template is refused; creates with it get 422.
 	Error string `json:"error,omitempty"`
 	// Pool is the template's warm pool, when it asks for one.
@@ -310,7 +315,7 @@ func (s *Store) entryOf(pt *corev1.PodTemplate) entry {
 
 // Summarize describes a valid template.
 func Summarize(t *Template) Summary {
-	sum := Summary{Name: t.Name, Kind: t.Kind, IdleAction: t.IdleAction, DeerFlowMounts: t.DeerFlowMounts,
+	sum := Summary{Name: t.Name, Kind: t.Kind, IdleAction: t.IdleAction, DeerFlowMounts: t.DeerFlowMounts, Envd: t.Envd, Egress: string(t.Egress),
 		IdleTimeoutSeconds: int64(t.IdleTimeout / time.Second), MaxLifetimeSeconds: int64(t.MaxLifetime / time.Second)}
 	if c := t.Sandbox(); c != nil {
 		sum.Image = c.Image

@@ -1,6 +1,7 @@
 package resources
 
 import (
+	"encoding/json"
 	"net"
 	"strconv"
 	"time"
@@ -37,6 +38,13 @@ func View(cfg config.Objects, id string, pod *corev1.Pod, rs *appsv1.ReplicaSet,
 			sb.MaxShellSessions = &n
 		}
 		sb.ExpiresAt = w.GetAnnotations()[keys.AnnotationExpiresAt]
+		a := w.GetAnnotations()
+		sb.Template, sb.CreatedAt, sb.Principal = a[keys.AnnotationTemplate], a[keys.AnnotationCreatedAt], api.PrincipalOf(w)
+		sb.Metadata = Metadata(w)
+		sb.Envd = w.GetLabels()[keys.LabelEnvd] == "true"
+		if rs != nil {
+			sb.Envd = rs.Spec.Template.Labels[keys.LabelEnvd] == "true"
+		}
 	}
 	switch {
 	case rs != nil && Paused(rs):
@@ -113,4 +121,19 @@ func EgressView(cfg config.Objects, w metav1.Object, svc *corev1.Service, now ti
 		}
 	}
 	return v
+}
+
+// Metadata is an E2B sandbox's metadata as its workload records it (nil:
+// none, or a value that is not a JSON object of strings, which only a hand
+// edit makes).
+func Metadata(w metav1.Object) map[string]string {
+	raw := w.GetAnnotations()[keys.AnnotationMetadata]
+	if raw == "" {
+		return nil
+	}
+	var m map[string]string
+	if json.Unmarshal([]byte(raw), &m) != nil {
+		return nil
+	}
+	return m
 }

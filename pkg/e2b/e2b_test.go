@@ -1,0 +1,412 @@
+package e2b
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/access"
+	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/auth"
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/fairness"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+	"github.com/deerflow-sandbox/provisioner/pkg/template"
+)
+
+// fakeOps is the sandbox operations in memory (a stand-in for
+// sandbox.Manager, whose own tests run against a real API server): enough
+// to check that this door maps E2B's requests and answers faithfully.
+type fakeOps struct {
+	mu        sync.Mutex
+	sandboxes map[string]api.Sandbox
+	specs     map[string]api.Spec
+	calls     []string
+	notReady  bool
+}
+
+func newFake() *fakeOps {
+	return &fakeOps{sandboxes: map[string]api.Sandbox{}, specs: map[string]api.Spec{}}
+}
+
+func (f *fakeOps) record(op string) { f.calls = append(f.calls, op) }
+
+func (f *fakeOps) visible(ctx context.Context, id string) (api.Sandbox, error) {
+	c, _ := api.CallerFrom(ctx)
+	sb, ok := f.sandboxes[id]
+	if !ok || sb.Principal != c.Principal {
+		return api.Sandbox{}, &api.Error{Kind: api.KindNotFound, Detail: "sandbox " + id + " not found"}
+	}
+	return sb, nil
+}
+
+func (f *fakeOps) Create(ctx context.Context, s api.Spec, _ time.Duration) (api.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("create")
+	c, _ := api.CallerFrom(ctx)
+	sb := api.Sandbox{ID: s.ID, Status: "Running", Ready: !f.notReady, Template: s.Template, Principal: c.Principal,
+		CreatedAt: resources.Annotations(s)[keys.AnnotationCreatedAt], Metadata: s.Metadata, Envd: true,
+		ExpiresAt: resources.Annotations(s)[keys.AnnotationExpiresAt]}
+	if f.notReady {
+		sb.WaitTimedOut, sb.Reason = true, "ImagePullBackOff"
+	}
+	f.sandboxes[s.ID], f.specs[s.ID] = sb, s
+	return sb, nil
+}
+
+func (f *fakeOps) Get(ctx context.Context, id string, _ time.Duration) (api.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.visible(ctx, id)
+}
+
+func (f *fakeOps) List(ctx context.Context) ([]api.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, _ := api.CallerFrom(ctx)
+	var out []api.Sandbox
+	for _, sb := range f.sandboxes {
+		if sb.Principal == c.Principal {
+			out = append(out, sb)
+		}
+	}
+	return out, nil
+}
+
+func (f *fakeOps) Destroy(ctx context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("destroy")
+	if _, err := f.visible(ctx, id); err != nil {
+		return err
+	}
+	delete(f.sandboxes, id)
+	return nil
+}
+
+func (f *fakeOps) Reap(context.Context) (api.Reaped, error) { return api.Reaped{}, nil }
+
+func (f *fakeOps) Pause(ctx context.Context, id string) (api.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("pause")
+	sb, err := f.visible(ctx, id)
+	if err != nil {
+		return sb, err
+	}
+	if f.specs[id].Template == "bare" {
+		return sb, &api.Error{Kind: api.KindConflict, Detail: "sandbox " + id + " is a bare Pod, which cannot be paused"}
+	}
+	sb.Status, sb.Ready = api.StatusPaused, false
+	f.sandboxes[id] = sb
+	return sb, nil
+}
+
+func (f *fakeOps) Resume(ctx context.Context, id string, _ time.Duration) (api.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("resume")
+	sb, err := f.visible(ctx, id)
+	if err != nil {
+		return sb, err
+	}
+	sb.Status, sb.Ready = "Running", true
+	f.sandboxes[id] = sb
+	return sb, nil
+}
+
+func (f *fakeOps) Templates(context.Context) ([]template.Summary, error) {
+	return []template.Summary{
+		{Name: "base", Envd: true},
+		{Name: "pausable", Envd: true, IdleAction: template.IdlePause},
+		{Name: "bare", Envd: true},
+		{Name: "offline", Envd: true, Egress: "isolated"},
+		{Name: "deerflow"},
+		{Name: "broken", Error: "bad annotation"},
+	}, nil
+}
+
+func (f *fakeOps) Egress(context.Context, string, api.EgressChange) (api.Sandbox, error) {
+	return api.Sandbox{}, nil
+}
+
+func (f *fakeOps) SetTimeout(ctx context.Context, id string, d time.Duration) (api.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("timeout " + d.String())
+	return f.visible(ctx, id)
+}
+
+const (
+	aliceKey = "alice-key-0123456789"
+	bobKey   = "bob-key-0123456789ab"
+)
+
+func newTestAPI(t *testing.T, withKey bool) (*API, *fakeOps, access.Key) {
+	t.Helper()
+	env := map[string]string{"PROVISIONER_API_KEYS": "alice=" + aliceKey + ",bob=" + bobKey}
+	var key access.Key
+	if withKey {
+		path := filepath.Join(t.TempDir(), "key")
+		raw := strings.Repeat("k", 48)
+		if err := os.WriteFile(path, []byte(raw+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		env["E2B_TOKEN_KEY_FILE"] = path
+		key = access.Key(raw)
+	}
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	cfg, err := config.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops := newFake()
+	return New(cfg, auth.FromConfig(&cfg.AuthConfig, nil), ops, metrics.New(), fairness.FromConfig(&cfg.FairnessConfig)), ops, key
+}
+
+type answer struct {
+	code int
+	body map[string]any
+	list []map[string]any
+	hdr  http.Header
+}
+
+func call(t *testing.T, a *API, method, path, apiKey, body string) answer {
+	t.Helper()
+	r := httptest.NewRequest(method, Prefix+path, strings.NewReader(body))
+	if apiKey != "" {
+		r.Header.Set("X-API-KEY", apiKey)
+	}
+	w := httptest.NewRecorder()
+	a.ServeHTTP(w, r)
+	ans := answer{code: w.Code, hdr: w.Header()}
+	raw := w.Body.Bytes()
+	if len(raw) > 0 && raw[0] == '[' {
+		if err := json.Unmarshal(raw, &ans.list); err != nil {
+			t.Fatalf("%s %s: body %q: %v", method, path, raw, err)
+		}
+	} else if len(raw) > 0 {
+		if err := json.Unmarshal(raw, &ans.body); err != nil {
+			t.Fatalf("%s %s: body %q: %v", method, path, raw, err)
+		}
+	}
+	return ans
+}
+
+func TestCreateAnswersE2BsSandboxWithItsTokens(t *testing.T) {
+	a, ops, key := newTestAPI(t, true)
+	got := call(t, a, "POST", "/v2/sandboxes", aliceKey, `{"templateID":"base","timeout":120,"metadata":{"run":"r1"},"envVars":{"A":"1"},"secure":true}`)
+	if got.code != http.StatusCreated {
+		t.Fatalf("create: %d %v", got.code, got.body)
+	}
+	id, _ := got.body["sandboxID"].(string)
+	spec := ops.specs[id]
+	tok := access.Sandbox{Principal: "alice", ID: id, CreatedAt: resources.Annotations(spec)[keys.AnnotationCreatedAt]}
+	want := map[string]any{"templateID": "base", "sandboxID": id, "clientID": clientID, "envdVersion": EnvdVersion,
+		"envdAccessToken": key.Token(access.Envd, tok), "trafficAccessToken": key.Token(access.Traffic, tok), "domain": nil}
+	if d := cmp.Diff(want, got.body); d != "" {
+		t.Errorf("create answer (-want +got):\n%s", d)
+	}
+	if spec.EnvdTokenHash != access.Hash(key.Token(access.Envd, tok)) {
+		t.Error("the agent is not given the hash of the token the create answers")
+	}
+	if spec.IdleTimeout != 120*time.Second || spec.Env["A"] != "1" || spec.Metadata["run"] != "r1" || spec.ThreadID != id {
+		t.Errorf("spec: idle %s env %v metadata %v thread %q; want 2m, A=1, run=r1, the id as thread", spec.IdleTimeout, spec.Env, spec.Metadata, spec.ThreadID)
+	}
+	if len(id) != 20 {
+		t.Errorf("id %q: want 20 characters, as E2B's", id)
+	}
+}
+
+// TestBadCreatesWriteNothing: each refused create answers E2B's error shape
+// with the status E2B's SDK maps, and reaches no sandbox operation.
+func TestBadCreatesWriteNothing(t *testing.T) {
+	a, ops, _ := newTestAPI(t, true)
+	cases := []struct {
+		name, body string
+		code       int
+		says       string
+	}{
+		{"unknown template", `{"templateID":"nope"}`, 404, "template 'nope' not found"},
+		{"default template missing agent", `{"templateID":"deerflow"}`, 400, "sandbox.deerflow.dev/envd"},
+		{"refused template", `{"templateID":"broken"}`, 400, "bad annotation"},
+		{"malformed body", `{"templateID":`, 400, "not a JSON object"},
+		{"timeout of the wrong type", `{"templateID":"base","timeout":"soon"}`, 400, `"timeout"`},
+		{"timeout above the cap", `{"templateID":"base","timeout":99999999}`, 400, "idle"},
+		{"volumes", `{"templateID":"base","volumeMounts":[{"name":"v","path":"/v"}]}`, 400, "volumeMounts"},
+		{"network rules", `{"templateID":"base","network":{"denyOut":["0.0.0.0/0"]}}`, 400, "egress is its template's"},
+		{"no internet on an open template", `{"templateID":"base","allow_internet_access":false}`, 400, "allow_internet_access"},
+		{"auto pause on a deleting template", `{"templateID":"base","autoPause":true}`, 400, "autoPause"},
+		{"metadata too long", `{"templateID":"base","metadata":{"k":"` + strings.Repeat("v", 2000) + `"}}`, 400, "metadata value"},
+		{"env var name", `{"templateID":"base","envVars":{"1X":"v"}}`, 400, "1X"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := call(t, a, "POST", "/sandboxes", aliceKey, c.body)
+			msg, _ := got.body["message"].(string)
+			if got.code != c.code || got.body["code"] != float64(c.code) || !strings.Contains(msg, c.says) {
+				t.Errorf("= %d %v; want %d with a message saying %q", got.code, got.body, c.code, c.says)
+			}
+		})
+	}
+	if slices.Contains(ops.calls, "create") {
+		t.Errorf("a refused create reached the sandbox operations: %v", ops.calls)
+	}
+	// Refused here, but allowed where the template says so.
+	if got := call(t, a, "POST", "/sandboxes", aliceKey, `{"templateID":"offline","allow_internet_access":false}`); got.code != 201 {
+		t.Errorf("allow_internet_access false on an isolated template: %d %v", got.code, got.body)
+	}
+}
+
+func TestACreateThatIsNotReadyIsRemoved(t *testing.T) {
+	a, ops, _ := newTestAPI(t, true)
+	ops.notReady = true
+	got := call(t, a, "POST", "/sandboxes", aliceKey, `{"templateID":"base"}`)
+	if got.code != http.StatusGatewayTimeout || !strings.Contains(got.body["message"].(string), "ImagePullBackOff") {
+		t.Errorf("= %d %v; want 504 naming the reason", got.code, got.body)
+	}
+	if len(ops.sandboxes) != 0 || !slices.Contains(ops.calls, "destroy") {
+		t.Errorf("left %d sandboxes (calls %v); want it destroyed", len(ops.sandboxes), ops.calls)
+	}
+}
+
+func TestAnotherKeySeesNothing(t *testing.T) {
+	a, ops, _ := newTestAPI(t, true)
+	id := call(t, a, "POST", "/sandboxes", aliceKey, `{"templateID":"pausable","metadata":{"owner":"alice"}}`).body["sandboxID"].(string)
+	for _, c := range []struct{ method, path, body string }{
+		{"GET", "/sandboxes/" + id, ""},
+		{"DELETE", "/sandboxes/" + id, ""},
+		{"POST", "/sandboxes/" + id + "/timeout", `{"timeout":60}`},
+		{"POST", "/sandboxes/" + id + "/pause", ""},
+		{"POST", "/v2/sandboxes/" + id + "/connect", `{"timeout":60}`},
+		{"GET", "/sandboxes/" + id + "/metrics", ""},
+	} {
+		got := call(t, a, c.method, c.path, bobKey, c.body)
+		if got.code != 404 || got.body["message"] != "sandbox "+id+" not found" {
+			t.Errorf("bob %s %s = %d %v; want 404 in E2B's shape", c.method, c.path, got.code, got.body)
+		}
+	}
+	if got := call(t, a, "GET", "/v2/sandboxes", bobKey, ""); got.code != 200 || len(got.list) != 0 {
+		t.Errorf("bob's list = %d %v; want empty", got.code, got.list)
+	}
+	if _, ok := ops.sandboxes[id]; !ok {
+		t.Error("bob's calls removed alice's sandbox")
+	}
+	if got := call(t, a, "GET", "/sandboxes/"+id, "", ""); got.code != 401 || got.body["code"] != float64(401) {
+		t.Errorf("no key = %d %v; want 401 in E2B's shape", got.code, got.body)
+	}
+}
+
+func TestListFiltersAndPages(t *testing.T) {
+	a, _, _ := newTestAPI(t, true)
+	var ids []string
+	for _, m := range []string{`{"run":"a b","n":"1"}`, `{"run":"a b","n":"2"}`, `{"run":"c"}`} {
+		ids = append(ids, call(t, a, "POST", "/sandboxes", aliceKey, `{"templateID":"pausable","metadata":`+m+`}`).body["sandboxID"].(string))
+	}
+	call(t, a, "POST", "/sandboxes/"+ids[1]+"/pause", aliceKey, "")
+	idsOf := func(l []map[string]any) []string {
+		var out []string
+		for _, s := range l {
+			out = append(out, s["sandboxID"].(string))
+		}
+		slices.Sort(out)
+		return out
+	}
+	sorted := func(s ...string) []string { s = slices.Clone(s); slices.Sort(s); return s }
+	// The SDK encodes pairs, then the whole query value: a%3Db%2520... arrives.
+	for _, c := range []struct {
+		name, query string
+		want        []string
+	}{
+		{"all", "", sorted(ids...)},
+		{"metadata with a space", "?metadata=run%3Da%252520b", sorted(ids[0], ids[1])},
+		{"two pairs", "?metadata=run%3Da%252520b%26n%3D2", sorted(ids[1])},
+		{"running", "?state=running", sorted(ids[0], ids[2])},
+		{"paused", "?state=paused", sorted(ids[1])},
+	} {
+		got := call(t, a, "GET", "/v2/sandboxes"+c.query, aliceKey, "")
+		if d := cmp.Diff(c.want, idsOf(got.list)); got.code != 200 || d != "" {
+			t.Errorf("%s: %d (-want +got):\n%s", c.name, got.code, d)
+		}
+	}
+	all := sorted(ids...)
+	first := call(t, a, "GET", "/v2/sandboxes?limit=2", aliceKey, "")
+	next := first.hdr.Get("X-Next-Token")
+	second := call(t, a, "GET", "/v2/sandboxes?limit=2&nextToken="+next, aliceKey, "")
+	if d := cmp.Diff(all, append(idsOf(first.list), idsOf(second.list)...)); d != "" || next == "" || second.hdr.Get("X-Next-Token") != "" {
+		t.Errorf("pages: next %q then %q (-want +got):\n%s", next, second.hdr.Get("X-Next-Token"), d)
+	}
+	if got := call(t, a, "GET", "/v2/sandboxes?state=sleeping", aliceKey, ""); got.code != 400 {
+		t.Errorf("state=sleeping = %d; want 400", got.code)
+	}
+}
+
+func TestPauseAndConnect(t *testing.T) {
+	a, ops, key := newTestAPI(t, true)
+	id := call(t, a, "POST", "/sandboxes", aliceKey, `{"templateID":"pausable"}`).body["sandboxID"].(string)
+	bare := call(t, a, "POST", "/sandboxes", aliceKey, `{"templateID":"bare"}`).body["sandboxID"].(string)
+	if got := call(t, a, "POST", "/v2/sandboxes/"+id+"/connect", aliceKey, `{"timeout":30}`); got.code != 200 {
+		t.Errorf("connect to a running sandbox = %d %v; want 200", got.code, got.body)
+	}
+	if got := call(t, a, "POST", "/sandboxes/"+id+"/pause", aliceKey, ""); got.code != 204 {
+		t.Errorf("pause = %d %v; want 204", got.code, got.body)
+	}
+	if got := call(t, a, "POST", "/sandboxes/"+id+"/pause", aliceKey, ""); got.code != 409 {
+		t.Errorf("pause again = %d %v; want 409 (the SDK's already paused)", got.code, got.body)
+	}
+	if got := call(t, a, "POST", "/sandboxes/"+bare+"/pause", aliceKey, ""); got.code != 400 || !strings.Contains(got.body["message"].(string), "bare Pod") {
+		t.Errorf("pause of a bare sandbox = %d %v; want 400 (409 would tell the SDK it is paused)", got.code, got.body)
+	}
+	got := call(t, a, "POST", "/v2/sandboxes/"+id+"/connect", aliceKey, `{"timeout":30}`)
+	sb := ops.sandboxes[id]
+	tok := key.Token(access.Envd, access.Sandbox{Principal: "alice", ID: id, CreatedAt: sb.CreatedAt})
+	if got.code != 201 || got.body["envdAccessToken"] != tok || sb.Status != "Running" {
+		t.Errorf("connect to a paused sandbox = %d %v (status %s); want 201 with its token, resumed", got.code, got.body, sb.Status)
+	}
+	if !slices.Contains(ops.calls, "timeout 30s") {
+		t.Errorf("connect's timeout was not set: %v", ops.calls)
+	}
+	if got := call(t, a, "POST", "/sandboxes/"+id+"/timeout", aliceKey, `{"timeout":0}`); got.code != 400 {
+		t.Errorf("timeout 0 = %d; want 400", got.code)
+	}
+	if got := call(t, a, "DELETE", "/sandboxes/"+id, aliceKey, ""); got.code != 204 {
+		t.Errorf("kill = %d; want 204", got.code)
+	}
+	if got := call(t, a, "DELETE", "/sandboxes/"+id, aliceKey, ""); got.code != 404 {
+		t.Errorf("kill again = %d; want 404 (the SDK's false)", got.code)
+	}
+}
+
+func TestWithoutAKeyEverythingIs503(t *testing.T) {
+	a, ops, _ := newTestAPI(t, false)
+	got := call(t, a, "POST", "/sandboxes", aliceKey, `{"templateID":"base"}`)
+	if got.code != 503 || !strings.Contains(got.body["message"].(string), "E2B_TOKEN_KEY_FILE") {
+		t.Errorf("= %d %v; want 503 naming E2B_TOKEN_KEY_FILE", got.code, got.body)
+	}
+	if len(ops.calls) != 0 {
+		t.Errorf("calls %v; want none", ops.calls)
+	}
+}
+
+func TestUnknownEndpointsSaySo(t *testing.T) {
+	a, _, _ := newTestAPI(t, true)
+	got := call(t, a, "POST", "/templates", aliceKey, `{}`)
+	if got.code != 404 || !strings.Contains(got.body["message"].(string), "no template builds") {
+		t.Errorf("= %d %v; want 404 saying what is offered", got.code, got.body)
+	}
+}
