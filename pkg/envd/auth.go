@@ -4,10 +4,13 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strings"
 
 	"connectrpc.com/connect"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/access"
+	"github.com/deerflow-sandbox/provisioner/pkg/envd/gen/filesystem/filesystemconnect"
+	"github.com/deerflow-sandbox/provisioner/pkg/envd/gen/process/processconnect"
 )
 
 var rpcErrors = connect.NewErrorWriter()
@@ -31,12 +34,19 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			return
 		}
 		s.log.Warn("refused a call", "path", r.URL.Path, "reason", msg)
-		if rpcErrors.IsSupported(r) {
+		if isRPC(r) && rpcErrors.IsSupported(r) {
 			_ = rpcErrors.Write(w, r, connect.NewError(connect.CodeUnauthenticated, errors.New(msg)))
 			return
 		}
 		writeError(w, http.StatusUnauthorized, msg)
 	})
+}
+
+// isRPC says whether r calls one of the Connect services (the ErrorWriter
+// alone takes any GET for a Connect GET).
+func isRPC(r *http.Request) bool {
+	return strings.HasPrefix(r.URL.Path, "/"+processconnect.ProcessName+"/") ||
+		strings.HasPrefix(r.URL.Path, "/"+filesystemconnect.FilesystemName+"/")
 }
 
 // writeError answers envd's JSON error, {"code": status, "message": msg},

@@ -120,6 +120,10 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	t.Fatalf("timed out waiting for %s", what)
 }
 
+// code is err's Connect code; 0 for no error.
 func code(err error) connect.Code {
+	if err == nil {
+		return 0
+	}
 	return connect.CodeOf(err)
 }
