@@ -280,6 +280,13 @@ describe('the e2b SDK drives our sandboxes', { concurrency: false }, () => {
       const back = await sbx.files.read(path, { format: 'bytes', requestTimeoutMs: 120_000 })
       assert.equal(back.length, size)
       assert.equal(sha256(back), sha256(data))
+
+      // As a stream: with envd 0.5.7+ the SDK sends it as one
+      // application/octet-stream body, unbuffered (older: multipart).
+      const streamed = `${workDir}/upload-10MiB-stream.bin`
+      await sbx.files.write(streamed, new Blob([data]).stream(), { requestTimeoutMs: 120_000 })
+      const back2 = await sbx.files.read(streamed, { format: 'bytes', requestTimeoutMs: 120_000 })
+      assert.equal(sha256(back2), sha256(data))
     })
   })
 
