@@ -35,6 +35,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -60,9 +61,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	insecure := fs.Bool("insecure", false, "with -push: plain HTTP to the registry")
 	entry := fs.String("entrypoint", "", "path of the binary in the image (default /<name>)")
 	user := fs.String("user", "", "image user, e.g. 65532:65532")
+	var adds, links multi
+	fs.Var(&adds, "add", "another file, host-path=/image/path (repeatable): e.g. a static shell")
+	fs.Var(&links, "link", "a symbolic link, /image/path=target (repeatable): e.g. /bin/sh=busybox")
+	path := fs.String("path", "/", "the image's PATH")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("%w\n%s", err, usage)
 	}
+	extras, err := readExtras(adds, links)
+	if err != nil {
+		return err
+	}
+	layerExtras, imageEnv = extras, []string{"PATH=" + *path}
 	archive := *ref != "" || *out != ""
 	switch {
 	case fs.NArg() != 1:
@@ -111,13 +121,73 @@ var epoch = time.Unix(0, 0).UTC()
 // imageEnv is the image's environment: the binary sits at the root.
 var imageEnv = []string{"PATH=/"}
 
-// layerTar is the image's one layer, uncompressed: a world-writable /tmp and
-// the binary at entry (absolute), mode 0755.
+// multi is a repeatable flag.
+type multi []string
+
+func (m *multi) String() string     { return strings.Join(*m, ",") }
+func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
+
+// extra is a file (data) or a symbolic link (link) the layer holds beside
+// the binary, at name (absolute).
+type extra struct {
+	name, link string
+	data       []byte
+}
+
+// layerExtras are the -add and -link entries of this run.
+var layerExtras []extra
+
+func readExtras(adds, links []string) ([]extra, error) {
+	var out []extra
+	for _, a := range adds {
+		src, dst, ok := strings.Cut(a, "=")
+		if !ok || !strings.HasPrefix(dst, "/") || len(dst) < 2 {
+			return nil, fmt.Errorf("-add %q: want host-path=/image/path", a)
+		}
+		data, err := os.ReadFile(src)
+		if err != nil {
+			return nil, fmt.Errorf("-add: %w", err)
+		}
+		out = append(out, extra{name: dst, data: data})
+	}
+	for _, l := range links {
+		dst, target, ok := strings.Cut(l, "=")
+		if !ok || !strings.HasPrefix(dst, "/") || len(dst) < 2 || target == "" {
+			return nil, fmt.Errorf("-link %q: want /image/path=target", l)
+		}
+		out = append(out, extra{name: dst, link: target})
+	}
+	return out, nil
+}
+
+// layerTar is the image's one layer, uncompressed: a world-writable /tmp,
+// the binary at entry (absolute), mode 0755, and the extras, each under
+// its parent directories (0755).
 func layerTar(data []byte, entry string) ([]byte, error) {
 	var layer bytes.Buffer
 	tw := tar.NewWriter(&layer)
 	if err := tw.WriteHeader(&tar.Header{Name: "tmp/", Typeflag: tar.TypeDir, Mode: 0o1777, ModTime: epoch}); err != nil {
 		return nil, fmt.Errorf("layer: %w", err)
+	}
+	dirs := map[string]bool{"tmp": true}
+	for _, e := range layerExtras {
+		name := e.name[1:]
+		for d := filepath.Dir(name); d != "." && !dirs[d]; d = filepath.Dir(d) {
+			dirs[d] = true
+			if err := tw.WriteHeader(&tar.Header{Name: d + "/", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: epoch}); err != nil {
+				return nil, fmt.Errorf("layer: %w", err)
+			}
+		}
+		h := &tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(e.data)), ModTime: epoch}
+		if e.link != "" {
+			h = &tar.Header{Name: name, Typeflag: tar.TypeSymlink, Linkname: e.link, Mode: 0o777, ModTime: epoch}
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			return nil, fmt.Errorf("layer: %w", err)
+		}
+		if _, err := tw.Write(e.data); err != nil {
+			return nil, fmt.Errorf("layer: %w", err)
+		}
 	}
 	if err := tw.WriteHeader(&tar.Header{Name: entry[1:], Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(data)), ModTime: epoch}); err != nil {
 		return nil, fmt.Errorf("layer: %w", err)

@@ -11,9 +11,11 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"maps"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -159,9 +161,14 @@ func TestPushIsTheArchiveImage(t *testing.T) {
 		machine elf.Machine
 		args    []string
 		entry   string
+		path    string
+		extra   map[string]string
 	}{
-		{"amd64", elf.EM_X86_64, nil, "/proxy"},
-		{"arm64", elf.EM_AARCH64, []string{"-insecure", "-entrypoint", "/bin/egress"}, "/bin/egress"},
+		{"amd64", elf.EM_X86_64, nil, "/proxy", "/", nil},
+		{"arm64", elf.EM_AARCH64, []string{"-insecure", "-entrypoint", "/bin/egress"}, "/bin/egress", "/", nil},
+		// A shell beside the binary, as the E2B sandbox stand-in has.
+		{"amd64-with-shell", elf.EM_X86_64, []string{"-add", "SHELL=/usr/bin/bash", "-link", "/bin/sh=../usr/bin/bash", "-path", "/bin:/usr/bin:/"}, "/proxy", "/bin:/usr/bin:/",
+			map[string]string{"usr/": "dir 755", "usr/bin/": "dir 755", "usr/bin/bash": "file 755 #!shell", "bin/": "dir 755", "bin/sh": "link ../usr/bin/bash"}},
 	} {
 		t.Run(tc.arch, func(t *testing.T) {
 			dir := t.TempDir()
@@ -169,6 +176,13 @@ func TestPushIsTheArchiveImage(t *testing.T) {
 			data := fakeELF(t, elf.ELFCLASS64, tc.machine, false)
 			if err := os.WriteFile(bin, data, 0o755); err != nil {
 				t.Fatal(err)
+			}
+			shell := filepath.Join(dir, "bash")
+			if err := os.WriteFile(shell, []byte("#!shell"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			for i, a := range tc.args {
+				tc.args[i] = strings.ReplaceAll(a, "SHELL", shell)
 			}
 			ref := host + "/deer-flow/sandbox-egress-proxy:" + tc.arch
 			var stdout bytes.Buffer
@@ -204,7 +218,7 @@ func TestPushIsTheArchiveImage(t *testing.T) {
 				OS, Architecture, RootFSType string
 				Config                       v1.Config
 			}
-			want := platformAndConfig{"linux", tc.arch, "layers", v1.Config{Entrypoint: []string{tc.entry}, Env: []string{"PATH=/"}, User: "65532:65532"}}
+			want := platformAndConfig{"linux", strings.TrimSuffix(tc.arch, "-with-shell"), "layers", v1.Config{Entrypoint: []string{tc.entry}, Env: []string{"PATH=" + tc.path}, User: "65532:65532"}}
 			if diff := cmp.Diff(want, platformAndConfig{cfg.OS, cfg.Architecture, cfg.RootFS.Type, cfg.Config}); diff != "" {
 				t.Errorf("pushed image's config (-want +got):\n%s", diff)
 			}
@@ -215,13 +229,15 @@ func TestPushIsTheArchiveImage(t *testing.T) {
 			}
 			files := layerFiles(t, layers[0])
 			wantFiles := map[string]string{"tmp/": "dir 1777", tc.entry[1:]: "file 755 " + string(data)}
+			maps.Copy(wantFiles, tc.extra)
 			if diff := cmp.Diff(wantFiles, files); diff != "" {
 				t.Errorf("pushed layer's files (-want +got):\n%s", diff)
 			}
 
 			// The archive for the test node holds the same layer.
 			archive := filepath.Join(dir, "proxy.tar")
-			if err := run(context.Background(), []string{"-ref", "localhost/sandbox-egress-proxy:e2e", "-out", archive, "-user", "65532:65532", "-entrypoint", tc.entry, bin}, io.Discard, io.Discard); err != nil {
+			if err := run(context.Background(), append(append([]string{"-ref", "localhost/sandbox-egress-proxy:e2e", "-out", archive, "-user", "65532:65532", "-entrypoint", tc.entry},
+				slices.DeleteFunc(slices.Clone(tc.args), func(a string) bool { return a == "-insecure" })...), bin), io.Discard, io.Discard); err != nil {
 				t.Fatal(err)
 			}
 			if got, want := archiveDiffIDs(t, archive), cfg.RootFS.DiffIDs; len(want) != 1 || cmp.Diff([]string{want[0].String()}, got) != "" {
@@ -253,6 +269,8 @@ func layerFiles(t *testing.T, layer v1.Layer) map[string]string {
 		switch h.Typeflag {
 		case tar.TypeDir:
 			files[h.Name] = fmt.Sprintf("dir %o", h.Mode)
+		case tar.TypeSymlink:
+			files[h.Name] = "link " + h.Linkname
 		case tar.TypeReg:
 			body, err := io.ReadAll(tr)
 			if err != nil {
