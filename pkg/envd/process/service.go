@@ -19,13 +19,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
 
-	"github.com/deerflow-sandbox/provisioner/pkg/envd/filesystem"
 	pb "github.com/deerflow-sandbox/provisioner/pkg/envd/gen/process"
 	"github.com/deerflow-sandbox/provisioner/pkg/envd/gen/process/processconnect"
 )
@@ -59,15 +60,12 @@ func (s *Service) Start(ctx context.Context, req *connect.Request[pb.StartReques
 	if cfg.GetCmd() == "" {
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("the process has no cmd"))
 	}
-	cwd := filesystem.Home()
-	if cfg.Cwd != nil && *cfg.Cwd != "" {
-		var err error
-		if cwd, err = filesystem.Resolve(*cfg.Cwd); err != nil {
-			return err
-		}
-	}
+	cwd := workingDir(cfg.GetCwd())
 	if fi, err := os.Stat(cwd); err != nil {
-		return filesystem.Error("the working directory", cwd, err)
+		if errors.Is(err, fs.ErrNotExist) {
+			return connect.NewError(connect.CodeNotFound, fmt.Errorf("the working directory %q does not exist", cwd))
+		}
+		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("the working directory %q: %w", cwd, err))
 	} else if !fi.IsDir() {
 		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("the working directory %q is not a directory", cwd))
 	}
@@ -103,7 +101,7 @@ func (s *Service) Start(ctx context.Context, req *connect.Request[pb.StartReques
 		s.mu.Unlock()
 		s.log.Info("process ended", "pid", p.pid, "status", p.endEvent().GetStatus())
 	}()
-	return pump(ctx, p, sub, filesystem.KeepaliveInterval(req.Header()), func(ev *pb.ProcessEvent) error {
+	return pump(ctx, p, sub, keepaliveInterval(req.Header()), func(ev *pb.ProcessEvent) error {
 		return stream.Send(&pb.StartResponse{Event: ev})
 	})
 }
@@ -125,7 +123,7 @@ func (s *Service) Connect(ctx context.Context, req *connect.Request[pb.ConnectRe
 		}
 		return send(&pb.ProcessEvent{Event: &pb.ProcessEvent_End{End: end}})
 	}
-	return pump(ctx, p, sub, filesystem.KeepaliveInterval(req.Header()), send)
+	return pump(ctx, p, sub, keepaliveInterval(req.Header()), send)
 }
 
 // List answers the running processes, by pid.
@@ -323,4 +321,39 @@ func startError(name string, err error) error {
 		return connect.NewError(connect.CodePermissionDenied, fmt.Errorf("cannot run %s: %w", name, err))
 	}
 	return connect.NewError(connect.CodeInternal, fmt.Errorf("starting %s: %w", name, err))
+}
+
+// workingDir is where a process starts: cwd made absolute, a relative one
+// (or "~/...") under the home directory, and the home directory if cwd is
+// empty, as E2B's envd does. (pkg/envd/filesystem resolves its paths the
+// same way; it is not imported, so this package stays below it.)
+func workingDir(cwd string) string {
+	home, err := os.UserHomeDir()
+	if err != nil || home == "" {
+		home = "/"
+	}
+	switch {
+	case cwd == "" || cwd == "~":
+		return home
+	case strings.HasPrefix(cwd, "~/"):
+		return filepath.Join(home, cwd[2:])
+	case !filepath.IsAbs(cwd):
+		return filepath.Join(home, cwd)
+	}
+	return filepath.Clean(cwd)
+}
+
+// keepaliveHeader is the request header in which the e2b SDK asks for a
+// keepalive event every so many seconds on a server stream, so that
+// proxies and its own idle timers see traffic while a process is quiet.
+const keepaliveHeader = "Keepalive-Ping-Interval"
+
+// keepaliveInterval reads keepaliveHeader: 0 (no keepalives) if absent or
+// not a positive number of seconds.
+func keepaliveInterval(h interface{ Get(string) string }) time.Duration {
+	n, err := strconv.Atoi(h.Get(keepaliveHeader))
+	if err != nil || n <= 0 {
+		return 0
+	}
+	return time.Duration(n) * time.Second
 }
