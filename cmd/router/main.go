@@ -108,31 +108,14 @@ func run(log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
-	// Sandbox Pods and Services carry app=deer-flow-sandbox; pooled Pods'
-	// wires do not (they carry the wire component), so they have an
-	// informer of their own. Nothing else in the namespace is cached.
-	sandboxes := informers.NewSharedInformerFactoryWithOptions(cs, 0,
-		informers.WithNamespace(set.namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.LabelSelector = keys.LabelApp + "=" + keys.LabelAppValue
-		}))
-	wires := informers.NewSharedInformerFactoryWithOptions(cs, 0,
-		informers.WithNamespace(set.namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = resources.SelectorWires }))
-	pods := sandboxes.Core().V1().Pods().Informer()
-	if err := pods.AddIndexers(cache.Indexers{router.IDIndex: router.IndexByID}); err != nil {
-		return fmt.Errorf("pod id index: %w", err)
+	c, err := newCaches(cs, set.namespace)
+	if err != nil {
+		return err
 	}
-	resolver := router.Cache{
-		Pods:     pods.GetIndexer(),
-		Services: sandboxes.Core().V1().Services().Lister().Services(set.namespace),
-		Wires:    wires.Core().V1().Services().Lister().Services(set.namespace),
-	}
-	sandboxes.Start(ctx.Done())
-	wires.Start(ctx.Done())
+	c.start(ctx.Done())
 	var ready atomic.Bool
 	go func() {
-		if allTrue(sandboxes.WaitForCacheSync(ctx.Done())) && allTrue(wires.WaitForCacheSync(ctx.Done())) {
+		if c.sync(ctx.Done()) {
 			ready.Store(true)
 			log.Info("sandbox router ready: caches synced", "namespace", set.namespace)
 		}
@@ -144,7 +127,7 @@ func run(log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	h := router.New(router.Options{Resolver: resolver, Key: set.key, Log: log, Metrics: metrics})
+	h := router.New(router.Options{Resolver: c.resolver, Key: set.key, Log: log, Metrics: metrics})
 
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -187,6 +170,56 @@ func run(log *slog.Logger) error {
 		return nil
 	}
 	return err
+}
+
+// caches are the router's informers: sandbox Pods (indexed by id) and
+// Services, and pooled Pods' wires, of one namespace.
+type caches struct {
+	resolver  router.Cache
+	factories []informers.SharedInformerFactory
+}
+
+// newCaches narrows each informer by label. Sandbox Pods and Services carry
+// app=deer-flow-sandbox; pooled Pods' wires do not (they carry the wire
+// component), so they have an informer of their own. Nothing else in the
+// namespace is cached.
+func newCaches(cs kubernetes.Interface, namespace string) (*caches, error) {
+	sandboxes := informers.NewSharedInformerFactoryWithOptions(cs, 0,
+		informers.WithNamespace(namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = keys.LabelApp + "=" + keys.LabelAppValue
+		}))
+	wires := informers.NewSharedInformerFactoryWithOptions(cs, 0,
+		informers.WithNamespace(namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = resources.SelectorWires }))
+	pods := sandboxes.Core().V1().Pods().Informer()
+	if err := pods.AddIndexers(cache.Indexers{router.IDIndex: router.IndexByID}); err != nil {
+		return nil, fmt.Errorf("pod id index: %w", err)
+	}
+	return &caches{
+		resolver: router.Cache{
+			Pods:     pods.GetIndexer(),
+			Services: sandboxes.Core().V1().Services().Lister().Services(namespace),
+			Wires:    wires.Core().V1().Services().Lister().Services(namespace),
+		},
+		factories: []informers.SharedInformerFactory{sandboxes, wires},
+	}, nil
+}
+
+func (c *caches) start(stop <-chan struct{}) {
+	for _, f := range c.factories {
+		f.Start(stop)
+	}
+}
+
+// sync waits for every cache's first list; false if stopped first.
+func (c *caches) sync(stop <-chan struct{}) bool {
+	for _, f := range c.factories {
+		if !allTrue(f.WaitForCacheSync(stop)) {
+			return false
+		}
+	}
+	return true
 }
 
 // newServer serves h over HTTP/1.1 and over HTTP/2 without TLS (h2c with
