@@ -97,8 +97,14 @@ func New(o Options) *Handler {
 		// Server-streamed Connect responses (process output, watches) and
 		// downloads reach the client as the sandbox writes them.
 		FlushInterval: -1,
-		ErrorHandler:  h.upstreamError,
-		ErrorLog:      slog.NewLogLogger(o.Log.Handler(), slog.LevelWarn),
+		ModifyResponse: func(res *http.Response) error {
+			if rt, ok := res.Request.Context().Value(routeKey{}).(*route); ok {
+				rt.upstream, rt.upstreamAt = res.StatusCode, time.Now()
+			}
+			return nil
+		},
+		ErrorHandler: h.upstreamError,
+		ErrorLog:     slog.NewLogLogger(o.Log.Handler(), slog.LevelWarn),
 	}
 	return h
 }
@@ -112,6 +118,10 @@ type route struct {
 	kind    string
 	target  Target
 	request string // the request id
+	// upstream is the sandbox's status: an upgrade (101) is answered on
+	// the hijacked connection, past the recorder.
+	upstream   int
+	upstreamAt time.Time
 }
 
 func rewrite(pr *httputil.ProxyRequest) {
@@ -145,10 +155,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.opts.Metrics.flight(1)
 	defer func() {
 		h.opts.Metrics.flight(-1)
-		if rec.code == 0 {
+		switch {
+		case rec.code == 0 && rt.upstream == http.StatusSwitchingProtocols:
+			rec.code, rec.at = rt.upstream, rt.upstreamAt
+		case rec.code == 0:
 			// Nothing answered (a panic below, or an aborted stream).
-			rec.code = http.StatusBadGateway
-			rec.at = time.Now()
+			rec.code, rec.at = http.StatusBadGateway, time.Now()
 		}
 		h.opts.Metrics.observe(strconv.Itoa(rec.code), rt.kind, rec.at.Sub(start).Seconds())
 	}()

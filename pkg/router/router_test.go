@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -469,4 +470,55 @@ func FuzzHeaders(f *testing.F) {
 			t.Errorf("id %q port %q token %q: %d %s; want a 4xx", id, port, token, w.Code, w.Body)
 		}
 	})
+}
+
+// TestUpgrades: a connection upgrade (a WebSocket to an app's port) goes
+// through, both ways, and counts as the sandbox's 101.
+func TestUpgrades(t *testing.T) {
+	h := newHarness(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") != "echo" {
+			http.Error(w, "want an upgrade", 400)
+			return
+		}
+		conn, rw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		rw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		rw.Flush()
+		line, _ := rw.ReadString('\n')
+		rw.WriteString("echo: " + line)
+		rw.Flush()
+	}, nil)
+	conn, err := net.Dial("tcp", h.router.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(conn, "GET /ws HTTP/1.1\r\nHost: router\r\nConnection: Upgrade\r\nUpgrade: echo\r\n%s: abc\r\n%s: 3000\r\n%s: %s\r\n\r\n",
+		HeaderSandboxID, HeaderSandboxPort, HeaderTrafficToken, trafficToken)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("answer %d; want 101", resp.StatusCode)
+	}
+	fmt.Fprint(conn, "hello\n")
+	if line, _ := br.ReadString('\n'); line != "echo: hello\n" {
+		t.Errorf("read %q after the upgrade; want the echo", line)
+	}
+	conn.Close()
+	// The count lands when the router's handler returns, after the
+	// tunnel closes.
+	deadline := time.Now().Add(5 * time.Second)
+	for counter(t, h.metrics.requests.WithLabelValues("101", KindTraffic)) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("requests_total{code=101,port_kind=traffic} never reached 1")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
