@@ -133,12 +133,14 @@ func rewrite(pr *httputil.ProxyRequest) {
 	h := pr.Out.Header
 	h.Del("Forwarded")
 	pr.SetXForwarded()
-	// The routing headers are the router's; the traffic token is for the
-	// router alone. The envd token goes on to the agent (which checks it
+	// E2B's headers (the routing ones, the traffic token) are the
+	// router's alone. The envd token goes on to the agent (which checks it
 	// too) and to no other port.
-	h.Del(HeaderSandboxID)
-	h.Del(HeaderSandboxPort)
-	h.Del(HeaderTrafficToken)
+	for k := range h {
+		if strings.HasPrefix(k, "E2b-") {
+			delete(h, k)
+		}
+	}
 	if rt.kind != KindEnvd {
 		h.Del(HeaderAccessToken)
 	}

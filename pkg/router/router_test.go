@@ -159,7 +159,7 @@ func TestForwardsByHeaders(t *testing.T) {
 			req := h.request(t, http.MethodPost, strings.NewReader("hello"), map[string]string{
 				HeaderSandboxID: "abc", HeaderSandboxPort: r.port,
 				"X-Forwarded-For": "6.6.6.6", "Forwarded": "for=6.6.6.6", reqid.Header: "req-1",
-				"Content-Type": "application/json",
+				"Content-Type": "application/json", "E2b-Sandbox-Domain": "e2b.app",
 			})
 			for k, v := range tokens {
 				req.Header.Set(k, v)
@@ -187,7 +187,7 @@ func TestForwardsByHeaders(t *testing.T) {
 			if dialed != r.dial {
 				t.Errorf("dialled %s; want %s", dialed, r.dial)
 			}
-			for _, k := range []string{HeaderSandboxID, HeaderSandboxPort, r.dropHeader, "Forwarded"} {
+			for _, k := range []string{HeaderSandboxID, HeaderSandboxPort, r.dropHeader, "Forwarded", "E2b-Sandbox-Domain", HeaderTrafficToken} {
 				if v := s.Header.Values(k); len(v) > 0 {
 					t.Errorf("the sandbox got %s: %q; want it stripped", k, v)
 				}
