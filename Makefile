@@ -52,6 +52,11 @@ deploy:
 node:
 	hack/node-images.sh
 
+## e2b: install E2B's SDK (test/e2b's pinned e2b package) into the cache with npm ci, for the tests that judge the E2B API with it
+.PHONY: e2b
+e2b:
+	hack/install-e2b.sh
+
 ## knative: build real Knative Serving, Eventing, Traefik and CoreDNS (cached) and bring up the local Knative cluster on the real node
 .PHONY: knative
 knative:
@@ -90,7 +95,7 @@ test-unit:
 
 ## test-e2e: run the end-to-end suite against a kwok cluster and a real node it starts itself (REAL_NODE=0: kwok only)
 .PHONY: test-e2e
-test-e2e: tools image node
+test-e2e: tools image node e2b
 	$(GO) test -tags e2e -count=1 -timeout $(E2E_TIMEOUT) -v ./test/e2e/... 2>&1 | hack/summarize-tests.sh
 
 ## test-run: `make run NODE=real` starts every time: after Ctrl-C, kill -9 or kill of make, beside plain `make run` (root; after test-e2e, never beside it)
@@ -137,10 +142,12 @@ verify:
 	hack/verify-gomod.sh
 	hack/verify-templates.sh
 	hack/verify-layout.sh
+	hack/verify-codegen.sh
 	hack/verify-ci.sh
 
-## update: apply gofmt and go mod tidy
+## update: apply gofmt and go mod tidy, and regenerate the agent's Connect code from its protos
 .PHONY: update
 update:
 	hack/update-gofmt.sh
 	hack/update-gomod.sh
+	hack/update-codegen.sh

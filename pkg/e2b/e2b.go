@@ -16,7 +16,9 @@ package e2b
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base32"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -277,11 +279,14 @@ func (a *API) create(w http.ResponseWriter, r *http.Request) int {
 		return fail(w, err)
 	}
 	id := newID()
-	req := api.CreateRequest{SandboxID: id, Template: name, Env: body.EnvVars,
-		// DeerFlow's mounts, where the template keeps them, give the sandbox
-		// a data directory of its own (its id as the thread), which a pause
-		// keeps; no thread id would share one directory between sandboxes.
-		ThreadID: &id}
+	// E2B has no users or threads; every create here names both, and each
+	// is owned by one principal (package ownership). The principal's own
+	// E2B user and thread keep its E2B sandboxes apart from every other
+	// principal's, with one ownership record each (not one per sandbox);
+	// where a template keeps DeerFlow's mounts, the principal's E2B
+	// sandboxes share that thread's data directory, which a pause keeps.
+	owner := OwnerID(c.Records())
+	req := api.CreateRequest{SandboxID: id, Template: name, Env: body.EnvVars, UserID: &owner, ThreadID: &owner}
 	if body.Timeout != nil && *body.Timeout > 0 {
 		req.IdleTimeoutSeconds = body.Timeout
 	}
@@ -664,6 +669,13 @@ func matches(have, want map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// OwnerID is the user and thread id of principal's E2B sandboxes: a hash,
+// as a principal's name need not be a valid id.
+func OwnerID(principal string) string {
+	sum := sha256.Sum256([]byte(principal))
+	return "e2b-" + hex.EncodeToString(sum[:8])
 }
 
 // newID is an E2B-looking sandbox id: 20 characters of lower-case base32

@@ -225,8 +225,8 @@ func TestCreateAnswersE2BsSandboxWithItsTokens(t *testing.T) {
 	if spec.EnvdTokenHash != access.Hash(key.Token(access.Envd, tok)) {
 		t.Error("the agent is not given the hash of the token the create answers")
 	}
-	if spec.IdleTimeout != 120*time.Second || spec.Env["A"] != "1" || spec.Metadata["run"] != "r1" || spec.ThreadID != id {
-		t.Errorf("spec: idle %s env %v metadata %v thread %q; want 2m, A=1, run=r1, the id as thread", spec.IdleTimeout, spec.Env, spec.Metadata, spec.ThreadID)
+	if spec.IdleTimeout != 120*time.Second || spec.Env["A"] != "1" || spec.Metadata["run"] != "r1" || spec.ThreadID != OwnerID("alice") || spec.UserID != OwnerID("alice") {
+		t.Errorf("spec: idle %s env %v metadata %v user %q thread %q; want 2m, A=1, run=r1, alice's E2B owner id as both", spec.IdleTimeout, spec.Env, spec.Metadata, spec.UserID, spec.ThreadID)
 	}
 	if len(id) != 20 {
 		t.Errorf("id %q: want 20 characters, as E2B's", id)

@@ -17,12 +17,25 @@ import (
 // hack/proxy-image.sh.
 const ProxyImage = "localhost/sandbox-egress-proxy:e2e"
 
+// The E2B parts, built here: the agent (cmd/envd, hack/envd-image.sh), the
+// router (cmd/router, hack/router-image.sh), and the sandbox stand-in with
+// a shell beside it (hack/node-images.sh), which E2B's SDK needs: it runs
+// every command as /bin/bash -l -c.
+const (
+	EnvdImage         = "localhost/sandbox-envd:e2e"
+	RouterImage       = "localhost/sandbox-router:e2e"
+	ShellSandboxImage = "localhost/sandbox-shell:e2e"
+)
+
 func (n *Node) importImages(ctx context.Context) error {
 	for _, img := range []struct{ file, ref string }{
 		{"pause.tar", "localhost/pause:e2e"},
 		{"sandbox.tar", SandboxImage},
 		{"kube-network-policies.tar", policyAgentImage()},
 		{"proxy.tar", ProxyImage},
+		{"envd.tar", EnvdImage},
+		{"router.tar", RouterImage},
+		{"sandbox-shell.tar", ShellSandboxImage},
 	} {
 		if _, err := n.ctr(ctx, "images", "import", "--platform", "linux/amd64", filepath.Join(n.paths.ImagesDir, img.file)); err != nil {
 			return err

@@ -38,12 +38,46 @@ const ProxyName = "sandbox-egress-proxy"
 //
 // `make run NODE=real` and the real-node tests both deploy it this way.
 func DeployProxy(ctx context.Context, client kubernetes.Interface, manifest, ns string) error {
+	return deploy(ctx, client, manifest, ns, ProxyName, ProxyImage, corev1.EnvVar{Name: "PROXY_RESOLVER", Value: PublicResolver})
+}
+
+// RouterName is the E2B router's Deployment and Service, as config/ names
+// them; RouterKeySecret the Secret of the key it checks tokens with.
+const (
+	RouterName      = "sandbox-router"
+	RouterKeySecret = "sandbox-e2b-key"
+)
+
+// DeployRouter applies the E2B router's manifest (config/310-router.yaml)
+// into ns, with key as its token key (the Secret RouterKeySecret, which an
+// operator creates: no key is shipped), and waits until its replicas are
+// Ready. As shipped, but for the image (RouterImage, built here) and the
+// node (the real node).
+func DeployRouter(ctx context.Context, client kubernetes.Interface, manifest, ns string, key []byte) error {
+	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("namespace %s for the router: %w", ns, err)
+	}
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: RouterKeySecret, Namespace: ns}, Data: map[string][]byte{"key": key}}
+	if _, err := client.CoreV1().Secrets(ns).Create(ctx, secret, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
+		_, err = client.CoreV1().Secrets(ns).Update(ctx, secret, metav1.UpdateOptions{})
+		if err != nil {
+			return fmt.Errorf("the router's key: %w", err)
+		}
+	} else if err != nil {
+		return fmt.Errorf("the router's key: %w", err)
+	}
+	return deploy(ctx, client, manifest, ns, RouterName, RouterImage)
+}
+
+// deploy applies a component's manifest into ns, its Deployment on the real
+// node with image and env added, and waits until its replicas are Ready.
+func deploy(ctx context.Context, client kubernetes.Interface, manifest, ns, name, image string, env ...corev1.EnvVar) error {
 	objs, err := readManifest(manifest)
 	if err != nil {
 		return err
 	}
 	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("namespace %s for the egress proxy: %w", ns, err)
+		return fmt.Errorf("namespace %s for %s: %w", ns, name, err)
 	}
 	for _, o := range objs {
 		o.SetNamespace(ns)
@@ -59,7 +93,7 @@ func DeployProxy(ctx context.Context, client kubernetes.Interface, manifest, ns 
 				return err
 			}
 		case "Deployment":
-			if err := onTheRealNode(o); err != nil {
+			if err := onTheRealNode(o, image, env); err != nil {
 				return err
 			}
 		}
@@ -67,8 +101,8 @@ func DeployProxy(ctx context.Context, client kubernetes.Interface, manifest, ns 
 			return err
 		}
 	}
-	return poll(ctx, 90*time.Second, "the egress proxy's replicas Ready", func(ctx context.Context) (bool, error) {
-		d, err := client.AppsV1().Deployments(ns).Get(ctx, ProxyName, metav1.GetOptions{})
+	return poll(ctx, 90*time.Second, name+"'s replicas Ready", func(ctx context.Context) (bool, error) {
+		d, err := client.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -77,8 +111,8 @@ func DeployProxy(ctx context.Context, client kubernetes.Interface, manifest, ns 
 	})
 }
 
-// onTheRealNode points the proxy's Deployment at this machine's stand-ins.
-func onTheRealNode(o *unstructured.Unstructured) error {
+// onTheRealNode points a Deployment at this machine's stand-ins.
+func onTheRealNode(o *unstructured.Unstructured, image string, env []corev1.EnvVar) error {
 	var d appsv1.Deployment
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &d); err != nil {
 		return err
@@ -88,11 +122,11 @@ func onTheRealNode(o *unstructured.Unstructured) error {
 	spec.Tolerations = append(spec.Tolerations, Toleration)
 	spec.TerminationGracePeriodSeconds = ptr.To[int64](2)
 	if len(spec.Containers) != 1 {
-		return fmt.Errorf("the egress proxy's Deployment has %d containers, want 1", len(spec.Containers))
+		return fmt.Errorf("the Deployment %s has %d containers, want 1", d.Name, len(spec.Containers))
 	}
 	c := &spec.Containers[0]
-	c.Image, c.ImagePullPolicy = ProxyImage, corev1.PullNever
-	c.Env = append(c.Env, corev1.EnvVar{Name: "PROXY_RESOLVER", Value: PublicResolver})
+	c.Image, c.ImagePullPolicy = image, corev1.PullNever
+	c.Env = append(c.Env, env...)
 	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&d)
 	if err != nil {
 		return err
@@ -146,7 +180,7 @@ func apply(ctx context.Context, client kubernetes.Interface, o *unstructured.Uns
 	case "PodDisruptionBudget":
 		rc, resource = client.PolicyV1().RESTClient(), "poddisruptionbudgets"
 	default:
-		return fmt.Errorf("the egress proxy's manifest has a %s, which DeployProxy does not know", o.GetKind())
+		return fmt.Errorf("the manifest has a %s, which deploy does not know", o.GetKind())
 	}
 	body, err := json.Marshal(o.Object)
 	if err != nil {
