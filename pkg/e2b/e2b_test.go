@@ -19,6 +19,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/auth"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/envd"
 	"github.com/deerflow-sandbox/provisioner/pkg/fairness"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/metrics"
@@ -408,5 +409,13 @@ func TestUnknownEndpointsSaySo(t *testing.T) {
 	got := call(t, a, "POST", "/templates", aliceKey, `{}`)
 	if got.code != 404 || !strings.Contains(got.body["message"].(string), "no template builds") {
 		t.Errorf("= %d %v; want 404 saying what is offered", got.code, got.body)
+	}
+}
+
+// TestEnvdVersionIsTheAgents: the version this API reports is the one the
+// agent implements; the SDK turns features on and off by it.
+func TestEnvdVersionIsTheAgents(t *testing.T) {
+	if EnvdVersion != envd.Version {
+		t.Errorf("e2b.EnvdVersion = %q, the agent's envd.Version = %q: keep them equal", EnvdVersion, envd.Version)
 	}
 }
