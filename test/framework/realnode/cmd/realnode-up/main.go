@@ -45,9 +45,17 @@ func run() error {
 	imageTar := flag.String("image-tar", "", "an image archive (docker save or OCI) to import as the sandbox image")
 	imageRef := flag.String("image", "", "the sandbox image's reference inside -image-tar")
 	proxyManifest := flag.String("proxy-manifest", "", "the egress proxy's manifest (config/300-egress-proxy.yaml) to deploy onto the node; none when empty")
+	var e e2bFlags
+	flag.StringVar(&e.routerManifest, "router-manifest", "", "the E2B router's manifest (config/310-router.yaml) to deploy onto the node; no E2B when empty")
+	flag.StringVar(&e.policy, "router-policy", "", "the router's sandbox NetworkPolicy (config/702-networkpolicy-router.yaml), with -router-manifest")
+	flag.StringVar(&e.keyFile, "e2b-key-file", "", "where to write the function's copy of the E2B token key (E2B_TOKEN_KEY_FILE), with -router-manifest")
+	flag.StringVar(&e.clientFile, "e2b-client-file", "", "where to write E2B_SANDBOX_URL for an E2B client on this machine, with -router-manifest")
 	flag.Parse()
 	if *kubeconfig == "" || *pki == "" || *base == "" || *envFile == "" {
 		return fmt.Errorf("-kubeconfig, -pki-dir, -host-base and -env-file are required")
+	}
+	if err := e.check(); err != nil {
+		return err
 	}
 	if (*imageTar == "") != (*imageRef == "") {
 		return fmt.Errorf("-image-tar and -image go together: the archive and the reference to run from it")
@@ -79,13 +87,15 @@ func run() error {
 	}
 
 	env := realnode.FunctionEnv(*base)
+	// The function's namespace (its K8S_NAMESPACE default), where the
+	// proxy, the router and the sandboxes run, as config/ deploys them.
+	ns := os.Getenv("K8S_NAMESPACE")
+	if ns == "" {
+		ns = "deer-flow"
+	}
 	if *proxyManifest != "" {
 		// The proxy allowlist sandboxes go through, always on beside the
 		// function, as config/ deploys it.
-		ns := os.Getenv("K8S_NAMESPACE")
-		if ns == "" {
-			ns = "deer-flow"
-		}
 		pctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 		err := realnode.DeployProxy(pctx, client, *proxyManifest, ns)
 		cancel()
@@ -93,6 +103,14 @@ func run() error {
 			return fmt.Errorf("the egress proxy did not start: %w", err)
 		}
 		slog.Info("egress proxy Ready", "namespace", ns, "resolver", realnode.PublicResolver)
+	}
+	if e.routerManifest != "" {
+		ectx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		err := e.setUp(ectx, client, ns, env)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("E2B (the router, its key, its policy and the base template): %w", err)
+		}
 	}
 	if *imageTar != "" {
 		if err := node.ImportArchive(ctx, *imageTar, *imageRef); err != nil {
