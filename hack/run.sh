@@ -7,6 +7,11 @@
 # cluster, so sandboxes run in real containers and their URLs answer: the
 # stand-in sandbox image by default, or an operator's own image from an
 # archive (SANDBOX_IMAGE_TAR=path/to/image.tar SANDBOX_IMAGE=its/reference).
+# It also serves E2B's SDK (docs/e2b.md): the router on the node, the token
+# key (Secret sandbox-e2b-key, kept between runs), the agent's image and a
+# template `base` carrying it; it prints E2B_API_URL, E2B_SANDBOX_URL and
+# E2B_API_KEY ready to paste. Plain `make run` has no E2B: its sandboxes run
+# nowhere (kwok), so no agent could answer.
 #
 # A NODE=real run that is stopped (Ctrl-C, SIGTERM) takes its node down. One
 # that was killed (kill -9, a closed terminal) leaves it behind, and the next
@@ -154,11 +159,17 @@ node_failed() {
 
 if [[ "$NODE" == real ]]; then
   envfile="$state/function.env"
-  rm -f "$envfile"
+  # E2B's client side: the router's address, and the function's copy of
+  # the token key (realnode-up writes both before $envfile).
+  e2bfile="$state/e2b-client.env"
+  e2bkey="$state/e2b-token-key"
+  rm -f "$envfile" "$e2bfile"
   log "building the real node's launcher"
   (cd "$REPO_ROOT" && go build -o "$state/realnode-up" ./test/framework/realnode/cmd/realnode-up)
   args=(-kubeconfig "$KUBECONFIG" -pki-dir "$(dirname "$KUBECONFIG")/pki" -host-base "$state/deer-flow" -env-file "$envfile"
-    -proxy-manifest "$REPO_ROOT/config/300-egress-proxy.yaml")
+    -proxy-manifest "$REPO_ROOT/config/300-egress-proxy.yaml"
+    -router-manifest "$REPO_ROOT/config/310-router.yaml" -router-policy "$REPO_ROOT/config/702-networkpolicy-router.yaml"
+    -e2b-key-file "$e2bkey" -e2b-client-file "$e2bfile")
   if [[ -n "${SANDBOX_IMAGE_TAR:-}" ]]; then
     args+=(-image-tar "$SANDBOX_IMAGE_TAR" -image "$SANDBOX_IMAGE")
   fi
@@ -188,6 +199,9 @@ if [[ "$NODE" == real ]]; then
   node_up=1
   while IFS='=' read -r k v; do export "$k=$v"; done <"$envfile"
   log "real node Ready: sandboxes run in real containers (image $SANDBOX_IMAGE)"
+  # Not exported: the client's setting, not the function's.
+  e2b_sandbox_url=$(sed -n 's/^E2B_SANDBOX_URL=//p' "$e2bfile")
+  [[ -n "$e2b_sandbox_url" ]] || die "the real node wrote no E2B_SANDBOX_URL to $e2bfile"
 fi
 
 url="http://$LISTEN_ADDRESS"
@@ -201,6 +215,23 @@ cat >&2 <<MSG
   func invoke --target $url --format http --data '{"operation":"list","api_key":"$PROVISIONER_API_KEY"}'
 
 MSG
+if [[ "$NODE" == real ]]; then
+  cat >&2 <<MSG
+  E2B's SDK (docs/e2b.md; its default template, base, carries the agent), ready to paste:
+
+  export E2B_API_URL=$url/e2b
+  export E2B_SANDBOX_URL=$e2b_sandbox_url
+  export E2B_API_KEY=$PROVISIONER_API_KEY
+
+  curl -s -X POST $url/e2b/sandboxes -H 'X-API-Key: $PROVISIONER_API_KEY' -H 'Content-Type: application/json' -d '{"templateID":"base"}'
+
+MSG
+else
+  cat >&2 <<MSG
+  No E2B here: kwok runs no container, so no sandbox's agent could answer (make run NODE=real serves E2B's SDK).
+
+MSG
+fi
 if [[ "$NODE" == real ]]; then
   # Not exec: the trap above takes the node down when the function stops.
   # The subshell records the function's pid (exec keeps it) for a later run

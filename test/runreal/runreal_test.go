@@ -8,8 +8,10 @@ package runreal
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net/http"
 	"os"
@@ -42,7 +44,9 @@ const startBound = 4 * time.Minute
 // stopped by SIGTERM to make alone (`kill <pid>`, timeout(1)), after which
 // nothing that was under make may still run. The second start failed
 // before (issue 33: the kube-dns stand-in's Service, left in the cluster,
-// refused a second create). After the last stop nothing of the node is left
+// refused a second create). Each real start also serves E2B's SDK with the
+// lines it printed (issue 48: create, the agent through the router,
+// delete); plain `make run` prints none. After the last stop nothing of the node is left
 // on the machine: no process, mount, network namespace or NAT chain of it,
 // and the kernel settings it changed are back.
 func TestMakeRunRealStartsEveryTime(t *testing.T) {
@@ -149,7 +153,8 @@ func (u *user) start(node string) *run {
 }
 
 // sandbox creates a sandbox through the API and waits for it to be Ready;
-// on the real node, its URL must answer too.
+// on the real node, its URL must answer too, and E2B works with the lines
+// the run printed (e2b). Plain `make run` prints no E2B line.
 func (r *run) sandbox(id string) {
 	t := r.u.t
 	t.Helper()
@@ -158,6 +163,11 @@ func (r *run) sandbox(id string) {
 		t.Fatalf("start %d: create %s: %v %d %v\n%s", r.n, id, err, code, sb, r.Tail(20))
 	}
 	if !r.real {
+		for _, name := range e2bLines {
+			if v, ok := r.Printed(name); ok {
+				t.Fatalf("start %d: plain make run printed %s=%s, but kwok runs no agent", r.n, name, v)
+			}
+		}
 		return
 	}
 	url, _ := sb["sandbox_url"].(string)
@@ -167,7 +177,7 @@ func (r *run) sandbox(id string) {
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
-				return
+				break
 			}
 		}
 		if time.Now().After(deadline) {
@@ -175,6 +185,81 @@ func (r *run) sandbox(id string) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	r.e2b()
+}
+
+// e2bLines are the settings `make run NODE=real` prints for E2B's SDK.
+var e2bLines = []string{"E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY"}
+
+// e2b uses the E2B lines the run printed as E2B's SDK does
+// (/tmp/e2bpkg's dist: X-API-Key on the control plane; the envd token as
+// X-Access-Token and the sandbox in E2b-Sandbox-Id/Port on the router):
+// a create of the SDK's default template answers 201 with an envd token,
+// the agent's /health answers 204 through the router, and the delete 204.
+// The key (sandbox-e2b-key) is kept between runs, so later starts check
+// the key an earlier one made.
+func (r *run) e2b() {
+	t := r.u.t
+	t.Helper()
+	got := map[string]string{}
+	for _, name := range e2bLines {
+		v, ok := r.Printed(name)
+		if !ok {
+			t.Fatalf("start %d: make run NODE=real printed no %s=… line to paste:\n%s", r.n, name, r.Tail(30))
+		}
+		got[name] = v
+	}
+	if got["E2B_API_URL"] != r.URL+"/e2b" || got["E2B_API_KEY"] != key {
+		t.Fatalf("start %d: printed E2B_API_URL=%s E2B_API_KEY=%s, want %s/e2b and the run's key %s", r.n, got["E2B_API_URL"], got["E2B_API_KEY"], r.URL, key)
+	}
+	c := &http.Client{Timeout: 90 * time.Second}
+	call := func(method, url string, body []byte, header map[string]string) (int, []byte, error) {
+		req, err := http.NewRequest(method, url, bytes.NewReader(body))
+		if err != nil {
+			return 0, nil, err
+		}
+		for k, v := range header {
+			req.Header.Set(k, v)
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			return 0, nil, err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return resp.StatusCode, b, err
+	}
+	apiKey := map[string]string{"X-API-Key": got["E2B_API_KEY"], "Content-Type": "application/json"}
+	start := time.Now()
+	code, body, err := call("POST", got["E2B_API_URL"]+"/sandboxes", []byte(`{"templateID":"base"}`), apiKey)
+	var sb struct {
+		SandboxID       string `json:"sandboxID"`
+		EnvdAccessToken string `json:"envdAccessToken"`
+	}
+	if err == nil {
+		err = json.Unmarshal(body, &sb)
+	}
+	if err != nil || code != http.StatusCreated || sb.SandboxID == "" || sb.EnvdAccessToken == "" {
+		t.Fatalf("start %d: E2B create of template base: %v %d %s\n%s", r.n, err, code, body, r.Tail(20))
+	}
+	envd := map[string]string{"E2b-Sandbox-Id": sb.SandboxID, "E2b-Sandbox-Port": "49983", "X-Access-Token": sb.EnvdAccessToken}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		code, body, err = call("GET", got["E2B_SANDBOX_URL"]+"/health", nil, envd)
+		if err == nil && code == http.StatusNoContent {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("start %d: the E2B sandbox %s's agent did not answer 204 at %s/health within 15 s (last: %v %d %s)",
+				r.n, sb.SandboxID, got["E2B_SANDBOX_URL"], err, code, body)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	code, body, err = call("DELETE", got["E2B_API_URL"]+"/sandboxes/"+sb.SandboxID, nil, apiKey)
+	if err != nil || code != http.StatusNoContent {
+		t.Fatalf("start %d: E2B delete of %s: %v %d %s", r.n, sb.SandboxID, err, code, body)
+	}
+	t.Logf("start %d: E2B create, the agent through the router and delete in %s", r.n, time.Since(start).Round(time.Millisecond))
 }
 
 // stop is Ctrl-C: the run takes its node down and ends.

@@ -254,6 +254,26 @@ func (r *Run) Kill() {
 	}
 }
 
+// Printed is the value of the setting name that make's output shows as a
+// line to paste ("export NAME=value" or "NAME=value", the last one), and
+// whether it shows one.
+func (r *Run) Printed(name string) (string, bool) {
+	b, err := os.ReadFile(r.o.Log)
+	if err != nil {
+		return "", false
+	}
+	return printed(string(b), name)
+}
+
+func printed(out, name string) (string, bool) {
+	re := regexp.MustCompile(`(?m)^\s*(?:export\s+)?` + regexp.QuoteMeta(name) + `=(\S+)\s*$`)
+	m := re.FindAllStringSubmatch(out, -1)
+	if m == nil {
+		return "", false
+	}
+	return m[len(m)-1][1], true
+}
+
 // Tail is the last n lines of make's output.
 func (r *Run) Tail(n int) string {
 	b, err := os.ReadFile(r.o.Log)
