@@ -257,6 +257,45 @@ func TestFromPodTemplateAllowLists(t *testing.T) {
 	}
 }
 
+// TestEnvdSetting: sandbox.deerflow.dev/envd puts the agent into the
+// template's sandboxes, when the operator has set its image.
+func TestEnvdSetting(t *testing.T) {
+	tests := []struct {
+		name, value, image string
+		want               bool
+		refused            string // in the error; "" for none
+	}{
+		{"unset", "", "registry.example/envd:1", false, ""},
+		{"on", "true", "registry.example/envd:1", true, ""},
+		{"off", "false", "", false, ""},
+		{"not a bool", "yes", "registry.example/envd:1", false, `"yes": want true or false`},
+		{"on without the agent's image", "true", "", false, "SANDBOX_ENVD_IMAGE"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv("SANDBOX_ENVD_IMAGE", tt.image)
+			pt := python()
+			if tt.value != "" {
+				pt.Annotations[keys.TemplateEnvd] = tt.value
+			}
+			got, err := FromPodTemplate(pt, testConfig(t).Objects())
+			if tt.refused != "" {
+				var te *Error
+				if !errors.As(err, &te) || te.Field != "metadata.annotations["+keys.TemplateEnvd+"]" || !strings.Contains(te.Reason, tt.refused) {
+					t.Fatalf("error %v; want one on %s saying %q", err, keys.TemplateEnvd, tt.refused)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Envd != tt.want || Summarize(got).Envd != tt.want {
+				t.Errorf("Envd %v (summary %v), want %v", got.Envd, Summarize(got).Envd, tt.want)
+			}
+		})
+	}
+}
+
 func TestPoolSetting(t *testing.T) {
 	tests := []struct {
 		name        string
@@ -273,9 +312,11 @@ func TestPoolSetting(t *testing.T) {
 		{"not a number", map[string]string{keys.TemplatePoolSize: "many", keys.TemplateDeerFlowMounts: "false"}, 0, `"many": want a whole number from 0 to 10`},
 		{"per-request data", map[string]string{keys.TemplatePoolSize: "2"}, 0, "a pool on a template whose Pods need per-request data"},
 		{"ReplicaSet kind", map[string]string{keys.TemplatePoolSize: "2", keys.TemplateDeerFlowMounts: "false", keys.TemplateKind: KindReplicaSet}, 0, "a pool serves templates of"},
+		{"the E2B agent", map[string]string{keys.TemplatePoolSize: "2", keys.TemplateDeerFlowMounts: "false", keys.TemplateEnvd: "true"}, 0, "a pool of E2B sandboxes is not kept"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv("SANDBOX_ENVD_IMAGE", "registry.example/envd:1") // the E2B row needs it
 			pt := python()
 			for k, v := range tt.annotations {
 				pt.Annotations[k] = v
