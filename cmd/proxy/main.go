@@ -22,7 +22,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -34,19 +33,17 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	listerscorev1 "k8s.io/client-go/listers/core/v1"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/egress"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/kube"
+	"github.com/deerflow-sandbox/provisioner/pkg/monitor"
 	"github.com/deerflow-sandbox/provisioner/pkg/proxy"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 )
@@ -112,18 +109,9 @@ func run(log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 
-	cfg, err := rest.InClusterConfig()
+	cs, err := kube.InClusterClient()
 	if err != nil {
-		// Outside a cluster (a local run): the usual kubeconfig.
-		cfg, err = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
-			clientcmd.NewDefaultClientConfigLoadingRules(), nil).ClientConfig()
-		if err != nil {
-			return fmt.Errorf("no in-cluster config and no usable kubeconfig: %w", err)
-		}
-	}
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return fmt.Errorf("kubernetes client: %w", err)
+		return err
 	}
 	factory := informers.NewSharedInformerFactoryWithOptions(cs, 0,
 		informers.WithNamespace(set.namespace),
@@ -166,23 +154,7 @@ func run(log *slog.Logger) error {
 		ShutdownGrace: shutdownGrace,
 	}
 
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !ready.Load() || ctx.Err() != nil {
-			http.Error(w, "not ready: the Pod and Service caches have not synced", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
-	msrv := &http.Server{Addr: set.metricsAddr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		if err := msrv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("metrics server", "error", err.Error())
-			stop()
-		}
-	}()
+	msrv := monitor.Start(ctx, set.metricsAddr, reg, ready.Load, "the Pod and Service caches have not synced", log, stop)
 
 	ln, err := net.Listen("tcp", set.addr)
 	if err != nil {

@@ -35,16 +35,15 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/access"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/kube"
+	"github.com/deerflow-sandbox/provisioner/pkg/monitor"
 	"github.com/deerflow-sandbox/provisioner/pkg/router"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 )
@@ -95,18 +94,9 @@ func run(log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 
-	cfg, err := rest.InClusterConfig()
+	cs, err := kube.InClusterClient()
 	if err != nil {
-		// Outside a cluster (a local run): the usual kubeconfig.
-		cfg, err = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
-			clientcmd.NewDefaultClientConfigLoadingRules(), nil).ClientConfig()
-		if err != nil {
-			return fmt.Errorf("no in-cluster config and no usable kubeconfig: %w", err)
-		}
-	}
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return fmt.Errorf("kubernetes client: %w", err)
+		return err
 	}
 	c, err := newCaches(cs, set.namespace)
 	if err != nil {
@@ -129,23 +119,7 @@ func run(log *slog.Logger) error {
 	}
 	h := router.New(router.Options{Resolver: c.resolver, Key: set.key, Log: log, Metrics: metrics})
 
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !ready.Load() || ctx.Err() != nil {
-			http.Error(w, "not ready: the Pod and Service caches have not synced", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
-	msrv := &http.Server{Addr: set.metricsAddr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		if err := msrv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("metrics server", "error", err.Error())
-			stop()
-		}
-	}()
+	msrv := monitor.Start(ctx, set.metricsAddr, reg, ready.Load, "the Pod and Service caches have not synced", log, stop)
 
 	srv := newServer(h)
 	ln, err := net.Listen("tcp", set.addr)

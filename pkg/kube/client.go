@@ -99,3 +99,23 @@ func Ping(ctx context.Context, client kubernetes.Interface, timeout time.Duratio
 	}
 	return nil
 }
+
+// InClusterClient is the client of an always-on component (the egress
+// proxy, the E2B router): its Pod's ServiceAccount, or outside a cluster (a
+// local run) the usual kubeconfig. Unlike the function's (NewClient), it
+// has client-go's defaults: such a component reads through informers.
+func InClusterClient() (kubernetes.Interface, error) {
+	rc, err := rest.InClusterConfig()
+	if err != nil {
+		rc, err = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(clientcmd.NewDefaultClientConfigLoadingRules(), nil).ClientConfig()
+		if err != nil {
+			return nil, fmt.Errorf("no in-cluster config and no usable kubeconfig: %w", err)
+		}
+	}
+	rc.UserAgent = UserAgent
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return cs, nil
+}
