@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # `make deploy-local`: deploys the function to the local Knative cluster
 # (make knative) as `make deploy` would to a real one: builds the
-# function's image and the egress proxy's, pushes them to a registry on
-# this machine (the node's containerd pulls both from there by digest) and
-# applies config/ through the test overlay test/overlays/knative-local
-# (only the images' digests, a generated API key Secret and what this
-# cluster needs differ). Waits until the Knative Service, the Broker, the
-# Triggers and the PingSource are Ready, then prints FUNCTION_URL=…,
-# PROVISIONER_API_KEY=… and KUBECONFIG=… on stdout.
+# function's image and its side images (the egress proxy's, the E2B
+# router's and agent's), pushes them to a registry on this machine (the
+# node's containerd pulls them from there by digest) and applies config/
+# through the test overlay test/overlays/knative-local (only the images'
+# digests, a generated API key Secret, a generated E2B token key Secret and
+# what this cluster needs differ). Waits until the Knative Service, the
+# Broker, the Triggers, the PingSource, the egress proxy and the E2B router
+# are Ready, then prints FUNCTION_URL=…, PROVISIONER_API_KEY=… and
+# KUBECONFIG=… on stdout.
 #
 # FUNCTION_URL is the function's own cluster-local route
 # (http://sandbox-provisioner.deer-flow.svc.cluster.local), reached through
@@ -57,10 +59,21 @@ if [[ -z "$key" ]]; then
   log "generated the API key Secret $NS/sandbox-provisioner"
 fi
 
+# E2B's token key (docs/e2b.md), which the function and the router share:
+# the cluster's own if it has one (its sandboxes' tokens stay valid), else
+# a new one, made before the function's revision that mounts it starts.
+if ! "$kubectl" -n "$NS" get secret sandbox-e2b-key >/dev/null 2>&1; then
+  # create, not apply: should the get above have failed for another
+  # reason, an existing key is never overwritten.
+  "$kubectl" -n "$NS" create secret generic sandbox-e2b-key --from-literal=key="$(head -c 48 /dev/urandom | base64 -w0)" >/dev/null
+  log "generated the E2B token key Secret $NS/sandbox-e2b-key"
+fi
+
 # The images for this machine's node only (hack/image.sh; the proxy's,
-# hack/proxy-image.sh, is this machine's by default). deploy.sh names the
-# proxy's $REGISTRY_ADDR/deer-flow/sandbox-egress-proxy:local, beside the
-# function's.
+# hack/proxy-image.sh, is this machine's by default, as are the router's
+# and the agent's). deploy.sh names them
+# $REGISTRY_ADDR/deer-flow/sandbox-egress-proxy:local, …/sandbox-router:local
+# and …/sandbox-envd:local, beside the function's.
 PLATFORM="linux/$(go env GOARCH)" KUSTOMIZE_DIR="$REPO_ROOT/test/overlays/knative-local" "$REPO_ROOT/hack/deploy.sh" "$REGISTRY_ADDR/deer-flow/sandbox-provisioner:local" >&2
 
 log "waiting for the Knative Service, the Broker, the Triggers and the PingSource to be Ready"
@@ -73,6 +86,9 @@ done
 # create.
 log "waiting for the egress proxy's replicas"
 "$kubectl" -n "$NS" rollout status deployment/sandbox-egress-proxy --timeout=180s >&2
+# The E2B router likewise: E2B clients reach no sandbox without it.
+log "waiting for the E2B router's replicas"
+"$kubectl" -n "$NS" rollout status deployment/sandbox-router --timeout=180s >&2
 
 url=$("$kubectl" -n "$NS" get ksvc sandbox-provisioner -o jsonpath='{.status.url}')
 host=${url#*://}

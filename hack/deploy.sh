@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Builds the function's image and the egress proxy's, pushes both to the
-# registry you name, and applies config/ with each image pinned to its
-# pushed digest.
+# Builds the function's image and its side images (the egress proxy's, the
+# E2B router's and the E2B agent's), pushes them to the registry you name,
+# and applies config/ with each image pinned to its pushed digest: the
+# router's Deployment, and the function's SANDBOX_ENVD_IMAGE, which
+# templates annotated sandbox.deerflow.dev/envd put into their sandboxes.
 #
 #   hack/deploy.sh IMAGE            e.g. registry.example.com/team/sandbox-provisioner:v1
 #   DRY_RUN=1 hack/deploy.sh IMAGE  build and push, print the manifests, apply nothing
@@ -10,9 +12,13 @@
 #   PROXY_IMAGE=REF hack/deploy.sh IMAGE     the egress proxy's name:tag; by default
 #                                   IMAGE's with the last path element replaced by
 #                                   sandbox-egress-proxy (…/team/sandbox-egress-proxy:v1)
-#   PROXY_GOARCH=arm64 hack/deploy.sh IMAGE  the proxy's architecture (default this
-#                                   machine's; amd64 or arm64): its image holds
-#                                   one, while the function's holds func's three
+#   ROUTER_IMAGE=REF, ENVD_IMAGE=REF  the same for the E2B router's and agent's
+#                                   (…/team/sandbox-router:v1, …/team/sandbox-envd:v1)
+#   PROXY_GOARCH=arm64 hack/deploy.sh IMAGE  the architecture of the proxy's, the
+#                                   router's and the agent's images (default this
+#                                   machine's; amd64 or arm64): each holds one,
+#                                   while the function's holds func's three. The
+#                                   agent runs in the sandboxes: their nodes'.
 #
 # config/kustomization.yaml is the deployable unit (`kubectl apply -k config/`);
 # this overlays it in a temporary directory, so the repository is not edited
@@ -32,18 +38,34 @@ tag=
 prefix=
 [[ "$IMAGE" == */* ]] && prefix="${IMAGE%/*}/"
 PROXY_IMAGE=${PROXY_IMAGE:-${prefix}sandbox-egress-proxy$tag}
-[[ "$PROXY_IMAGE" != *@* ]] || die "PROXY_IMAGE=$PROXY_IMAGE: give a name and tag; the digest comes from the push"
+ROUTER_IMAGE=${ROUTER_IMAGE:-${prefix}sandbox-router$tag}
+ENVD_IMAGE=${ENVD_IMAGE:-${prefix}sandbox-envd$tag}
+for pair in "PROXY_IMAGE=$PROXY_IMAGE" "ROUTER_IMAGE=$ROUTER_IMAGE" "ENVD_IMAGE=$ENVD_IMAGE"; do
+  [[ "$pair" != *@* ]] || die "$pair: give a name and tag; the digest comes from the push"
+done
 "$REPO_ROOT/hack/install-kube.sh"
 KUBECTL="$KUBE_BIN_DIR/kubectl"
 
-# The proxy first: its build and push take seconds, so a registry that
-# refuses the push fails the deploy before the function's minutes of
+# repository is a reference's name without its tag.
+repository() {
+  local ref=$1 last=${1##*/}
+  [[ "$last" == *:* ]] && ref=${ref%:*}
+  echo "$ref"
+}
+
+# The side images first: each builds and pushes in seconds, so a registry
+# that refuses a push fails the deploy before the function's minutes of
 # building. GOARCH only here: kubectl and func must stay this machine's.
-PUSH=1 IMAGE="$PROXY_IMAGE" GOARCH=${PROXY_GOARCH:-$(go env GOARCH)} "$REPO_ROOT/hack/proxy-image.sh"
+# Each script writes its digest only after its push succeeded.
+side_arch=${PROXY_GOARCH:-$(go env GOARCH)}
+PUSH=1 IMAGE="$PROXY_IMAGE" GOARCH=$side_arch "$REPO_ROOT/hack/proxy-image.sh"
 proxy_digest=$(cat "$IMAGE_DIR/proxy-digest")
-proxy_name=$PROXY_IMAGE
-proxy_last=${proxy_name##*/}
-[[ "$proxy_last" == *:* ]] && proxy_name=${proxy_name%:*}
+proxy_name=$(repository "$PROXY_IMAGE")
+PUSH=1 IMAGE="$ROUTER_IMAGE" GOARCH=$side_arch "$REPO_ROOT/hack/router-image.sh"
+router_digest=$(cat "$IMAGE_DIR/router-digest")
+router_name=$(repository "$ROUTER_IMAGE")
+PUSH=1 IMAGE="$ENVD_IMAGE" GOARCH=$side_arch "$REPO_ROOT/hack/envd-image.sh"
+envd_ref="$(repository "$ENVD_IMAGE")@$(cat "$IMAGE_DIR/envd-digest")"
 
 # Every platform func builds, unless PLATFORM names one (deploy-local.sh:
 # this machine's).
@@ -54,23 +76,46 @@ name=$IMAGE
 
 overlay=$(mktemp -d)
 trap 'rm -rf "$overlay"' EXIT
+# The agent's image is a setting of the function (SANDBOX_ENVD_IMAGE), not
+# an image field kustomize's images: can pin: a replacement sets it from
+# this ConfigMap, which kustomize reads and never applies (local-config).
+cat > "$overlay/envd-image.yaml" <<YAML
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: deploy-envd-image
+  annotations:
+    config.kubernetes.io/local-config: "true"
+data:
+  image: $envd_ref
+YAML
 cat > "$overlay/kustomization.yaml" <<YAML
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
   - $(realpath --relative-to="$overlay" "${KUSTOMIZE_DIR:-$REPO_ROOT/config}")
+  - envd-image.yaml
 images:
   - name: ghcr.io/deerflow-sandbox/sandbox-provisioner
     newName: $name
     digest: $digest
-  # config/300-egress-proxy.yaml's placeholder, which no registry serves.
+  # config/300-egress-proxy.yaml's and 310-router.yaml's placeholders,
+  # which no registry serves.
   - name: sandbox-egress-proxy
     newName: $proxy_name
     digest: $proxy_digest
+  - name: sandbox-router
+    newName: $router_name
+    digest: $router_digest
+replacements:
+  - source: {version: v1, kind: ConfigMap, name: deploy-envd-image, fieldPath: data.image}
+    targets:
+      - select: {group: serving.knative.dev, kind: Service, name: sandbox-provisioner}
+        fieldPaths: ["spec.template.spec.containers.[name=provisioner].env.[name=SANDBOX_ENVD_IMAGE].value"]
 YAML
 if [[ "${DRY_RUN:-0}" == 1 ]]; then
   "$KUBECTL" kustomize "$overlay"
   exit 0
 fi
-log "applying config/ with $name@$digest and $proxy_name@$proxy_digest"
+log "applying config/ with $name@$digest, $proxy_name@$proxy_digest, $router_name@$router_digest and SANDBOX_ENVD_IMAGE=$envd_ref"
 "$KUBECTL" apply -k "$overlay"
