@@ -22,12 +22,12 @@ var rpcErrors = connect.NewErrorWriter()
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var msg string
-		switch tok := r.Header.Get(TokenHeader); {
-		case s.hash == "":
-			msg = "this agent has no " + EnvTokenHash + " (the hash of the sandbox's access token), so it refuses every call"
+		switch hash, tok := s.tokenHash(), r.Header.Get(TokenHeader); {
+		case hash == "":
+			msg = "this agent has no " + EnvTokenHash + " (the hash of the sandbox's access token) and no " + InitPath + " gave it one, so it refuses every call"
 		case tok == "":
 			msg = "missing " + TokenHeader + ": every call to this sandbox's agent needs the sandbox's envd access token"
-		case !access.MatchesHash(s.hash, tok):
+		case !access.MatchesHash(hash, tok):
 			msg = "wrong " + TokenHeader + ": it is not this sandbox's envd access token"
 		default:
 			next.ServeHTTP(w, r)

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -120,5 +121,52 @@ func TestH2C(t *testing.T) {
 	resp.Body.Close()
 	if resp.ProtoMajor != 2 || resp.StatusCode != http.StatusNoContent {
 		t.Errorf("GET /health over h2c: %s %d, want HTTP/2 204", resp.Proto, resp.StatusCode)
+	}
+}
+
+// TestInit: an agent started without its token's hash (a pooled Pod's)
+// takes the first valid one POST /init gives, then answers that token
+// alone; the same hash again is 204, another 409, a malformed one 400. An
+// agent started with its hash (a cold create's) keeps it.
+func TestInit(t *testing.T) {
+	other := access.Hash("another token")
+	body := func(h string) string { return `{"accessTokenHash":"` + h + `"}` }
+	cases := []struct {
+		name  string
+		start string   // the hash from the environment
+		inits []string // bodies sent in order
+		codes []int
+		works bool // a call with testToken after the inits
+	}{
+		{"pooled: set once", "", []string{body(access.Hash(testToken))}, []int{204}, true},
+		{"pooled: the same again", "", []string{body(access.Hash(testToken)), body(strings.ToUpper(access.Hash(testToken)))}, []int{204, 204}, true},
+		{"pooled: another after it", "", []string{body(access.Hash(testToken)), body(other)}, []int{204, 409}, true},
+		{"pooled: first wins", "", []string{body(other), body(access.Hash(testToken))}, []int{204, 409}, false},
+		{"pooled: never set", "", nil, nil, false},
+		{"pooled: malformed", "", []string{body("xyz"), `{"accessTokenHash":`, body("")}, []int{400, 400, 400}, false},
+		{"cold: its own hash", access.Hash(testToken), []string{body(access.Hash(testToken))}, []int{204}, true},
+		{"cold: another refused", access.Hash(testToken), []string{body(other)}, []int{409}, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv("HOME", t.TempDir())
+			s := New(Config{TokenHash: c.start, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			srv := httptest.NewServer(s)
+			defer srv.Close()
+			defer s.Close()
+			var codes []int
+			for _, b := range c.inits {
+				status, _ := do(t, http.DefaultClient, http.MethodPost, srv.URL+InitPath, "application/json", strings.NewReader(b), nil)
+				codes = append(codes, status)
+			}
+			if !slices.Equal(codes, c.codes) {
+				t.Errorf("POST %s answered %v, want %v", InitPath, codes, c.codes)
+			}
+			hc := &http.Client{Transport: tokenTransport{testToken, http.DefaultTransport}, Timeout: 10 * time.Second}
+			_, err := processconnect.NewProcessClient(hc, srv.URL).List(t.Context(), connect.NewRequest(&pb.ListRequest{}))
+			if (err == nil) != c.works {
+				t.Errorf("a call with the token after the inits: %v, want working %v", err, c.works)
+			}
+		})
 	}
 }

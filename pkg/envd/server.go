@@ -2,9 +2,14 @@ package envd
 
 import (
 	"encoding/hex"
+	"encoding/json"
 	"log/slog"
 	"net/http"
+	"strings"
+	"sync"
 	"time"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/access"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/envd/filesystem"
 	"github.com/deerflow-sandbox/provisioner/pkg/envd/gen/filesystem/filesystemconnect"
@@ -44,7 +49,11 @@ type Config struct {
 
 // Server is the agent's HTTP handler.
 type Server struct {
-	log     *slog.Logger
+	log *slog.Logger
+	// mu guards hash: set at start from the environment (a sandbox Pod
+	// made by its create), or once by POST /init (a pooled Pod, made
+	// before any create, so before its token existed).
+	mu      sync.RWMutex
 	hash    string
 	handler http.Handler
 	procs   *process.Service
@@ -71,9 +80,60 @@ func New(cfg Config) *Server {
 	authed := s.authenticate(mux)
 	root := http.NewServeMux()
 	root.HandleFunc("GET /health", health)
+	root.HandleFunc("POST /init", s.init)
 	root.Handle("/", authed)
 	s.handler = root
 	return s
+}
+
+// InitPath is where the router gives a pooled sandbox's agent its token's
+// hash, before the first call it forwards.
+const InitPath = "/init"
+
+// InitRequest is the body of POST /init.
+type InitRequest struct {
+	AccessTokenHash string `json:"accessTokenHash"`
+}
+
+// init sets the token's hash once, for an agent started without one: a
+// pooled Pod's, made before its sandbox existed. The first valid hash
+// wins; the same one again is 204, another 409. It needs no token, as
+// there is none yet. Who can call it first: the pooled Pod answers no one
+// until it is claimed (its policies), and then only the router, which sends
+// the hash of the token it checked, and the sandbox's own code (its
+// image's entrypoint, then the owner's), which can reach the agent anyway
+// and so gains nothing: a wrong hash locks the owner out of its own
+// sandbox, nobody else in.
+func (s *Server) init(w http.ResponseWriter, r *http.Request) {
+	var req InitRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096)).Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, "the body must be {\"accessTokenHash\": \"<64 hex digits>\"}: "+err.Error())
+		return
+	}
+	hash := strings.ToLower(req.AccessTokenHash)
+	if p := TokenHashProblem(hash); p != "" {
+		writeError(w, http.StatusBadRequest, "accessTokenHash is not 64 hex digits (a SHA-256)")
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.hash == "":
+		s.hash = hash
+		s.log.Info("token hash set by " + InitPath)
+	case access.Equal(strings.ToLower(s.hash), hash):
+	default:
+		writeError(w, http.StatusConflict, "this agent has its token's hash already")
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// tokenHash is the hash calls are checked against ("": none yet).
+func (s *Server) tokenHash() string {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.hash
 }
 
 // TokenHashProblem says what is wrong with a configured token hash, or ""
@@ -81,7 +141,7 @@ func New(cfg Config) *Server {
 // every call.
 func TokenHashProblem(hash string) string {
 	if hash == "" {
-		return EnvTokenHash + " is not set: the agent refuses every call but /health"
+		return EnvTokenHash + " is not set: the agent refuses every call but /health until POST " + InitPath + " gives it (a pooled sandbox's)"
 	}
 	if b, err := hex.DecodeString(hash); err != nil || len(b) != 32 {
 		return EnvTokenHash + " is not 64 hex digits (a SHA-256): no token can match it, so the agent refuses every call but /health"
