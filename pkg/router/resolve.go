@@ -32,6 +32,7 @@ const EnvdPort = 49983
 // Target is where a sandbox's traffic goes, and what its tokens are made of.
 type Target struct {
 	Pod string // the Pod's name, for logs
+	UID string // the Pod's, which the router's record of the agents it initialised keys
 	IP  string
 	// Sandbox is what the sandbox's tokens are bound to (its Pod's principal
 	// and created-at annotations and its id).
@@ -200,6 +201,7 @@ func podIP(p *corev1.Pod) string {
 func targetOf(p *corev1.Pod, id, ip string) Target {
 	t := Target{
 		Pod: p.Name,
+		UID: string(p.UID),
 		IP:  ip,
 		Sandbox: access.Sandbox{
 			Principal: p.Annotations[keys.AnnotationPrincipal],

@@ -105,13 +105,13 @@ func newCache(t *testing.T, pods []*corev1.Pod, svcs ...*corev1.Service) Cache {
 
 func TestResolve(t *testing.T) {
 	want := Target{
-		Pod: "sandbox-abc", IP: "10.244.0.7", Envd: true, Ports: []int32{3000, 8080},
+		Pod: "sandbox-abc", UID: "uid-abc", IP: "10.244.0.7", Envd: true, Ports: []int32{3000, 8080},
 		Sandbox: access.Sandbox{Principal: "alice", ID: "abc", CreatedAt: "2026-11-28T11:00:00Z"},
 	}
 	gone := metav1.NewTime(created.Add(time.Minute))
 	pooled, wire, ref := claimed()
 	wantPooled := want
-	wantPooled.Pod = pooled.Name
+	wantPooled.Pod, wantPooled.UID = pooled.Name, string(pooled.UID)
 	rows := []struct {
 		name    string
 		pods    []*corev1.Pod

@@ -11,10 +11,12 @@
 package router
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -22,6 +24,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -60,6 +63,35 @@ type Options struct {
 type Handler struct {
 	opts  Options
 	proxy *httputil.ReverseProxy
+	// client calls the agents' /init, through the proxy's transport.
+	client *http.Client
+	inited agents
+}
+
+// agents are the agents (by Pod UID) this replica has given their token's
+// hash, so it does so once per Pod, not per request. Bounded: when full it
+// starts again, which costs each agent one more idempotent /init.
+type agents struct {
+	mu   sync.Mutex
+	uids map[string]struct{}
+}
+
+const maxInited = 4096
+
+func (a *agents) has(uid string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	_, ok := a.uids[uid]
+	return ok
+}
+
+func (a *agents) add(uid string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.uids == nil || len(a.uids) >= maxInited {
+		a.uids = map[string]struct{}{}
+	}
+	a.uids[uid] = struct{}{}
 }
 
 // New returns a Handler.
@@ -106,7 +138,40 @@ func New(o Options) *Handler {
 		ErrorHandler: h.upstreamError,
 		ErrorLog:     slog.NewLogLogger(o.Log.Handler(), slog.LevelWarn),
 	}
+	h.client = &http.Client{Transport: h.proxy.Transport, Timeout: 5 * time.Second}
 	return h
+}
+
+// initAgent gives a pooled sandbox's agent its token's hash before the
+// first call this replica forwards to it (envd.InitPath): a pooled Pod is
+// made before its sandbox, so before its token, and its agent starts
+// without one. token is the one admit has just checked, so the hash is the
+// sandbox's. An agent that has its hash already (a cold create's, or an
+// earlier /init's) answers 204 or 409 and keeps it; either way the call
+// that follows is judged by the agent's own hash.
+func (h *Handler) initAgent(ctx context.Context, rt *route, token string) error {
+	if rt.target.UID == "" || h.inited.has(rt.target.UID) {
+		return nil
+	}
+	body, _ := json.Marshal(map[string]string{"accessTokenHash": access.Hash(token)})
+	u := "http://" + net.JoinHostPort(rt.target.IP, strconv.Itoa(EnvdPort)) + "/init"
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(reqid.Header, rt.request)
+	resp, err := h.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("giving the agent its token: %w", err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode >= 500 {
+		return fmt.Errorf("giving the agent its token: %s", resp.Status)
+	}
+	h.inited.add(rt.target.UID)
+	return nil
 }
 
 type routeKey struct{}
@@ -176,6 +241,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		log.Log(r.Context(), lvl, "refused", "sandbox", rt.id, "port", rt.port, "status", status, "reason", detail)
 		writeError(rec, status, msg)
 		return
+	}
+	if rt.kind == KindEnvd {
+		if err := h.initAgent(r.Context(), rt, r.Header.Get(HeaderAccessToken)); err != nil {
+			log.Warn("refused", "sandbox", rt.id, "port", rt.port, "status", http.StatusBadGateway, "reason", err.Error())
+			writeError(rec, http.StatusBadGateway, fmt.Sprintf("sandbox %s's agent did not answer: %s", rt.id, brief(err)))
+			return
+		}
 	}
 	if r.ProtoMajor == 1 {
 		// An HTTP/1 handler may not read the request after writing the

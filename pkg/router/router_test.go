@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -35,6 +36,19 @@ func counter(t *testing.T, c prometheus.Counter) float64 {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// counterReaches reads a counter until it is want (bounded: 2 s), and
+// returns its last value: the router counts a request once its handler
+// returns, which may be just after the client has read the answer.
+func counterReaches(t *testing.T, c prometheus.Counter, want float64) float64 {
+	t.Helper()
+	n := counter(t, c)
+	for i := 0; i < 100 && n != want; i++ {
+		time.Sleep(20 * time.Millisecond)
+		n = counter(t, c)
+	}
+	return n
 }
 
 var testKey = access.Key(strings.Repeat("k", 40))
@@ -203,11 +217,10 @@ func TestForwardsByHeaders(t *testing.T) {
 			}
 		})
 	}
-	if n := counter(t, h.metrics.requests.WithLabelValues("418", KindEnvd)); n != 1 {
-		t.Errorf("requests_total{code=418,port_kind=envd} = %v; want 1", n)
-	}
-	if n := counter(t, h.metrics.requests.WithLabelValues("418", KindTraffic)); n != 1 {
-		t.Errorf("requests_total{code=418,port_kind=traffic} = %v; want 1", n)
+	for _, kind := range []string{KindEnvd, KindTraffic} {
+		if n := counterReaches(t, h.metrics.requests.WithLabelValues("418", kind), 1); n != 1 {
+			t.Errorf("requests_total{code=418,port_kind=%s} = %v; want 1", kind, n)
+		}
 	}
 }
 
@@ -276,7 +289,7 @@ func TestRefusals(t *testing.T) {
 			if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
 				t.Errorf("Content-Type %q", ct)
 			}
-			if got := counter(t, h.metrics.requests.WithLabelValues(fmt.Sprint(r.code), r.kind)); got != before+1 {
+			if got := counterReaches(t, h.metrics.requests.WithLabelValues(fmt.Sprint(r.code), r.kind), before+1); got != before+1 {
 				t.Errorf("requests_total{code=%d,port_kind=%s} went %v → %v; want one more", r.code, r.kind, before, got)
 			}
 		})
@@ -438,7 +451,7 @@ func TestUnreachableSandbox(t *testing.T) {
 			if took := time.Since(start); took > 3*time.Second {
 				t.Errorf("took %v; the dial timeout is 200ms", took)
 			}
-			if n := counter(t, h.metrics.requests.WithLabelValues("502", KindEnvd)); n != 1 {
+			if n := counterReaches(t, h.metrics.requests.WithLabelValues("502", KindEnvd), 1); n != 1 {
 				t.Errorf("requests_total{code=502,port_kind=envd} = %v; want 1", n)
 			}
 		})
@@ -520,5 +533,70 @@ func TestUpgrades(t *testing.T) {
 			t.Fatal("requests_total{code=101,port_kind=traffic} never reached 1")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestInitialisesAPooledAgentOnce: before the first call this replica
+// forwards to an agent (a Pod it knows by UID), it gives the agent the hash
+// of the token it has just checked (POST /init), once; an agent that cannot
+// take it gets no call (502).
+func TestInitialisesAPooledAgentOnce(t *testing.T) {
+	pooled := abc
+	pooled.UID = "uid-pooled"
+	var mu sync.Mutex
+	var seen []string
+	failInit := false
+	h := newHarness(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		seen = append(seen, r.Method+" "+r.URL.Path+" "+string(b))
+		fail := failInit
+		mu.Unlock()
+		if r.URL.Path == "/init" && fail {
+			http.Error(w, "broken", http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}, func(o *Options) { o.Resolver = fakeResolver{"abc": pooled} })
+	call := func() int {
+		t.Helper()
+		resp, err := http.DefaultClient.Do(h.request(t, http.MethodPost, strings.NewReader("{}"), envd("abc")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	codes := []int{call(), call()}
+	want := []string{
+		"POST /init " + `{"accessTokenHash":"` + access.Hash(envdToken) + `"}`,
+		"POST /process.Process/Start {}",
+		"POST /process.Process/Start {}",
+	}
+	if d := cmp.Diff(want, seen); d != "" || !slices.Equal(codes, []int{204, 204}) {
+		t.Errorf("the agent saw (-want +got):\n%s\nthe caller got %v, want 204 twice", d, codes)
+	}
+
+	// Another router replica (a fresh Handler) whose agent cannot take it.
+	mu.Lock()
+	seen, failInit = nil, true
+	mu.Unlock()
+	h2 := newHarness(t, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Method+" "+r.URL.Path)
+		mu.Unlock()
+		if r.URL.Path == "/init" {
+			http.Error(w, "broken", http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}, func(o *Options) { o.Resolver = fakeResolver{"abc": pooled} })
+	resp, err := http.DefaultClient.Do(h2.request(t, http.MethodPost, strings.NewReader("{}"), envd("abc")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway || !slices.Equal(seen, []string{"POST /init"}) {
+		t.Errorf("an agent that fails /init: the caller got %d, the agent saw %v; want 502 and no call", resp.StatusCode, seen)
 	}
 }
