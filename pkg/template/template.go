@@ -248,8 +248,6 @@ func (v validator) pool(t *Template) {
 		t.PoolError = fmt.Sprintf("a pool on a template whose Pods need per-request data: DeerFlow's mounts give each Pod its user's and thread's directories; set %s: \"false\" to pool this template", keys.TemplateDeerFlowMounts)
 	case t.Kind != KindPod:
 		t.PoolError = fmt.Sprintf("a pool serves templates of %s: %s only; a claimed Pod becomes a bare Pod sandbox, not a ReplicaSet's", keys.TemplateKind, KindPod)
-	case t.Envd:
-		t.PoolError = "a pool of E2B sandboxes is not kept: each agent is given the hash of its own sandbox's access token when its create makes it, and a pooled Pod is made before any create"
 	case t.Egress == egress.Allowlist || t.Egress == "" && v.cfg.DefaultEgress() == egress.Allowlist:
 		t.PoolError = "a pool of allowlist sandboxes is not kept: an allowlist Pod is given the egress proxy's address when its create has checked the proxy, and a pooled Pod is made before any create"
 	default:

@@ -312,7 +312,7 @@ func TestPoolSetting(t *testing.T) {
 		{"not a number", map[string]string{keys.TemplatePoolSize: "many", keys.TemplateDeerFlowMounts: "false"}, 0, `"many": want a whole number from 0 to 10`},
 		{"per-request data", map[string]string{keys.TemplatePoolSize: "2"}, 0, "a pool on a template whose Pods need per-request data"},
 		{"ReplicaSet kind", map[string]string{keys.TemplatePoolSize: "2", keys.TemplateDeerFlowMounts: "false", keys.TemplateKind: KindReplicaSet}, 0, "a pool serves templates of"},
-		{"the E2B agent", map[string]string{keys.TemplatePoolSize: "2", keys.TemplateDeerFlowMounts: "false", keys.TemplateEnvd: "true"}, 0, "a pool of E2B sandboxes is not kept"},
+		{"the E2B agent", map[string]string{keys.TemplatePoolSize: "2", keys.TemplateDeerFlowMounts: "false", keys.TemplateEnvd: "true"}, 2, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

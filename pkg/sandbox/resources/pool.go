@@ -25,7 +25,7 @@ func PoolSpec(cfg config.Objects, t *template.Template) api.Spec {
 // poolIdentity are the annotations that make a Pod one sandbox; a claim
 // writes them, a pooled Pod has none.
 var poolIdentity = []string{keys.AnnotationUserID, keys.AnnotationThreadID, keys.AnnotationCreatedAt, keys.AnnotationLastActivity,
-	keys.AnnotationIdleTimeout, keys.AnnotationMaxLifetime, keys.AnnotationExpiresAt}
+	keys.AnnotationIdleTimeout, keys.AnnotationMaxLifetime, keys.AnnotationExpiresAt, keys.AnnotationMetadata}
 
 // PoolPodTemplate is the Pod a create of s would make, without what makes
 // it one sandbox (name, id, user, thread, token and pod labels, lifecycle annotations,
@@ -33,7 +33,12 @@ var poolIdentity = []string{keys.AnnotationUserID, keys.AnnotationThreadID, keys
 // hash make interchangeable Pods: that is the test of whether a request may
 // take a pooled Pod, so any field a request can set (mounts, env, shell
 // sessions, resources, Lark containers) sends it the cold way by itself.
+//
+// An E2B sandbox's token hash is left out too: a pooled Pod's agent starts
+// without one, and the router gives it the hash of the token it checks
+// before the first call it forwards (envd's /init).
 func PoolPodTemplate(cfg config.Objects, s api.Spec) corev1.PodTemplateSpec {
+	s.EnvdTokenHash = ""
 	pod := BuildPod(cfg, s)
 	for _, k := range []string{keys.LabelID, keys.LabelUser, keys.LabelThread, keys.LabelToken, keys.LabelPod} {
 		delete(pod.Labels, k)

@@ -1,6 +1,7 @@
 package resources
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -61,6 +62,40 @@ func TestPoolShape(t *testing.T) {
 				t.Errorf("poolable = %v, want %v", got, tt.poolable)
 			}
 		})
+	}
+}
+
+// TestE2BCreatesTakePooledPods: an E2B create differs from its template's
+// pooled Pod in what a claim writes (metadata) and what the router gives
+// the agent later (its token's hash), so it may take one.
+func TestE2BCreatesTakePooledPods(t *testing.T) {
+	cfg := testConfig(t, map[string]string{"SANDBOX_ENVD_IMAGE": "envd:1"})
+	pt := &corev1.PodTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: "base", Labels: map[string]string{keys.LabelTemplate: "true"},
+			Annotations: map[string]string{keys.TemplatePoolSize: "2", keys.TemplateDeerFlowMounts: "false", keys.TemplateEnvd: "true"}},
+		Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "sandbox", Image: "sandbox:1"}}}},
+	}
+	tmpl, err := template.FromPodTemplate(pt, cfg.Objects())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pooled := PoolPodTemplate(cfg.Objects(), PoolSpec(cfg.Objects(), tmpl))
+	s, err := api.CreateRequest{SandboxID: "e2bsandbox", Template: "base", UserID: ptr.To("e2b-1"), ThreadID: ptr.To("e2b-1")}.Validate(cfg.Objects(), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s = WithTemplate(cfg.Objects(), s, tmpl)
+	s.EnvdTokenHash, s.Metadata = strings.Repeat("ab", 32), map[string]string{"run": "r1"}
+	if got := PoolPodTemplate(cfg.Objects(), s).Labels[keys.LabelPoolHash]; got != pooled.Labels[keys.LabelPoolHash] {
+		t.Errorf("an E2B create's shape %s is not its pool's %s", got, pooled.Labels[keys.LabelPoolHash])
+	}
+	for _, e := range pooled.Spec.Containers[0].Env {
+		if e.Name == AgentTokenHashEnv && e.Value != "" {
+			t.Errorf("a pooled Pod's agent has a token hash %q; want none (the router gives it one)", e.Value)
+		}
+	}
+	if pooled.Labels[keys.LabelEnvd] != "true" {
+		t.Errorf("a pooled E2B Pod lacks %s (the router's policy selects it once claimed)", keys.LabelEnvd)
 	}
 }
 
