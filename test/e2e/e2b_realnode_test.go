@@ -72,8 +72,11 @@ func startE2B(t *testing.T) *e2bStack {
 	env := realEnv(t, ns, map[string]string{
 		"SANDBOX_SERVICE_TYPE": "ClusterIP",
 		"PROVISIONER_API_KEYS": "alice=" + aliceKey + ",bob=" + bobKey,
-		"SANDBOX_ENVD_IMAGE":   realnode.EnvdImage,
-		"E2B_TOKEN_KEY_FILE":   keyFile,
+		// The default key reaps (which keeps the pools); alice and bob are
+		// the tenants.
+		"PROVISIONER_ADMINS": "default",
+		"SANDBOX_ENVD_IMAGE": realnode.EnvdImage,
+		"E2B_TOKEN_KEY_FILE": keyFile,
 	})
 	// The router's sandbox policy, as config/702 ships it (a test in
 	// test/manifests keeps the two equal), in this test's namespace.
@@ -94,6 +97,10 @@ func startE2B(t *testing.T) *e2bStack {
 	// thread) outlives the Pod, as E2B's pause keeps files.
 	putTemplate(t, ns, podTemplate("e2b-pause", map[string]string{keys.TemplateEnvd: "true", keys.TemplateKind: "ReplicaSet",
 		keys.TemplateIdleAction: "pause"}, spec))
+	// And a warm pool of two: its Pods' agents start without a token hash,
+	// which the router gives each before the first call it forwards.
+	putTemplate(t, ns, podTemplate("e2b-pool", map[string]string{keys.TemplateEnvd: "true", keys.TemplateDeerFlowMounts: "false",
+		keys.TemplatePoolSize: "2"}, spec))
 	svc, err := client().CoreV1().Services(ns).Get(context.Background(), realnode.RouterName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -128,6 +135,25 @@ func (s *e2bStack) openThreads(t *testing.T) {
 			}
 		}
 	}()
+}
+
+// create makes a sandbox through the E2B API (the SDK's create, by hand).
+func (s *e2bStack) create(t *testing.T, key, body string) map[string]any {
+	t.Helper()
+	req, _ := http.NewRequest("POST", s.apiURL+"/sandboxes", bytes.NewReader([]byte(body)))
+	req.Header.Set("X-API-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := freshClient(90 * time.Second).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 201 || json.Unmarshal(raw, &out) != nil {
+		t.Fatalf("create: %d %s", resp.StatusCode, raw)
+	}
+	return out
 }
 
 // node runs one of test/e2b's scripts with the SDK installed by `make e2b`
@@ -192,6 +218,61 @@ func TestE2BSDK(t *testing.T) {
 	})
 }
 
+// TestE2BPooled: an E2B create from a template with a warm pool takes a
+// pooled Pod, whose agent started without a token hash: the router gives it
+// the hash of the token it checked before the first call it forwards, so
+// the sandbox's token works and another does not; then E2B's SDK drives
+// pooled sandboxes (test/e2b/bench.mjs: create, commands.run, an upload).
+func TestE2BPooled(t *testing.T) {
+	s := startE2B(t)
+	// The reap keeps the pools (as a create of the template would).
+	expectCode(t, mustDo(t, s.fn, "POST", "/api/reap", nil), 200, "reap, which keeps the pools")
+	eventually(t, 120*time.Second, "two pooled Pods of e2b-pool Ready", func() (bool, error) {
+		return poolReady(t, s.ns, "e2b-pool") == 2, poolState(t, s.ns, "e2b-pool")
+	})
+	sb := s.create(t, aliceKey, `{"templateID":"e2b-pool","timeout":300}`)
+	id, tok := sb["sandboxID"].(string), sb["envdAccessToken"].(string)
+	pod := runningPod(t, s.ns, id)
+	if pod.Labels[keys.LabelPooled] != "true" {
+		t.Fatalf("sandbox %s's Pod %s was not claimed from the pool (labels %v)", id, pod.Name, pod.Labels)
+	}
+	if envOf(pod)["ENVD_ACCESS_TOKEN_SHA256"] != "" {
+		t.Errorf("the pooled Pod's agent was given a hash in its env; want none (the router gives it)")
+	}
+	stat := func(token string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest("POST", s.routerURL+"/filesystem.Filesystem/Stat", strings.NewReader(`{"path":"/tmp"}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("E2b-Sandbox-Id", id)
+		req.Header.Set("E2b-Sandbox-Port", "49983")
+		req.Header.Set("X-Access-Token", token)
+		resp, err := freshClient(15 * time.Second).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(raw)
+	}
+	// A wrong token first: refused by the router, and the agent is not
+	// given its hash by it.
+	if code, body := stat(strings.Repeat("0", 64)); code != 401 {
+		t.Errorf("a wrong token: %d %s; want 401", code, body)
+	}
+	// Twice each way: two router replicas, each gives the hash once.
+	for i := 0; i < 4; i++ {
+		if code, body := stat(tok); code != 200 || !strings.Contains(body, `"name"`) {
+			t.Fatalf("Stat with the sandbox's token, call %d: %d %s; want 200 with the entry", i+1, code, body)
+		}
+	}
+	out, err := s.node(t, 5*time.Minute, map[string]string{"E2B_TEMPLATE": "e2b-pool", "E2B_BENCH_ROUNDS": "2", "E2B_BENCH_RUNS": "5",
+		"E2B_BENCH_UPLOADS": "1"}, "bench.mjs")
+	t.Logf("node bench.mjs on the pool:\n%s", out)
+	if err != nil {
+		t.Fatalf("E2B's SDK on pooled sandboxes: %v", err)
+	}
+}
+
 // TestE2BRouterRefusesAndIsolates: the router refuses a request that names
 // no sandbox, an unknown one, a port the sandbox does not expose, or comes
 // without the sandbox's token, and stays up; a sandbox reaches neither the
@@ -199,25 +280,7 @@ func TestE2BSDK(t *testing.T) {
 // and the tenant network holds around it).
 func TestE2BRouterRefusesAndIsolates(t *testing.T) {
 	s := startE2B(t)
-	create := func() map[string]any {
-		t.Helper()
-		body, _ := json.Marshal(map[string]any{"templateID": "e2b", "timeout": 300})
-		req, _ := http.NewRequest("POST", s.apiURL+"/sandboxes", bytes.NewReader(body))
-		req.Header.Set("X-API-Key", aliceKey)
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := freshClient(90 * time.Second).Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var out map[string]any
-		raw, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != 201 || json.Unmarshal(raw, &out) != nil {
-			t.Fatalf("create: %d %s", resp.StatusCode, raw)
-		}
-		return out
-	}
-	a, b := create(), create()
+	a, b := s.create(t, aliceKey, `{"templateID":"e2b","timeout":300}`), s.create(t, aliceKey, `{"templateID":"e2b","timeout":300}`)
 	aID, bID := a["sandboxID"].(string), b["sandboxID"].(string)
 	aTok, aTraffic := a["envdAccessToken"].(string), a["trafficAccessToken"].(string)
 	route := func(id, port, token string) (int, string) {
