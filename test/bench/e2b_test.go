@@ -1,0 +1,459 @@
+//go:build e2e
+
+package bench
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/envd"
+	"github.com/deerflow-sandbox/provisioner/pkg/envd/gen/filesystem"
+	"github.com/deerflow-sandbox/provisioner/pkg/envd/gen/filesystem/filesystemconnect"
+	"github.com/deerflow-sandbox/provisioner/pkg/envd/gen/process"
+	"github.com/deerflow-sandbox/provisioner/pkg/envd/gen/process/processconnect"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+	"github.com/deerflow-sandbox/provisioner/pkg/template"
+	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
+	"github.com/deerflow-sandbox/provisioner/test/framework/function"
+	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
+	"github.com/deerflow-sandbox/provisioner/test/framework/skip"
+)
+
+// e2bCommand is how to run BenchmarkE2B alone; its table prints it, so a
+// figure pasted elsewhere says what produced it.
+const e2bCommand = "CI=true flock /tmp/e2e.lock go test -tags e2e -count=1 -run '^$' -bench '^BenchmarkE2B$' -benchtime 1x ./test/bench/"
+
+// e2bRunTarget is issue 48's target for commands.run('true') through the
+// router at c=1, p50.
+const e2bRunTarget = 10 * time.Millisecond
+
+// BenchmarkE2B measures E2B's SDK (the unmodified e2b package,
+// test/e2b/bench.mjs) on the real node under gVisor, through the function's
+// /e2b control plane, config/'s router and the agent (issue 48):
+//   - Sandbox.create → its first commands.run('true') answered, cold, beside
+//     our HTTP API's create → Ready of the same template (POST
+//     /api/sandboxes?wait=20s), the two alternating each round;
+//   - commands.run('true') round trips at c=1 through the router, beside
+//     files.exists (one unary Connect call, no process), alternating;
+//   - a 10 MiB files.write's MiB/s, median of 3;
+//   - then, from Go with the agent's own generated client, where a run's
+//     time goes: /health through the router, filesystem.Stat and
+//     process.Start of /bin/bash -l -c true through the router and straight
+//     to the Pod, and process.Start of /bin/bash -c true and of /bin/true
+//     straight to the Pod, all alternating.
+//
+// There is no warm-pool row: a template with the agent keeps no pool (each
+// agent is given its own sandbox's token hash when its create makes the
+// Pod: docs/e2b.md), so it prints "not offered" and why.
+func BenchmarkE2B(b *testing.B) {
+	ctx := context.Background()
+	sdk := e2bSDKDir(b)
+	kc, err := cluster.UpWith(ctx, "benche2b", cluster.Options{APIServerSANs: []string{"10.96.0.1"}}) // the router is an in-cluster client
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer kc.Down()
+	env, down := realNodeEnv(b, kc, "E2B")
+	defer down()
+
+	// The key the function and the router make and check tokens with.
+	raw := make([]byte, 36)
+	if _, err := rand.Read(raw); err != nil {
+		b.Fatal(err)
+	}
+	key := []byte(base64.StdEncoding.EncodeToString(raw))
+	keyFile := filepath.Join(b.TempDir(), "key")
+	if err := os.WriteFile(keyFile, key, 0o600); err != nil {
+		b.Fatal(err)
+	}
+	if err := realnode.DeployRouter(ctx, kc.Client, filepath.Join("..", "..", "config", "310-router.yaml"), ns, key); err != nil {
+		b.Fatal(err)
+	}
+	env["SANDBOX_SERVICE_TYPE"] = "ClusterIP"
+	env["SANDBOX_ENVD_IMAGE"] = realnode.EnvdImage
+	env["E2B_TOKEN_KEY_FILE"] = keyFile
+	// The router's sandbox policy, as config/702 ships it, in this namespace.
+	cfg, err := loadConfig(env)
+	if err != nil {
+		b.Fatal(err)
+	}
+	np := resources.BuildRouterPolicy(cfg.Objects())
+	np.Namespace = ns
+	if _, err := kc.Client.NetworkingV1().NetworkPolicies(ns).Create(ctx, np, metav1.CreateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	fn, err := function.StartBinary(binary(b), env, filepath.Join(b.TempDir(), "fn.log"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer fn.Stop()
+	const tmpl = "e2b"
+	spec := corev1.PodSpec{Containers: []corev1.Container{{Name: template.ContainerName, Image: realnode.ShellSandboxImage}}}
+	pt := &corev1.PodTemplate{ObjectMeta: metav1.ObjectMeta{Name: tmpl, Namespace: ns, Labels: map[string]string{keys.LabelTemplate: "true"},
+		Annotations: map[string]string{keys.TemplateEnvd: "true", keys.TemplateDeerFlowMounts: "false"}}, Template: corev1.PodTemplateSpec{Spec: spec}}
+	if _, err := kc.Client.CoreV1().PodTemplates(ns).Create(ctx, pt, metav1.CreateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	svc, err := kc.Client.CoreV1().Services(ns).Get(ctx, realnode.RouterName, metav1.GetOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	routerURL := "http://" + net.JoinHostPort(svc.Spec.ClusterIP, "80")
+
+	const rounds, runs, uploads = 20, 200, 3
+	progress("e2b: %d rounds of Sandbox.create → first commands.run and our HTTP API's create → Ready, alternating; %d commands.run('true') and files.exists; %d uploads of 10 MiB", rounds, runs, uploads)
+	defer func() {
+		// On failure, the function's last words: a bench.mjs that lost
+		// the control plane says only "fetch failed".
+		if b.Failed() {
+			if data, err := os.ReadFile(fn.LogPath); err == nil {
+				lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+				b.Logf("the function's log, last lines:\n%s", strings.Join(lines[max(0, len(lines)-40):], "\n"))
+			}
+		}
+	}()
+	figs := runE2BBench(b, sdk, map[string]string{
+		"E2B_API_URL": fn.URL + "/e2b", "E2B_SANDBOX_URL": routerURL, "E2B_API_KEY": function.Key, "E2B_TEMPLATE": tmpl,
+		"E2B_BENCH_HTTP_API": fn.URL, "E2B_BENCH_ROUNDS": strconv.Itoa(rounds), "E2B_BENCH_RUNS": strconv.Itoa(runs),
+		"E2B_BENCH_UPLOADS": strconv.Itoa(uploads),
+	})
+
+	figs.RouterRefusals = routerRefusals(ctx, kc)
+
+	progress("e2b: where a run's time goes: %d each of /health, Stat and Start through the router and straight to the Pod, alternating", runs)
+	calls := e2bBreakdown(b, kc, fn, tmpl, routerURL, runs)
+	fmt.Println(e2bReport(figs, calls))
+}
+
+// e2bSDKDir is test/e2b with E2B's SDK installed (make e2b), or the
+// benchmark skips (fails under CI) saying what is missing.
+func e2bSDKDir(b *testing.B) string {
+	b.Helper()
+	dir := filepath.Join("..", "e2b")
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b", "package.json")); err != nil {
+		skip.Unavailable(b, "E2B's SDK is not installed (run make e2b): %v", err)
+	}
+	if _, err := exec.LookPath("node"); err != nil {
+		skip.Unavailable(b, "node is not installed: %v", err)
+	}
+	return dir
+}
+
+// e2bSummary is one figure of bench.mjs: its samples, in milliseconds (or
+// MiB/s for the upload).
+type e2bSummary struct {
+	N       int       `json:"n"`
+	Samples []float64 `json:"samples"`
+}
+
+func (s e2bSummary) durations() []time.Duration {
+	out := make([]time.Duration, len(s.Samples))
+	for i, ms := range s.Samples {
+		out[i] = time.Duration(ms * float64(time.Millisecond))
+	}
+	return out
+}
+
+// e2bFigures is bench.mjs's JSON line.
+type e2bFigures struct {
+	Template    string      `json:"template"`
+	Rounds      int         `json:"rounds"`
+	Create      e2bSummary  `json:"create_ms"`
+	FirstRun    e2bSummary  `json:"first_run_ms"`
+	CreateToRun e2bSummary  `json:"create_to_run_ms"`
+	HTTPCreate  *e2bSummary `json:"http_create_ready_ms"`
+	RunTrue     e2bSummary  `json:"run_true_ms"`
+	Exists      e2bSummary  `json:"exists_ms"`
+	// Each failed first commands.run, then retried.
+	FirstRunFailures []string `json:"first_run_failures"`
+	// What the router logged as refused or failed during the run (filled
+	// here, not by bench.mjs): why a first run failed.
+	RouterRefusals []string `json:"-"`
+	Upload         struct {
+		N       int       `json:"n"`
+		Median  float64   `json:"median"`
+		Samples []float64 `json:"samples"`
+	} `json:"upload_mib_per_s"`
+}
+
+// runE2BBench runs node bench.mjs in dir with env, bounded, and returns its
+// figures; its progress (stderr) goes to this process's stderr as it comes.
+func runE2BBench(b *testing.B, dir string, env map[string]string) e2bFigures {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", "bench.mjs")
+	cmd.Dir = dir
+	cmd.Env = os.Environ()
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	// SIGINT first, so the script's own cleanup kills its sandboxes.
+	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+	cmd.WaitDelay = 30 * time.Second
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, os.Stderr
+	if err := cmd.Run(); err != nil {
+		b.Fatalf("node bench.mjs: %v\n%s", err, out.String())
+	}
+	var figs e2bFigures
+	if err := json.Unmarshal(bytes.TrimSpace(out.Bytes()), &figs); err != nil {
+		b.Fatalf("node bench.mjs printed no figures: %v\n%s", err, out.String())
+	}
+	return figs
+}
+
+// e2bCall is one kind of call the breakdown times, and its samples.
+type e2bCall struct {
+	name string
+	do   func(ctx context.Context) error
+	ds   []time.Duration
+}
+
+// headerTransport adds fixed headers to every request: the sandbox's
+// name, port and token, as the SDK sends them.
+type headerTransport struct {
+	base    http.RoundTripper
+	headers map[string]string
+}
+
+func (h headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	for k, v := range h.headers {
+		r.Header.Set(k, v)
+	}
+	return h.base.RoundTrip(r)
+}
+
+// e2bBreakdown makes one sandbox through the E2B API and times, n each at
+// c=1, alternating call by call: what the router adds (/health and Stat
+// through it against Stat straight to the Pod's agent) and what starting
+// a process costs (Start of the SDK's /bin/bash -l -c true through the
+// router and straight to the Pod, of /bin/bash -c true, and of /bin/true:
+// without the login shell, and without any shell). Each client is HTTP/1.1
+// with keep-alive and Connect's JSON codec, as the SDK's.
+func e2bBreakdown(b *testing.B, kc *cluster.Cluster, fn *function.Instance, tmpl, routerURL string, n int) []*e2bCall {
+	b.Helper()
+	ctx := context.Background()
+	r, err := fn.DoWithHeaders("POST", "/e2b/sandboxes", map[string]any{"templateID": tmpl, "timeout": 600}, map[string]string{"X-API-Key": function.Key})
+	if err != nil || r.Code != http.StatusCreated {
+		b.Fatalf("E2B create: %v %d %s", err, r.Code, r.Raw)
+	}
+	id, _ := r.Body["sandboxID"].(string)
+	token, _ := r.Body["envdAccessToken"].(string)
+	if id == "" || token == "" {
+		b.Fatalf("E2B create answered no sandboxID or envdAccessToken: %s", r.Raw)
+	}
+	defer func() {
+		if r, err := fn.DoWithHeaders("DELETE", "/e2b/sandboxes/"+id, nil, map[string]string{"X-API-Key": function.Key}); err != nil || r.Code != http.StatusNoContent {
+			b.Errorf("E2B kill %s: %v %d %s", id, err, r.Code, r.Raw)
+		}
+	}()
+	pods, err := kc.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: keys.LabelID + "=" + id})
+	if err != nil || len(pods.Items) != 1 || pods.Items[0].Status.PodIP == "" {
+		b.Fatalf("the Pod of %s: %v (%d Pods)", id, err, len(pods.Items))
+	}
+	direct := "http://" + net.JoinHostPort(pods.Items[0].Status.PodIP, strconv.Itoa(envd.Port))
+	client := func(headers map[string]string) *http.Client {
+		return &http.Client{Timeout: 30 * time.Second, Transport: headerTransport{base: &http.Transport{MaxIdleConnsPerHost: 4}, headers: headers}}
+	}
+	viaRouter := client(map[string]string{"E2b-Sandbox-Id": id, "E2b-Sandbox-Port": strconv.Itoa(envd.Port), envd.TokenHeader: token})
+	toPod := client(map[string]string{envd.TokenHeader: token})
+	fsRouter := filesystemconnect.NewFilesystemClient(viaRouter, routerURL, connect.WithProtoJSON())
+	fsPod := filesystemconnect.NewFilesystemClient(toPod, direct, connect.WithProtoJSON())
+	procRouter := processconnect.NewProcessClient(viaRouter, routerURL, connect.WithProtoJSON())
+	procPod := processconnect.NewProcessClient(toPod, direct, connect.WithProtoJSON())
+
+	health := func(ctx context.Context) error {
+		req, err := http.NewRequestWithContext(ctx, "GET", routerURL+"/health", nil)
+		if err != nil {
+			return err
+		}
+		resp, err := viaRouter.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode != http.StatusNoContent {
+			return fmt.Errorf("/health through the router: %d", resp.StatusCode)
+		}
+		return nil
+	}
+	stat := func(c filesystemconnect.FilesystemClient) func(context.Context) error {
+		return func(ctx context.Context) error {
+			_, err := c.Stat(ctx, connect.NewRequest(&filesystem.StatRequest{Path: "/tmp"}))
+			return err
+		}
+	}
+	start := func(c processconnect.ProcessClient, cmd string, args ...string) func(context.Context) error {
+		return func(ctx context.Context) error {
+			stream, err := c.Start(ctx, connect.NewRequest(&process.StartRequest{Process: &process.ProcessConfig{Cmd: cmd, Args: args}}))
+			if err != nil {
+				return err
+			}
+			defer stream.Close()
+			for stream.Receive() {
+				if end := stream.Msg().GetEvent().GetEnd(); end != nil {
+					if !end.GetExited() || end.GetExitCode() != 0 {
+						return fmt.Errorf("%s %v ended %s (exit %d)", cmd, args, end.GetStatus(), end.GetExitCode())
+					}
+					return nil
+				}
+			}
+			if err := stream.Err(); err != nil {
+				return err
+			}
+			return fmt.Errorf("%s %v: the stream ended without an end event", cmd, args)
+		}
+	}
+	calls := []*e2bCall{
+		{name: "GET /health through the router (no RPC)", do: health},
+		{name: "filesystem.Stat through the router", do: stat(fsRouter)},
+		{name: "filesystem.Stat straight to the Pod's agent", do: stat(fsPod)},
+		{name: "process.Start `/bin/bash -l -c true` through the router (what commands.run sends)", do: start(procRouter, "/bin/bash", "-l", "-c", "true")},
+		{name: "process.Start `/bin/bash -l -c true` straight to the Pod's agent", do: start(procPod, "/bin/bash", "-l", "-c", "true")},
+		{name: "process.Start `/bin/bash -c true` straight to the Pod's agent (no login shell)", do: start(procPod, "/bin/bash", "-c", "true")},
+		{name: "process.Start `/bin/true` straight to the Pod's agent (no shell)", do: start(procPod, "/bin/true")},
+	}
+	const warmup = 5
+	for i := -warmup; i < n; i++ {
+		for _, c := range calls {
+			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			t := time.Now()
+			err := c.do(cctx)
+			d := time.Since(t)
+			cancel()
+			if err != nil {
+				b.Fatalf("%s: %v", c.name, err)
+			}
+			if i >= 0 {
+				c.ds = append(c.ds, d)
+			}
+		}
+	}
+	return calls
+}
+
+// e2bReport is BenchmarkE2B's table, as Markdown.
+func e2bReport(f e2bFigures, calls []*e2bCall) string {
+	var md strings.Builder
+	fmt.Fprintf(&md, "\n<!-- %s -->\n", e2bCommand)
+	fmt.Fprintf(&md, "| E2B (real node, gVisor, template %q) | n | p50 ms | p99 ms |\n|---|---|---|---|\n", f.Template)
+	line := func(name string, ds []time.Duration) {
+		fmt.Fprintf(&md, "| %s | %d | %.1f | %s |\n", name, len(ds), pct(ds, .5), pctText(ds, .99, "%.1f"))
+	}
+	line("`Sandbox.create` → first `commands.run('true')` answered, cold", f.CreateToRun.durations())
+	line("&nbsp;&nbsp;of which `Sandbox.create`", f.Create.durations())
+	line("&nbsp;&nbsp;of which the first `commands.run('true')`", f.FirstRun.durations())
+	if f.HTTPCreate != nil {
+		line("our HTTP API's create → Ready, same template, same rounds (alternating)", f.HTTPCreate.durations())
+	}
+	fmt.Fprintf(&md, "| `Sandbox.create` → first `commands.run` from a warm pool | – | not offered | not offered |\n")
+	run := f.RunTrue.durations()
+	line("`commands.run('true')` through the router, c=1", run)
+	line("`files.exists('/tmp')` through the router, c=1 (one unary Connect call: filesystem.Stat), alternating with the runs", f.Exists.durations())
+	for _, c := range calls {
+		line(c.name, c.ds)
+	}
+	fmt.Fprintf(&md, "| 10 MiB `files.write` | %d | %.1f MiB/s (median) | samples %v MiB/s |\n", f.Upload.N, f.Upload.Median, f.Upload.Samples)
+	if len(f.FirstRunFailures) > 0 {
+		fmt.Fprintf(&md, "\nThe first `commands.run` after `Sandbox.create` failed %d times in %d rounds (then retried every 100 ms; the rounds' times include the retries):\n", len(f.FirstRunFailures), f.Rounds)
+		for _, m := range f.FirstRunFailures {
+			fmt.Fprintf(&md, "- %s\n", m)
+		}
+	}
+	if len(f.RouterRefusals) > 0 {
+		fmt.Fprintf(&md, "\nThe router's refusals and failures in the SDK's run (its log, %d lines; the first 10):\n", len(f.RouterRefusals))
+		for _, l := range f.RouterRefusals[:min(10, len(f.RouterRefusals))] {
+			fmt.Fprintf(&md, "- `%s`\n", l)
+		}
+	}
+	fmt.Fprintf(&md, "\nNo warm-pool row: a template with the agent keeps no pool, because each agent is given its own sandbox's token hash "+
+		"(ENVD_ACCESS_TOKEN_SHA256) in its container's environment when its create makes the Pod, and a pooled Pod is made before it has a sandbox (docs/e2b.md).\n")
+	met := "met"
+	if pct(run, .5) > float64(e2bRunTarget.Microseconds())/1000 {
+		met = "not met"
+	}
+	fmt.Fprintf(&md, "\nTarget (issue 48): `commands.run('true')` through the router ≤ %d ms p50 at c=1: %s (%.1f ms).\n", e2bRunTarget.Milliseconds(), met, pct(run, .5))
+	return md.String()
+}
+
+// TestE2BReport: the run target is judged on the runs' p50 (met at or
+// under 10 ms, not met over it), the warm-pool row says "not offered"
+// rather than a number, our HTTP API's row is there only when measured,
+// and the table carries the command that produced it.
+func TestE2BReport(t *testing.T) {
+	ms := func(xs ...float64) e2bSummary { return e2bSummary{N: len(xs), Samples: xs} }
+	httpFig := ms(900, 1000)
+	tests := []struct {
+		name    string
+		runs    e2bSummary
+		http    *e2bSummary
+		want    []string
+		wantNot []string
+	}{
+		{name: "met at the target", runs: ms(5, 10, 10, 30), want: []string{"≤ 10 ms p50 at c=1: met (10.0 ms)"}, wantNot: []string{"our HTTP API"}},
+		{name: "not met just over it", runs: ms(5, 10.1, 10.1, 30), http: &httpFig,
+			want: []string{"≤ 10 ms p50 at c=1: not met (10.1 ms)", "| our HTTP API's create → Ready, same template, same rounds (alternating) | 2 | 900.0 | max 1000.0 (n=2) |"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := e2bFigures{Template: "e2b", RunTrue: tc.runs, HTTPCreate: tc.http, CreateToRun: ms(1500), Create: ms(1400), FirstRun: ms(100), Exists: ms(2)}
+			got := e2bReport(f, []*e2bCall{{name: "filesystem.Stat straight to the Pod's agent", ds: []time.Duration{time.Millisecond}}})
+			for _, w := range append(tc.want, e2bCommand, "| `Sandbox.create` → first `commands.run` from a warm pool | – | not offered | not offered |",
+				"| filesystem.Stat straight to the Pod's agent | 1 | 1.0 | max 1.0 (n=1) |") {
+				if !strings.Contains(got, w) {
+					t.Errorf("the report lacks %q:\n%s", w, got)
+				}
+			}
+			for _, w := range tc.wantNot {
+				if strings.Contains(got, w) {
+					t.Errorf("the report has %q:\n%s", w, got)
+				}
+			}
+		})
+	}
+}
+
+// routerRefusals is the router Pods' log lines at warning level or above
+// (a refusal says its status and reason): why a request through it failed.
+func routerRefusals(ctx context.Context, kc *cluster.Cluster) []string {
+	pods, err := kc.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + realnode.RouterName})
+	if err != nil {
+		return []string{"listing the router's Pods: " + err.Error()}
+	}
+	var out []string
+	for _, p := range pods.Items {
+		raw, err := kc.Client.CoreV1().Pods(ns).GetLogs(p.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+		if err != nil {
+			out = append(out, p.Name+": its log: "+err.Error())
+			continue
+		}
+		for _, l := range strings.Split(string(raw), "\n") {
+			if strings.Contains(l, `"level":"WARN"`) || strings.Contains(l, `"level":"ERROR"`) {
+				out = append(out, p.Name+": "+l)
+			}
+		}
+	}
+	return out
+}
