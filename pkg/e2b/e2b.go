@@ -28,6 +28,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/access"
@@ -68,26 +69,18 @@ type API struct {
 	gate        *fairness.Gate
 	ops         Operations
 	metrics     *metrics.Metrics
-	key         access.Key
-	keyProblem  string
+	keys        *keyFile
 	envdVersion string
 	now         func() time.Time
 	mux         *http.ServeMux
 }
 
-// New returns the E2B API over ops. Without a usable
-// token key (E2B_TOKEN_KEY_FILE) every endpoint answers 503 saying so: a
-// sandbox whose token cannot be made is one nobody could use safely.
+// New returns the E2B API over ops. Without a usable token key
+// (E2B_TOKEN_KEY_FILE) every endpoint answers 503 saying so: a sandbox
+// whose token cannot be made is one nobody could use safely.
 func New(cfg *config.Config, authn *auth.Authenticator, ops Operations, m *metrics.Metrics, gate *fairness.Gate) *API {
-	a := &API{cfg: cfg, auth: authn, gate: gate, ops: ops, metrics: m, envdVersion: EnvdVersion, now: time.Now, mux: http.NewServeMux()}
-	switch k, err := access.LoadKey(cfg.TokenKeyFile); {
-	case cfg.TokenKeyFile == "":
-		a.keyProblem = "the E2B API is off: E2B_TOKEN_KEY_FILE is not set (docs/e2b.md)"
-	case err != nil:
-		a.keyProblem = "the E2B API is off: " + err.Error()
-	default:
-		a.key = k
-	}
+	a := &API{cfg: cfg, auth: authn, gate: gate, ops: ops, metrics: m, envdVersion: EnvdVersion, now: time.Now, mux: http.NewServeMux(),
+		keys: &keyFile{path: cfg.TokenKeyFile, now: time.Now}}
 	for _, p := range []string{"POST /sandboxes", "POST /v2/sandboxes"} {
 		a.route(p, "create", a.create)
 	}
@@ -112,6 +105,47 @@ func New(cfg *config.Config, authn *auth.Authenticator, ops Operations, m *metri
 // ServeHTTP serves a request whose path starts with Prefix.
 func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	http.StripPrefix(Prefix, a.mux).ServeHTTP(w, r)
+}
+
+// keyFile is the token key, read from its file when first needed and, while
+// it cannot be, again at most once a second: the Secret is optional in the
+// function's manifest, so an operator may create it after the function
+// started, and the next request after that finds it (no restart). Once
+// read, the key is kept: a key changed under running sandboxes would
+// change their tokens.
+type keyFile struct {
+	path    string
+	now     func() time.Time
+	mu      sync.Mutex
+	key     access.Key
+	problem string
+	tried   time.Time
+}
+
+func (k *keyFile) get() (access.Key, string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.key != nil {
+		return k.key, ""
+	}
+	if now := k.now(); k.tried.IsZero() || now.Sub(k.tried) >= time.Second {
+		k.tried = now
+		switch key, err := access.LoadKey(k.path); {
+		case k.path == "":
+			k.problem = "the E2B API is off: E2B_TOKEN_KEY_FILE is not set (docs/e2b.md)"
+		case err != nil:
+			k.problem = "the E2B API is off until its token key can be read: " + err.Error() + " (create the Secret sandbox-e2b-key: docs/e2b.md)"
+		default:
+			k.key, k.problem = key, ""
+		}
+	}
+	return k.key, k.problem
+}
+
+// key is the token key of a request serve admitted (so one that exists).
+func (a *API) key() access.Key {
+	k, _ := a.keys.get()
+	return k
 }
 
 // Body is E2B's error body, which the SDK reads the message of.
@@ -154,8 +188,8 @@ func (a *API) route(pattern, operation string, h handler) {
 }
 
 func (a *API) serve(w http.ResponseWriter, r *http.Request, operation string, h handler) (int, string) {
-	if a.key == nil {
-		return writeError(w, http.StatusServiceUnavailable, "%s", a.keyProblem), ""
+	if _, problem := a.keys.get(); problem != "" {
+		return writeError(w, http.StatusServiceUnavailable, "%s", problem), ""
 	}
 	d := a.auth.Check(r.Context(), auth.FromRequest(r), operation)
 	if !d.Allowed() {
@@ -296,7 +330,7 @@ func (a *API) create(w http.ResponseWriter, r *http.Request) int {
 	}
 	spec.Metadata = body.Metadata
 	tok := a.tokenSandbox(c.Records(), id, resources.Annotations(spec)[keys.AnnotationCreatedAt])
-	spec.EnvdTokenHash = access.Hash(a.key.Token(access.Envd, tok))
+	spec.EnvdTokenHash = access.Hash(a.key().Token(access.Envd, tok))
 	sb, err := a.ops.Create(ctx, spec, a.cfg.MaxReadyWait)
 	if err != nil {
 		return fail(w, err)
@@ -393,7 +427,7 @@ func (a *API) tokenSandbox(principal, id, createdAt string) access.Sandbox {
 
 func (a *API) sandbox(sb api.Sandbox, tok access.Sandbox) Sandbox {
 	return Sandbox{TemplateID: sb.Template, SandboxID: sb.ID, ClientID: clientID, EnvdVersion: a.envdVersion,
-		EnvdAccessToken: a.key.Token(access.Envd, tok), TrafficAccessToken: a.key.Token(access.Traffic, tok)}
+		EnvdAccessToken: a.key().Token(access.Envd, tok), TrafficAccessToken: a.key().Token(access.Traffic, tok)}
 }
 
 // detail is sb as E2B's get and list show it; withToken adds the envd
@@ -410,7 +444,7 @@ func (a *API) detail(sb api.Sandbox, withToken bool) Detail {
 	if sb.Envd {
 		d.EnvdVersion = a.envdVersion
 		if withToken {
-			d.EnvdAccessToken = a.key.Token(access.Envd, a.tokenSandbox(sb.Principal, sb.ID, sb.CreatedAt))
+			d.EnvdAccessToken = a.key().Token(access.Envd, a.tokenSandbox(sb.Principal, sb.ID, sb.CreatedAt))
 		}
 	}
 	return d

@@ -419,3 +419,30 @@ func TestEnvdVersionIsTheAgents(t *testing.T) {
 		t.Errorf("e2b.EnvdVersion = %q, the agent's envd.Version = %q: keep them equal", EnvdVersion, envd.Version)
 	}
 }
+
+// TestAKeyMadeAfterStartIsFound: the Secret is optional in the function's
+// manifest, so an operator may create it after the function started; the
+// API finds it without a restart (reading at most once a second while it
+// is missing).
+func TestAKeyMadeAfterStartIsFound(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "key")
+	t.Setenv("PROVISIONER_API_KEYS", "alice="+aliceKey)
+	t.Setenv("E2B_TOKEN_KEY_FILE", path)
+	cfg, err := config.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := New(cfg, auth.FromConfig(&cfg.AuthConfig, nil), newFake(), metrics.New(), fairness.FromConfig(&cfg.FairnessConfig))
+	now := time.Date(2026, 11, 28, 12, 0, 0, 0, time.UTC)
+	a.keys.now = func() time.Time { return now }
+	codes := []int{call(t, a, "POST", "/sandboxes", aliceKey, `{"templateID":"base"}`).code}
+	if err := os.WriteFile(path, []byte(strings.Repeat("k", 48)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	codes = append(codes, call(t, a, "POST", "/sandboxes", aliceKey, `{"templateID":"base"}`).code) // within the second: not read again
+	now = now.Add(time.Second)
+	codes = append(codes, call(t, a, "POST", "/sandboxes", aliceKey, `{"templateID":"base"}`).code)
+	if d := cmp.Diff([]int{503, 503, 201}, codes); d != "" {
+		t.Errorf("creates before, just after and a second after the key appeared (-want +got):\n%s", d)
+	}
+}
