@@ -42,7 +42,7 @@ tools:
 image:
 	hack/image.sh $(IMAGE)
 
-## deploy: build, push to IMAGE (required) the function and its egress proxy, and apply config/ pinned to the pushed digests (DRY_RUN=1 prints)
+## deploy: build, push to IMAGE (required) the function, its egress proxy, the E2B router and agent, and apply config/ pinned to the pushed digests (DRY_RUN=1 prints)
 .PHONY: deploy
 deploy:
 	hack/deploy.sh $(IMAGE)
