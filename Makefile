@@ -111,7 +111,7 @@ test-knative: tools image node
 
 ## bench: measure latency, throughput, cold start and memory against the client-go floor, and the cold start from zero on real Knative
 .PHONY: bench
-bench: tools node image
+bench: tools node image e2b
 	$(GO) test -tags e2e -count=1 -timeout 90m -run '^$$' -bench . -benchtime 1x ./test/bench/...
 	hack/install-knative.sh
 	$(GO) test -tags e2e -count=1 -timeout 30m -run '^$$' -bench . -benchtime 1x ./test/knative/...

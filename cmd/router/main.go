@@ -117,7 +117,7 @@ func run(log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	h := router.New(router.Options{Resolver: c.resolver, Key: set.key, Log: log, Metrics: metrics})
+	h := router.New(router.Options{Resolver: c.resolver, Key: set.key, Log: log, Metrics: metrics, CacheGrace: router.DefaultCacheGrace})
 
 	msrv := monitor.Start(ctx, set.metricsAddr, reg, ready.Load, "the Pod and Service caches have not synced", log, stop)
 

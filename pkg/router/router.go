@@ -46,9 +46,19 @@ const (
 // does not answer (a Pod gone since the cache last heard) fails fast.
 const DefaultDialTimeout = 2 * time.Second
 
+// DefaultCacheGrace is how long a request waits for the router's caches
+// to show a sandbox they do not show yet, or its Pod running: a create
+// answers once its Pod is Ready, and the SDK's first call may reach a
+// router replica whose watch has not delivered that yet.
+const DefaultCacheGrace = 2 * time.Second
+
 // Options configure a Handler.
 type Options struct {
 	Resolver Resolver
+	// CacheGrace is how long an unknown or not running sandbox is looked
+	// up again (every 25 ms) before the request is refused (0: not at all;
+	// the command sets DefaultCacheGrace).
+	CacheGrace time.Duration
 	// Key makes the tokens the router checks (the function's).
 	Key     access.Key
 	Log     *slog.Logger
@@ -286,7 +296,7 @@ func (h *Handler) admit(r *http.Request, rt *route) (int, string, string) {
 	if port == EnvdPort {
 		rt.kind, kind, header = KindEnvd, access.Envd, HeaderAccessToken
 	}
-	t, err := h.opts.Resolver.Resolve(id)
+	t, err := h.resolve(r.Context(), id)
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return http.StatusNotFound, fmt.Sprintf("sandbox %s not found", id), err.Error()
@@ -314,6 +324,24 @@ func (h *Handler) admit(r *http.Request, rt *route) (int, string, string) {
 		return http.StatusNotFound, msg, msg
 	}
 	return 0, "", ""
+}
+
+// resolve finds the sandbox's Pod, waiting up to CacheGrace for caches
+// that do not show it, or show it not running, to catch up. Bounded, and
+// only for those two answers: a cache that fails answers at once.
+func (h *Handler) resolve(ctx context.Context, id string) (Target, error) {
+	deadline := time.Now().Add(h.opts.CacheGrace)
+	for {
+		t, err := h.opts.Resolver.Resolve(id)
+		if err == nil || !(errors.Is(err, ErrNotFound) || errors.Is(err, ErrNotRunning)) || !time.Now().Before(deadline) {
+			return t, err
+		}
+		select {
+		case <-ctx.Done():
+			return t, err
+		case <-time.After(25 * time.Millisecond):
+		}
+	}
 }
 
 // upstreamError answers a request the sandbox did not take: 502, unless the

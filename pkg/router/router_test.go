@@ -600,3 +600,59 @@ func TestInitialisesAPooledAgentOnce(t *testing.T) {
 		t.Errorf("an agent that fails /init: the caller got %d, the agent saw %v; want 502 and no call", resp.StatusCode, seen)
 	}
 }
+
+// lagging is a cache that shows a sandbox only from its nth lookup on (a
+// watch behind the create that answered).
+type lagging struct {
+	mu    sync.Mutex
+	calls int
+	from  int
+	first error
+}
+
+func (l *lagging) Resolve(id string) (Target, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.calls++
+	if l.calls < l.from {
+		return Target{}, fmt.Errorf("sandbox %s: %w", id, l.first)
+	}
+	return abc, nil
+}
+
+// TestWaitsForCachesBehindACreate: a sandbox the caches do not show yet, or
+// show not running, is looked up again for CacheGrace before the request
+// is refused; a cache that fails is not waited on.
+func TestWaitsForCachesBehindACreate(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		from  int
+		first error
+		grace time.Duration
+		code  int
+	}{
+		{"not there yet, then there", 4, ErrNotFound, time.Second, http.StatusNoContent},
+		{"not running yet, then running", 4, ErrNotRunning, time.Second, http.StatusNoContent},
+		{"never there within the grace", 1 << 30, ErrNotFound, 100 * time.Millisecond, http.StatusNotFound},
+		{"no grace", 4, ErrNotFound, 0, http.StatusNotFound},
+		{"a broken cache is not waited on", 4, errors.New("the cache broke"), time.Second, http.StatusBadGateway},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			l := &lagging{from: c.from, first: c.first}
+			h := newHarness(t, func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) },
+				func(o *Options) { o.Resolver, o.CacheGrace = l, c.grace })
+			start := time.Now()
+			resp, err := http.DefaultClient.Do(h.request(t, http.MethodPost, strings.NewReader("{}"), envd("abc")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != c.code {
+				t.Errorf("= %d after %d lookups, want %d", resp.StatusCode, l.calls, c.code)
+			}
+			if took := time.Since(start); took > c.grace+2*time.Second {
+				t.Errorf("took %v; the grace is %v", took, c.grace)
+			}
+		})
+	}
+}
