@@ -28,7 +28,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "usage: check-templates FILE|DIR...")
 		os.Exit(2)
 	}
-	cfg, err := config.Load()
+	cfg, err := loadConfig()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
@@ -53,6 +53,20 @@ func main() {
 		os.Exit(1)
 	}
 	fmt.Printf("%d sandbox templates valid\n", checked)
+}
+
+// loadConfig is the function's configuration from the environment, with one
+// stand-in: a template with the E2B agent (sandbox.deerflow.dev/envd) is
+// refused while the agent's image is unset, and the image is the
+// deployment's (make deploy sets it), not the template's, so an offline
+// check names one when the environment does not.
+func loadConfig() (*config.Config, error) {
+	if os.Getenv("SANDBOX_ENVD_IMAGE") == "" {
+		if err := os.Setenv("SANDBOX_ENVD_IMAGE", "sandbox-envd:offline-check"); err != nil {
+			return nil, err
+		}
+	}
+	return config.Load()
 }
 
 func manifests(arg string) ([]string, error) {
