@@ -125,9 +125,7 @@ func New(o Options) *Handler {
 			// IPs only.
 			Proxy: nil,
 			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-				ctx, cancel := context.WithTimeout(ctx, timeout)
-				defer cancel()
-				return dial(ctx, network, addr)
+				return dialAgain(ctx, dial, network, addr, timeout)
 			},
 			MaxIdleConns:        1024,
 			MaxIdleConnsPerHost: 32,
@@ -182,6 +180,34 @@ func (h *Handler) initAgent(ctx context.Context, rt *route, token string) error 
 	}
 	h.inited.add(rt.target.UID)
 	return nil
+}
+
+// firstDialAttempt is how long the first connection attempt to a sandbox
+// waits for an answer before a fresh one is made; each next waits twice as
+// long, all within the dial timeout.
+const firstDialAttempt = 250 * time.Millisecond
+
+// dialAgain connects within timeout, starting over with a fresh connection
+// when an attempt hears nothing (a SYN dropped: the node's policy agent may
+// judge a Pod made a moment ago before it has seen the Pod's labels, and
+// the kernel would resend that SYN only after a second), never after an
+// answer such as a refusal, which it returns at once.
+func dialAgain(ctx context.Context, dial func(context.Context, string, string) (net.Conn, error), network, addr string, timeout time.Duration) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for attempt := firstDialAttempt; ; attempt *= 2 {
+		actx, acancel := context.WithTimeout(ctx, attempt)
+		c, err := dial(actx, network, addr)
+		acancel()
+		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) && !isTimeout(err) {
+			return c, err
+		}
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 type routeKey struct{}

@@ -656,3 +656,60 @@ func TestWaitsForCachesBehindACreate(t *testing.T) {
 		})
 	}
 }
+
+// TestDialsAgainWhenAnAttemptHearsNothing: a connection attempt that hears
+// nothing (a dropped SYN) is started over at once, not left to the
+// kernel's one-second resend; a refusal is not retried.
+func TestDialsAgainWhenAnAttemptHearsNothing(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		silent   int // attempts that hear nothing
+		refuse   bool
+		attempts int
+		ok       bool
+	}{
+		{"the first attempt hears nothing", 1, false, 2, true},
+		{"two hear nothing", 2, false, 3, true},
+		{"a refusal", 0, true, 1, false},
+		{"nothing ever", 1 << 30, false, 0, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var mu sync.Mutex
+			n := 0
+			dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+				mu.Lock()
+				n++
+				k := n
+				mu.Unlock()
+				switch {
+				case c.refuse:
+					return nil, errors.New("connect: connection refused")
+				case k <= c.silent:
+					<-ctx.Done()
+					return nil, ctx.Err()
+				}
+				a, b := net.Pipe()
+				b.Close()
+				return a, nil
+			}
+			start := time.Now()
+			conn, err := dialAgain(context.Background(), dial, "tcp", "10.0.0.1:49983", 2*time.Second)
+			took := time.Since(start)
+			if conn != nil {
+				conn.Close()
+			}
+			if (err == nil) != c.ok {
+				t.Fatalf("err %v, want ok %v", err, c.ok)
+			}
+			if c.attempts > 0 && n != c.attempts {
+				t.Errorf("%d attempts, want %d", n, c.attempts)
+			}
+			if c.ok && took > time.Second {
+				t.Errorf("took %v: longer than the kernel's own resend", took)
+			}
+			if !c.ok && !c.refuse && (took < 1900*time.Millisecond || took > 3*time.Second) {
+				t.Errorf("a dial that never hears took %v, want the 2 s timeout", took)
+			}
+		})
+	}
+}
