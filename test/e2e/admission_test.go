@@ -165,6 +165,7 @@ func newAdmission(t *testing.T, ns string, env map[string]string) admission {
 	cfg.Namespace = ns
 	cfg.RuntimeClassName = "gvisor" // as config/400-service.yaml sets it
 	cfg.LarkCLIInitImage, cfg.LarkCLIBrokerImage = "lark-init:1", "lark-broker:1"
+	cfg.EnvdImage = "sandbox-envd:1" // as make deploy sets it
 	for k, v := range env {
 		switch k {
 		case "pvc":
@@ -196,6 +197,10 @@ func (a admission) spec(id string, req *api.CreateRequest, tmpl string) api.Spec
 		}
 		if s.Resolved, err = template.FromPodTemplate(&pt, a.cfg.Objects()); err != nil {
 			a.t.Fatal(err)
+		}
+		if s.Resolved.Envd {
+			// What the E2B API adds to a create of it.
+			s.EnvdTokenHash, s.Metadata = strings.Repeat("ab", 32), map[string]string{"run": "r1", "owner key": "a value"}
 		}
 	}
 	return s
@@ -267,6 +272,7 @@ func TestAdmissionAdmitsTheFunctionsObjects(t *testing.T) {
 		{"Pod with the Lark init container", host, initOnly, "", false},
 		{"Pod in PVC mode", pvc, lark, "", false},
 		{"Pod of the python template", host, nil, "python", false},
+		{"Pod of the E2B template (the agent, metadata)", host, nil, "e2b", false},
 		{"ReplicaSet", host, nil, "", true},
 		{"ReplicaSet with Lark containers", host, lark, "", true},
 		{"ReplicaSet of the self-healing template", host, nil, "self-healing", true},
