@@ -22,6 +22,7 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/follow"
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 )
@@ -278,4 +279,56 @@ func refusedSaying(t *testing.T, r function.Response, code int, parts ...string)
 	if strings.Contains(detail, "Role") {
 		t.Errorf("detail %q sends the operator to the Role", detail)
 	}
+}
+
+// TestE2BCreateInTheShapeConfigDeploys: set up as config/ deploys the
+// function (its LimitRange, which defaults cpu, memory and ephemeral
+// storage, among the rest) and acting as its ServiceAccount, an E2B create
+// of config/templates/e2b.yaml as shipped is admitted, and so are its warm
+// pool's Pods. A container that leaves a resource for the LimitRange to
+// fill in gets the Pod annotated kubernetes.io/limit-ranger, which the
+// admission policy refuses: that refused every E2B create on the Knative
+// deployment while the policy test (no LimitRange) admitted the Pod.
+// Stand-ins: kwok's node (the Pods are only admitted and scheduled) and a
+// token key written here (config/ reads it from the Secret sandbox-e2b-key).
+func TestE2BCreateInTheShapeConfigDeploys(t *testing.T) {
+	env, ns := configShape(t)
+	ctx := context.Background()
+	keyFile := filepath.Join(t.TempDir(), "key")
+	if err := os.WriteFile(keyFile, []byte("a-test-token-key-of-thirty-two-bytes-or-more"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env["SANDBOX_ENVD_IMAGE"] = "localhost/sandbox-envd:e2e"
+	env["E2B_TOKEN_KEY_FILE"] = keyFile
+	applyTemplates(t, ns, "e2b")
+	poolPods := keys.LabelPool + "=base"
+	t.Cleanup(func() {
+		_ = client().CoreV1().PodTemplates(ns).Delete(ctx, "base", metav1.DeleteOptions{})
+		_ = client().CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: poolPods})
+	})
+	proxy.Impersonate(serviceAccount)
+	defer proxy.Impersonate("")
+	f := start(t, ns, env)
+
+	r, err := f.Do("POST", "/e2b/sandboxes", map[string]any{"templateID": "base", "timeout": 60, "metadata": map[string]string{"run": "shape"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectCode(t, r, 201, "an E2B create of config/templates/e2b.yaml in the shape config/ deploys")
+	id, _ := r.Body["sandboxID"].(string)
+	t.Cleanup(func() { _, _ = f.Do("DELETE", "/e2b/sandboxes/"+id, nil) })
+	pod, err := client().CoreV1().Pods(ns).Get(ctx, "sandbox-"+id, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range pod.Annotations {
+		if !strings.HasPrefix(k, "sandbox.deerflow.dev/") {
+			t.Errorf("the stored E2B Pod carries the annotation %s; want only sandbox.deerflow.dev/ ones", k)
+		}
+	}
+	// The pool's Pods (the agent without a token hash) are admitted too.
+	eventually(t, 30*time.Second, "the e2b template's warm pool of 2 admitted", func() (bool, error) {
+		l, err := client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: poolPods})
+		return err == nil && len(l.Items) >= 2, err
+	})
 }

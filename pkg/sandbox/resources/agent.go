@@ -34,7 +34,14 @@ func addAgent(cfg config.Objects, s api.Spec, pod *corev1.Pod) {
 	pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: agentVolume, VolumeSource: corev1.VolumeSource{
 		EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: ptr.To(resource.MustParse("64Mi"))},
 	}})
-	small := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("32Mi")}
+	// Every resource a LimitRange can default is set: a LimitRange that
+	// fills one in also annotates the Pod (kubernetes.io/limit-ranger),
+	// which the admission policy's annotation allow-list refuses.
+	small := corev1.ResourceList{
+		corev1.ResourceCPU:              resource.MustParse("50m"),
+		corev1.ResourceMemory:           resource.MustParse("32Mi"),
+		corev1.ResourceEphemeralStorage: resource.MustParse("32Mi"),
+	}
 	pod.Spec.InitContainers = append(pod.Spec.InitContainers, corev1.Container{
 		Name:            agentInstaller,
 		Image:           cfg.EnvdImage,

@@ -1,6 +1,7 @@
 package resources
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -30,7 +31,7 @@ func TestAgentIsAddedBesideTheImage(t *testing.T) {
 	s.Resolved = &withAgent
 	with := BuildPod(cfg.Objects(), s)
 
-	small := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("32Mi")}
+	small := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("32Mi"), corev1.ResourceEphemeralStorage: resource.MustParse("32Mi")}
 	want := without.DeepCopy()
 	want.Labels[keys.LabelEnvd] = "true"
 	want.Spec.Volumes = append(want.Spec.Volumes, corev1.Volume{Name: "envd", VolumeSource: corev1.VolumeSource{
@@ -55,5 +56,37 @@ func TestAgentIsAddedBesideTheImage(t *testing.T) {
 	}
 	if got := Labels(s)[keys.LabelEnvd]; got != "true" {
 		t.Errorf("the sandbox's labels carry %s=%q; want true (the Service's and a ReplicaSet's too)", keys.LabelEnvd, got)
+	}
+}
+
+// TestEveryContainerSetsWhatALimitRangeDefaults: each container of a
+// sandbox Pod, init containers too, sets the requests and limits a
+// LimitRange can default (config/900-limitrange.yaml defaults all three).
+// A LimitRange that fills one in annotates the Pod
+// (kubernetes.io/limit-ranger), and the admission policy's annotation
+// allow-list then refuses the Pod: that is how the agent's init container
+// was refused on the Knative deployment.
+func TestEveryContainerSetsWhatALimitRangeDefaults(t *testing.T) {
+	cfg := testConfig(t, map[string]string{"SANDBOX_IMAGE": "sandbox:1", "SANDBOX_ENVD_IMAGE": "envd:1"}).Objects()
+	agent := &template.Template{Name: "e2b", Kind: template.KindPod, IdleAction: template.IdleDelete, Envd: true,
+		Pod: corev1.PodTemplateSpec{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "sandbox", Image: "operator/image:2"}}}}}
+	withAgent := testSpec()
+	withAgent.Template, withAgent.Resolved, withAgent.EnvdTokenHash = agent.Name, agent, "ab12"
+	pods := map[string]corev1.PodSpec{
+		"no template":               BuildPod(cfg, testSpec()).Spec,
+		"a template with the agent": BuildPod(cfg, withAgent).Spec,
+		"its warm pool's Pod":       PoolPodTemplate(cfg, PoolSpec(cfg, agent)).Spec,
+	}
+	for name, spec := range pods {
+		for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
+			for _, r := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory, corev1.ResourceEphemeralStorage} {
+				if _, ok := c.Resources.Requests[r]; !ok {
+					t.Errorf("%s: container %s requests no %s, which a LimitRange would fill in (and annotate the Pod)", name, c.Name, r)
+				}
+				if _, ok := c.Resources.Limits[r]; !ok {
+					t.Errorf("%s: container %s sets no %s limit, which a LimitRange would fill in (and annotate the Pod)", name, c.Name, r)
+				}
+			}
+		}
 	}
 }
