@@ -62,8 +62,15 @@ func Refusal(namespace string, df *config.DeerFlowConfig, err error, s api.Spec,
 		return operator("Pod Security %q in namespace %s: %s; %s", m[1], namespace, m[2], fix)
 	case policyRefusal.MatchString(msg):
 		m := policyRefusal.FindStringSubmatch(msg)
+		// The provisioner sets only allowed annotations; others come from
+		// admission in between (a LimitRange filling in resources, a
+		// mutating webhook), which the caller never sees.
+		annotated := ""
+		if strings.Contains(m[2], "annotations") {
+			annotated = "; annotations the provisioner does not set come from a mutating webhook or a LimitRange that fills in a container's resources (kubernetes.io/limit-ranger)"
+		}
 		return operator("the admission policy %s: %s; the function's settings (DEER_FLOW_HOST_BASE_DIR, THREADS_HOST_PATH, SANDBOX_CAPABILITIES_ADD, SANDBOX_RUN_AS_USER) "+
-			"and the policy's parameters (ConfigMap sandbox-admission in namespace %s) must agree", m[1], m[2], namespace)
+			"and the policy's parameters (ConfigMap sandbox-admission in namespace %s) must agree%s", m[1], m[2], namespace, annotated)
 	case webhookRefusal.MatchString(msg):
 		m := webhookRefusal.FindStringSubmatch(msg)
 		return operator("the admission webhook %s: %s", m[1], m[2])

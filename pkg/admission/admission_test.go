@@ -53,6 +53,10 @@ func TestAdmissionRefusalNamesWhatRefused(t *testing.T) {
 		err:  forbidden(`ValidatingAdmissionPolicy 'sandbox-provisioner-pods' with binding 'b' denied request: no Secret volumes`),
 		want: &want{api.KindInternal, []string{"admission policy sandbox-provisioner-pods", "template python"}},
 	}, {
+		name: "an annotation refused names where such annotations come from",
+		err:  forbidden(`ValidatingAdmissionPolicy 'sandbox-provisioner-pods' with binding 'b' denied request: a sandbox may carry only the annotations sandbox.deerflow.dev/*`),
+		want: &want{api.KindInternal, []string{"admission policy sandbox-provisioner-pods", "mutating webhook", "kubernetes.io/limit-ranger"}},
+	}, {
 		name: "a webhook",
 		err:  forbidden(`admission webhook "policy.example.com" denied the request: image not signed`),
 		want: &want{api.KindInternal, []string{"admission webhook policy.example.com", "image not signed"}},
