@@ -105,7 +105,7 @@ test-run: tools node
 
 ## test-knative: the end-to-end suite on real Knative Serving and Eventing on the real node (its own cluster; run after test-e2e, never beside it)
 .PHONY: test-knative
-test-knative: tools image node
+test-knative: tools image node e2b
 	hack/install-knative.sh
 	$(GO) test -tags e2e -count=1 -timeout $(KNATIVE_TIMEOUT) -v ./test/knative/... 2>&1 | hack/summarize-tests.sh
 
