@@ -101,7 +101,7 @@ func (s *Service) Start(ctx context.Context, req *connect.Request[pb.StartReques
 		s.mu.Unlock()
 		s.log.Info("process ended", "pid", p.pid, "status", p.endEvent().GetStatus())
 	}()
-	return pump(ctx, p, sub, keepaliveInterval(req.Header()), func(ev *pb.ProcessEvent) error {
+	return pump(ctx, p, sub, keepaliveInterval(req.Header()), startHold, func(ev *pb.ProcessEvent) error {
 		return stream.Send(&pb.StartResponse{Event: ev})
 	})
 }
@@ -123,7 +123,8 @@ func (s *Service) Connect(ctx context.Context, req *connect.Request[pb.ConnectRe
 		}
 		return send(&pb.ProcessEvent{Event: &pb.ProcessEvent_End{End: end}})
 	}
-	return pump(ctx, p, sub, keepaliveInterval(req.Header()), send)
+	// No hold: an attached caller waits on a process already running.
+	return pump(ctx, p, sub, keepaliveInterval(req.Header()), 0, send)
 }
 
 // List answers the running processes, by pid.
