@@ -73,8 +73,12 @@ func New(cfg Config) *Server {
 		files: filesystem.New(log),
 	}
 	mux := http.NewServeMux()
-	mux.Handle(processconnect.NewProcessHandler(s.procs))
-	mux.Handle(filesystemconnect.NewFilesystemHandler(s.files))
+	// Streams' flushes are coalesced (flush.go); unary answers are one
+	// write anyway.
+	path, h := processconnect.NewProcessHandler(s.procs)
+	mux.Handle(path, coalesce(h))
+	path, h = filesystemconnect.NewFilesystemHandler(s.files)
+	mux.Handle(path, coalesce(h))
 	mux.HandleFunc("GET /files", s.download)
 	mux.HandleFunc("POST /files", s.upload)
 	authed := s.authenticate(mux)
