@@ -6,15 +6,11 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -32,12 +28,11 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/envd/gen/process"
 	"github.com/deerflow-sandbox/provisioner/pkg/envd/gen/process/processconnect"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
 	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
+	"github.com/deerflow-sandbox/provisioner/test/framework/e2bsdk"
 	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
-	"github.com/deerflow-sandbox/provisioner/test/framework/skip"
 )
 
 // e2bCommand is how to run BenchmarkE2B alone; its table prints it, so a
@@ -68,7 +63,7 @@ const e2bRunTarget = 10 * time.Millisecond
 // function's pool_claims_total says how many were claimed).
 func BenchmarkE2B(b *testing.B) {
 	ctx := context.Background()
-	sdk := e2bSDKDir(b)
+	sdk := e2bsdk.Dir(b)
 	kc, err := cluster.UpWith(ctx, "benche2b", cluster.Options{APIServerSANs: []string{"10.96.0.1"}}) // the router is an in-cluster client
 	if err != nil {
 		b.Fatal(err)
@@ -77,30 +72,19 @@ func BenchmarkE2B(b *testing.B) {
 	env, down := realNodeEnv(b, kc, "E2B")
 	defer down()
 
-	// The key the function and the router make and check tokens with.
-	raw := make([]byte, 36)
-	if _, err := rand.Read(raw); err != nil {
-		b.Fatal(err)
-	}
-	key := []byte(base64.StdEncoding.EncodeToString(raw))
+	// Where the key the function and the router make and check tokens
+	// with is written, for the function.
 	keyFile := filepath.Join(b.TempDir(), "key")
-	if err := os.WriteFile(keyFile, key, 0o600); err != nil {
-		b.Fatal(err)
-	}
-	if err := realnode.DeployRouter(ctx, kc.Client, filepath.Join("..", "..", "config", "310-router.yaml"), ns, key); err != nil {
-		b.Fatal(err)
-	}
 	env["SANDBOX_SERVICE_TYPE"] = "ClusterIP"
 	env["SANDBOX_ENVD_IMAGE"] = realnode.EnvdImage
 	env["E2B_TOKEN_KEY_FILE"] = keyFile
-	// The router's sandbox policy, as config/702 ships it, in this namespace.
+	// The router's sandbox policy is built from this configuration.
 	cfg, err := loadConfig(env)
 	if err != nil {
 		b.Fatal(err)
 	}
-	np := resources.BuildRouterPolicy(cfg.Objects())
-	np.Namespace = ns
-	if _, err := kc.Client.NetworkingV1().NetworkPolicies(ns).Create(ctx, np, metav1.CreateOptions{}); err != nil {
+	router, err := realnode.DeployE2BRouter(ctx, kc.Client, filepath.Join("..", "..", "config", "310-router.yaml"), ns, keyFile, cfg.Objects())
+	if err != nil {
 		b.Fatal(err)
 	}
 	fn, err := function.StartBinary(binary(b), env, filepath.Join(b.TempDir(), "fn.log"))
@@ -115,11 +99,6 @@ func BenchmarkE2B(b *testing.B) {
 	if _, err := kc.Client.CoreV1().PodTemplates(ns).Create(ctx, pt, metav1.CreateOptions{}); err != nil {
 		b.Fatal(err)
 	}
-	svc, err := kc.Client.CoreV1().Services(ns).Get(ctx, realnode.RouterName, metav1.GetOptions{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	routerURL := "http://" + net.JoinHostPort(svc.Spec.ClusterIP, "80")
 
 	const rounds, runs, uploads = 20, 200, 3
 	progress("e2b: %d rounds of Sandbox.create → first commands.run and our HTTP API's create → Ready, alternating; %d commands.run('true') and files.exists; %d uploads of 10 MiB", rounds, runs, uploads)
@@ -134,16 +113,16 @@ func BenchmarkE2B(b *testing.B) {
 		}
 	}()
 	figs := runE2BBench(b, sdk, map[string]string{
-		"E2B_API_URL": fn.URL + "/e2b", "E2B_SANDBOX_URL": routerURL, "E2B_API_KEY": function.Key, "E2B_TEMPLATE": tmpl,
+		"E2B_API_URL": fn.URL + "/e2b", "E2B_SANDBOX_URL": router.URL, "E2B_API_KEY": function.Key, "E2B_TEMPLATE": tmpl,
 		"E2B_BENCH_HTTP_API": fn.URL, "E2B_BENCH_ROUNDS": strconv.Itoa(rounds), "E2B_BENCH_RUNS": strconv.Itoa(runs),
 		"E2B_BENCH_UPLOADS": strconv.Itoa(uploads),
 	})
 
 	figs.RouterRefusals = routerRefusals(ctx, kc)
-	figs.Pool = e2bPooledPass(b, kc, fn, sdk, spec, routerURL)
+	figs.Pool = e2bPooledPass(b, kc, fn, sdk, spec, router.URL)
 
 	progress("e2b: where a run's time goes: %d each of /health, Stat and Start through the router and straight to the Pod, alternating", runs)
-	calls := e2bBreakdown(b, kc, fn, tmpl, routerURL, runs)
+	calls := e2bBreakdown(b, kc, fn, tmpl, router.URL, runs)
 	fmt.Println(e2bReport(figs, calls))
 }
 
@@ -231,57 +210,14 @@ func poolClaims(fn *function.Instance, template string) (float64, error) {
 	return n, sc.Err()
 }
 
-// e2bSDKDir is test/e2b with E2B's SDK installed (make e2b), or the
-// benchmark skips (fails under CI) saying what is missing.
-func e2bSDKDir(b *testing.B) string {
-	b.Helper()
-	dir := filepath.Join("..", "e2b")
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b", "package.json")); err != nil {
-		skip.Unavailable(b, "E2B's SDK is not installed (run make e2b): %v", err)
-	}
-	if _, err := exec.LookPath("node"); err != nil {
-		skip.Unavailable(b, "node is not installed: %v", err)
-	}
-	return dir
-}
-
-// e2bSummary is one figure of bench.mjs: its samples, in milliseconds (or
-// MiB/s for the upload).
-type e2bSummary struct {
-	N       int       `json:"n"`
-	Samples []float64 `json:"samples"`
-}
-
-func (s e2bSummary) durations() []time.Duration {
-	out := make([]time.Duration, len(s.Samples))
-	for i, ms := range s.Samples {
-		out[i] = time.Duration(ms * float64(time.Millisecond))
-	}
-	return out
-}
-
-// e2bFigures is bench.mjs's JSON line.
+// e2bFigures is bench.mjs's report and what BenchmarkE2B adds to it.
 type e2bFigures struct {
-	Template    string      `json:"template"`
-	Rounds      int         `json:"rounds"`
-	Create      e2bSummary  `json:"create_ms"`
-	FirstRun    e2bSummary  `json:"first_run_ms"`
-	CreateToRun e2bSummary  `json:"create_to_run_ms"`
-	HTTPCreate  *e2bSummary `json:"http_create_ready_ms"`
-	RunTrue     e2bSummary  `json:"run_true_ms"`
-	Exists      e2bSummary  `json:"exists_ms"`
-	// Each failed first commands.run, then retried.
-	FirstRunFailures []string `json:"first_run_failures"`
-	// What the router logged as refused or failed during the run (filled
-	// here, not by bench.mjs): why a first run failed.
-	RouterRefusals []string `json:"-"`
-	// Pool is the pooled pass (filled here).
-	Pool   *e2bPooled `json:"-"`
-	Upload struct {
-		N       int       `json:"n"`
-		Median  float64   `json:"median"`
-		Samples []float64 `json:"samples"`
-	} `json:"upload_mib_per_s"`
+	e2bsdk.BenchReport
+	// What the router logged as refused or failed during the run: why a
+	// first run failed.
+	RouterRefusals []string
+	// Pool is the pooled pass.
+	Pool *e2bPooled
 }
 
 // runE2BBench runs node bench.mjs in dir with env, bounded, and returns its
@@ -290,25 +226,17 @@ func runE2BBench(b *testing.B, dir string, env map[string]string) e2bFigures {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", "bench.mjs")
-	cmd.Dir = dir
-	cmd.Env = os.Environ()
-	for k, v := range env {
-		cmd.Env = append(cmd.Env, k+"="+v)
-	}
-	// SIGINT first, so the script's own cleanup kills its sandboxes.
-	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
-	cmd.WaitDelay = 30 * time.Second
+	cmd := e2bsdk.Command(ctx, dir, env, "bench.mjs")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, os.Stderr
 	if err := cmd.Run(); err != nil {
 		b.Fatalf("node bench.mjs: %v\n%s", err, out.String())
 	}
-	var figs e2bFigures
-	if err := json.Unmarshal(bytes.TrimSpace(out.Bytes()), &figs); err != nil {
+	report, err := e2bsdk.ParseBenchReport(out.Bytes())
+	if err != nil {
 		b.Fatalf("node bench.mjs printed no figures: %v\n%s", err, out.String())
 	}
-	return figs
+	return e2bFigures{BenchReport: report}
 }
 
 // e2bCall is one kind of call the breakdown times, and its samples.
@@ -451,21 +379,21 @@ func e2bReport(f e2bFigures, calls []*e2bCall) string {
 	line := func(name string, ds []time.Duration) {
 		fmt.Fprintf(&md, "| %s | %d | %.1f | %s |\n", name, len(ds), pct(ds, .5), pctText(ds, .99, "%.1f"))
 	}
-	line("`Sandbox.create` → first `commands.run('true')` answered, cold", f.CreateToRun.durations())
-	line("&nbsp;&nbsp;of which `Sandbox.create`", f.Create.durations())
-	line("&nbsp;&nbsp;of which the first `commands.run('true')`", f.FirstRun.durations())
+	line("`Sandbox.create` → first `commands.run('true')` answered, cold", f.CreateToRun.Durations())
+	line("&nbsp;&nbsp;of which `Sandbox.create`", f.Create.Durations())
+	line("&nbsp;&nbsp;of which the first `commands.run('true')`", f.FirstRun.Durations())
 	if f.HTTPCreate != nil {
-		line("our HTTP API's create → Ready, same template, same rounds (alternating)", f.HTTPCreate.durations())
+		line("our HTTP API's create → Ready, same template, same rounds (alternating)", f.HTTPCreate.Durations())
 	}
 	if p := f.Pool; p != nil {
 		line(fmt.Sprintf("`Sandbox.create` → first `commands.run('true')` answered, from a warm pool (%d of %d creates claimed a pooled Pod)", p.Claimed, p.Figures.Rounds),
-			p.Figures.CreateToRun.durations())
-		line("&nbsp;&nbsp;of which `Sandbox.create`", p.Figures.Create.durations())
-		line("&nbsp;&nbsp;of which the first `commands.run('true')` (the router gives the agent its token's hash first)", p.Figures.FirstRun.durations())
+			p.Figures.CreateToRun.Durations())
+		line("&nbsp;&nbsp;of which `Sandbox.create`", p.Figures.Create.Durations())
+		line("&nbsp;&nbsp;of which the first `commands.run('true')` (the router gives the agent its token's hash first)", p.Figures.FirstRun.Durations())
 	}
-	run := f.RunTrue.durations()
+	run := f.RunTrue.Durations()
 	line("`commands.run('true')` through the router, c=1", run)
-	line("`files.exists('/tmp')` through the router, c=1 (one unary Connect call: filesystem.Stat), alternating with the runs", f.Exists.durations())
+	line("`files.exists('/tmp')` through the router, c=1 (one unary Connect call: filesystem.Stat), alternating with the runs", f.Exists.Durations())
 	for _, c := range calls {
 		line(c.name, c.ds)
 	}
@@ -495,12 +423,12 @@ func e2bReport(f e2bFigures, calls []*e2bCall) string {
 // the pool served, our HTTP API's row is there only when measured, and the
 // table carries the command that produced it.
 func TestE2BReport(t *testing.T) {
-	ms := func(xs ...float64) e2bSummary { return e2bSummary{N: len(xs), Samples: xs} }
+	ms := func(xs ...float64) e2bsdk.Summary { return e2bsdk.Summary{N: len(xs), Samples: xs} }
 	httpFig := ms(900, 1000)
 	tests := []struct {
 		name    string
-		runs    e2bSummary
-		http    *e2bSummary
+		runs    e2bsdk.Summary
+		http    *e2bsdk.Summary
 		want    []string
 		wantNot []string
 	}{
@@ -510,8 +438,8 @@ func TestE2BReport(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			f := e2bFigures{Template: "e2b", RunTrue: tc.runs, HTTPCreate: tc.http, CreateToRun: ms(1500), Create: ms(1400), FirstRun: ms(100), Exists: ms(2),
-				Pool: &e2bPooled{Claimed: 2, Figures: e2bFigures{Rounds: 2, CreateToRun: ms(200, 240), Create: ms(150, 170), FirstRun: ms(50, 70)}}}
+			f := e2bFigures{BenchReport: e2bsdk.BenchReport{Template: "e2b", RunTrue: tc.runs, HTTPCreate: tc.http, CreateToRun: ms(1500), Create: ms(1400), FirstRun: ms(100), Exists: ms(2)},
+				Pool: &e2bPooled{Claimed: 2, Figures: e2bFigures{BenchReport: e2bsdk.BenchReport{Rounds: 2, CreateToRun: ms(200, 240), Create: ms(150, 170), FirstRun: ms(50, 70)}}}}
 			got := e2bReport(f, []*e2bCall{{name: "filesystem.Stat straight to the Pod's agent", ds: []time.Duration{time.Millisecond}}})
 			for _, w := range append(tc.want, e2bCommand, "| `Sandbox.create` → first `commands.run('true')` answered, from a warm pool (2 of 2 creates claimed a pooled Pod) | 2 | 200.0 | max 240.0 (n=2) |",
 				"| filesystem.Stat straight to the Pod's agent | 1 | 1.0 | max 1.0 (n=1) |") {

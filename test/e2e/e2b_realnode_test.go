@@ -5,15 +5,12 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -27,10 +24,9 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/access"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+	"github.com/deerflow-sandbox/provisioner/test/framework/e2bsdk"
 	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
-	"github.com/deerflow-sandbox/provisioner/test/framework/skip"
 )
 
 // e2bStack is the E2B API's parts on the real node, as shipped: the
@@ -42,33 +38,19 @@ import (
 // gVisor. Stand-ins, each said here: the image (built here, never pulled)
 // and the node (this machine).
 type e2bStack struct {
-	ns        string
-	fn        *function.Instance
-	apiURL    string // E2B_API_URL
-	routerURL string // E2B_SANDBOX_URL: the router's Service
-	key       access.Key
-	threads   string // the node's THREADS_HOST_PATH
+	ns      string
+	fn      *function.Instance
+	apiURL  string              // E2B_API_URL
+	router  *realnode.E2BRouter // its URL is E2B_SANDBOX_URL
+	key     access.Key
+	threads string // the node's THREADS_HOST_PATH
 }
 
 func startE2B(t *testing.T) *e2bStack {
 	t.Helper()
 	needRealNode(t)
 	ns := namespace(t)
-	raw := make([]byte, 36)
-	_, _ = rand.Read(raw)
-	key := []byte(base64.StdEncoding.EncodeToString(raw))
 	keyFile := filepath.Join(t.TempDir(), "key")
-	if err := os.WriteFile(keyFile, key, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if err := realnode.DeployRouter(ctx, client(), filepath.Join("..", "..", "config", "310-router.yaml"), ns, key); err != nil {
-		for _, p := range pods(t, ns, "app.kubernetes.io/name=sandbox-router") {
-			t.Logf("router Pod %s: %s %+v", p.Name, p.Status.Phase, p.Status.ContainerStatuses)
-		}
-		t.Fatal(err)
-	}
 	env := realEnv(t, ns, map[string]string{
 		"SANDBOX_SERVICE_TYPE": "ClusterIP",
 		"PROVISIONER_API_KEYS": "alice=" + aliceKey + ",bob=" + bobKey,
@@ -78,16 +60,20 @@ func startE2B(t *testing.T) *e2bStack {
 		"SANDBOX_ENVD_IMAGE": realnode.EnvdImage,
 		"E2B_TOKEN_KEY_FILE": keyFile,
 	})
-	// The router's sandbox policy, as config/702 ships it (a test in
-	// test/manifests keeps the two equal), in this test's namespace.
+	// The router's sandbox policy is built from the configuration of this
+	// test's namespace.
 	t.Setenv("K8S_NAMESPACE", ns)
 	cfg, err := config.Load()
 	if err != nil {
 		t.Fatal(err)
 	}
-	np := resources.BuildRouterPolicy(cfg.Objects())
-	np.Namespace = ns
-	if _, err := client().NetworkingV1().NetworkPolicies(ns).Create(context.Background(), np, metav1.CreateOptions{}); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	router, err := realnode.DeployE2BRouter(ctx, client(), filepath.Join("..", "..", "config", "310-router.yaml"), ns, keyFile, cfg.Objects())
+	if err != nil {
+		for _, p := range pods(t, ns, "app.kubernetes.io/name=sandbox-router") {
+			t.Logf("router Pod %s: %s %+v", p.Name, p.Status.Phase, p.Status.ContainerStatuses)
+		}
 		t.Fatal(err)
 	}
 	f := start(t, ns, env)
@@ -101,12 +87,7 @@ func startE2B(t *testing.T) *e2bStack {
 	// which the router gives each before the first call it forwards.
 	putTemplate(t, ns, podTemplate("e2b-pool", map[string]string{keys.TemplateEnvd: "true", keys.TemplateDeerFlowMounts: "false",
 		keys.TemplatePoolSize: "2"}, spec))
-	svc, err := client().CoreV1().Services(ns).Get(context.Background(), realnode.RouterName, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &e2bStack{ns: ns, fn: f, apiURL: f.URL + "/e2b", routerURL: "http://" + net.JoinHostPort(svc.Spec.ClusterIP, "80"),
-		key: access.Key(key), threads: env["THREADS_HOST_PATH"]}
+	return &e2bStack{ns: ns, fn: f, apiURL: f.URL + "/e2b", router: router, key: access.Key(router.Key), threads: env["THREADS_HOST_PATH"]}
 }
 
 // openThreads stands in for an operator's storage that the image's user
@@ -157,28 +138,18 @@ func (s *e2bStack) create(t *testing.T, key, body string) map[string]any {
 }
 
 // node runs one of test/e2b's scripts with the SDK installed by `make e2b`
-// (hack/install-e2b.sh), bounded by timeout, and returns its output.
+// (hack/install-e2b.sh), as alice, bounded by timeout, and returns its
+// output.
 func (s *e2bStack) node(t *testing.T, timeout time.Duration, env map[string]string, args ...string) (string, error) {
 	t.Helper()
-	dir := filepath.Join("..", "e2b")
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b", "package.json")); err != nil {
-		skip.Unavailable(t, "E2B's SDK is not installed (run make e2b, which hack/install-e2b.sh does): %v", err)
-	}
-	if _, err := exec.LookPath("node"); err != nil {
-		skip.Unavailable(t, "node is not installed: %v", err)
-	}
+	dir := e2bsdk.Dir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", args...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "E2B_API_URL="+s.apiURL, "E2B_SANDBOX_URL="+s.routerURL, "E2B_API_KEY="+aliceKey)
+	all := map[string]string{"E2B_API_URL": s.apiURL, "E2B_SANDBOX_URL": s.router.URL, "E2B_API_KEY": aliceKey}
 	for k, v := range env {
-		cmd.Env = append(cmd.Env, k+"="+v)
+		all[k] = v
 	}
-	// SIGTERM first, so the scripts' own cleanup kills their sandboxes.
-	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
-	cmd.WaitDelay = 30 * time.Second
-	out, err := cmd.CombinedOutput()
+	out, err := e2bsdk.Command(ctx, dir, all, args...).CombinedOutput()
 	return string(out), err
 }
 
@@ -241,7 +212,7 @@ func TestE2BPooled(t *testing.T) {
 	}
 	stat := func(token string) (int, string) {
 		t.Helper()
-		req, _ := http.NewRequest("POST", s.routerURL+"/filesystem.Filesystem/Stat", strings.NewReader(`{"path":"/tmp"}`))
+		req, _ := http.NewRequest("POST", s.router.URL+"/filesystem.Filesystem/Stat", strings.NewReader(`{"path":"/tmp"}`))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("E2b-Sandbox-Id", id)
 		req.Header.Set("E2b-Sandbox-Port", "49983")
@@ -285,7 +256,7 @@ func TestE2BRouterRefusesAndIsolates(t *testing.T) {
 	aTok, aTraffic := a["envdAccessToken"].(string), a["trafficAccessToken"].(string)
 	route := func(id, port, token string) (int, string) {
 		t.Helper()
-		req, _ := http.NewRequest("GET", s.routerURL+"/health", nil)
+		req, _ := http.NewRequest("GET", s.router.URL+"/health", nil)
 		if id != "" {
 			req.Header.Set("E2b-Sandbox-Id", id)
 		}
@@ -332,12 +303,8 @@ func TestE2BRouterRefusesAndIsolates(t *testing.T) {
 	// From inside sandbox a: the router's Service and Pods, and b's agent.
 	time.Sleep(egressAgentWindow)
 	aPod, bPod := runningPod(t, s.ns, aID), runningPod(t, s.ns, bID)
-	svc, err := client().CoreV1().Services(s.ns).Get(context.Background(), realnode.RouterName, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	targets := map[string]string{
-		"the router's Service":    net.JoinHostPort(svc.Spec.ClusterIP, "80"),
+		"the router's Service":    s.router.Addr,
 		"another sandbox's agent": net.JoinHostPort(bPod.Status.PodIP, "49983"),
 	}
 	for _, p := range pods(t, s.ns, "app.kubernetes.io/name=sandbox-router") {

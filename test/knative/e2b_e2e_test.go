@@ -4,11 +4,7 @@ package knative
 
 import (
 	"context"
-	"encoding/json"
 	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,8 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/test/framework/e2bsdk"
 	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
-	"github.com/deerflow-sandbox/provisioner/test/framework/skip"
 )
 
 // TestE2BThroughTheRoute (issue 48): E2B's SDK, the unmodified e2b package
@@ -35,13 +31,7 @@ import (
 // built here, never pulled).
 func TestE2BThroughTheRoute(t *testing.T) {
 	need(t)
-	dir := filepath.Join("..", "e2b")
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b", "package.json")); err != nil {
-		skip.Unavailable(t, "E2B's SDK is not installed (make e2b installs it): %v", err)
-	}
-	if _, err := exec.LookPath("node"); err != nil {
-		skip.Unavailable(t, "node is not installed: %v", err)
-	}
+	dir := e2bsdk.Dir(t)
 	ctx := context.Background()
 	const name = "e2b-route"
 	pt := &corev1.PodTemplate{
@@ -66,33 +56,20 @@ func TestE2BThroughTheRoute(t *testing.T) {
 	})
 	runCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(runCtx, "node", "bench.mjs")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "E2B_API_URL="+fnURL+"/e2b", "E2B_SANDBOX_URL=http://"+net.JoinHostPort(router.Spec.ClusterIP, "80"),
-		"E2B_API_KEY="+apiKey, "E2B_TEMPLATE="+name, "E2B_BENCH_ROUNDS=2", "E2B_BENCH_RUNS=5", "E2B_BENCH_UPLOADS=1")
-	// SIGINT first, so the script's own cleanup kills its sandboxes.
-	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
-	cmd.WaitDelay = 30 * time.Second
-	out, err := cmd.CombinedOutput()
+	out, err := e2bsdk.Command(runCtx, dir, map[string]string{
+		"E2B_API_URL": fnURL + "/e2b", "E2B_SANDBOX_URL": "http://" + net.JoinHostPort(router.Spec.ClusterIP, "80"),
+		"E2B_API_KEY": apiKey, "E2B_TEMPLATE": name, "E2B_BENCH_ROUNDS": "2", "E2B_BENCH_RUNS": "5", "E2B_BENCH_UPLOADS": "1",
+	}, "bench.mjs").CombinedOutput()
 	t.Logf("node bench.mjs through FUNCTION_URL/e2b and the router:\n%s", out)
 	if err != nil {
 		t.Fatalf("E2B's SDK against the Knative deployment: %v", err)
 	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	var report struct {
-		Create struct {
-			N int `json:"n"`
-		} `json:"create_ms"`
-		Runs struct {
-			N int `json:"n"`
-		} `json:"run_true_ms"`
-		Failures []any `json:"first_run_failures"`
+	report, err := e2bsdk.ParseBenchReport(out)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &report); err != nil {
-		t.Fatalf("bench.mjs's last line is not its JSON report: %v", err)
-	}
-	if report.Create.N != 2 || report.Runs.N != 5 || len(report.Failures) != 0 {
-		t.Errorf("bench.mjs made %d creates and %d runs with first-run failures %v; want 2, 5 and none", report.Create.N, report.Runs.N, report.Failures)
+	if report.Create.N != 2 || report.RunTrue.N != 5 || len(report.FirstRunFailures) != 0 {
+		t.Errorf("bench.mjs made %d creates and %d runs with first-run failures %v; want 2, 5 and none", report.Create.N, report.RunTrue.N, report.FirstRunFailures)
 	}
 	// Nothing is left behind: the SDK's kill removed both.
 	eventually(t, 60*time.Second, "no sandbox of "+name+" left", func() (bool, error) {
