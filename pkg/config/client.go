@@ -16,6 +16,14 @@ type ClientConfig struct {
 	// APIServerInsecure skips TLS verification for K8S_API_SERVER. Off unless
 	// asked for: DeerFlow's provisioner always skipped it, we never do silently.
 	APIServerInsecure bool `envconfig:"K8S_API_SERVER_INSECURE" default:"false"`
+	// Token and CACert are the ServiceAccount token and the API server's CA
+	// bundle, given as values (config/400-service.yaml takes them from the
+	// ServiceAccount's token Secret by env, docs/security.md says why): with
+	// no volume to mount, the kubelet starts a Pod about 300 ms sooner, which
+	// a create from zero waits for. Unset: the Pod's mounted token (or a
+	// kubeconfig outside a cluster).
+	Token  string `envconfig:"K8S_TOKEN"`
+	CACert string `envconfig:"K8S_CA_CERT"`
 	// CreateNamespace lets the function create K8S_NAMESPACE; off so that the
 	// default Role needs no cluster-wide verbs.
 	CreateNamespace bool `envconfig:"CREATE_NAMESPACE" default:"false"`
@@ -39,6 +47,9 @@ func (c *ClientConfig) Validate() error {
 		if u, err := url.Parse(c.APIServer); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
 			p.bad("K8S_API_SERVER", "%q must be an http(s) URL", c.APIServer)
 		}
+	}
+	if c.Token != "" && c.CACert == "" && !c.APIServerInsecure {
+		p.bad("K8S_TOKEN", "needs K8S_CA_CERT, the API server's CA bundle (the token Secret's ca.crt), to verify whom the token is sent to")
 	}
 	if c.ClientQPS <= 0 || c.ClientBurst < 1 {
 		p.bad("K8S_CLIENT_QPS", "QPS and K8S_CLIENT_BURST must be positive")

@@ -17,6 +17,11 @@ type E2BConfig struct {
 	// made with (a Secret's, shared with the router). Empty: the E2B API
 	// answers 503 saying so.
 	TokenKeyFile string `envconfig:"E2B_TOKEN_KEY_FILE"`
+	// TokenKey is the same key given as a value (config/400-service.yaml
+	// takes it from the Secret by env: a Pod without volumes starts sooner).
+	// It wins over TokenKeyFile; a Secret created later reaches only Pods
+	// started after it.
+	TokenKey string `envconfig:"E2B_TOKEN_KEY"`
 	// RouterPodLabels select the router's Pods: the only Pods, beside each
 	// principal's backends, that a sandbox carrying the agent answers.
 	RouterPodLabels map[string]string `envconfig:"SANDBOX_ROUTER_POD_LABELS" default:"app.kubernetes.io/name:sandbox-router"`

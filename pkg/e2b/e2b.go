@@ -80,7 +80,7 @@ type API struct {
 // whose token cannot be made is one nobody could use safely.
 func New(cfg *config.Config, authn *auth.Authenticator, ops Operations, m *metrics.Metrics, gate *fairness.Gate) *API {
 	a := &API{cfg: cfg, auth: authn, gate: gate, ops: ops, metrics: m, envdVersion: EnvdVersion, now: time.Now, mux: http.NewServeMux(),
-		keys: &keyFile{path: cfg.TokenKeyFile, now: time.Now}}
+		keys: &keyFile{value: cfg.TokenKey, path: cfg.TokenKeyFile, now: time.Now}}
 	for _, p := range []string{"POST /sandboxes", "POST /v2/sandboxes"} {
 		a.route(p, "create", a.create)
 	}
@@ -114,6 +114,7 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // read, the key is kept: a key changed under running sandboxes would
 // change their tokens.
 type keyFile struct {
+	value   string // E2B_TOKEN_KEY: the key itself, which wins over path
 	path    string
 	now     func() time.Time
 	mu      sync.Mutex
@@ -130,9 +131,15 @@ func (k *keyFile) get() (access.Key, string) {
 	}
 	if now := k.now(); k.tried.IsZero() || now.Sub(k.tried) >= time.Second {
 		k.tried = now
-		switch key, err := access.LoadKey(k.path); {
-		case k.path == "":
-			k.problem = "the E2B API is off: E2B_TOKEN_KEY_FILE is not set (docs/e2b.md)"
+		load := func() (access.Key, error) { return access.LoadKey(k.path) }
+		if k.value != "" {
+			load = func() (access.Key, error) { return access.ParseKey([]byte(k.value)) }
+		}
+		switch key, err := load(); {
+		case k.value != "" && err != nil:
+			k.problem = "the E2B API is off: E2B_TOKEN_KEY is no usable key: " + err.Error() + " (docs/e2b.md)"
+		case k.path == "" && k.value == "":
+			k.problem = "the E2B API is off: neither E2B_TOKEN_KEY nor E2B_TOKEN_KEY_FILE is set (create the Secret sandbox-e2b-key: docs/e2b.md)"
 		case err != nil:
 			k.problem = "the E2B API is off until its token key can be read: " + err.Error() + " (create the Secret sandbox-e2b-key: docs/e2b.md)"
 		default:

@@ -396,8 +396,8 @@ func TestPauseAndConnect(t *testing.T) {
 func TestWithoutAKeyEverythingIs503(t *testing.T) {
 	a, ops, _ := newTestAPI(t, false)
 	got := call(t, a, "POST", "/sandboxes", aliceKey, `{"templateID":"base"}`)
-	if got.code != 503 || !strings.Contains(got.body["message"].(string), "E2B_TOKEN_KEY_FILE") {
-		t.Errorf("= %d %v; want 503 naming E2B_TOKEN_KEY_FILE", got.code, got.body)
+	if got.code != 503 || !strings.Contains(got.body["message"].(string), "E2B_TOKEN_KEY") {
+		t.Errorf("= %d %v; want 503 naming E2B_TOKEN_KEY", got.code, got.body)
 	}
 	if len(ops.calls) != 0 {
 		t.Errorf("calls %v; want none", ops.calls)
@@ -444,5 +444,41 @@ func TestAKeyMadeAfterStartIsFound(t *testing.T) {
 	codes = append(codes, call(t, a, "POST", "/sandboxes", aliceKey, `{"templateID":"base"}`).code)
 	if d := cmp.Diff([]int{503, 503, 201}, codes); d != "" {
 		t.Errorf("creates before, just after and a second after the key appeared (-want +got):\n%s", d)
+	}
+}
+
+// TestTheKeyAsAValue: E2B_TOKEN_KEY (the Secret by env, as config/ gives
+// it) is the key, and wins over E2B_TOKEN_KEY_FILE; a value too short to be
+// a key turns the API off, saying which setting.
+func TestTheKeyAsAValue(t *testing.T) {
+	cases := []struct {
+		name, value string
+		want        int
+		says        string
+	}{
+		{name: "a key", value: strings.Repeat("v", 48) + "\n", want: 201},
+		{name: "too short", value: "short", want: 503, says: "E2B_TOKEN_KEY is no usable key"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv("PROVISIONER_API_KEYS", "alice="+aliceKey)
+			t.Setenv("E2B_TOKEN_KEY", c.value)
+			t.Setenv("E2B_TOKEN_KEY_FILE", filepath.Join(t.TempDir(), "missing"))
+			cfg, err := config.Load()
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := New(cfg, auth.FromConfig(&cfg.AuthConfig, nil), newFake(), metrics.New(), fairness.FromConfig(&cfg.FairnessConfig))
+			got := call(t, a, "POST", "/sandboxes", aliceKey, `{"templateID":"base"}`)
+			if got.code != c.want {
+				t.Fatalf("create = %d %v; want %d", got.code, got.body, c.want)
+			}
+			if c.says != "" && !strings.Contains(got.body["message"].(string), c.says) {
+				t.Errorf("message %q; want it to say %q", got.body["message"], c.says)
+			}
+			if c.want == 201 && !cmp.Equal(a.key(), access.Key(strings.Repeat("v", 48))) {
+				t.Errorf("the key in use is %q; want E2B_TOKEN_KEY's, without its newline", a.key())
+			}
+		})
 	}
 }

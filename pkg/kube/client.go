@@ -1,13 +1,16 @@
-// Package kube builds the Kubernetes client: the Pod's ServiceAccount first,
-// then a kubeconfig, with K8S_API_SERVER overriding the server. Nothing else.
+// Package kube builds the Kubernetes client: a token given as a value
+// (K8S_TOKEN), else the Pod's mounted ServiceAccount token, else a
+// kubeconfig, with K8S_API_SERVER overriding the server. Nothing else.
 package kube
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -21,11 +24,19 @@ import (
 // UserAgent identifies us in API server audit logs.
 const UserAgent = "deerflow-sandbox-provisioner"
 
-// RESTConfig returns how to reach the API server. In-cluster configuration
-// wins when present; otherwise KUBECONFIG_PATH, then the usual kubeconfig
-// search ($KUBECONFIG, ~/.kube/config).
+// RESTConfig returns how to reach the API server: K8S_TOKEN when set (and
+// nothing else then: a token that cannot be used is an error, not a reason
+// to try other credentials), else the in-cluster configuration when
+// present, else KUBECONFIG_PATH, then the usual kubeconfig search
+// ($KUBECONFIG, ~/.kube/config).
 func RESTConfig(c config.ClientConfig) (*rest.Config, error) {
-	rc, err := rest.InClusterConfig()
+	rc, err := tokenConfig(c, os.Getenv)
+	if rc == nil && err == nil {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil && c.Token != "" {
+		return nil, err
+	}
 	if err != nil {
 		rules := clientcmd.NewDefaultClientConfigLoadingRules()
 		if c.KubeconfigPath != "" {
@@ -59,6 +70,29 @@ func RESTConfig(c config.ClientConfig) (*rest.Config, error) {
 	rc.UserAgent = UserAgent
 	rc.WarningHandlerWithContext = slogWarnings{}
 	return rc, nil
+}
+
+// tokenConfig is the configuration of a token given as a value
+// (K8S_TOKEN, with K8S_CA_CERT), to the API server K8S_API_SERVER names or
+// else the in-cluster one (KUBERNETES_SERVICE_HOST and _PORT, which the
+// kubelet sets in every container); nil without a token.
+func tokenConfig(c config.ClientConfig, getenv func(string) string) (*rest.Config, error) {
+	if c.Token == "" {
+		return nil, nil
+	}
+	host := c.APIServer
+	if host == "" {
+		h, p := getenv("KUBERNETES_SERVICE_HOST"), getenv("KUBERNETES_SERVICE_PORT")
+		if h == "" || p == "" {
+			return nil, errors.New("K8S_TOKEN is set but the API server is unknown: set K8S_API_SERVER (outside a cluster) or run in a Pod (KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT)")
+		}
+		host = "https://" + net.JoinHostPort(h, p)
+	}
+	return &rest.Config{
+		Host:            host,
+		BearerToken:     strings.TrimSpace(c.Token),
+		TLSClientConfig: rest.TLSClientConfig{CAData: []byte(c.CACert)},
+	}, nil
 }
 
 // slogWarnings sends the API server's warnings (deprecations, Pod Security
