@@ -10,6 +10,10 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // BenchmarkColdStartFromZero measures, on real Knative on the real node,
@@ -84,32 +88,16 @@ func BenchmarkColdStartFromZero(b *testing.B) {
 		waitZero(b, dep)
 		id := fmt.Sprintf("zeroroute%05d%02d", 0, i)
 		body, headers := recordedCreate(b, id)
-		var s *steps
-		var podName func() string
-		ctx, cancel := context.WithCancel(context.Background())
+		var created map[string]any
 		if i == 0 {
-			s = &steps{at: map[string]time.Time{}}
-			podName = watchRevisionPods(b, ctx, rev, s)
-			time.Sleep(200 * time.Millisecond) // the watch established
-			s.mu.Lock()
-			s.start = time.Now()
-			s.mu.Unlock()
+			d, created, err = takenApart(b, rev, id, body, headers, "")
+		} else {
+			d, created, err = timedCreate(fnURL, body, headers)
 		}
-		d, created, err := timedCreate(fnURL, body, headers)
-		if s != nil {
-			s.mark("the create's answer received", s.start.Add(d))
-		}
-		cancel()
 		if err != nil {
 			b.Fatalf("round %d create from zero: %v", i, err)
 		}
 		coldCreate = append(coldCreate, d)
-		if s != nil {
-			if name := podName(); name != "" {
-				logSteps(b, name, s, d)
-			}
-			s.print(fmt.Sprintf("Where the time of one create from zero went (round %d, %s, %.0f ms): steps as a watch of the revision's Pods saw them, and the function's log lines by their own time", i, id, ms(d)))
-		}
 		if created["sandbox_id"] != id {
 			b.Fatalf("round %d create from zero answered %v", i, created)
 		}
@@ -144,7 +132,7 @@ func BenchmarkColdStartFromZero(b *testing.B) {
 		waitZero(b, dep)
 		eid := fmt.Sprintf("zeroevent0000%03d", i)
 		body, _ = recordedCreate(b, eid)
-		ctx, cancel = context.WithTimeout(context.Background(), 2*time.Minute)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		seen := sandboxAppears(b, ctx, eid)
 		time.Sleep(200 * time.Millisecond) // the watch established
 		start := time.Now()
@@ -214,4 +202,68 @@ func BenchmarkColdStartFromZero(b *testing.B) {
 	if noPod > 0 {
 		fmt.Printf("\n%d floor samples skipped: no running function Pod was listed right after a warm request.\n", noPod)
 	}
+
+	// Once more, after the measured rounds, with the function logging at
+	// debug: its every API call (from its first), what the first create
+	// waits for, and the create's own calls, each in the steps.
+	withDebugLog(b)
+	drev := latestReadyRevision(b)
+	waitZero(b, drev+"-deployment")
+	did := "zerodebug0000000"
+	body, headers := recordedCreate(b, did)
+	if _, _, err := takenApart(b, drev, did, body, headers, " (LOG_LEVEL=debug: the function's API calls too; not a measured round)"); err != nil {
+		b.Fatalf("the create from zero taken apart at debug: %v", err)
+	}
+	destroyThroughRoute(b, did)
+}
+
+// takenApart sends a create from zero through the route, as timedCreate,
+// and prints where its time went: the revision rev's new Pod as a watch
+// saw it and the function's log lines by their own time.
+func takenApart(b *testing.B, rev, id string, body []byte, headers map[string]string, note string) (time.Duration, map[string]any, error) {
+	b.Helper()
+	s := &steps{at: map[string]time.Time{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	podName := watchRevisionPods(b, ctx, rev, s)
+	time.Sleep(200 * time.Millisecond) // the watch established
+	s.mu.Lock()
+	s.start = time.Now()
+	s.mu.Unlock()
+	d, created, err := timedCreate(fnURL, body, headers)
+	if err != nil {
+		return d, created, err
+	}
+	s.mark("the create's answer received", s.start.Add(d))
+	if name := podName(); name != "" {
+		logSteps(b, name, s, d)
+	}
+	s.print(fmt.Sprintf("Where the time of one create from zero went (%s, %.0f ms)%s: steps as a watch of the revision's Pods saw them, and the function's log lines by their own time", id, ms(d), note))
+	return d, created, nil
+}
+
+// withDebugLog sets LOG_LEVEL=debug on the function's revision template
+// (a new revision) until the benchmark ends.
+func withDebugLog(b *testing.B) {
+	b.Helper()
+	ctx := context.Background()
+	u, err := dyn.Resource(ksvcs).Namespace(ns).Get(ctx, "sandbox-provisioner", metav1.GetOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	containers, _, _ := unstructured.NestedSlice(u.Object, "spec", "template", "spec", "containers")
+	if len(containers) == 0 {
+		b.Fatal("the Knative Service has no container")
+	}
+	env, _, _ := unstructured.NestedSlice(containers[0].(map[string]any), "env")
+	patch := func(env []any) {
+		raw, _ := json.Marshal([]map[string]any{{"op": "replace", "path": "/spec/template/spec/containers/0/env", "value": env}})
+		if _, err := dyn.Resource(ksvcs).Namespace(ns).Patch(ctx, "sandbox-provisioner", types.JSONPatchType, raw, metav1.PatchOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		waitLatestReady(b)
+	}
+	debug := append(slices.Clone(env), map[string]any{"name": "LOG_LEVEL", "value": "debug"})
+	patch(debug)
+	b.Cleanup(func() { patch(env) })
 }

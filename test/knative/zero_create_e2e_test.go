@@ -355,7 +355,9 @@ func logSteps(tb testing.TB, pod string, s *steps, until time.Duration) {
 		}
 		msg, _ := line["msg"].(string)
 		var extra []string
-		for _, k := range []string{"operation", "status", "duration_ms", "sandbox_id", "host"} {
+		// An API call (debug) by its method, path, status and time, so that
+		// each is a step of its own.
+		for _, k := range []string{"operation", "status", "duration_ms", "sandbox_id", "host", "method", "path", "code", "ms"} {
 			if v, ok := line[k]; ok {
 				extra = append(extra, fmt.Sprintf("%s=%v", k, v))
 			}
