@@ -2,7 +2,6 @@ package envd
 
 import (
 	"encoding/json"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -36,10 +35,8 @@ func TestAuthentication(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Setenv("HOME", t.TempDir())
-			s := New(Config{TokenHash: c.hash, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-			srv := httptest.NewServer(s)
-			defer srv.Close()
-			defer s.Close()
+			srv := serveAgent(t, c.hash)
+			srv.Start()
 			hc := &http.Client{Transport: tokenTransport{c.token, http.DefaultTransport}, Timeout: 10 * time.Second}
 			wantCode := connect.CodeUnauthenticated
 			if c.ok {
@@ -150,10 +147,8 @@ func TestInit(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Setenv("HOME", t.TempDir())
-			s := New(Config{TokenHash: c.start, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-			srv := httptest.NewServer(s)
-			defer srv.Close()
-			defer s.Close()
+			srv := serveAgent(t, c.start)
+			srv.Start()
 			var codes []int
 			for _, b := range c.inits {
 				status, _ := do(t, http.DefaultClient, http.MethodPost, srv.URL+InitPath, "application/json", strings.NewReader(b), nil)

@@ -2,7 +2,6 @@ package envd
 
 import (
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -147,13 +146,10 @@ func TestShortCommandIsOneWrite(t *testing.T) {
 	defer func(d time.Duration) { flushDelay = d }(flushDelay)
 	flushDelay = 200 * time.Millisecond
 	t.Setenv("HOME", t.TempDir())
-	s := New(Config{TokenHash: access.Hash(testToken), Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	t.Cleanup(s.Close)
-	srv := httptest.NewUnstartedServer(s)
+	srv := serveAgent(t, access.Hash(testToken))
 	wc := &writeCounter{Listener: srv.Listener}
 	srv.Listener = wc
 	srv.Start()
-	t.Cleanup(srv.Close)
 	hc := &http.Client{Transport: tokenTransport{testToken, http.DefaultTransport}}
 	procs := processconnect.NewProcessClient(hc, srv.URL, connect.WithProtoJSON())
 	for i := 0; i < 3; i++ {

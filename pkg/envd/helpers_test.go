@@ -48,10 +48,8 @@ func newAgent(t *testing.T) *agent {
 	t.Helper()
 	home := t.TempDir()
 	t.Setenv("HOME", home)
-	s := New(Config{TokenHash: access.Hash(testToken), Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	srv := httptest.NewServer(s)
-	t.Cleanup(s.Close)
-	t.Cleanup(srv.Close)
+	srv := serveAgent(t, access.Hash(testToken))
+	srv.Start()
 	hc := &http.Client{Transport: tokenTransport{testToken, http.DefaultTransport}}
 	return &agent{
 		url:   srv.URL,
@@ -60,6 +58,17 @@ func newAgent(t *testing.T) *agent {
 		fs:    filesystemconnect.NewFilesystemClient(hc, srv.URL, connect.WithProtoJSON()),
 		home:  home,
 	}
+}
+
+// serveAgent is an agent whose token hash is hash, not yet started (a
+// test may set the server's listener first), closed when t ends.
+func serveAgent(t *testing.T, hash string) *httptest.Server {
+	t.Helper()
+	s := New(Config{TokenHash: hash, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	srv := httptest.NewUnstartedServer(s)
+	t.Cleanup(s.Close)
+	t.Cleanup(srv.Close)
+	return srv
 }
 
 // result is what a process's stream told.
