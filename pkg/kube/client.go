@@ -31,11 +31,11 @@ const UserAgent = "deerflow-sandbox-provisioner"
 // ($KUBECONFIG, ~/.kube/config).
 func RESTConfig(c config.ClientConfig) (*rest.Config, error) {
 	rc, err := tokenConfig(c, os.Getenv)
-	if rc == nil && err == nil {
-		rc, err = rest.InClusterConfig()
-	}
-	if err != nil && c.Token != "" {
+	if err != nil {
 		return nil, err
+	}
+	if rc == nil {
+		rc, err = rest.InClusterConfig()
 	}
 	if err != nil {
 		rules := clientcmd.NewDefaultClientConfigLoadingRules()

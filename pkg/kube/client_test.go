@@ -1,6 +1,8 @@
 package kube
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -75,6 +77,18 @@ func TestRESTConfigUsesTheGivenToken(t *testing.T) {
 	if rc.BearerToken != "tok" || rc.BearerTokenFile != "" || rc.Host != "https://10.96.0.1:443" || rc.QPS != 5 || rc.ContentType != "application/vnd.kubernetes.protobuf" {
 		t.Errorf("RESTConfig = host %s token %q file %q qps %v content %s; want the given token to the cluster's server, with the usual client settings",
 			rc.Host, rc.BearerToken, rc.BearerTokenFile, rc.QPS, rc.ContentType)
+	}
+	// A token that cannot be used is an error: no other credentials are
+	// tried, not even a usable kubeconfig.
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kc, []byte("apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: https://kc.example}}]\n"+
+		"users: [{name: u, user: {token: other}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KUBECONFIG", kc)
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	if rc, err := RESTConfig(config.ClientConfig{Token: "tok", CACert: "CA", ClientQPS: 5, ClientBurst: 10}); err == nil {
+		t.Errorf("a token with no API server to send it to gave %s; want an error, not the kubeconfig", rc.Host)
 	}
 	c := config.ClientConfig{Namespace: "ns", Token: "tok", ClientQPS: 1, ClientBurst: 1}
 	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "K8S_CA_CERT") {
