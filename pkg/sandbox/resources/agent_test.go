@@ -78,6 +78,9 @@ func TestEveryContainerSetsWhatALimitRangeDefaults(t *testing.T) {
 		"its warm pool's Pod":       PoolPodTemplate(cfg, PoolSpec(cfg, agent)).Spec,
 	}
 	for name, spec := range pods {
+		if name != "no template" && len(spec.InitContainers) == 0 {
+			t.Errorf("%s: no init container; want the agent's, the one this test is about", name)
+		}
 		for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
 			for _, r := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory, corev1.ResourceEphemeralStorage} {
 				if _, ok := c.Resources.Requests[r]; !ok {
