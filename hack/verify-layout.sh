@@ -38,7 +38,7 @@ declare -A rank=(
   [pkg/sandbox/resources]=4 [pkg/problem]=4 [pkg/readywait]=4 [pkg/auth]=4 [pkg/waitlimit]=4
   [pkg/admission]=4 [pkg/audit]=4 [pkg/api/apitest]=4
   [pkg/quota]=5 [pkg/remove]=5 [pkg/grant]=8 [pkg/lifetime]=8 [pkg/isolation]=5 [pkg/follow]=5 [pkg/token]=5 [pkg/ownership]=5
-  [pkg/slot]=6
+  [pkg/slot]=6 [pkg/envsecret]=5
   [pkg/sandbox]=7
   [pkg/pool]=8
   [pkg/httpapi]=9 [pkg/events]=9 [pkg/e2b]=9

@@ -14,6 +14,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/audit"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/envsecret"
 	"github.com/deerflow-sandbox/provisioner/pkg/follow"
 	"github.com/deerflow-sandbox/provisioner/pkg/isolation"
 	"github.com/deerflow-sandbox/provisioner/pkg/ownership"
@@ -47,8 +48,9 @@ type Observer interface {
 type Manager struct {
 	cfg      *config.Config
 	client   kubernetes.Interface
-	rm       remove.Remover // deletes with preconditions
-	slots    slot.Slots     // a cold create's slots, with one writer each
+	rm       remove.Remover    // deletes with preconditions
+	slots    slot.Slots        // a cold create's slots, with one writer each
+	env      envsecret.Secrets // the env Secrets of creates that send env
 	recorder Recorder
 	observer Observer
 	// waits counts the requests of this replica that are waiting for
@@ -90,6 +92,7 @@ func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option)
 		o(m)
 	}
 	m.slots = slot.Slots{Client: client, Namespace: cfg.Namespace, Remover: &m.rm, UndoTimeout: cfg.RequestTimeout}
+	m.env = envsecret.Secrets{Client: client, Namespace: cfg.Namespace}
 	m.quota = quota.New(cfg.QuotaConfig, cfg.Namespace, client)
 	m.owners = ownership.New(cfg.Namespace, &cfg.AuthConfig, cfg.MaxOwnedIDsPerPrincipal, client)
 	m.isolation = isolation.New(&cfg.IsolationConfig, &cfg.PodSecurityConfig, cfg.Namespace, cfg.RequestTimeout, resources.SharedPolicies(cfg.Objects()), client,
