@@ -269,8 +269,9 @@ func (r Remover) Undo(ctx context.Context, w Object) (bool, error) {
 // only then is "not written" certain enough to give up the create's slot,
 // since a workload landing after its slot is gone is one the quota does
 // not count. mayExist says the workload may still be there (a read or the
-// delete failed): the caller keeps its slot, so the quota counts it until
-// the next create, destroy or reap of the id removes both.
+// delete failed), or is there to stay (its activity mark moved: another
+// request answered with it): the caller keeps its slot, so the quota counts
+// it until the next create, destroy or reap of the id removes both.
 //
 // Each read and the removal are retried after the API server's 5xx
 // (undoBackoff): an undo that gives up keeps its slot, and with it the
@@ -292,6 +293,11 @@ func (r Remover) UndoCut(ctx context.Context, want Object) (mayExist bool, err e
 		return true, err
 	case got == nil:
 		return false, nil
+	case got.GetAnnotations()[keys.AnnotationLastActivity] != want.GetAnnotations()[keys.AnnotationLastActivity]:
+		// Answered for by another request since it landed (a bare Pod owns
+		// its Service from its create, so a racing create of the id may
+		// answer with it at once): it stands, and so must what holds it.
+		return true, nil
 	}
 	_, err = r.Undo(ctx, got) // retries the API server's 5xx itself
 	return err != nil, err

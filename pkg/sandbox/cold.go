@@ -22,20 +22,24 @@ import (
 )
 
 // A cold create writes in this order: the slot (the sandbox's Service,
-// owned by nothing yet: resources.Slot), the quota's count with it, the
-// workload, and last the slot bound to the workload. So no workload exists
-// that the quota has not admitted, even for a moment, whatever fails
-// (quota.Counter.Check says why). An existing Service of the id names the
-// sandbox that holds it (existing), or is the slot of a racing create of
-// the same sandbox, which this create waits for (fill: a slot has one
-// writer).
+// owned by nothing: resources.Slot), the quota's count with it, and the
+// workload. So no workload exists that the quota has not admitted, even for
+// a moment, whatever fails (quota.Counter.Check says why). A new bare Pod
+// is owned by its slot from its create (resources.ServiceOwnerRef): two
+// writes. A ReplicaSet, or a Pod the create finds, is bound instead: the
+// slot updated to be owned by it (bind). An existing Service of the id
+// names the sandbox that holds it (existing, reuseBound), or is the slot
+// of a racing create of it, which this create waits for (fill: a slot has
+// one writer).
 
 // workloadKind is what a cold create's steps need of one workload kind.
 type workloadKind struct {
 	name string // "Pod" or "ReplicaSet"
 	// ensure creates the workload of s, or returns the one of its name
-	// that exists (existed), as its own kind's create finds it.
-	ensure func(ctx context.Context, s api.Spec) (workloadObject, bool, error)
+	// that exists (existed), as its own kind's create finds it, for the
+	// Service svc. A new bare Pod is owned by svc when own (svc is this
+	// create's slot).
+	ensure func(ctx context.Context, s api.Spec, svc *corev1.Service, own bool) (workloadObject, bool, error)
 	get    func(ctx context.Context, name string) (workloadObject, error)
 	// reuse hands an existing workload to this create: checked for s's
 	// user, thread and capacity, resumed, marked active, given a token if
@@ -50,8 +54,8 @@ func (m *Manager) podKind() workloadKind {
 	pods := m.client.CoreV1().Pods(m.cfg.Namespace)
 	return workloadKind{
 		name: "Pod",
-		ensure: func(ctx context.Context, s api.Spec) (workloadObject, bool, error) {
-			pod, existed, err := m.ensurePod(ctx, s)
+		ensure: func(ctx context.Context, s api.Spec, svc *corev1.Service, own bool) (workloadObject, bool, error) {
+			pod, existed, err := m.ensurePod(ctx, s, svc, own)
 			return pod, existed, err
 		},
 		get: func(ctx context.Context, name string) (workloadObject, error) {
@@ -78,7 +82,7 @@ func (m *Manager) replicaSetKind() workloadKind {
 	rss := m.client.AppsV1().ReplicaSets(m.cfg.Namespace)
 	return workloadKind{
 		name: "ReplicaSet",
-		ensure: func(ctx context.Context, s api.Spec) (workloadObject, bool, error) {
+		ensure: func(ctx context.Context, s api.Spec, _ *corev1.Service, _ bool) (workloadObject, bool, error) {
 			rs, existed, err := m.ensureReplicaSet(ctx, s)
 			return rs, existed, err
 		},
@@ -122,7 +126,17 @@ func (m *Manager) createKindOnce(ctx context.Context, s api.Spec, k workloadKind
 		}
 		writeBy := time.Now().Add(slot.WriteWithin)
 		svc, mine, err := m.reserve(ctx, s, k.name)
+		var bound workloadObject
+		if err == nil && !mine && resources.SandboxOwner(svc.OwnerReferences) == nil && resources.SelectedToken(svc) != "" {
+			bound, err = m.boundWorkload(ctx, svc)
+		}
 		if err == nil {
+			if bound != nil {
+				if resources.SlotKind(svc) != k.name {
+					return made{}, errOtherKind
+				}
+				return m.reuseBound(ctx, s, k, svc, bound)
+			}
 			if owner := resources.SandboxOwner(svc.OwnerReferences); owner != nil {
 				a, err := m.existing(ctx, s, k, svc, *owner)
 				if errors.Is(err, errStale) {
@@ -224,6 +238,37 @@ func (m *Manager) existing(ctx context.Context, s api.Spec, k workloadKind, svc 
 	return made{found: f, existed: true}, err
 }
 
+// boundWorkload is the live bare Pod that owns svc, a Service owned by
+// none (resources.OwnedBy), or nil: then svc is a slot still to be filled,
+// or left. Only a bare Pod is owned so; a ReplicaSet's slot is not read.
+func (m *Manager) boundWorkload(ctx context.Context, svc *corev1.Service) (workloadObject, error) {
+	if resources.SlotKind(svc) != "Pod" {
+		return nil, nil
+	}
+	k := m.podKind()
+	w, err := k.get(ctx, resources.PodName(svc.Labels[keys.LabelID]))
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, api.Classify(err, "read the sandbox "+k.name)
+	case w.GetDeletionTimestamp() != nil || !resources.OwnedBy(w, svc):
+		return nil, nil
+	}
+	return w, nil
+}
+
+// reuseBound answers a create with w, a workload owned by its Service svc
+// (boundWorkload), checked and marked as any found one (workloadKind.reuse).
+func (m *Manager) reuseBound(ctx context.Context, s api.Spec, k workloadKind, svc *corev1.Service, w workloadObject) (made, error) {
+	w, err := k.reuse(ctx, w, s)
+	if err != nil {
+		return made{}, err
+	}
+	f, err := k.found(ctx, w, svc)
+	return made{found: f, existed: true}, err
+}
+
 // fill makes or finds the workload of a Service that no workload owns yet
 // and binds the two: this create's slot (mine), a leftover slot, or a
 // Service of DeerFlow's provisioner (an OwnerlessReference one goes). The quota counts first, with that
@@ -310,7 +355,7 @@ func (m *Manager) fill(ctx context.Context, s api.Spec, k workloadKind, svc *cor
 		env, err = m.ensureEnvSecret(wctx, s, svc)
 	}
 	if err == nil {
-		w, existed, err = k.ensure(wctx, s)
+		w, existed, err = k.ensure(wctx, s, svc, mine)
 	}
 	if err == nil && existed {
 		w, err = k.reuse(ctx, w, s)
@@ -395,8 +440,12 @@ func errTaken(s api.Spec) error {
 
 // bind makes svc the Service of w (resources.Bind). A racing create of the
 // same sandbox may have bound it first: then it is read again. A slot
-// deleted meanwhile (its create was refused) is errStale.
+// deleted meanwhile (its create was refused) is errStale. A workload owned
+// by svc (resources.OwnedBy) needs none.
 func (m *Manager) bind(ctx context.Context, svc *corev1.Service, w workloadObject, ref metav1.OwnerReference, s api.Spec) (*corev1.Service, error) {
+	if resources.OwnedBy(w, svc) {
+		return svc, nil
+	}
 	svcs := m.client.CoreV1().Services(m.cfg.Namespace)
 	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
 		if owner := resources.SandboxOwner(svc.OwnerReferences); owner != nil && owner.UID == w.GetUID() {
@@ -439,8 +488,9 @@ func (m *Manager) dropStale(ctx context.Context, svc *corev1.Service) error {
 // slot's kind and id that carries its token, first, so that the quota
 // counts the slot until that workload's deletion has started. A workload
 // that another request has answered with since (remove.Remover.Undo) stays,
-// and so does its slot: answered is true. Otherwise the error is errStale
-// (the create starts over) or why the removal failed.
+// and so does its slot: answered is true; so does a workload owned by svc
+// (a whole sandbox). Otherwise the error is errStale (the create starts
+// over) or why the removal failed.
 func (m *Manager) dropLeftoverSlot(ctx context.Context, svc *corev1.Service) (answered bool, err error) {
 	k := m.podKind()
 	if resources.SlotKind(svc) == "ReplicaSet" {
@@ -451,6 +501,8 @@ func (m *Manager) dropLeftoverSlot(ctx context.Context, svc *corev1.Service) (an
 	case apierrors.IsNotFound(err):
 	case err != nil:
 		return false, api.Classify(err, "read the workload of a leftover sandbox Service")
+	case w.GetDeletionTimestamp() == nil && resources.OwnedBy(w, svc):
+		return true, nil // not a leftover: a sandbox whose workload owns its Service (boundWorkload)
 	case w.GetDeletionTimestamp() == nil && resources.Token(w) == resources.SelectedToken(svc):
 		removed, err := m.rm.Undo(ctx, w)
 		if err != nil {

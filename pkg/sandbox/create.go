@@ -247,8 +247,14 @@ func (m *Manager) reuseOtherKind(ctx context.Context, s api.Spec) (made, error) 
 // (ownership.Registry.Claim): the slot exists and the quota has counted
 // it, so a Lease is only ever written by a create the quota admitted, and
 // before any workload.
-func (m *Manager) ensurePod(ctx context.Context, s api.Spec) (*corev1.Pod, bool, error) {
+//
+// A new Pod is owned by svc when own (this create's slot). One owned by
+// another Service (gone) goes now, as the GC would after the answer.
+func (m *Manager) ensurePod(ctx context.Context, s api.Spec, svc *corev1.Service, own bool) (*corev1.Pod, bool, error) {
 	want := resources.BuildPodFor(m.cfg.Objects(), s)
+	if own {
+		want.OwnerReferences = []metav1.OwnerReference{resources.ServiceOwnerRef(svc)}
+	}
 	pods := m.client.CoreV1().Pods(m.cfg.Namespace)
 	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
 		created, err := pods.Create(ctx, want, metav1.CreateOptions{})
@@ -270,6 +276,12 @@ func (m *Manager) ensurePod(ctx context.Context, s api.Spec) (*corev1.Pod, bool,
 			// this create makes the id anew.
 			if removed, lerr := m.removeLeftover(ctx, existing); lerr != nil || !removed {
 				return nil, false, errors.Join(err, lerr)
+			}
+			continue
+		}
+		if u := resources.OwningService(existing); existing.DeletionTimestamp == nil && u != "" && u != svc.UID {
+			if err := m.rm.Workload(ctx, existing, ptr.To(int64(0)), true)(); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+				return nil, false, api.Classify(err, "remove a sandbox Pod whose Service is gone")
 			}
 			continue
 		}

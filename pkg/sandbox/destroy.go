@@ -195,7 +195,9 @@ func (m *Manager) undoUncertain(ctx context.Context, err error, want workloadObj
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.RequestTimeout)
 	defer cancel()
 	if mayExist, uerr := m.rm.UndoCut(uctx, want); mayExist {
-		m.audit.Leftover(ctx, want.GetLabels()[keys.LabelID], uerr)
+		if uerr != nil { // nil: another request answered with it, no leftover
+			m.audit.Leftover(ctx, want.GetLabels()[keys.LabelID], uerr)
+		}
 		return remove.MayExist(failed)
 	}
 	return failed

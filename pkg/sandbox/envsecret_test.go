@@ -66,12 +66,12 @@ func TestCreateKeepsEnvInItsSecret(t *testing.T) {
 		want  outcome
 	}{{
 		name: "no env: the writes of today, no Secret",
-		want: outcome{Kind: -1, Writes: []string{"create services", "create pods", "update services"},
+		want: outcome{Kind: -1, Writes: []string{"create services", "create pods"},
 			Objects: []string{"Pod sandbox-env1", "Service sandbox-env1-svc"}},
 	}, {
 		name: "env: the Secret between the slot and the Pod",
 		env:  requestEnv,
-		want: outcome{Kind: -1, Writes: []string{"create services", "create secrets", "create pods", "update services"},
+		want: outcome{Kind: -1, Writes: []string{"create services", "create secrets", "create pods"},
 			Objects: []string{"Pod sandbox-env1", "Service sandbox-env1-svc", "Secret sandbox-env1-env"}},
 	}, {
 		name: "env on a ReplicaSet template: the Secret before the ReplicaSet",
@@ -88,7 +88,7 @@ func TestCreateKeepsEnvInItsSecret(t *testing.T) {
 				t.Fatal(err)
 			}
 		},
-		want: outcome{Kind: -1, Writes: []string{"create services", "create secrets", "delete secrets", "create secrets", "create pods", "update services"},
+		want: outcome{Kind: -1, Writes: []string{"create services", "create secrets", "delete secrets", "create secrets", "create pods"},
 			Objects: []string{"Pod sandbox-env1", "Service sandbox-env1-svc", "Secret sandbox-env1-env"}},
 	}, {
 		name: "a Secret of the name that is not a sandbox's: 409, left alone, nothing else left",
@@ -110,24 +110,24 @@ func TestCreateKeepsEnvInItsSecret(t *testing.T) {
 		},
 		want: outcome{Kind: api.KindInternal, Writes: []string{"create services", "create secrets", "create pods", "delete services", "delete secrets"}},
 	}, {
-		name: "the bind refused: the Pod, the slot and the Secret go",
-		env:  requestEnv,
+		name: "a ReplicaSet's bind refused: the ReplicaSet, the slot and the Secret go",
+		env:  requestEnv, kind: template.KindReplicaSet,
 		fault: func(client *fake.Clientset, _ context.CancelFunc) {
 			client.PrependReactor("update", "services", func(k8stesting.Action) (bool, runtime.Object, error) {
 				return true, nil, apierrors.NewBadRequest("refused")
 			})
 		},
-		want: outcome{Kind: api.KindInternal, Writes: []string{"create services", "create secrets", "create pods", "update services", "delete pods", "delete services", "delete secrets"}},
+		want: outcome{Kind: api.KindInternal, Writes: []string{"create services", "create secrets", "create replicasets", "update services", "delete replicasets", "delete services", "delete secrets"}},
 	}, {
-		name: "the client gone after the last write: the undo removes the Secret too",
+		name: "the client gone after the last write (the Pod's): the undo removes the Secret too",
 		env:  requestEnv,
 		fault: func(client *fake.Clientset, cancel context.CancelFunc) {
-			client.PrependReactor("update", "services", func(k8stesting.Action) (bool, runtime.Object, error) {
+			client.PrependReactor("create", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
 				cancel()
 				return false, nil, nil
 			})
 		},
-		want: outcome{Kind: api.KindUnavailable, Writes: []string{"create services", "create secrets", "create pods", "update services", "delete pods", "delete services", "delete secrets"}},
+		want: outcome{Kind: api.KindUnavailable, Writes: []string{"create services", "create secrets", "create pods", "delete pods", "delete services", "delete secrets"}},
 	}, {
 		name: "a half-made Pod with env repaired: its Secret is back",
 		env:  requestEnv,

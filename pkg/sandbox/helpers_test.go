@@ -1,6 +1,9 @@
 package sandbox
 
 import (
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
@@ -28,4 +31,22 @@ func sharedPolicies(cfg *config.Config) []runtime.Object {
 		objs = append(objs, np)
 	}
 	return objs
+}
+
+// chain says which of a sandbox's Service and workload owns the other, by
+// UID: "Pod owns Service" (bound by an update: a ReplicaSet's, a repaired
+// or adopted Pod's, every sandbox from before issue 49), "Service owns Pod"
+// (a cold create's new Pod, owned from its create), "" for neither.
+func chain(svc *corev1.Service, w metav1.Object) string {
+	kind := "Pod"
+	if _, ok := w.(*appsv1.ReplicaSet); ok {
+		kind = "ReplicaSet"
+	}
+	switch {
+	case w.GetUID() != "" && resources.OwnerUID(svc.OwnerReferences) == w.GetUID():
+		return kind + " owns Service"
+	case resources.OwnedBy(w, svc):
+		return "Service owns " + kind
+	}
+	return ""
 }

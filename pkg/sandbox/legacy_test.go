@@ -29,7 +29,7 @@ func TestLegacyServiceIsDefaultsWithItsPod(t *testing.T) {
 		Objects []string
 		// Kept: the Service is the legacy one (its UID and node port).
 		Kept        bool
-		Owner       string // the Service's owner, "" when none
+		Chain       string // which of the Service and the Pod owns the other (chain)
 		ReplicaSets int
 	}
 	tests := []struct {
@@ -46,7 +46,7 @@ func TestLegacyServiceIsDefaultsWithItsPod(t *testing.T) {
 		want: result{Refused: "sandbox " + id + " exists for another user or thread; choose another sandbox_id", Objects: []string{"Pod " + resources.PodName(id), "Service " + resources.ServiceName(id)}, Kept: true},
 	}, {
 		name: "default, with the Pod", caller: config.DefaultPrincipal, withPod: true,
-		want: result{Objects: []string{"Pod " + resources.PodName(id), "Service " + resources.ServiceName(id)}, Kept: true, Owner: "Pod/" + resources.PodName(id)},
+		want: result{Objects: []string{"Pod " + resources.PodName(id), "Service " + resources.ServiceName(id)}, Kept: true, Chain: "Pod owns Service"},
 	}, {
 		// The ReplicaSet create answers with the Pod that holds the id, as a
 		// create of the other kind does, and adopts nothing.
@@ -54,7 +54,7 @@ func TestLegacyServiceIsDefaultsWithItsPod(t *testing.T) {
 		want: result{Objects: []string{"Pod " + resources.PodName(id), "Service " + resources.ServiceName(id)}, Kept: true},
 	}, {
 		name: "default, the Pod gone", caller: config.DefaultPrincipal,
-		want: result{Objects: []string{"Pod " + resources.PodName(id), "Service " + resources.ServiceName(id)}, Owner: "Pod/" + resources.PodName(id)},
+		want: result{Objects: []string{"Pod " + resources.PodName(id), "Service " + resources.ServiceName(id)}, Chain: "Service owns Pod"},
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -109,8 +109,8 @@ func TestLegacyServiceIsDefaultsWithItsPod(t *testing.T) {
 			}
 			got.ReplicaSets = len(rss.Items)
 			got.Kept = svc.UID == legacy.UID && svc.Spec.Ports[0].NodePort == nodePort
-			if o := resources.SandboxOwner(svc.OwnerReferences); o != nil {
-				got.Owner = o.Kind + "/" + o.Name
+			if pod, err := client.CoreV1().Pods(cfg.Namespace).Get(bg, resources.PodName(id), metav1.GetOptions{}); err == nil {
+				got.Chain = chain(svc, pod)
 			}
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("create as %s (-want +got):\n%s", tc.caller, diff)

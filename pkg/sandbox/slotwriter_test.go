@@ -39,7 +39,7 @@ func TestASlotHasOneWriter(t *testing.T) {
 		Err        api.Kind // the operation's error kind, 0 for none
 		PodCreates int      // Pod creates the operation sent
 		Pod        string   // "racer's", "new" or "none": the Pod of the id after it
-		SlotKept   bool     // the racer's slot still stands, unbound
+		SlotKept   bool     // the racer's slot still stands, owned by no workload (its Pod may own it)
 	}
 	tests := []struct {
 		name     string
@@ -49,7 +49,9 @@ func TestASlotHasOneWriter(t *testing.T) {
 		deadline time.Duration
 		want     outcome
 	}{
-		{name: "its create binds it: the waiting create answers with that sandbox", deadline: 5 * time.Second,
+		{name: "its create writes the Pod that owns it: the waiting create answers with that sandbox", deadline: 5 * time.Second,
+			racer: ownRacer, want: outcome{Pod: "racer's", SlotKept: true}},
+		{name: "its create binds it (a ReplicaSet's way, or the previous version's): the waiting create answers with that sandbox", deadline: 5 * time.Second,
 			racer: bindRacer, want: outcome{Pod: "racer's"}},
 		{name: "its create gives it up: the waiting create makes the id anew", deadline: 5 * time.Second,
 			racer: dropRacer, want: outcome{PodCreates: 1, Pod: "new"}},
@@ -59,6 +61,8 @@ func TestASlotHasOneWriter(t *testing.T) {
 			want: outcome{PodCreates: 1, Pod: "new"}},
 		{name: "a destroy while its create never answers: a conflict, nothing deleted", destroy: true, deadline: 1500 * time.Millisecond,
 			want: outcome{Err: api.KindConflict, Pod: "none", SlotKept: true}},
+		{name: "a destroy while its create writes the Pod that owns it: both go", destroy: true, deadline: 5 * time.Second,
+			racer: ownRacer, want: outcome{Pod: "none"}},
 		{name: "a destroy while its create binds it: both go", destroy: true, deadline: 5 * time.Second,
 			racer: bindRacer, want: outcome{Pod: "none"}},
 		{name: "a destroy while its create gives it up: nothing to delete", destroy: true, deadline: 5 * time.Second,
@@ -139,6 +143,20 @@ func bindRacer(t *testing.T, client *fake.Clientset, slot *corev1.Service) int32
 	// A destroy that saw the Pod may have removed the slot first: the
 	// create's bind then finds it gone (and starts over), as it would.
 	if _, err := client.CoreV1().Services("deer-flow").Update(bg, resources.Bind(slot, resources.PodOwnerRef(pod), s.Token, s), metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Error(err)
+	}
+	return 1
+}
+
+// ownRacer is the racing create going on: its Pod, owned by its slot from
+// its create, as a cold Pod create writes it (no bind follows).
+func ownRacer(t *testing.T, client *fake.Clientset, slot *corev1.Service) int32 {
+	cfg := testConfig(t, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "true"})
+	s := ownerSpec(slot.Labels[keys.LabelID])
+	s.Caller, s.Token = api.Caller{Principal: "alice"}, resources.SelectedToken(slot)
+	pod := resources.BuildPodFor(cfg.Objects(), s)
+	pod.OwnerReferences = []metav1.OwnerReference{resources.ServiceOwnerRef(slot)}
+	if _, err := client.CoreV1().Pods("deer-flow").Create(context.Background(), pod, metav1.CreateOptions{}); err != nil {
 		t.Error(err)
 	}
 	return 1

@@ -469,7 +469,7 @@ func TestLeftoverSlotGoesWithWhatItsCreateWrote(t *testing.T) {
 	type outcome struct {
 		ReplicaSets   int
 		PodPrincipal  string
-		ServiceOwner  string // the kind that owns the Service
+		Chain         string // which of the Service and the Pod owns the other (chain)
 		ServiceLabel  string // its workload label
 		SelectsThePod bool
 	}
@@ -508,10 +508,8 @@ func TestLeftoverSlotGoesWithWhatItsCreateWrote(t *testing.T) {
 			}
 			got := outcome{ReplicaSets: len(rss.Items), PodPrincipal: pod.Annotations[keys.AnnotationPrincipal],
 				ServiceLabel: svc.Labels[keys.LabelWorkload], SelectsThePod: resources.Names(svc, pod)}
-			if o := resources.SandboxOwner(svc.OwnerReferences); o != nil {
-				got.ServiceOwner = o.Kind
-			}
-			want := outcome{PodPrincipal: tc.caller, ServiceOwner: "Pod", SelectsThePod: true}
+			got.Chain = chain(svc, pod)
+			want := outcome{PodPrincipal: tc.caller, Chain: "Service owns Pod", SelectsThePod: true}
 			if diff := cmp.Diff(want, got); diff != "" {
 				t.Errorf("after the create (-want +got):\n%s", diff)
 			}

@@ -82,9 +82,23 @@ type faultEnv struct {
 	bump   func(schema.GroupVersionResource, string, func(metav1.Object))
 	client *fake.Clientset
 	cancel context.CancelFunc // the request's: its client goes away
+	action k8stesting.Action  // the call the fault replaces
 }
 
-func (e faultEnv) inject(f func(faultEnv) error) error { return f(e) }
+func (e *faultEnv) inject(f func(faultEnv) error) error { return f(*e) }
+
+// land stores the object of the create the fault replaces, as the API
+// server does before an answer that is lost, and returns err.
+func (e faultEnv) land(gvr schema.GroupVersionResource, err error) error {
+	obj := e.action.(k8stesting.CreateAction).GetObject()
+	if o, aerr := meta.Accessor(obj); aerr == nil && o.GetUID() == "" {
+		o.SetUID(types.UID("uid-landed-" + o.GetName()))
+	}
+	if cerr := e.client.Tracker().Create(gvr, obj, "deer-flow"); cerr != nil {
+		return cerr
+	}
+	return err
+}
 
 // contextClient is the fake clientset with one thing of a real client: a
 // Pod's delete under a context that has ended fails, as its HTTP request
@@ -136,18 +150,18 @@ func landsAfterFirstRead(t *testing.T, client *fake.Clientset, resource string) 
 	return func() bool { return cut.Load() == nil }
 }
 
-// TestCreateLeavesNothingWhenItsServiceFails fails the slot's create (the
+// TestCreateLeavesNothingWhenItsWritesFail fails the slot's create (the
 // Service, written first), its read after the create found one, or the
-// slot's binding to the Pod once the Pod is written: the create answers
-// the failure (503, to retry) and leaves no object it wrote, its Pod
-// included, also when its client went away meanwhile (the undo does not
-// run under the request's context) and when the Pod was written to since
-// (a status write: the undo reads it again). When another create of the id
-// made the sandbox whole meanwhile (its reuse moved the Pod's activity
-// mark, and it bound the Service), that sandbox is left alone: the undo's
-// delete carries the resourceVersion it read, and a moved mark ends the
-// undo.
-func TestCreateLeavesNothingWhenItsServiceFails(t *testing.T) {
+// Pod's create, the last write (the Pod owns the slot from its create:
+// nothing binds them after it): the create answers the failure (503, to
+// retry) and leaves no object it wrote, also when its client went away
+// meanwhile (the undo does not run under the request's context) and when
+// the Pod's create landed though its answer was lost (the undo reads it
+// back). When another create of the id answered with that Pod meanwhile
+// (it owns its Service, so the sandbox is whole as soon as it lands: the
+// other's reuse moved its activity mark), the sandbox is left alone, its
+// slot with it.
+func TestCreateLeavesNothingWhenItsWritesFail(t *testing.T) {
 	pods, svcs := corev1.SchemeGroupVersion.WithResource("pods"), corev1.SchemeGroupVersion.WithResource("services")
 	cfg := testConfig(t, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "true"})
 	s := ownerSpec("svcfail1")
@@ -158,7 +172,9 @@ func TestCreateLeavesNothingWhenItsServiceFails(t *testing.T) {
 	}
 	tests := []struct {
 		name string
-		on   string // the Service verb the fault replaces: create (the slot) or update (its binding)
+		on   string // the verb the fault replaces: the slot's create, or the Pod's
+		// resource: "services" (the slot) when empty, or "pods"
+		resource string
 		// inject runs in place of that call and says what the create gets.
 		inject  func(e faultEnv) error
 		failGet bool // the Service's read fails too
@@ -181,33 +197,27 @@ func TestCreateLeavesNothingWhenItsServiceFails(t *testing.T) {
 			e.cancel()
 			return context.Canceled
 		}, landsLate: true, want: result{Kind: api.KindUnavailable}},
-		{name: "binding the slot to the Pod fails", on: "update", inject: func(faultEnv) error {
+		// The Pod's create is the last write (it owns the slot from its
+		// create: no bind follows).
+		{name: "the Pod's create fails", on: "create", resource: "pods", inject: func(faultEnv) error {
 			return apierrors.NewInternalError(errInjected)
 		}, want: result{Kind: api.KindUnavailable}},
-		{name: "the client goes away during the binding", on: "update", inject: func(e faultEnv) error {
+		{name: "the client goes away during the Pod's create", on: "create", resource: "pods", inject: func(e faultEnv) error {
 			e.cancel()
 			return context.Canceled
 		}, want: result{Kind: api.KindUnavailable}},
-		{name: "the binding fails after a status write of the Pod", on: "update", inject: func(e faultEnv) error {
-			e.bump(pods, resources.PodName(s.ID), nil)
-			return apierrors.NewInternalError(errInjected)
+		{name: "the Pod's create lands and its answer is lost", on: "create", resource: "pods", inject: func(e faultEnv) error {
+			return e.land(pods, apierrors.NewInternalError(errInjected))
 		}, want: result{Kind: api.KindUnavailable}},
-		{name: "another create made the sandbox whole meanwhile", on: "update", inject: func(e faultEnv) error {
-			// Its reuse: the Pod is young, so the activity mark moves.
+		{name: "the Pod's create lands, its answer is lost, and another create answered with it meanwhile", on: "create", resource: "pods", inject: func(e faultEnv) error {
+			err := e.land(pods, apierrors.NewInternalError(errInjected))
+			// The other create's reuse: the Pod is young, so the activity mark moves.
 			e.bump(pods, resources.PodName(s.ID), func(o metav1.Object) {
 				a := o.GetAnnotations()
 				a[keys.AnnotationLastActivity] = time.Now().UTC().Format(time.RFC3339Nano)
 				o.SetAnnotations(a)
 			})
-			obj, err := e.client.Tracker().Get(pods, "deer-flow", resources.PodName(s.ID))
-			if err != nil {
-				return err
-			}
-			// Its binding of the slot.
-			e.bump(svcs, resources.ServiceName(s.ID), func(o metav1.Object) {
-				o.SetOwnerReferences([]metav1.OwnerReference{resources.PodOwnerRef(obj.(*corev1.Pod))})
-			})
-			return apierrors.NewInternalError(errInjected)
+			return err
 		}, want: result{Kind: api.KindUnavailable, Left: []string{"Pod " + resources.PodName(s.ID), "Service " + resources.ServiceName(s.ID)}}},
 	}
 	for _, tc := range tests {
@@ -215,8 +225,13 @@ func TestCreateLeavesNothingWhenItsServiceFails(t *testing.T) {
 			client := fake.NewClientset()
 			ctx, cancel := context.WithTimeout(api.WithCaller(context.Background(), s.Caller), 10*time.Second)
 			defer cancel()
-			e := faultEnv{bump: apiServerWrites(t, client), client: client, cancel: cancel}
-			client.PrependReactor(tc.on, "services", func(k8stesting.Action) (bool, runtime.Object, error) {
+			e := &faultEnv{bump: apiServerWrites(t, client), client: client, cancel: cancel}
+			resource := tc.resource
+			if resource == "" {
+				resource = "services"
+			}
+			client.PrependReactor(tc.on, resource, func(a k8stesting.Action) (bool, runtime.Object, error) {
+				e.action = a
 				return true, nil, e.inject(tc.inject)
 			})
 			landed := func() bool { return true }

@@ -52,9 +52,11 @@ const WriteWithin = 3 * time.Second
 const clockSlack = 2 * time.Second
 
 // Leftover reports whether svc is a slot that no create will write under
-// or bind any more: one that owns nothing and is older than WriteWithin,
-// plus the time its create's last write may take to land
-// (remove.Remover.AwaitLanding), plus clockSlack.
+// or bind any more: one owned by nothing and older than WriteWithin, plus
+// the time its create's last write may take to land
+// (remove.Remover.AwaitLanding), plus clockSlack. A Service owned by
+// nothing may also own its workload (resources.OwnedBy): a whole sandbox,
+// which its callers rule out first by reading that workload.
 func (s Slots) Leftover(svc *corev1.Service) bool {
 	return resources.SandboxOwner(svc.OwnerReferences) == nil && resources.SelectedToken(svc) != "" &&
 		time.Since(svc.CreationTimestamp.Time) > WriteWithin+s.Remover.Landing()+clockSlack
@@ -70,10 +72,18 @@ func (s Slots) Settles(ctx context.Context) time.Duration {
 }
 
 // Await waits, within Settles, until the create that made svc (a slot of
-// sandbox id) has bound it, given it up, or left it (Leftover), and
-// reports whether it did. The API server's 5xx only means another read.
+// sandbox id) has bound it (or written the Pod it owns), given it up, or
+// left it (Leftover), and reports whether it did. The API server's 5xx
+// only means another read.
 func (s Slots) Await(ctx context.Context, svc *corev1.Service, id string) bool {
 	svcs := s.Client.CoreV1().Services(s.Namespace)
+	owns := func(ctx context.Context, cur *corev1.Service) bool {
+		if resources.SlotKind(cur) != "Pod" {
+			return false // a ReplicaSet is bound by an update of its slot
+		}
+		pod, err := s.Client.CoreV1().Pods(s.Namespace).Get(ctx, resources.PodName(id), metav1.GetOptions{})
+		return err == nil && resources.OwnedBy(pod, cur)
+	}
 	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, s.Settles(ctx), false, func(ctx context.Context) (bool, error) {
 		cur, err := svcs.Get(ctx, svc.Name, metav1.GetOptions{})
 		switch {
@@ -82,7 +92,7 @@ func (s Slots) Await(ctx context.Context, svc *corev1.Service, id string) bool {
 		case err != nil:
 			return false, nil
 		}
-		return cur.UID != svc.UID || cur.DeletionTimestamp != nil || !resources.Pending(cur, id) || s.Leftover(cur), nil
+		return cur.UID != svc.UID || cur.DeletionTimestamp != nil || !resources.Pending(cur, id) || s.Leftover(cur) || owns(ctx, cur), nil
 	})
 	return err == nil
 }

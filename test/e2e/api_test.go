@@ -16,9 +16,11 @@ import (
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 )
 
@@ -265,8 +267,13 @@ func TestHalfPresentSandboxRepaired(t *testing.T) {
 	f := start(t, ns, map[string]string{"PROVISIONER_ADMINS": "default"})
 	ctx := context.Background()
 
-	// Pod without Service.
+	// Pod without Service. A Pod created since issue 49 is owned by its
+	// Service, so the garbage collector would take it with the Service:
+	// this one is made as the previous version made it, owned by nothing.
 	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "half1"}), 200, "create")
+	if _, err := client().CoreV1().Pods(ns).Patch(ctx, "sandbox-half1", types.MergePatchType, []byte(`{"metadata":{"ownerReferences":null}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	if err := client().CoreV1().Services(ns).Delete(ctx, "sandbox-half1-svc", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -318,15 +325,14 @@ func TestHalfPresentSandboxRepaired(t *testing.T) {
 	if url, _ := r.Body["sandbox_url"].(string); url == old || !nodePortURL.MatchString(url) {
 		t.Errorf("repaired Service URL %v, want a node port of a new Service, not the Pod-less one's %s", r.Body["sandbox_url"], old)
 	}
-	if svc := services(t, ns, "sandbox-id=half2"); len(svc) != 1 || svc[0].UID == orphan.UID || len(svc[0].OwnerReferences) != 1 || svc[0].OwnerReferences[0].Kind != "Pod" {
-		t.Errorf("Services of half2 after the repair: %+v; want one new Service owned by the Pod", svc)
+	// The new Service is the create's slot, and the new Pod names it as its
+	// owner from its create (issue 49).
+	svc := services(t, ns, "sandbox-id=half2")
+	if len(svc) != 1 || svc[0].UID == orphan.UID || len(svc[0].OwnerReferences) != 0 {
+		t.Fatalf("Services of half2 after the repair: %+v; want one new Service, owned by nothing", svc)
 	}
-	if p := pods(t, ns, "sandbox-id=half2"); len(p) != 1 {
-		t.Errorf("%d Pods after repair, want 1", len(p))
-	}
-	svc, err := client().CoreV1().Services(ns).Get(ctx, "sandbox-half2-svc", metav1.GetOptions{})
-	if err != nil || len(svc.OwnerReferences) != 1 || svc.OwnerReferences[0].Name != "sandbox-half2" {
-		t.Errorf("adopted Service not owned by its Pod: %v %v", err, svc.OwnerReferences)
+	if p := pods(t, ns, "sandbox-id=half2"); len(p) != 1 || !resources.OwnedBy(&p[0], &svc[0]) {
+		t.Errorf("Pods of half2 after the repair: %+v; want one, owned by the new Service %s", p, svc[0].UID)
 	}
 }
 

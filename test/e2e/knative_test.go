@@ -217,7 +217,12 @@ func TestRBACWithConfigRole(t *testing.T) {
 	expectCode(t, mustDo(t, f, "GET", "/api/sandboxes/rbac1", nil), 200, "get")
 	expectCode(t, mustDo(t, f, "GET", "/api/sandboxes", nil), 200, "list")
 	expectCode(t, mustDo(t, f, "POST", "/api/reap", nil), 200, "reap")
-	// Repair path: a Service DeerFlow's provisioner left behind is adopted (update).
+	// Repair path: a Pod whose Service is gone gets a Service bound to it
+	// (update). The Pod is made one of the previous version's first, owned
+	// by nothing: one created since issue 49 would go with its Service.
+	if _, err := client().CoreV1().Pods("deer-flow").Patch(ctx, "sandbox-rbac1", types.MergePatchType, []byte(`{"metadata":{"ownerReferences":null}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	if err := client().CoreV1().Services("deer-flow").Delete(ctx, "sandbox-rbac1-svc", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -213,6 +213,36 @@ func PodOwnerRef(pod *corev1.Pod) metav1.OwnerReference {
 	}
 }
 
+// ServiceOwnerRef makes svc, a cold create's slot, the owner of the
+// workload written under it (issue 49): the Pod names its Service from its
+// own create, so no third write binds the two, and deleting the Service
+// takes the Pod with it. Not a controller reference, and it does not block
+// the owner's deletion (which would need the finalizers subresource).
+func ServiceOwnerRef(svc *corev1.Service) metav1.OwnerReference {
+	return metav1.OwnerReference{
+		APIVersion: "v1", Kind: "Service", Name: svc.Name, UID: svc.UID,
+		BlockOwnerDeletion: ptr.To(false),
+	}
+}
+
+// OwnedBy reports whether the workload w names svc as its owner by UID:
+// svc is w's Service, bound from w's create (ServiceOwnerRef).
+func OwnedBy(w metav1.Object, svc *corev1.Service) bool {
+	u := OwningService(w)
+	return svc != nil && u != "" && u == svc.UID
+}
+
+// OwningService is the UID of the Service that owns the workload w, if
+// any ("" for one whose Service it owns, or none).
+func OwningService(w metav1.Object) types.UID {
+	for _, r := range w.GetOwnerReferences() {
+		if r.Kind == "Service" && r.APIVersion == "v1" {
+			return r.UID
+		}
+	}
+	return ""
+}
+
 // ServiceOwner is the workload svc belongs to, if any (none for nil).
 func ServiceOwner(svc *corev1.Service) *metav1.OwnerReference {
 	if svc == nil {
