@@ -72,3 +72,39 @@ func TestCheck(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckSkipsEndedPods: over the limit, a sandbox whose Pod has ended
+// does not count, whichever of its Pod and Service owns the other (a cold
+// Pod is owned by its Service since issue 49; earlier ones, and claimed
+// pooled Pods, own it). A running one does.
+func TestCheckSkipsEndedPods(t *testing.T) {
+	cfg := testConfig(t, nil)
+	for _, tc := range []struct {
+		name        string
+		serviceOwns bool
+		phase       corev1.PodPhase
+		wantRefused bool
+	}{
+		{name: "the Pod owns the Service, ended", phase: corev1.PodFailed},
+		{name: "the Service owns the Pod, ended", serviceOwns: true, phase: corev1.PodSucceeded},
+		{name: "the Service owns the Pod, running", serviceOwns: true, phase: corev1.PodRunning, wantRefused: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := api.Spec{ID: "s0", UserID: "alice", ThreadID: "t", Caller: api.Caller{Principal: "p1"}}
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: resources.PodName(s.ID), Namespace: "deer-flow", UID: "pod-s0",
+				Labels: resources.Labels(s)}, Status: corev1.PodStatus{Phase: tc.phase}}
+			svc := resources.BuildService(cfg.Objects(), s, resources.PodOwnerRef(pod))
+			svc.UID = "svc-s0"
+			if tc.serviceOwns {
+				svc.OwnerReferences = nil
+				pod.OwnerReferences = []metav1.OwnerReference{resources.ServiceOwnerRef(svc)}
+			}
+			c := New(config.QuotaConfig{MaxSandboxes: 1}, "deer-flow", fake.NewClientset(svc, pod))
+			err := c.Check(context.Background(), api.Spec{ID: "new", UserID: "carol", Caller: api.Caller{Principal: "p3"}}, nil)
+			var qe *Error
+			if got := errors.As(err, &qe); got != tc.wantRefused {
+				t.Errorf("refused: %v (%v), want %v", got, err, tc.wantRefused)
+			}
+		})
+	}
+}

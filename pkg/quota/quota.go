@@ -247,10 +247,15 @@ func (c *Counter) Check(ctx context.Context, s api.Spec, own *corev1.Service) er
 	if err != nil {
 		return api.Classify(err, "count sandboxes for the quota")
 	}
+	// gone holds each ended Pod's UID (its Service is owned by it) and,
+	// for a Pod owned by its Service (a cold Pod's), that Service's UID.
 	gone := map[types.UID]bool{}
 	for _, p := range ended.Items {
 		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			gone[p.UID] = true
+			if u := resources.OwningService(&p); u != "" {
+				gone[u] = true
+			}
 		}
 	}
 	if len(gone) > 0 {
@@ -281,13 +286,14 @@ func (c counted) over(cfg config.QuotaConfig) bool {
 }
 
 // tally counts the sandbox Services svcs (a user's only, or everyone's):
-// not being deleted, not of a Pod in gone.
+// not being deleted, not of a Pod in gone nor in gone itself (the owner
+// of an ended Pod).
 func tally(svcs []metav1.Object, own *corev1.Service, user, principal string, prospective int, gone map[types.UID]bool) counted {
 	c := counted{total: prospective, mine: prospective, ours: prospective}
 	cutoff := time.Now().Add(-settled)
 	for _, o := range svcs {
 		svc, ok := o.(*corev1.Service)
-		if !ok || resources.ServiceID(svc) == "" || svc.DeletionTimestamp != nil || gone[resources.OwnerUID(svc.OwnerReferences)] {
+		if !ok || resources.ServiceID(svc) == "" || svc.DeletionTimestamp != nil || gone[resources.OwnerUID(svc.OwnerReferences)] || gone[svc.UID] {
 			continue
 		}
 		old := (own == nil || svc.UID != own.UID) && svc.CreationTimestamp.Time.Before(cutoff)

@@ -25,8 +25,11 @@ func TestTally(t *testing.T) {
 	notSandbox := svc("n", "alice", old, "pod-n")
 	notSandbox.Name = "something-else"
 	own := svc("own", "alice", young, "pod-own")
+	// A cold Pod's Service owns its Pod (issue 49): it has no owner.
+	owning := svc("owning", "alice", old, "")
+	owning.OwnerReferences = nil
 	all := []metav1.Object{svc("a1", "alice", old, "pod-a1"), svc("a2", "alice", young, "pod-a2"), svc("b1", "bob", old, "pod-b1"),
-		svc("ended", "alice", old, "pod-ended"), deleting, notSandbox, own}
+		svc("ended", "alice", old, "pod-ended"), deleting, notSandbox, own, owning}
 	tests := []struct {
 		name        string
 		own         *corev1.Service
@@ -34,10 +37,12 @@ func TestTally(t *testing.T) {
 		gone        map[types.UID]bool
 		want        counted
 	}{
-		{name: "after the create: own counts, but not as settled", own: own, want: counted{total: 5, mine: 4, settledTotal: 3, settledMine: 2}},
+		{name: "after the create: own counts, but not as settled", own: own, want: counted{total: 6, mine: 5, settledTotal: 4, settledMine: 3}},
 		{name: "the Service of an ended Pod does not count", own: own, gone: map[types.UID]bool{"pod-ended": true},
-			want: counted{total: 4, mine: 3, settledTotal: 2, settledMine: 1}},
-		{name: "a look for room counts the create to come", prospective: 1, want: counted{total: 6, mine: 5, ours: 1, settledTotal: 3, settledMine: 2}},
+			want: counted{total: 5, mine: 4, settledTotal: 3, settledMine: 2}},
+		{name: "the Service that owns an ended Pod does not count", own: own, gone: map[types.UID]bool{"svc-owning": true},
+			want: counted{total: 5, mine: 4, settledTotal: 3, settledMine: 2}},
+		{name: "a look for room counts the create to come", prospective: 1, want: counted{total: 7, mine: 6, ours: 1, settledTotal: 4, settledMine: 3}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

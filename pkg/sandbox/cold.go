@@ -441,12 +441,12 @@ func errTaken(s api.Spec) error {
 // bind makes svc the Service of w (resources.Bind). A racing create of the
 // same sandbox may have bound it first: then it is read again. A slot
 // deleted meanwhile (its create was refused) is errStale. A workload owned
-// by svc (resources.OwnedBy) needs none.
+// by svc (resources.OwnedBy) needs none: svc only selects its token.
 func (m *Manager) bind(ctx context.Context, svc *corev1.Service, w workloadObject, ref metav1.OwnerReference, s api.Spec) (*corev1.Service, error) {
-	if resources.OwnedBy(w, svc) {
-		return svc, nil
-	}
 	svcs := m.client.CoreV1().Services(m.cfg.Namespace)
+	if resources.OwnedBy(w, svc) {
+		return token.Reselect(ctx, svcs, svc, resources.Bind(svc, ref, resources.Token(w), s))
+	}
 	for attempt := 0; attempt < maxConvergeAttempts; attempt++ {
 		if owner := resources.SandboxOwner(svc.OwnerReferences); owner != nil && owner.UID == w.GetUID() {
 			return token.Reselect(ctx, svcs, svc, resources.Bind(svc, ref, resources.Token(w), s))

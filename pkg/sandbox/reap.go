@@ -10,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
@@ -79,7 +78,7 @@ func (m *Manager) reap(ctx context.Context, c api.Caller) (all, seen api.Reaped,
 	// expire deletes an expired workload as judged, then its Service.
 	expire := func(id, reason string, obj workloadObject, svc *corev1.Service) {
 		victims = append(victims, victim{id: id, reason: reason, obj: obj, del: func() error {
-			return m.deleteOwnedService(ctx, m.rm.Workload(ctx, obj, nil, true)(), svc, obj.GetUID())
+			return m.deleteOwnedService(ctx, m.rm.Workload(ctx, obj, nil, true)(), svc, obj)
 		}})
 	}
 	svcByID := map[string]*corev1.Service{}
@@ -204,11 +203,12 @@ func (m *Manager) reap(ctx context.Context, c api.Caller) (all, seen api.Reaped,
 	return all, seen, nil
 }
 
-// deleteOwnedService follows a successful workload delete with its Service.
-// The GC would remove it too, but only eventually: a later reap must not
-// find it and report this sandbox again.
-func (m *Manager) deleteOwnedService(ctx context.Context, err error, svc *corev1.Service, owner types.UID) error {
-	if err != nil || svc == nil || resources.OwnerUID(svc.OwnerReferences) != owner {
+// deleteOwnedService follows a successful delete of the workload w with its
+// Service, whichever owns the other. The GC would remove a Service owned by
+// w only eventually, and one that owns w never: a later reap must not find
+// it and report this sandbox again.
+func (m *Manager) deleteOwnedService(ctx context.Context, err error, svc *corev1.Service, w workloadObject) error {
+	if err != nil || svc == nil || resources.OwnerUID(svc.OwnerReferences) != w.GetUID() && !resources.OwnedBy(w, svc) {
 		return err
 	}
 	err = m.client.CoreV1().Services(m.cfg.Namespace).Delete(ctx, svc.Name, metav1.DeleteOptions{

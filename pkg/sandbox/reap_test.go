@@ -39,6 +39,7 @@ func TestReapAnswersOnlyWhatTheCallerSees(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			client := fake.NewClientset()
+			apiServerWrites(t, client) // UIDs, which the owner checks compare
 			var audit bytes.Buffer
 			m := NewManager(testConfig(t, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "true"}), client,
 				WithAuditLog(slog.New(slog.NewJSONHandler(&audit, nil))))
@@ -87,6 +88,19 @@ func TestReapAnswersOnlyWhatTheCallerSees(t *testing.T) {
 			}
 			if diff := cmp.Diff([]string{resources.PodName("alice2")}, left); diff != "" {
 				t.Errorf("Pods after the reap, which removes every expired one (-want +got):\n%s", diff)
+			}
+			// Their Services too, at once: each owns its Pod (issue 49), so
+			// no garbage collector would (the fake has none anyway).
+			svcs, err := client.CoreV1().Services("deer-flow").List(bg, metav1.ListOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			left = nil
+			for _, s := range svcs.Items {
+				left = append(left, s.Name)
+			}
+			if diff := cmp.Diff([]string{resources.ServiceName("alice2")}, left); diff != "" {
+				t.Errorf("Services after the reap (-want +got):\n%s", diff)
 			}
 			lines := auditLines(t, &audit)
 			if len(lines) != 1 {

@@ -213,18 +213,44 @@ func TestIdempotentAndConcurrentCreate(t *testing.T) {
 	}
 }
 
-func TestServiceGarbageCollectedWithPod(t *testing.T) {
+// TestPodLostThenCreatedOrReaped: a sandbox whose Pod is deleted alone,
+// as a node failure or an operator would, keeps its Service (the Pod was
+// owned by it: issue 49), and nothing of it is lost for good. A create of
+// the id makes it whole again (a new Pod, owned by its Service); lost
+// again, the reap removes the Service left alone. Deleting the Service
+// alone takes its Pod with it (the garbage collector).
+func TestPodLostThenCreatedOrReaped(t *testing.T) {
 	ns := namespace(t)
 	f := start(t, ns, nil)
-	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "gc1"}), 200, "create")
+	ctx := context.Background()
 	zero := int64(0)
-	// Delete only the Pod, as a node failure or an operator would: the
-	// Service must follow through its owner reference.
-	if err := client().CoreV1().Pods(ns).Delete(context.Background(), "sandbox-gc1", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+	lose := func() {
+		t.Helper()
+		if err := client().CoreV1().Pods(ns).Delete(ctx, "sandbox-gc1", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 30*time.Second, "the Pod gone", func() (bool, error) { return len(pods(t, ns, "sandbox-id=gc1")) == 0, nil })
+	}
+	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "gc1"}), 200, "create")
+	lose()
+	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "gc1"}), 200, "create after the Pod was lost")
+	svcs, ps := services(t, ns, "sandbox-id=gc1"), pods(t, ns, "sandbox-id=gc1")
+	if len(svcs) != 1 || len(ps) != 1 || !resources.OwnedBy(&ps[0], &svcs[0]) {
+		t.Fatalf("after the create: %d Services, %d Pods; want one Pod owned by one Service", len(svcs), len(ps))
+	}
+	lose()
+	// The reap takes a Service that owns no Pod for a slot until it is a
+	// leftover (a few seconds): it is asked again until then.
+	eventually(t, 60*time.Second, "the reap removed the Service of the lost Pod", func() (bool, error) {
+		expectCode(t, mustDo(t, f, "POST", "/api/reap", nil), 200, "reap")
+		return len(services(t, ns, "sandbox-id=gc1")) == 0, nil
+	})
+	expectCode(t, mustDo(t, f, "POST", "/api/sandboxes", map[string]any{"sandbox_id": "gc1"}), 200, "create after the reap")
+	if err := client().CoreV1().Services(ns).Delete(ctx, "sandbox-gc1-svc", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 60*time.Second, "Service garbage-collected", func() (bool, error) {
-		return len(services(t, ns, "sandbox-id=gc1")) == 0, nil
+	eventually(t, 60*time.Second, "the Pod garbage-collected with its Service", func() (bool, error) {
+		return len(pods(t, ns, "sandbox-id=gc1")) == 0, nil
 	})
 }
 

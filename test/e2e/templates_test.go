@@ -80,7 +80,7 @@ type shape struct {
 	Probes           []string          // the sandbox container's probes: kind period×failures (+initial delay)
 	Hardened         bool              // every container drops ALL, no escalation, RuntimeDefault
 	NoToken          bool
-	ServiceOwner     string // kind of the Service's owner
+	Chain            string // which of the Service and the workload owns the other
 }
 
 func shapeOf(t *testing.T, ns, id string) shape {
@@ -167,7 +167,12 @@ func shapeOf(t *testing.T, ns, id string) shape {
 		t.Fatalf("sandbox %s has no Service: %v", id, err)
 	}
 	for _, r := range svc.OwnerReferences {
-		s.ServiceOwner = r.Kind
+		s.Chain = r.Kind + " owns Service"
+	}
+	for _, r := range meta.OwnerReferences {
+		if r.Kind == "Service" && r.UID == svc.UID {
+			s.Chain = "Service owns " + s.Workload
+		}
 	}
 	return s
 }
@@ -209,7 +214,7 @@ func TestTemplatesShapeTheSandbox(t *testing.T) {
 		template: "",
 		// A bare Pod carries its pin, its own name, which its Service selects.
 		want: shape{Workload: "Pod", Labels: sandboxLabels("tpl-default", map[string]string{keys.LabelPod: "sandbox-tpl-default"}), Containers: []string{"sandbox=sandbox:test"},
-			Volumes: hostRoots, Mounts: defaultMounts, Limits: limits, Deadline: true, Probes: probes, Hardened: true, NoToken: true, ServiceOwner: "Pod"},
+			Volumes: hostRoots, Mounts: defaultMounts, Limits: limits, Deadline: true, Probes: probes, Hardened: true, NoToken: true, Chain: "Service owns Pod"},
 	}, {
 		template: "python",
 		want: shape{Workload: "Pod", Labels: sandboxLabels("tpl-python", map[string]string{"team": "data", keys.LabelPod: "sandbox-tpl-python"}), Template: "python",
@@ -218,12 +223,12 @@ func TestTemplatesShapeTheSandbox(t *testing.T) {
 			Mounts:           []string{"/data", "/mnt/skills/custom", "/mnt/skills/legacy", "/mnt/skills/public", "/mnt/user-data", "/var/cache/pip"},
 			ImagePullSecrets: []string{"registry-credentials"}, NodeSelector: map[string]string{"sandbox.deerflow.dev/pool": "python"},
 			Limits: map[string]string{"cpu": "2", "memory": "2Gi", "ephemeral-storage": "500Mi"}, Deadline: true, Probes: append([]string{"startup 2s×60+0s"}, probes...),
-			Hardened: true, NoToken: true, ServiceOwner: "Pod"},
+			Hardened: true, NoToken: true, Chain: "Service owns Pod"},
 	}, {
 		template: "self-healing",
 		want: shape{Workload: "ReplicaSet", Replicas: 1, Labels: sandboxLabels("tpl-self-healing", map[string]string{"sandbox.deerflow.dev/workload": "replicaset"}),
 			Template: "self-healing", Containers: []string{"sandbox=" + deerflowImage}, Volumes: hostRoots, Mounts: defaultMounts,
-			Limits: limits, Probes: probes, Hardened: true, NoToken: true, ServiceOwner: "ReplicaSet"},
+			Limits: limits, Probes: probes, Hardened: true, NoToken: true, Chain: "ReplicaSet owns Service"},
 	}}
 	for _, tc := range tests {
 		id := "tpl-" + tc.template

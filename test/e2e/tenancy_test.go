@@ -133,14 +133,17 @@ func TestSandboxFromBeforeTokensKeepsItsURL(t *testing.T) {
 	url, _ := r.Body["sandbox_url"].(string)
 	ctx := context.Background()
 	pod := runningPod(t, ns, "pre1")
-	if _, err := client().CoreV1().Pods(ns).Patch(ctx, pod.Name, types.MergePatchType,
-		[]byte(`{"metadata":{"labels":{"`+keys.LabelToken+`":null}}}`), metav1.PatchOptions{}); err != nil {
+	// That release's Pod owned its Service, not the other way round.
+	patched, err := client().CoreV1().Pods(ns).Patch(ctx, pod.Name, types.MergePatchType,
+		[]byte(`{"metadata":{"ownerReferences":null,"labels":{"`+keys.LabelToken+`":null}}}`), metav1.PatchOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
 	svc, err := client().CoreV1().Services(ns).Get(ctx, resources.ServiceName("pre1"), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	svc.OwnerReferences = []metav1.OwnerReference{resources.PodOwnerRef(patched)}
 	svc.Spec.Selector = map[string]string{keys.LabelID: "pre1"}
 	if svc, err = client().CoreV1().Services(ns).Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
