@@ -82,7 +82,7 @@ func (s Slots) Await(ctx context.Context, svc *corev1.Service, id string) bool {
 			return false // a ReplicaSet is bound by an update of its slot
 		}
 		pod, err := s.Client.CoreV1().Pods(s.Namespace).Get(ctx, resources.PodName(id), metav1.GetOptions{})
-		return err == nil && resources.OwnedBy(pod, cur)
+		return err == nil && pod.DeletionTimestamp == nil && resources.OwnedBy(pod, cur)
 	}
 	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, s.Settles(ctx), false, func(ctx context.Context) (bool, error) {
 		cur, err := svcs.Get(ctx, svc.Name, metav1.GetOptions{})
