@@ -60,7 +60,9 @@ func ClaimedOwner(svc *corev1.Service, id string) bool {
 }
 
 // Pending reports whether svc holds id for a workload still to come: a
-// pooled Pod still to be claimed, or a cold create's slot.
+// pooled Pod still to be claimed, or a cold create's slot. A slot that owns
+// its Pod (OwnedBy) looks the same from svc alone: a caller that can meet
+// one reads the Pod (pkg/sandbox's boundWorkload, slot.Slots.Await).
 func Pending(svc *corev1.Service, id string) bool {
 	return ClaimedOwner(svc, id) || SandboxOwner(svc.OwnerReferences) == nil && SelectedToken(svc) != ""
 }

@@ -129,10 +129,11 @@ func Token(obj metav1.Object) string {
 }
 
 // Names reports whether svc is the Service of the workload w: owned by
-// it; or owned by no workload yet and selecting w's token (a create's slot,
-// made before its workload: see Slot); or owned by none and selecting no
-// token (a sandbox of DeerFlow's provisioner, which sets no owners, until a
-// create adopts its Service). An OwnerlessReference Service names none.
+// it; or owned by no workload and selecting w's token (a create's slot,
+// made before its workload, which may own it: see Slot); or owned by none
+// and selecting no token (a sandbox of DeerFlow's provisioner, which sets
+// no owners, until a create adopts its Service). An OwnerlessReference
+// Service names none.
 func Names(svc *corev1.Service, w metav1.Object) bool {
 	if owner := SandboxOwner(svc.OwnerReferences); owner != nil {
 		return owner.UID == w.GetUID()
@@ -146,8 +147,9 @@ func Names(svc *corev1.Service, w metav1.Object) bool {
 
 // Slot is the Service a create makes before the sandbox's workload of kind
 // ("Pod" or "ReplicaSet"): its place in the quota (quota.Counter.Check),
-// owned by nothing until the workload exists and the create binds it. It
-// selects the token the workload will carry, so no other Pod joins it.
+// owned by nothing. A bare Pod names it as its owner from its create
+// (ServiceOwnerRef); a ReplicaSet is made its owner once it exists (Bind).
+// It selects the token the workload will carry, so no other Pod joins it.
 func Slot(cfg config.Objects, s api.Spec, kind string) *corev1.Service {
 	svc := BuildService(cfg, s, metav1.OwnerReference{Kind: kind})
 	svc.OwnerReferences = nil
