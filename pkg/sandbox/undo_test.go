@@ -328,3 +328,40 @@ func standing(t *testing.T, client *fake.Clientset) []string {
 	}
 	return out
 }
+
+// TestUndoReadsAgainAfterAStatusWrite: a create whose client went away
+// after its Pod's create (its last write) undoes it; a write to the Pod
+// that lands before the undo's delete (the scheduler's, the kubelet's
+// status) makes that delete, which carries the version the create got, a
+// conflict: the undo reads the Pod again and, its activity mark unmoved,
+// removes it at its new version, then the slot.
+func TestUndoReadsAgainAfterAStatusWrite(t *testing.T) {
+	pods := corev1.SchemeGroupVersion.WithResource("pods")
+	cfg := testConfig(t, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "true"})
+	s := ownerSpec("statuswrite1")
+	s.Caller = api.Caller{Principal: "alice"}
+	client := fake.NewClientset()
+	bump := apiServerWrites(t, client)
+	ctx, cancel := context.WithTimeout(api.WithCaller(context.Background(), s.Caller), 10*time.Second)
+	defer cancel()
+	client.PrependReactor("create", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		cancel() // the client goes away; the create goes on to the store
+		return false, nil, nil
+	})
+	var bumped, deletes atomic.Int32
+	client.PrependReactor("delete", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		deletes.Add(1)
+		if bumped.CompareAndSwap(0, 1) {
+			bump(pods, a.(k8stesting.DeleteAction).GetName(), nil) // the status write
+		}
+		return false, nil, nil
+	})
+	m := NewManager(cfg, contextClient{client})
+	_, err := m.Create(ctx, s, 0)
+	if api.KindOf(err) != api.KindUnavailable {
+		t.Errorf("the create answered %v, want a 503 (its client went away)", err)
+	}
+	if left := standing(t, client); len(left) != 0 || deletes.Load() < 2 {
+		t.Errorf("left %v after %d Pod deletes; want nothing, the first delete refused (a conflict) and a second one", left, deletes.Load())
+	}
+}
