@@ -47,7 +47,7 @@ func TestSandboxesOfThePreviousVersion(t *testing.T) {
 	}
 	url := mustDo(t, f, "GET", "/api/sandboxes/prev1", nil)
 	expectCode(t, url, 200, "get of the earlier shape")
-	if url.Body["sandbox_url"] == "" || url.Body["status"] == "NotFound" {
+	if u, _ := url.Body["sandbox_url"].(string); u == "" || url.Body["status"] == "NotFound" {
 		t.Errorf("get of the earlier shape: %s", url.Raw)
 	}
 	l := mustDo(t, f, "GET", "/api/sandboxes", nil)
