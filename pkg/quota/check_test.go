@@ -102,7 +102,11 @@ func TestCheckSkipsEndedPods(t *testing.T) {
 			c := New(config.QuotaConfig{MaxSandboxes: 1}, "deer-flow", fake.NewClientset(svc, pod))
 			err := c.Check(context.Background(), api.Spec{ID: "new", UserID: "carol", Caller: api.Caller{Principal: "p3"}}, nil)
 			var qe *Error
-			if got := errors.As(err, &qe); got != tc.wantRefused {
+			got := errors.As(err, &qe)
+			if err != nil && !got {
+				t.Fatalf("Check: %v, neither room nor a quota refusal", err)
+			}
+			if got != tc.wantRefused {
 				t.Errorf("refused: %v (%v), want %v", got, err, tc.wantRefused)
 			}
 		})
