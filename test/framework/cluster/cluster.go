@@ -40,6 +40,8 @@ type Cluster struct {
 	kwokctl    string
 
 	apiserverArgs []string
+	// schedulerArgs: kube-scheduler's command line, read at StopAPIServer.
+	schedulerArgs []string
 }
 
 // CacheDir is where hack/ caches tools and images (hack/lib.sh, CACHE_DIR).
@@ -313,6 +315,11 @@ func (c *Cluster) StopAPIServer() error {
 		return err
 	}
 	c.apiserverArgs = strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+	if spid, err := c.pid("kube-scheduler"); err == nil {
+		if raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", spid)); err == nil {
+			c.schedulerArgs = strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+		}
+	}
 	proc, err := os.FindProcess(pid)
 	if err != nil {
 		return err
@@ -339,23 +346,67 @@ func (c *Cluster) StartAPIServer(ctx context.Context) error {
 	if len(c.apiserverArgs) == 0 {
 		return fmt.Errorf("kube-apiserver was not stopped by StopAPIServer")
 	}
+	if err := c.start("kube-apiserver", c.apiserverArgs); err != nil {
+		return err
+	}
+	if err := c.WaitReady(ctx, 60*time.Second); err != nil {
+		return err
+	}
+	go c.superviseScheduler(time.Minute)
+	return nil
+}
+
+// start starts a component of the cluster with args, as kwokctl did, and
+// records its pid.
+func (c *Cluster) start(name string, args []string) error {
 	dir := filepath.Join(c.Workdir, "clusters", c.Name)
-	logf, err := os.OpenFile(filepath.Join(dir, "logs", "kube-apiserver.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	logf, err := os.OpenFile(filepath.Join(dir, "logs", name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
 	}
 	defer logf.Close()
-	cmd := exec.Command(c.apiserverArgs[0], c.apiserverArgs[1:]...)
+	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Dir, cmd.Stdout, cmd.Stderr = dir, logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return err
 	}
 	go func() { _ = cmd.Wait() }()
-	if err := os.WriteFile(filepath.Join(dir, "pids", "kube-apiserver.pid"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
-		return err
+	return os.WriteFile(filepath.Join(dir, "pids", name+".pid"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644)
+}
+
+// pid is the recorded pid of a component of the cluster.
+func (c *Cluster) pid(name string) (int, error) {
+	raw, err := os.ReadFile(filepath.Join(c.Workdir, "clusters", c.Name, "pids", name+".pid"))
+	if err != nil {
+		return 0, err
 	}
-	return c.WaitReady(ctx, 60*time.Second)
+	return strconv.Atoi(strings.TrimSpace(string(raw)))
+}
+
+// superviseScheduler starts kube-scheduler again, with its own arguments,
+// should it exit within d of an API server restart, as a control plane's
+// supervisor (the kubelet of a static Pod, systemd) would. It does exit on
+// its own there: a bind whose answer the outage cut, retried, can leave
+// its cache "corrupted" ("Pod updated on a different node than previously
+// added to"), and it then stops; without it no Pod is scheduled again.
+func (c *Cluster) superviseScheduler(d time.Duration) {
+	if len(c.schedulerArgs) == 0 {
+		return
+	}
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
+		pid, err := c.pid("kube-scheduler")
+		if err != nil {
+			return
+		}
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err == nil && !strings.Contains(string(st), ") Z ") {
+			continue
+		}
+		if err := c.start("kube-scheduler", c.schedulerArgs); err != nil {
+			return
+		}
+	}
 }
 
 // Down deletes the cluster and its work directory.
