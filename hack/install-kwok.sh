@@ -10,5 +10,5 @@ mkdir -p "$KWOK_BIN_DIR"
 log "installing kwok and kwokctl $KWOK_VERSION (about 3 minutes the first time)"
 # Outside any module, so the repository's go.mod does not constrain kwok's dependencies.
 cd "$CACHE_DIR"
-run_with_progress "kwok" env GOBIN="$KWOK_BIN_DIR" GOFLAGS=-trimpath \
-  go install "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" "sigs.k8s.io/kwok/cmd/kwokctl@$KWOK_VERSION"
+export GOFLAGS=-trimpath
+run_with_progress "kwok" go_install "$KWOK_BIN_DIR" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" "sigs.k8s.io/kwok/cmd/kwokctl@$KWOK_VERSION"

@@ -34,8 +34,8 @@ build_kube() { KUBE_COMPONENTS="kubelet kube-proxy" "$REPO_ROOT/hack/install-kub
 build_containerd() {
   if [[ ! -x "$NODE_BIN_DIR/containerd" || ! -x "$NODE_BIN_DIR/ctr" || ! -x "$NODE_BIN_DIR/containerd-shim-runc-v2" ]]; then
     log "building containerd $CONTAINERD_VERSION (about 2 minutes with a warm Go cache, more when cold)"
-    run_with_progress "containerd" env GOBIN="$NODE_BIN_DIR" CGO_ENABLED=0 GOFLAGS=-trimpath \
-      go install "github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION" \
+    CGO_ENABLED=0 GOFLAGS=-trimpath run_with_progress "containerd" go_install "$NODE_BIN_DIR" \
+      "github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION" \
       "github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION" \
       "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION"
   else
@@ -50,7 +50,7 @@ build_cni() {
   done
   if [[ ${#missing[@]} -gt 0 ]]; then
     log "building CNI plugins $CNI_VERSION"
-    run_with_progress "cni" env GOBIN="$CNI_BIN_DIR" CGO_ENABLED=0 GOFLAGS=-trimpath go install "${missing[@]}"
+    CGO_ENABLED=0 GOFLAGS=-trimpath run_with_progress "cni" go_install "$CNI_BIN_DIR" "${missing[@]}"
   else
     log "CNI plugins $CNI_VERSION cached in $CNI_BIN_DIR"
   fi
@@ -70,7 +70,8 @@ build_knp() {
     cp -r "$dir/." "$src" && chmod -R u+w "$src"
     patch -s -d "$src" -p1 < "$REPO_ROOT/hack/patches/kube-network-policies-$KNP_VERSION-xt-nfqueue.patch"
     (cd "$src" && run_with_progress "kube-network-policies" env CGO_ENABLED=0 GONOSUMDB=sigs.k8s.io/kube-network-policies \
-      go build -trimpath -ldflags "-s -w" -o "$NODE_BIN_DIR/kube-network-policies" ./cmd)
+      go build -trimpath -ldflags "-s -w" -o "$src/kube-network-policies.bin" ./cmd)
+    mv "$src/kube-network-policies.bin" "$NODE_BIN_DIR/kube-network-policies"
   else
     log "kube-network-policies $KNP_VERSION cached in $NODE_BIN_DIR"
   fi

@@ -10,5 +10,5 @@ fi
 mkdir -p "$(dirname "$REGISTRY_BIN")"
 log "installing the distribution registry $REGISTRY_VERSION (about 2 minutes the first time)"
 cd "$CACHE_DIR"
-run_with_progress "registry" env GOBIN="$(dirname "$REGISTRY_BIN")" CGO_ENABLED=0 GOFLAGS=-trimpath \
-  go install "github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION"
+export CGO_ENABLED=0 GOFLAGS=-trimpath
+run_with_progress "registry" go_install "$(dirname "$REGISTRY_BIN")" "github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION"

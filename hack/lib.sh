@@ -81,5 +81,30 @@ KNATIVE_SERVING_VERSION=${KNATIVE_SERVING_VERSION:-v0.50.0}
 KNATIVE_EVENTING_VERSION=${KNATIVE_EVENTING_VERSION:-v0.50.0}
 TRAEFIK_VERSION=${TRAEFIK_VERSION:-v3.6.12}
 COREDNS_VERSION=${COREDNS_VERSION:-v1.15.0}
+# The cache keys of the two builds that leave parts out (hack/install-knative.sh).
+COREDNS_TAG=coredns-$COREDNS_VERSION-corefile-plugins
+TRAEFIK_TAG=traefik-$TRAEFIK_VERSION-no-lego-dns
 KNATIVE_BIN_DIR=${KNATIVE_BIN_DIR:-$CACHE_DIR/knative-bin}
 KNATIVE_IMAGES_DIR=${KNATIVE_IMAGES_DIR:-$CACHE_DIR/knative-images}
+
+# idle COMMAND...: runs COMMAND at the scheduler's idle policy (SCHED_IDLE),
+# so it takes only the CPU that nothing else wants; as is where chrt cannot
+# set it (a container without the capability, say).
+idle() {
+  if chrt --idle 0 true 2>/dev/null; then chrt --idle 0 "$@"; else "$@"; fi
+}
+
+# go_install DIR PKG@VERSION...: go install into a scratch directory beside
+# DIR, then each binary into DIR by rename. The scripts take a binary that
+# exists for a cached one, so one that an interrupted copy left half-written
+# must never appear under its name. Build settings (CGO_ENABLED, GOFLAGS)
+# come from the caller's environment.
+go_install() {
+  local dir=$1 tmp f
+  shift
+  mkdir -p "$dir"
+  tmp=$(mktemp -d "$dir/.install-XXXXXX")
+  if ! GOBIN=$tmp go install "$@"; then rm -rf "$tmp"; return 1; fi
+  for f in "$tmp"/*; do mv "$f" "$dir/"; done
+  rmdir "$tmp"
+}

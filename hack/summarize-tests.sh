@@ -6,10 +6,11 @@
 # skip there would pass off as green a test that never ran.
 set -o nounset -o pipefail
 pass=0 fail=0 skip=0 status=0
-skipped=()
+skipped=() toplevel=()
 while IFS= read -r line; do
   printf '%s\n' "$line"
   case "$line" in
+    "--- PASS: "* | "--- FAIL: "*) toplevel+=("${line#--- * }") ;;&
     *"--- PASS:"*) pass=$((pass + 1)) ;;
     *"--- FAIL:"*) fail=$((fail + 1)) ;;
     *"--- SKIP:"*)
@@ -20,6 +21,12 @@ while IFS= read -r line; do
     FAIL*) status=1 ;;
   esac
 done
+# The slowest top-level tests, so a run that got slower says where.
+if [[ ${#toplevel[@]} -gt 0 ]]; then
+  echo "slowest tests:"
+  printf '%s\n' "${toplevel[@]}" | sed -n 's/^\([^ ]*\) (\([0-9.]*\)s)$/\2 \1/p' | sort -rn | head -n 10 |
+    awk '{printf "  %8.1f s  %s\n", $1, $2}'
+fi
 echo "e2e: $pass passed, $fail failed, $skip skipped"
 
 # The same spellings as skip.Truthy: strconv.ParseBool's true, and y/yes/on.

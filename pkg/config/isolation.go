@@ -26,6 +26,8 @@ type IsolationConfig struct {
 	// One shared NetworkPolicy isolates every sandbox (see
 	// sandbox.BuildNetworkPolicy and config/701-networkpolicy-sandboxes.yaml).
 	// With SANDBOX_NETWORK_POLICY on, no sandbox is created until it exists.
+	// SANDBOX_NETWORK_POLICY_ENSURE (local clusters: make run) has the
+	// function create it, and update it when it differs from the settings.
 	NetworkPolicy        bool              `envconfig:"SANDBOX_NETWORK_POLICY" default:"true"`
 	NetworkPolicyName    string            `envconfig:"SANDBOX_NETWORK_POLICY_NAME" default:"deer-flow-sandbox-isolation"`
 	EnsureNetworkPolicy  bool              `envconfig:"SANDBOX_NETWORK_POLICY_ENSURE" default:"false"`

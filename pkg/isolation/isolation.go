@@ -109,7 +109,7 @@ func (c *Checker) checks() []check {
 // Ensure checks now that the shared NetworkPolicy exists and is
 // what BuildNetworkPolicy makes of the settings (when
 // SANDBOX_NETWORK_POLICY_ENSURE is on, for local clusters, it creates a
-// missing one), and that the RuntimeClass exists. It runs at start-up;
+// missing one and updates one that differs), and that the RuntimeClass exists. It runs at start-up;
 // creates run each check again when its last verdict is older than the
 // TTL, and are refused (503 naming the policy or the setting) while one fails.
 //
@@ -193,8 +193,20 @@ func (c *Checker) checkPolicy(ctx context.Context, p *policyCheck) error {
 		p.v.store(verdict, rv) // unchanged since it was judged
 		return verdict
 	}
+	parts := specDiff(want.Spec, live.Spec)
+	if len(parts) > 0 && c.cfg.EnsureNetworkPolicy {
+		// A local cluster's function owns its shared policies: a run with
+		// other settings (make run with SANDBOX_EGRESS_MODE=isolated, then
+		// without) brings them in line rather than refusing every create.
+		// In place, so the sandboxes it selects are never unconfined.
+		live.Spec = want.Spec
+		if live, err = nps.Update(ctx, live, metav1.UpdateOptions{}); err != nil {
+			return api.Classify(err, "bring the sandbox NetworkPolicy "+name+" in line with this function's settings")
+		}
+		parts = nil
+	}
 	var verdict error
-	if parts := specDiff(want.Spec, live.Spec); len(parts) > 0 {
+	if len(parts) > 0 {
 		verdict = &api.Error{Kind: api.KindUnavailable, Detail: fmt.Sprintf("the shared NetworkPolicy %s that isolates sandboxes is not what this function's settings make of it (its %s differ), so no sandbox is created; "+
 			"restore it (kubectl apply -f config/701-networkpolicy-sandboxes.yaml), or align the SANDBOX_* network settings with it", name, strings.Join(parts, ", "))}
 	}

@@ -176,3 +176,56 @@ func (r meetingClasses) Get(ctx context.Context, name string, o metav1.GetOption
 	r.meet("runtimeclasses", "networkpolicies")
 	return r.RuntimeClassInterface.Get(ctx, name, o)
 }
+
+// TestEnsureBringsSharedPoliciesInLine: a local cluster's function
+// (SANDBOX_NETWORK_POLICY_ENSURE, as make run sets it) that finds the shared
+// policies made by a run with another egress mode updates them in place and
+// admits creates; any other function refuses and leaves them as they are.
+// The fake clientset stands in for the API server.
+func TestEnsureBringsSharedPoliciesInLine(t *testing.T) {
+	earlier := sharedPolicies(testConfig(t, map[string]string{"SANDBOX_EGRESS_MODE": "isolated"}))
+	tests := []struct {
+		name   string
+		ensure string
+		admit  bool
+	}{
+		{"make run's function", "true", true},
+		{"an operator's function", "false", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": tc.ensure, "SANDBOX_EGRESS_MODE": "open"})
+			client := fake.NewClientset(earlier...)
+			want := resources.SharedPolicies(cfg.Objects())
+			c := New(&cfg.IsolationConfig, &cfg.PodSecurityConfig, cfg.Namespace, 10*time.Second, want, client)
+			_, err := c.Require(context.Background(), "default", egress.Open)
+			if tc.admit && err != nil {
+				t.Fatalf("Require: %v, want admitted", err)
+			}
+			if !tc.admit && (api.KindOf(err) != api.KindUnavailable || !strings.Contains(api.DetailOf(err), "not what this function's settings make of it")) {
+				t.Fatalf("Require: %v, want unavailable naming the policy that differs", err)
+			}
+			changed := 0
+			for i, np := range want {
+				live, err := client.NetworkingV1().NetworkPolicies(cfg.Namespace).Get(context.Background(), np.Name, metav1.GetOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				before := earlier[i].(*networkingv1.NetworkPolicy)
+				if len(specDiff(before.Spec, np.Spec)) > 0 {
+					changed++
+				}
+				wantSpec := before.Spec
+				if tc.admit {
+					wantSpec = np.Spec
+				}
+				if parts := specDiff(wantSpec, live.Spec); len(parts) > 0 {
+					t.Errorf("%s: its %v differ from what the function should have left", np.Name, parts)
+				}
+			}
+			if changed == 0 {
+				t.Fatal("the two egress modes make the same shared policies: the test compares nothing")
+			}
+		})
+	}
+}

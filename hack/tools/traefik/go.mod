@@ -5,7 +5,10 @@ module sandbox-provisioner/hack/tools/traefik
 
 go 1.26.0
 
-require github.com/traefik/traefik/v3 v3.6.12
+require (
+	github.com/go-acme/lego/v4 v4.33.0
+	github.com/traefik/traefik/v3 v3.6.12
+)
 
 require (
 	cloud.google.com/go/auth v0.18.1 // indirect
@@ -105,7 +108,6 @@ require (
 	github.com/go-acme/alidns-20150109/v4 v4.7.0 // indirect
 	github.com/go-acme/esa-20240910/v2 v2.48.0 // indirect
 	github.com/go-acme/jdcloud-sdk-go v1.64.0 // indirect
-	github.com/go-acme/lego/v4 v4.33.0 // indirect
 	github.com/go-acme/tencentclouddnspod v1.3.24 // indirect
 	github.com/go-acme/tencentedgdeone v1.3.38 // indirect
 	github.com/go-errors/errors v1.0.1 // indirect

@@ -239,10 +239,14 @@ func write(ref, out, bin, entry, user string) error {
 		return err
 	}
 
-	f, err := os.Create(out)
+	// Into a temporary file beside out, renamed into place when whole: the
+	// scripts take an archive that exists for a cached one, so an archive an
+	// interrupted run left half-written must never appear under out's name.
+	f, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".tmp-*")
 	if err != nil {
 		return err
 	}
+	defer os.Remove(f.Name())
 	defer f.Close()
 	aw := tar.NewWriter(f)
 	files := []struct {
@@ -266,5 +270,11 @@ func write(ref, out, bin, entry, user string) error {
 	if err := aw.Close(); err != nil {
 		return err
 	}
-	return f.Close()
+	if err := f.Chmod(0o644); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), out)
 }
