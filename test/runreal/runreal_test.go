@@ -40,7 +40,8 @@ const startBound = 4 * time.Minute
 // TestMakeRunRealStartsEveryTime runs `make run NODE=real` five times in a
 // row, each time creating a sandbox and reaching its URL: a first start,
 // after a clean stop (Ctrl-C), after a crash (kill -9 of make and every
-// process under it), and around plain `make run`, each of those two
+// process under it) with another egress mode (isolated), and around plain
+// `make run`, the last start in the default mode again, each of those two
 // stopped by SIGTERM to make alone (`kill <pid>`, timeout(1)), after which
 // nothing that was under make may still run. The second start failed
 // before (issue 33: the kube-dns stand-in's Service, left in the cluster,
@@ -81,7 +82,10 @@ func TestMakeRunRealStartsEveryTime(t *testing.T) {
 	r.sandbox("again")
 	r.crash()
 
-	r = u.start("real")
+	// Another egress mode on the kept cluster, then the default again
+	// ("afterplain"): make run brings the shared NetworkPolicies in line with
+	// the settings it starts with, so neither start refuses its creates.
+	r = u.start("real", "SANDBOX_EGRESS_MODE=isolated")
 	r.sandbox("aftercrash")
 	r.terminate() // the next start binds the same address: nothing of this run may still hold it
 
@@ -138,17 +142,18 @@ type run struct {
 	real bool
 }
 
-func (u *user) start(node string) *run {
+// start runs make run NODE=node with env (K=V) as the user's settings.
+func (u *user) start(node string, env ...string) *run {
 	u.t.Helper()
 	u.n++
 	o := makerun.Options{Repo: u.repo, Real: node == "real", Cluster: u.base, Addr: u.addr, Key: key, State: u.state,
-		Log: filepath.Join(u.logs, fmt.Sprintf("%d-%s.log", u.n, node))}
+		Log: filepath.Join(u.logs, fmt.Sprintf("%d-%s.log", u.n, node)), Env: env}
 	mr, err := makerun.Start(o, startBound)
 	if err != nil {
 		u.t.Fatalf("start %d (make run NODE=%s): %v", u.n, node, err)
 	}
 	u.t.Cleanup(mr.Kill)
-	u.t.Logf("start %d (NODE=%s): serving after %s", u.n, node, mr.Serving.Round(time.Millisecond))
+	u.t.Logf("start %d (NODE=%s %v): serving after %s", u.n, node, env, mr.Serving.Round(time.Millisecond))
 	return &run{Run: mr, u: u, n: u.n, real: o.Real}
 }
 
