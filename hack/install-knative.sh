@@ -51,8 +51,10 @@ build_coredns() { build coredns "$COREDNS_TAG" -- sandbox-provisioner/hack/tools
 # go build -overlay refuses files in it.
 build_traefik() {
   local mod=$REPO_ROOT/hack/tools/traefik lego scratch
-  lego=$(cd "$mod" && go list -m -f '{{.Dir}}' github.com/go-acme/lego/v4)
-  [[ -d $lego ]] || die "go list gave no directory for github.com/go-acme/lego/v4 (hack/tools/traefik)"
+  # go mod download, not go list: on a cold module cache go list names no
+  # directory, as the module is not downloaded yet.
+  lego=$(cd "$mod" && go mod download -json github.com/go-acme/lego/v4 | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  [[ -d $lego ]] || die "go mod download gave no directory for github.com/go-acme/lego/v4 (hack/tools/traefik)"
   scratch=$(mktemp -d "$KNATIVE_BIN_DIR/.traefik-XXXXXX")
   cp -r "$lego" "$scratch/lego" && chmod -R u+w "$scratch/lego"
   cp "$mod/legodns/zz_gen_dns_providers.go" "$scratch/lego/providers/dns/zz_gen_dns_providers.go"
