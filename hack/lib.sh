@@ -87,11 +87,16 @@ TRAEFIK_TAG=traefik-$TRAEFIK_VERSION-no-lego-dns
 KNATIVE_BIN_DIR=${KNATIVE_BIN_DIR:-$CACHE_DIR/knative-bin}
 KNATIVE_IMAGES_DIR=${KNATIVE_IMAGES_DIR:-$CACHE_DIR/knative-images}
 
-# idle COMMAND...: runs COMMAND at the scheduler's idle policy (SCHED_IDLE),
-# so it takes only the CPU that nothing else wants; as is where chrt cannot
-# set it (a container without the capability, say).
-idle() {
-  if chrt --idle 0 true 2>/dev/null; then chrt --idle 0 "$@"; else "$@"; fi
+# in_background COMMAND...: runs COMMAND so that it takes only the CPU that
+# nothing else wants: the scheduler's idle policy (SCHED_IDLE) at nice 19,
+# and, since the kernel shares CPU between sessions (autogroups) before it
+# looks at either, its session's autogroup at nice 19 too. Call it in a
+# session of its own (setsid): otherwise it lowers the caller's group.
+# Where chrt cannot set the policy (a container without the capability),
+# nice alone.
+in_background() {
+  echo 19 >/proc/self/autogroup 2>/dev/null || true
+  if chrt --idle 0 true 2>/dev/null; then chrt --idle 0 nice -n 19 "$@"; else nice -n 19 "$@"; fi
 }
 
 # go_install DIR PKG@VERSION...: go install into a scratch directory beside

@@ -5,8 +5,9 @@
 # (Serving, Eventing, Traefik, CoreDNS: about ten minutes of both cores
 # cold), so it takes the cycles the other tiers leave idle (module downloads,
 # single-threaded links, an e2e test waiting on a Pod) and no tier waits for
-# it but the one that uses it. SCHED_IDLE (chrt --idle) runs it only when
-# nothing else wants a core, so the tests' timings do not feel it.
+# it but the one that uses it. in_background (hack/lib.sh: SCHED_IDLE, and
+# its session's autogroup at nice 19) runs it only when nothing else wants a
+# core, so the tests' timings do not feel it.
 #
 # With a warm cache the build returns at once. A background build that
 # fails is not the end: make test-knative builds again in the foreground,
@@ -17,7 +18,7 @@ cd "$REPO_ROOT"
 mkdir -p "$CACHE_DIR"
 knlog="$CACHE_DIR/knative-build.log"
 log "building real Knative in the background at idle priority (log: $knlog)"
-setsid --wait bash -c 'source hack/lib.sh && idle nice -n 19 hack/install-knative.sh' >"$knlog" 2>&1 &
+setsid --wait bash -c 'source hack/lib.sh && in_background hack/install-knative.sh' >"$knlog" 2>&1 &
 knpid=$!
 trap 'kill -- "-$knpid" 2>/dev/null || true' EXIT
 
