@@ -10,6 +10,9 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 LDFLAGS  := -s -w -X github.com/deerflow-sandbox/provisioner/pkg/httpapi.Version=$(VERSION)
 BIN_DIR  := bin
 E2E_TIMEOUT ?= 40m
+# The e2e tests marked t.Parallel run this many at once, after the serial
+# ones: most of their time is waiting on the API server and kwok.
+E2E_PARALLEL ?= 4
 RUN_TEST_TIMEOUT ?= 15m
 KNATIVE_TIMEOUT ?= 30m
 
@@ -102,7 +105,7 @@ test-unit:
 ## test-e2e: run the end-to-end suite against a kwok cluster and a real node it starts itself (REAL_NODE=0: kwok only)
 .PHONY: test-e2e
 test-e2e: tools image node e2b
-	$(GO) test -tags e2e -count=1 -timeout $(E2E_TIMEOUT) -v ./test/e2e/... 2>&1 | hack/summarize-tests.sh
+	$(GO) test -tags e2e -count=1 -timeout $(E2E_TIMEOUT) -parallel $(E2E_PARALLEL) -v ./test/e2e/... 2>&1 | hack/summarize-tests.sh
 
 ## test-run: `make run NODE=real` starts every time: after Ctrl-C, kill -9 or kill of make, beside plain `make run` (root; after test-e2e, never beside it)
 .PHONY: test-run

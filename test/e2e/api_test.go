@@ -34,6 +34,7 @@ type recorded = function.Recorded
 func goldenRequests(t *testing.T) []recorded { return function.GoldenRequests(t) }
 
 func TestDeerFlowContract(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	f := start(t, ns, nil)
 
@@ -122,6 +123,7 @@ func TestDeerFlowContract(t *testing.T) {
 }
 
 func TestEndpointsAndLifecycle(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	f := start(t, ns, nil)
 
@@ -174,6 +176,7 @@ func TestEndpointsAndLifecycle(t *testing.T) {
 }
 
 func TestIdempotentAndConcurrentCreate(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	f := start(t, ns, nil)
 	body := map[string]any{"sandbox_id": "same1", "thread_id": "t"}
@@ -220,6 +223,7 @@ func TestIdempotentAndConcurrentCreate(t *testing.T) {
 // again, the reap removes the Service left alone. Deleting the Service
 // alone takes its Pod with it (the garbage collector).
 func TestPodLostThenCreatedOrReaped(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	f := start(t, ns, nil)
 	ctx := context.Background()
@@ -287,6 +291,7 @@ func TestListCostsOneCallPerKind(t *testing.T) {
 }
 
 func TestHalfPresentSandboxRepaired(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	// DeerFlow's provisioner records no principal: its leftovers are the
 	// administrators' to see and adopt.
@@ -363,6 +368,7 @@ func TestHalfPresentSandboxRepaired(t *testing.T) {
 }
 
 func TestBadInputsRefusedWithDetail(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	f := start(t, ns, map[string]string{"MAX_REQUEST_BODY_BYTES": "4096"})
 	long := strings.Repeat("a", 60)

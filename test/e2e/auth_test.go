@@ -143,6 +143,7 @@ func (d door) send(t *testing.T, f *function.Instance, headers map[string]string
 // for a verified subject that is not allowed) and create nothing, and a
 // Kubernetes-issued token for an allowed service account is accepted.
 func TestEveryDoorAuthenticated(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	allowed := "system:serviceaccount:" + ns + ":trigger-oidc"
 	// tok1 is a ReplicaSet sandbox, so that pause and resume succeed too.
@@ -226,6 +227,7 @@ func TestEveryDoorAuthenticated(t *testing.T) {
 // TestMissingOrTemplateKeyFailsClosed: a function whose key is unset or an
 // unexpanded template refuses the API and events, saying which variable.
 func TestMissingOrTemplateKeyFailsClosed(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	for _, key := range []string{"", "{{ secret:x:y }}", "short-key"} {
 		t.Run(fmt.Sprintf("key %q", key), func(t *testing.T) {
@@ -251,6 +253,7 @@ func TestMissingOrTemplateKeyFailsClosed(t *testing.T) {
 // existed) without touching the sandbox, on the HTTP API, CloudEvents and
 // POST /. Get and destroy touch only objects that carry the sandbox labels.
 func TestSandboxBoundToItsOwner(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	putTemplate(t, ns, rsTemplate("heal", "sandbox:test", nil))
 	// default reaps below, granted as to config/'s PingSource.

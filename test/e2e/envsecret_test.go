@@ -55,6 +55,7 @@ func holdsNoEnvValue(t *testing.T, where string, what any) {
 // sandbox (the garbage collector, through its Service); a create without
 // env writes none.
 func TestEnvLivesInItsSecret(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	applyTemplates(t, ns, "self-healing")
 	f := start(t, ns, map[string]string{"LOG_LEVEL": "debug"})

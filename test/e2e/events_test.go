@@ -72,6 +72,7 @@ func replyData(t *testing.T, ev *cloudevents.Event) map[string]any {
 }
 
 func TestCloudEventsEveryType(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []struct {
 		name       string
 		structured bool
@@ -154,6 +155,7 @@ func TestCloudEventsEveryType(t *testing.T) {
 }
 
 func TestMalformedEventIs400(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	f := start(t, ns, nil)
 	for name, hdr := range map[string]map[string]string{
@@ -175,6 +177,7 @@ func TestMalformedEventIs400(t *testing.T) {
 // default body in --format http, and a CloudEvent of type boson.fn from
 // source /boson/fn in --format cloudevent, with and without --data/--type.
 func TestKnFuncInvokeReplay(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	f := start(t, ns, nil)
 	// kn func invoke can send neither headers nor extensions: the key

@@ -31,6 +31,7 @@ import (
 // lines name the sender's own identity; the sandbox and its audit lines
 // name the group.
 func TestGroupedTriggersShareSandboxes(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	const group = "events"
 	sub := func(sa string) string { return "system:serviceaccount:" + ns + ":" + sa }

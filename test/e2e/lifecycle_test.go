@@ -112,6 +112,7 @@ func TestExpiryAndReaping(t *testing.T) {
 func sleepUntil(at time.Time) { time.Sleep(time.Until(at)) }
 
 func TestConcurrentReapsRemoveEachOnce(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	f := start(t, ns, nil)
 	g := start(t, ns, nil) // a second replica
@@ -153,6 +154,7 @@ func TestConcurrentReapsRemoveEachOnce(t *testing.T) {
 }
 
 func TestQuota(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	f := start(t, ns, map[string]string{"MAX_SANDBOXES": "3", "MAX_SANDBOXES_PER_USER": "2"})
 	create(t, f, map[string]any{"sandbox_id": "q1", "user_id": "alice"})
@@ -311,6 +313,7 @@ func TestWaitForReady(t *testing.T) {
 }
 
 func TestMaxShellSessions(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	f := start(t, ns, nil)
 	r := create(t, f, map[string]any{"sandbox_id": "ms1", "max_shell_sessions": 4})
@@ -354,6 +357,7 @@ func scrape(t *testing.T, f *function.Instance, prefix string) map[string]float6
 }
 
 func TestMetricsFollowCalls(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	f := start(t, ns, map[string]string{"MAX_SANDBOXES": "1"})
 	before := scrape(t, f, "sandbox_provisioner_")

@@ -33,6 +33,15 @@ var (
 	realNodeErr error
 )
 
+// Tests that touch only their own namespace and function process call
+// t.Parallel() first thing, so they run side by side (make test-e2e:
+// -parallel 4) once every serial test has ended. A test stays serial when it
+// stops or slows the shared API server or its proxy, reads the proxy's
+// counts, writes cluster-scoped objects or the shared deer-flow namespace,
+// calls t.Setenv (realEnv, for the real node's tests), probes the real node's
+// network, or asserts a timing that other tests' load could break. A
+// parallel test that began before its t.Parallel() would talk to the API
+// server while a serial test counts calls: keep the call first.
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
 }

@@ -24,6 +24,7 @@ import (
 // omitted user_id is principal default's; an administrator uses any id.
 // Replicas share no memory: the second learns the owner from the Lease.
 func TestDataBelongsToItsPrincipal(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	env := map[string]string{
 		"PROVISIONER_API_KEYS": "alice=" + aliceKey + ",bob=" + bobKey + ",ops=" + opsKey,
@@ -113,6 +114,7 @@ func TestDataBelongsToItsPrincipal(t *testing.T) {
 // own replica, naming one fresh user_id: in every round exactly one gets
 // 200, the other 403 naming user_id, and the loser's create left nothing.
 func TestOwnershipRaceHasOneWinner(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	env := map[string]string{"PROVISIONER_API_KEYS": "alice=" + aliceKey + ",bob=" + bobKey}
 	r1, r2 := start(t, ns, env), start(t, ns, env)

@@ -295,6 +295,7 @@ func TestPoolClaims(t *testing.T) {
 // TestPoolUnreadyPodsAreNotHandedOut: a pool whose Pods cannot become Ready
 // (no node fits them) serves no claim; creates start cold at once.
 func TestPoolUnreadyPodsAreNotHandedOut(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	f := start(t, ns, nil)
 	putTemplate(t, ns, pooledTemplate("stuck", 2, corev1.PodSpec{NodeSelector: map[string]string{"no-such-node": "true"}}))
@@ -322,6 +323,7 @@ func TestPoolUnreadyPodsAreNotHandedOut(t *testing.T) {
 // on a template whose Pods need per-request data are listed with their
 // error, keep no pool, and the template still serves creates, cold.
 func TestPoolBadSettings(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	f := start(t, ns, map[string]string{"SANDBOX_MAX_POOL_SIZE": "3"})
 	putTemplate(t, ns, pooledTemplate("over", 4, corev1.PodSpec{}))
@@ -361,6 +363,7 @@ func TestPoolBadSettings(t *testing.T) {
 // TestPoolQuota: claimed sandboxes count toward MAX_SANDBOXES, pooled Pods
 // standing by do not.
 func TestPoolQuota(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	f := start(t, ns, map[string]string{"MAX_SANDBOXES": "2"})
 	warmUp(t, f, ns, "warm", 3)
@@ -388,6 +391,7 @@ func TestPoolQuota(t *testing.T) {
 // from the API server's watch cache, which may not show a racing create
 // yet; the Service, which both write, decides, and the loser's Pod goes.
 func TestPoolAndColdCreatesOfOneIDRace(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	f := start(t, ns, nil)
 	warmUp(t, f, ns, "warm", 5)

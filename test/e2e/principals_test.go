@@ -88,6 +88,7 @@ func listedIDs(t *testing.T, f *function.Instance, headers map[string]string, ev
 // operation leaves one audit line naming the principal, in the function's
 // own log.
 func TestPrincipalsCannotSeeEachOther(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	putTemplate(t, ns, rsTemplate("heal", "sandbox:test", nil))
 	subject := "system:serviceaccount:" + ns + ":bob-sa"
@@ -237,6 +238,7 @@ func auditRecords(t *testing.T, f *function.Instance) []map[string]any {
 // PROVISIONER_PRINCIPAL_OPERATIONS limits to get (a get Trigger's identity)
 // is refused, 403 with a detail, for create on every door, and gets.
 func TestTriggerSubjectLimitedToItsOperation(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	subject := "system:serviceaccount:" + ns + ":get-trigger"
 	f := start(t, ns, map[string]string{
@@ -267,6 +269,7 @@ func TestTriggerSubjectLimitedToItsOperation(t *testing.T) {
 // principal's third sandbox (429 naming the variable) whichever door it
 // uses, while another principal still creates.
 func TestPerPrincipalQuotaAcrossDoors(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	f := start(t, ns, map[string]string{"PROVISIONER_API_KEYS": "alice=" + aliceKey + ",bob=" + bobKey, "MAX_SANDBOXES_PER_PRINCIPAL": "2"})
 	alice, bob := keyHeader(aliceKey), keyHeader(bobKey)

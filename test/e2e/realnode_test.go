@@ -193,6 +193,7 @@ func runningPod(t *testing.T, ns, id string) corev1.Pod {
 // clusters keep NodePorts below the control plane's ports, so the API
 // server refuses such a Service.
 func TestNodePortCannotTakeTheAPIServersPort(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	u, err := url.Parse(kc.Config.Host)
 	if err != nil {

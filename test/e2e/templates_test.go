@@ -196,6 +196,7 @@ func sandboxLabels(id string, extra map[string]string) map[string]string {
 // config/templates/self-healing.yaml, applied as shipped) and compares the
 // objects made with what each template asks for.
 func TestTemplatesShapeTheSandbox(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	applyTemplates(t, ns, "python", "self-healing")
 	f := start(t, ns, nil)
@@ -399,6 +400,7 @@ func currentPod(t *testing.T, ns, id string) *corev1.Pod {
 // the same Service and URL; twenty concurrent creates make one ReplicaSet;
 // the reap removes the ReplicaSet and its Service; the quota counts them.
 func TestReplicaSetSandboxHealsAndIsReaped(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	applyTemplates(t, ns, "self-healing")
 	f := start(t, ns, map[string]string{"MAX_SANDBOXES": "3"})
@@ -488,6 +490,7 @@ func TestReplicaSetSandboxHealsAndIsReaped(t *testing.T) {
 // through their Services; and racing creates of both kinds, through two
 // replicas, never overshoot.
 func TestQuotaCountsBothKinds(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	applyTemplates(t, ns, "self-healing")
 	f := start(t, ns, map[string]string{"MAX_SANDBOXES": "2"})

@@ -26,6 +26,7 @@ import (
 // lists bob's Pod; alice gets her sandbox, bob gets 404 and never her URL,
 // and bob's destroy removes his stray Pod and nothing of alice's.
 func TestStrayPodNeverJoinsAnotherPrincipalsSandbox(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	// default keeps the pools (a reap), granted as to config/'s PingSource.
 	f := start(t, ns, map[string]string{"PROVISIONER_API_KEYS": "alice=" + aliceKey + ",bob=" + bobKey,

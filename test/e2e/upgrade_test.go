@@ -23,6 +23,7 @@ import (
 // earlier shape by an administrator's patches, a stand-in for running the
 // earlier release: the objects are otherwise the same.
 func TestSandboxesOfThePreviousVersion(t *testing.T) {
+	t.Parallel()
 	ns := namespace(t)
 	f := start(t, ns, nil)
 	ctx := context.Background()
