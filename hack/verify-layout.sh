@@ -5,10 +5,10 @@
 #   - the import graph flows one way, door → contract → operations →
 #     builders → keys, by the ranks below (a package imports only packages
 #     of a lower rank), so nothing climbs back up;
-#   - no package holds more than MAX_PACKAGE_LINES (2,800) non-test lines;
-#     pkg/sandbox, every operation's home, is the one near it: its next
-#     split (the reap and the pooled claim into packages of their own) is
-#     issue 47's rename's to make, not a reason to raise this again;
+#   - no package holds more than MAX_PACKAGE_LINES (2,500) non-test lines:
+#     a package that grows past it is split by reason to change, as the
+#     reap (pkg/reap) and a pooled create's Service (pkg/pooled) were split
+#     out of pkg/sandbox;
 #   - the builders, the templates and the request's validation take the
 #     groups objects are made from (config.Objects), not the whole
 #     configuration with its keys;
@@ -19,7 +19,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
 
-max_lines=${MAX_PACKAGE_LINES:-2800}
+max_lines=${MAX_PACKAGE_LINES:-2500}
 module=$(go list -m)
 failed=0
 fail() { printf '  %s\n' "$*" >&2; failed=1; }
@@ -38,8 +38,9 @@ declare -A rank=(
   [pkg/sandbox/resources]=4 [pkg/problem]=4 [pkg/readywait]=4 [pkg/auth]=4 [pkg/waitlimit]=4
   [pkg/admission]=4 [pkg/audit]=4 [pkg/api/apitest]=4
   [pkg/quota]=5 [pkg/remove]=5 [pkg/grant]=8 [pkg/lifetime]=8 [pkg/isolation]=5 [pkg/follow]=5 [pkg/token]=5 [pkg/ownership]=5
-  [pkg/slot]=6 [pkg/envsecret]=5
-  [pkg/sandbox]=7
+  [pkg/slot]=6 [pkg/envsecret]=5 [pkg/pooled]=6
+  [pkg/reap]=7
+  [pkg/sandbox]=8
   [pkg/pool]=8
   [pkg/httpapi]=9 [pkg/events]=9 [pkg/e2b]=9
   [fn]=10

@@ -378,7 +378,7 @@ func TestReapSparesAClaimInFlight(t *testing.T) {
 }
 
 // inFlight writes the Service a pooled create of s makes before its claim
-// (sandbox.pooledService), age old, owned by the cluster's first pooled Pod,
+// (pooled.Create), age old, owned by the cluster's first pooled Pod,
 // which it returns unclaimed.
 func inFlight(t *testing.T, cfg *config.Config, cs *fake.Clientset, s api.Spec, age time.Duration) (*corev1.Pod, *corev1.Service) {
 	t.Helper()

@@ -58,14 +58,14 @@ type Pool interface {
 // annotations (identity, owner, lifetimes from now) and its lifetime cap.
 // Prepare, when set, runs before the claim's first write on each Pod it
 // tries (a pooled create makes the sandbox's Service there: see
-// sandbox.pooledService).
+// pooled.Create).
 type Claim struct {
 	Labels, Annotations map[string]string
 	MaxLifetime         time.Duration
 	Prepare             func(ctx context.Context, pod *corev1.Pod) error
 	// Uncertain, when set, is told that a claim's write failed without
 	// saying whether it landed, and a read could not tell either: the Pod
-	// may be claimed, so its Service must stay (sandbox.pooledService.giveUp).
+	// may be claimed, so its Service must stay (sandbox.Manager.giveUp).
 	Uncertain func()
 }
 

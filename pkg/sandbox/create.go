@@ -59,8 +59,8 @@ func (m *Manager) create(ctx context.Context, s api.Spec, wait time.Duration) (s
 	// principal at its limit writes nothing, not even a slot), and ids that
 	// are another principal's or past the principal's bound. Neither
 	// decides alone: the slot's count does for the quota (fill,
-	// pooledService), and the claim of the ids after it (ensurePod,
-	// ensureReplicaSet, pooledService) for ownership, so that a create the
+	// pooled.Create), and the claim of the ids after it (ensurePod,
+	// ensureReplicaSet, pooled.Create) for ownership, so that a create the
 	// quota refuses records no id.
 	if err := m.quota.Full(ctx, s); err != nil {
 		var qe *quota.Error
@@ -201,7 +201,7 @@ func (m *Manager) reuseOtherKind(ctx context.Context, s api.Spec) (made, error) 
 	}
 	if f.pod == nil && f.rs == nil && f.pending(s.ID) {
 		// A pooled create wrote the Service and has yet to claim its Pod
-		// (pooledService), or a cold create its slot and has yet to make its
+		// (pooled.Create), or a cold create its slot and has yet to make its
 		// workload (fill): wait for that write, or for it to give up.
 		perr := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, claimLands, false, func(ctx context.Context) (bool, error) {
 			if f, err = m.fetch(ctx, s.ID); err != nil {
@@ -341,7 +341,7 @@ func (m *Manager) createFailed(err error, kind string, s api.Spec) error {
 }
 
 // ensureService creates a pooled create's Service, owned by the pooled Pod
-// its claim tries (pooledService), adopting or replacing an existing one. A
+// its claim tries (pooled.Create), adopting or replacing an existing one. A
 // Service that holds the id for another sandbox (a live workload of either
 // kind, a cold create's young slot) is errOtherKind.
 func (m *Manager) ensureService(ctx context.Context, s api.Spec, owner metav1.OwnerReference, want *corev1.Service) (*corev1.Service, error) {
@@ -422,7 +422,7 @@ func (m *Manager) ensureService(ctx context.Context, s api.Spec, owner metav1.Ow
 
 // ownerLives reports whether the workload ref names still exists (same UID,
 // not being deleted) and holds svc for id. A Pod that does not carry id is
-// a pooled Pod whose claim wrote svc first (pooledService) and holds it
+// a pooled Pod whose claim wrote svc first (pooled.Create) and holds it
 // while that claim may yet land: until svc is older than any create could
 // be (undoWindow), as a slot is.
 func (m *Manager) ownerLives(ctx context.Context, ref metav1.OwnerReference, svc *corev1.Service, id string) (bool, error) {

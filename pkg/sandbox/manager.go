@@ -19,7 +19,9 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/isolation"
 	"github.com/deerflow-sandbox/provisioner/pkg/ownership"
 	"github.com/deerflow-sandbox/provisioner/pkg/poolapi"
+	"github.com/deerflow-sandbox/provisioner/pkg/pooled"
 	"github.com/deerflow-sandbox/provisioner/pkg/quota"
+	"github.com/deerflow-sandbox/provisioner/pkg/reap"
 	"github.com/deerflow-sandbox/provisioner/pkg/remove"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/slot"
@@ -61,6 +63,8 @@ type Manager struct {
 	failing   sync.Map // check name -> struct{}
 	templates *template.Store
 	pool      poolapi.Pool
+	claims    *pooled.Maker // a pooled create's Service
+	reaper    *reap.Reaper
 	audit     audit.Log
 	// quota counts sandboxes for the limits (package quota).
 	quota *quota.Counter
@@ -97,6 +101,9 @@ func NewManager(cfg *config.Config, client kubernetes.Interface, opts ...Option)
 	m.owners = ownership.New(cfg.Namespace, &cfg.AuthConfig, cfg.MaxOwnedIDsPerPrincipal, client)
 	m.isolation = isolation.New(&cfg.IsolationConfig, &cfg.PodSecurityConfig, cfg.Namespace, cfg.RequestTimeout, resources.SharedPolicies(cfg.Objects()), client,
 		isolation.WithReport(m.isolationVerdict), isolation.WithIngress(ingressPolicies(cfg)))
+	m.claims = &pooled.Maker{Client: client, Namespace: cfg.Namespace, Objects: cfg.Objects(), QuotaConfig: cfg.QuotaConfig,
+		Quota: m.quota, Owners: m.owners, Pool: m.pool, Ensure: m.ensureService}
+	m.reaper = m.newReaper()
 	return m
 }
 

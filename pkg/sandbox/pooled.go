@@ -3,7 +3,6 @@ package sandbox
 import (
 	"context"
 	"errors"
-	"maps"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -13,9 +12,9 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
-	"github.com/deerflow-sandbox/provisioner/pkg/follow"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/poolapi"
+	"github.com/deerflow-sandbox/provisioner/pkg/pooled"
 	"github.com/deerflow-sandbox/provisioner/pkg/quota"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 )
@@ -112,162 +111,38 @@ func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Dura
 	if readyErr != nil {
 		return api.Sandbox{}, false, nil
 	}
-	cs := &pooledService{m: m, s: s}
+	cs := m.claims.Start(s)
 	pod := m.pool.ClaimFrom(ctx, t, hash, ready, poolapi.Claim{Labels: meta.Labels, Annotations: meta.Annotations,
-		MaxLifetime: s.MaxLifetime, Prepare: cs.prepare, Uncertain: func() { cs.uncertain = true }})
+		MaxLifetime: s.MaxLifetime, Prepare: cs.Prepare, Uncertain: func() { cs.Uncertain = true }})
 	if pod == nil {
-		return cs.giveUp(ctx, wait)
+		return m.giveUp(ctx, cs, s, wait)
 	}
-	*wrote = made{found: found{pod: pod, svc: cs.svc, wire: cs.wire}}
+	*wrote = made{found: found{pod: pod, svc: cs.Svc, wire: cs.Wire}}
 	m.recorder.Eventf(pod, corev1.EventTypeNormal, "SandboxCreated", "Created sandbox %s for user %s from the warm pool of template %s", s.ID, s.UserID, t.Name)
-	return m.answer(ctx, s.ID, found{pod: pod, svc: cs.svc, wire: cs.wire}, wait)
-}
-
-// pooledService makes a pooled create's Service before its Pod is claimed,
-// owned by the Pod about to be claimed, and counts the quota with it.
-//
-// Why the Service comes first: a claim takes its Pod out of the pool's
-// ReplicaSet, whose controller at once makes another, and the node starts
-// it. On a small node that start takes the CPU the API server needs for
-// the Service (a NodePort Service create measured 31 ms p50 right after
-// the claim, 8 ms before it; make bench's pool rows). Made first, the
-// Service also settles races for the id before a pooled Pod is spent, and
-// a refused quota spends none. The claim then waits for the Service's
-// first EndpointSlice (follow.AwaitSlice), so that the slice lists the claimed
-// Pod without the EndpointSlice controller's one-second retry.
-//
-// Between the two writes the Service's owner is a pooled Pod that does not
-// yet carry the id. A racing create of the id finds the Service, takes it
-// as the winner's (errOtherKind) and waits for the claim to land
-// (reuseOtherKind); a claim that never lands (its replica stopped between
-// the writes) leaves a Service that a create replaces once it is older
-// than any create could be (see ownerLives).
-type pooledService struct {
-	m    *Manager
-	s    api.Spec
-	svc  *corev1.Service // the Service this create made, owned by the Pod it tries
-	wire *corev1.Service // the wire svc names for the URL (nil: svc is the URL's)
-	err  error           // why a Prepare ended the claim
-	// uncertain: a claim's write may have landed unseen; the Service stays
-	// (the quota counts it), and the reap removes it if no claim did.
-	uncertain bool
-	// claimed: the ids are this create's principal's (ownership.Registry.Claim).
-	claimed bool
-}
-
-// prepare is the claim's Prepare: the Service made (and the quota counted)
-// before the first Pod, handed over to each next Pod the claim tries when
-// the one before was taken by another claim.
-//
-// A Pod with a token keeps it (the admission policy pins it), so the
-// Service selects that token. A wired Pod (resources.Wires) gets a
-// reference Service (resources.Reference): its URL is the wire's, whose
-// endpoint kube-proxy has already programmed; there is no slice to wait
-// for. A Pod not wired yet is claimed as an unwired one; one whose wire
-// was deleted or edited by hand is passed over (poolapi.ErrSkip: the pool
-// wires it again).
-func (c *pooledService) prepare(ctx context.Context, pod *corev1.Pod) error {
-	owner := resources.PodOwnerRef(pod)
-	svcs := c.m.client.CoreV1().Services(c.m.cfg.Namespace)
-	s := c.s
-	if t := resources.Token(pod); t != "" {
-		s.Token = t
-	}
-	wire, err := c.m.pool.WireOf(ctx, c.s.Resolved, pod)
-	if errors.Is(err, poolapi.ErrSkip) {
-		return err
-	} else if err != nil {
-		c.err = err
-		return err
-	}
-	want := resources.BuildService(c.m.cfg.Objects(), s, owner)
-	if wire != nil {
-		want = resources.Reference(want, wire)
-	}
-	if c.svc != nil {
-		if resources.OwnerUID(c.svc.OwnerReferences) == pod.UID {
-			return nil
-		}
-		var err error
-		// The same selector (a reference's none, or the same token and
-		// pin) is handed over; an update may not change what a Service
-		// selects, and an unwired Pod's Service selects that Pod's name.
-		if resources.URLService(c.svc) == resources.URLService(want) && maps.Equal(c.svc.Spec.Selector, want.Spec.Selector) {
-			upd := c.svc.DeepCopy()
-			upd.OwnerReferences = []metav1.OwnerReference{owner}
-			var svc *corev1.Service
-			if svc, err = svcs.Update(ctx, upd, metav1.UpdateOptions{}); err == nil {
-				c.svc, c.wire = svc, wire
-				return nil
-			}
-		} else {
-			// Another shape (wired or not), token or pin: made again below. The
-			// quota counts it again too.
-			err = svcs.Delete(ctx, c.svc.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(c.svc.UID))})
-			if apierrors.IsConflict(err) {
-				err = nil // already replaced
-			}
-		}
-		if err != nil && !apierrors.IsNotFound(err) {
-			c.err = api.Classify(err, "hand the sandbox Service to another pooled Pod")
-			return c.err
-		}
-		// Removed with the Pod it named (the garbage collector follows a
-		// pooled Pod deleted meanwhile), or just now: made again below,
-		// counted again.
-		c.svc, c.wire = nil, nil
-	}
-	svc, err := c.m.ensureService(ctx, s, owner, want)
-	if err != nil {
-		c.err = err
-		return err
-	}
-	c.svc, c.wire = svc, nil
-	if wire != nil && resources.URLService(svc) == wire.Name {
-		c.wire = wire
-	}
-	if quota.Limited(c.m.cfg.QuotaConfig) {
-		if err := c.m.quota.Check(ctx, c.s, svc); err != nil {
-			c.err = err
-			return err
-		}
-	}
-	// The ids, once the quota has admitted the Service and before a Pod is
-	// claimed, as a cold create claims them before its workload (ensurePod).
-	if !c.claimed {
-		if err := c.m.owners.Claim(ctx, c.s.Caller, c.s.UserID, c.s.ThreadID); err != nil {
-			c.err = err
-			return err
-		}
-		c.claimed = true
-	}
-	if c.wire == nil {
-		follow.AwaitSlice(ctx, c.m.client.DiscoveryV1().EndpointSlices(c.m.cfg.Namespace), svc)
-	}
-	return nil
+	return m.answer(ctx, s.ID, found{pod: pod, svc: cs.Svc, wire: cs.Wire}, wait)
 }
 
 // giveUp answers a create whose claim got no Pod: with the sandbox of a
 // racing create that holds the id, with the quota's refusal, or by the
 // cold way (handled false) when the pool had nothing to give. The Service
 // this create made goes first: no Pod of this id will carry it.
-func (c *pooledService) giveUp(ctx context.Context, wait time.Duration) (api.Sandbox, bool, error) {
-	m, err := c.m, c.err
+func (m *Manager) giveUp(ctx context.Context, c *pooled.Create, s api.Spec, wait time.Duration) (api.Sandbox, bool, error) {
+	err := c.Err
 	if errors.Is(err, errOtherKind) {
 		// A racing create of this id made its Service first: answer with its.
-		a, rerr := m.reuseOtherKind(ctx, c.s)
+		a, rerr := m.reuseOtherKind(ctx, s)
 		if rerr != nil {
 			return api.Sandbox{}, true, rerr
 		}
-		return m.answer(ctx, c.s.ID, a.found, wait)
+		return m.answer(ctx, s.ID, a.found, wait)
 	}
-	if c.uncertain {
+	if c.Uncertain {
 		return api.Sandbox{}, true, &api.Error{Kind: api.KindUnavailable,
 			Detail: "the Kubernetes API server failed while a pooled sandbox was being claimed, and whether the claim landed cannot be told yet; retry"}
 	}
-	if c.svc != nil {
-		derr := m.client.CoreV1().Services(m.cfg.Namespace).Delete(context.WithoutCancel(ctx), c.svc.Name,
-			metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(c.svc.UID))})
+	if c.Svc != nil {
+		derr := m.client.CoreV1().Services(m.cfg.Namespace).Delete(context.WithoutCancel(ctx), c.Svc.Name,
+			metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(c.Svc.UID))})
 		if derr != nil && !apierrors.IsNotFound(derr) && !apierrors.IsConflict(derr) {
 			return api.Sandbox{}, true, errors.Join(err, api.Classify(derr, "remove the Service of a claim that got no Pod"))
 		}

@@ -224,7 +224,7 @@ func benchPool(b *testing.B, kc *cluster.Cluster, env map[string]string, image, 
 		}
 	}
 	// floorClaim is what a claim needs, with bare client-go, in a claim's
-	// order (sandbox.pooledService): the Service first, owned by the Pod
+	// order (pooled.Create): the Service first, owned by the Pod
 	// about to be claimed, then (once the Service's first EndpointSlice is
 	// there, as follow.AwaitSlice waits) the claim's conditional patch.
 	// A claim of a wired Pod (NodePort and ClusterIP modes) takes the
