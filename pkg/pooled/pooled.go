@@ -167,3 +167,18 @@ func (c *Create) Prepare(ctx context.Context, pod *corev1.Pod) error {
 	}
 	return nil
 }
+
+// Drop removes the Service of a claim that got no Pod: no Pod of this id
+// will carry it. It runs past the request's end, which may be what ended
+// the claim; a Service replaced or removed since is not this create's.
+func (c *Create) Drop(ctx context.Context) error {
+	if c.Svc == nil {
+		return nil
+	}
+	err := c.mk.Client.CoreV1().Services(c.mk.Namespace).Delete(context.WithoutCancel(ctx), c.Svc.Name,
+		metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(c.Svc.UID))})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		return api.Classify(err, "remove the Service of a claim that got no Pod")
+	}
+	return nil
+}

@@ -140,12 +140,8 @@ func (m *Manager) giveUp(ctx context.Context, c *pooled.Create, s api.Spec, wait
 		return api.Sandbox{}, true, &api.Error{Kind: api.KindUnavailable,
 			Detail: "the Kubernetes API server failed while a pooled sandbox was being claimed, and whether the claim landed cannot be told yet; retry"}
 	}
-	if c.Svc != nil {
-		derr := m.client.CoreV1().Services(m.cfg.Namespace).Delete(context.WithoutCancel(ctx), c.Svc.Name,
-			metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(c.Svc.UID))})
-		if derr != nil && !apierrors.IsNotFound(derr) && !apierrors.IsConflict(derr) {
-			return api.Sandbox{}, true, errors.Join(err, api.Classify(derr, "remove the Service of a claim that got no Pod"))
-		}
+	if derr := c.Drop(ctx); derr != nil {
+		return api.Sandbox{}, true, errors.Join(err, derr)
 	}
 	var qe *quota.Error
 	switch {
