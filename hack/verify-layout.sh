@@ -14,7 +14,10 @@
 #     configuration with its keys;
 #   - only pkg/remove calls client-go's retry.OnError (see below);
 #   - one name per concept: docs/architecture.md's glossary terms stay in
-#     use under pkg/, and their retired names do not come back.
+#     use under pkg/, and their retired names do not come back;
+#   - README.md and docs/ speak of the product alone: no issue numbers, no
+#     sessions, no dated notes (CHANGELOG.md keeps the history, and
+#     docs/performance.md's figures carry the date they were measured on).
 # It has no update-layout.sh twin: what it finds is fixed by hand.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
@@ -121,7 +124,18 @@ for file in pkg/sandbox/slot.go pkg/sandbox/claim.go pkg/quota/slots.go; do
   [[ ! -e "$file" ]] || fail "$file: its concept has one name now (cold.go, pooled.go, cache.go); do not bring the old file back"
 done
 
+# Docs that cite the work instead of the product: an issue or pull request
+# number means nothing to a reader without the tracker, and a note dated
+# in prose goes stale while the code moves on.
+docs=(README.md docs/*.md)
+while read -r hit; do
+  [[ -n "$hit" ]] && fail "$hit: cites the process (an issue, a pull request, a session); state the fact alone (CHANGELOG.md keeps the history)"
+done < <(grep -nHiE '\b(issue|pr|pull request)s? #?[0-9]+|\(#[0-9]+\)|\b[a-z]+(st|nd|rd|th) session\b' "${docs[@]}" 2>/dev/null || true)
+while read -r hit; do
+  [[ -n "$hit" ]] && fail "$hit: a dated note; say what is (dated figures belong in docs/performance.md)"
+done < <(grep -nHE '(^|[^-[:alnum:]])20[0-9]{2}-[01][0-9]-[0-3][0-9]([^T0-9]|$)' "${docs[@]}" 2>/dev/null | grep -v '^docs/performance\.md:' || true)
+
 if (( failed )); then
   die "the layout check failed (see above)"
 fi
-log "layout: builders pure and given config.Objects, imports one way, every package within $max_lines lines"
+log "layout: builders pure and given config.Objects, imports one way, every package within $max_lines lines, docs of the product alone"
