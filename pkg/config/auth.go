@@ -73,12 +73,13 @@ func (c *AuthConfig) Validate() error {
 			p.bad("PROVISIONER_ADMINS", "%v", err)
 		}
 	}
+	// The parsers' errors name their setting.
 	if _, err := ParsePrincipalOperations(c.PrincipalOperations); err != nil {
-		p.bad("PROVISIONER_PRINCIPAL_OPERATIONS", "%v", err)
+		p.join(err)
 	}
 	groups, err := ParsePrincipalGroups(c.PrincipalGroups)
 	if err != nil {
-		p.bad("PROVISIONER_PRINCIPAL_GROUPS", "%v", err)
+		p.join(err)
 	} else if err := checkPrincipalNames(keys, groups, c.APIKey); err != nil {
 		p.bad("PROVISIONER_PRINCIPAL_GROUPS", "%v", err)
 	}

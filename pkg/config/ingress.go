@@ -22,38 +22,33 @@ type IngressSource struct {
 // ParsePrincipalIngress reads PROVISIONER_PRINCIPAL_INGRESS:
 // "principal=source|source;principal2=source", where a principal is an API
 // key's name, a group's, or a service account's username, and a source is
-// "cidr:<CIDR>" or "pods:<label selector>[@<namespace label selector>]".
-// Entries are separated by ';' and sources by '|' because a label selector
+// "cidr:<CIDR>" or "pods:<label selector>[@<namespace label selector>]"
+// (parseEntries). Sources are separated by '|' because a label selector
 // holds ',' and '='. It refuses, naming the principal, a source that does
 // not parse and a Pod selector that could pick sandboxes: one that is empty
 // in the sandboxes' own namespace, or that names app=deer-flow-sandbox.
 func ParsePrincipalIngress(raw string) (map[string][]IngressSource, error) {
 	out := map[string][]IngressSource{}
-	for _, entry := range strings.Split(raw, ";") {
-		entry = strings.TrimSpace(entry)
-		if entry == "" {
-			continue
-		}
-		who, list, ok := strings.Cut(entry, "=")
-		who = strings.TrimSpace(who)
-		if !ok || strings.TrimSpace(list) == "" {
-			return nil, fmt.Errorf("entry %q must be principal=source[|source...]", entry)
-		}
+	validKey := func(who string) error {
 		if validPrincipal(who) != nil && validGroup(who) != nil {
-			return nil, fmt.Errorf("%q is not a principal or group: use an API key's or group's name, or system:serviceaccount:<namespace>:<name>", who)
+			return fmt.Errorf("%q is not a principal or group: use an API key's or group's name, or system:serviceaccount:<namespace>:<name>", who)
 		}
-		if _, dup := out[who]; dup {
-			return nil, fmt.Errorf("principal %q is listed twice", who)
-		}
+		return nil
+	}
+	err := parseEntries("PROVISIONER_PRINCIPAL_INGRESS", raw, "principal=source[|source...]", validKey, func(who, list string) error {
 		var sources []IngressSource
 		for _, raw := range strings.Split(list, "|") {
 			s, err := parseIngressSource(strings.TrimSpace(raw))
 			if err != nil {
-				return nil, fmt.Errorf("principal %q: %w", who, err)
+				return err
 			}
 			sources = append(sources, s)
 		}
 		out[who] = sources
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }

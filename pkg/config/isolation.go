@@ -117,7 +117,7 @@ func (c *IsolationConfig) Validate() error {
 		p.bad("SANDBOX_INGRESS_FROM_POD_LABELS", "selects sandboxes; a sandbox must never reach another")
 	}
 	if _, err := ParsePrincipalIngress(c.PrincipalIngress); err != nil {
-		p.bad("PROVISIONER_PRINCIPAL_INGRESS", "%v", err)
+		p.join(err) // it names the setting
 	}
 	if msgs := validation.IsDNS1123Subdomain(c.NetworkPolicyName); len(msgs) > 0 {
 		p.bad("SANDBOX_NETWORK_POLICY_NAME", "%q: %s", c.NetworkPolicyName, strings.Join(msgs, "; "))

@@ -86,86 +86,68 @@ func ParseAPIKeys(raw, single string) (map[string]string, error) {
 
 // ParsePrincipalOperations reads PROVISIONER_PRINCIPAL_OPERATIONS:
 // "principal=op,op;principal2=op", where a principal is an API key's name, a
-// service account's username, or "*" for every principal not listed.
-// Entries are separated by ';' because a username contains ':' and ','
-// separates the operations.
+// service account's username, or "*" for every principal not listed
+// (parseEntries).
 func ParsePrincipalOperations(raw string) (map[string][]string, error) {
 	out := map[string][]string{}
-	for _, entry := range strings.Split(raw, ";") {
-		entry = strings.TrimSpace(entry)
-		if entry == "" {
-			continue
+	validKey := func(p string) error {
+		if p == "*" {
+			return nil
 		}
-		p, list, ok := strings.Cut(entry, "=")
-		p = strings.TrimSpace(p)
-		if !ok {
-			return nil, fmt.Errorf("entry %q must be principal=operation[,operation...]", entry)
-		}
-		if p != "*" {
-			if err := validPrincipal(p); err != nil {
-				return nil, err
-			}
-		}
-		if _, dup := out[p]; dup {
-			return nil, fmt.Errorf("principal %q is listed twice", p)
-		}
+		return validPrincipal(p)
+	}
+	err := parseEntries("PROVISIONER_PRINCIPAL_OPERATIONS", raw, "principal=operation[,operation...]", validKey, func(p, list string) error {
 		var ops []string
 		for _, op := range strings.Split(list, ",") {
 			op = strings.TrimSpace(op)
 			if !slices.Contains(Operations, op) {
-				return nil, fmt.Errorf("principal %q: %q is not an operation; use %s", p, op, strings.Join(Operations, ", "))
+				return fmt.Errorf("%q is not an operation; use %s", op, strings.Join(Operations, ", "))
 			}
 			if !slices.Contains(ops, op) {
 				ops = append(ops, op)
 			}
 		}
 		out[p] = ops
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }
 
 // ParsePrincipalGroups reads PROVISIONER_PRINCIPAL_GROUPS,
-// "group=member,member;group2=member": each member (a key's name or a
-// token's username) acts as its group's principal for ownership, so the
-// sandboxes one member creates are the others' too. It returns member →
-// group.
+// "group=member,member;group2=member" (parseEntries): each member (a key's
+// name or a token's username) acts as its group's principal for ownership,
+// so the sandboxes one member creates are the others' too. It returns
+// member → group.
 func ParsePrincipalGroups(raw string) (map[string]string, error) {
+	const setting = "PROVISIONER_PRINCIPAL_GROUPS"
 	out := map[string]string{}
 	groups := map[string]bool{}
-	for _, entry := range strings.Split(raw, ";") {
-		entry = strings.TrimSpace(entry)
-		if entry == "" {
-			continue
-		}
-		g, list, ok := strings.Cut(entry, "=")
-		g = strings.TrimSpace(g)
-		if !ok || strings.TrimSpace(list) == "" {
-			return nil, fmt.Errorf("entry %q must be group=member[,member...]", entry)
-		}
-		if err := validGroup(g); err != nil {
-			return nil, err
-		}
-		if groups[g] {
-			return nil, fmt.Errorf("group %q is listed twice", g)
-		}
+	err := parseEntries(setting, raw, "group=member[,member...]", validGroup, func(g, list string) error {
 		groups[g] = true
 		for _, m := range strings.Split(list, ",") {
 			m = strings.TrimSpace(m)
 			if err := validPrincipal(m); err != nil {
-				return nil, fmt.Errorf("group %q: %w", g, err)
+				return err
 			}
 			if m == AnonymousPrincipal {
-				return nil, fmt.Errorf("group %q: %q is every caller's principal under PROVISIONER_AUTH_DISABLED, no credential's", g, m)
+				return fmt.Errorf("%q is every caller's principal under PROVISIONER_AUTH_DISABLED, no credential's", m)
 			}
 			if prev, dup := out[m]; dup {
-				return nil, fmt.Errorf("%q is in groups %q and %q; a member acts as one principal", m, prev, g)
+				return fmt.Errorf("%q is in groups %q and %q; a member acts as one principal", m, prev, g)
 			}
 			out[m] = g
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	for m := range out {
 		if groups[m] && out[m] != m {
-			return nil, fmt.Errorf("%q is both a group and a member of group %q", m, out[m])
+			return nil, fmt.Errorf("%s: %q is both a group and a member of group %q", setting, m, out[m])
 		}
 	}
 	return out, nil
