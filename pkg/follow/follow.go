@@ -17,6 +17,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
@@ -161,7 +162,7 @@ func ReplicaSetPod(ctx context.Context, pods typedcorev1.PodInterface, rs *appsv
 // nothing or its Events cannot be read (the answer keeps the Pod's own).
 func WarningReason(ctx context.Context, events typedcorev1.EventInterface, pod *corev1.Pod) string {
 	l, err := events.List(ctx, metav1.ListOptions{
-		FieldSelector: "involvedObject.uid=" + string(pod.UID) + ",type=" + corev1.EventTypeWarning})
+		FieldSelector: fields.Set{"involvedObject.uid": string(pod.UID), "type": corev1.EventTypeWarning}.String()})
 	if err != nil {
 		return ""
 	}
@@ -173,7 +174,7 @@ func WarningReason(ctx context.Context, events typedcorev1.EventInterface, pod *
 func Slices(ctx context.Context, eps typeddiscoveryv1.EndpointSliceInterface, svc *corev1.Service, bound time.Duration, done func(*discoveryv1.EndpointSlice) bool) error {
 	wctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
-	sel := discoveryv1.LabelServiceName + "=" + svc.Name // a Service name is a valid label value
+	sel := labels.Set{discoveryv1.LabelServiceName: svc.Name}.String() // a Service name is a valid label value
 	watchFrom := func(rv string) error {
 		w, err := eps.Watch(wctx, metav1.ListOptions{LabelSelector: sel, ResourceVersion: rv})
 		if err != nil {

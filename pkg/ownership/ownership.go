@@ -50,6 +50,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/lru"
 
@@ -240,7 +241,7 @@ func (r *Registry) withinBound(ctx context.Context, principal string, fresh int)
 // ownedBy selects the ownership Leases that the function recorded for
 // principal.
 func ownedBy(principal string) string {
-	return keys.LabelManagedBy + "=" + keys.ManagedByValue + "," + keys.LabelPrincipal + "=" + resources.PrincipalLabelValue(principal)
+	return labels.Set{keys.LabelManagedBy: keys.ManagedByValue, keys.LabelPrincipal: resources.PrincipalLabelValue(principal)}.String()
 }
 
 // Claim lets c create a sandbox for user and thread, recording each id no
@@ -340,7 +341,7 @@ func (r *Registry) lease(f Field, id, holder string) *coordinationv1.Lease {
 // is the operator's to adopt (docs/tenancy.md).
 func (r *Registry) liveOwner(ctx context.Context, f Field, id string) (string, error) {
 	l, err := r.client.CoreV1().Services(r.namespace).List(ctx, metav1.ListOptions{
-		LabelSelector: resources.SelectorAll + "," + keysOf[f].label + "=" + resources.LabelValue(id),
+		LabelSelector: resources.SelectorAllWith(labels.Set{keysOf[f].label: resources.LabelValue(id)}),
 	})
 	if err != nil {
 		return "", fmt.Errorf("list the sandboxes that use %s %q: %w", f, api.Truncate(id), err)

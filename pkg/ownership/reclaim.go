@@ -10,6 +10,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
@@ -29,7 +30,7 @@ func (r *Registry) Snapshot(ctx context.Context) (*Snapshot, error) {
 		return nil, nil
 	}
 	l, err := r.client.CoordinationV1().Leases(r.namespace).List(ctx, metav1.ListOptions{
-		LabelSelector: keys.LabelManagedBy + "=" + keys.ManagedByValue})
+		LabelSelector: labels.Set{keys.LabelManagedBy: keys.ManagedByValue}.String()})
 	if err != nil {
 		return nil, api.Classify(fmt.Errorf("list the ownership Leases: %w", err), "list the owners of user and thread ids")
 	}

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 )
 
 // Get returns one sandbox. Only the absence of its workload and its Service
@@ -186,7 +187,7 @@ func (m *Manager) claimedByLabel(ctx context.Context, id string) (found, error) 
 	// costs no round trip to etcd, and a Pod missed by a stale answer is
 	// the reap's to remove.
 	l, err := m.client.CoreV1().Pods(m.cfg.Namespace).List(ctx, metav1.ListOptions{ResourceVersion: "0",
-		LabelSelector: resources.SelectorAll + "," + keys.LabelID + "=" + id + "," + keys.LabelPooled + "=true"})
+		LabelSelector: resources.SelectorAllWith(labels.Set{keys.LabelID: id, keys.LabelPooled: "true"})})
 	if err != nil {
 		return found{}, api.Classify(err, "look for a claimed Pod of the sandbox")
 	}

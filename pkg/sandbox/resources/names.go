@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
@@ -60,8 +61,16 @@ func ReplicaSetID(rs *appsv1.ReplicaSet) string {
 	return ""
 }
 
+// sandboxLabels is the label every sandbox object carries, ours and
+// DeerFlow's.
+func sandboxLabels() labels.Set { return labels.Set{keys.LabelApp: keys.LabelAppValue} }
+
 // SelectorAll selects every sandbox, ours and DeerFlow's, so list adopts leftovers.
-var SelectorAll = keys.LabelApp + "=" + keys.LabelAppValue
+var SelectorAll = sandboxLabels().String()
+
+// SelectorAllWith selects the sandbox objects that also carry every label
+// of with.
+func SelectorAllWith(with labels.Set) string { return labels.Merge(sandboxLabels(), with).String() }
 
 // ListSelector selects the sandboxes the caller may list: all of them for
 // an administrator, those labelled with its principal otherwise (the
@@ -72,11 +81,11 @@ func ListSelector(c api.Caller) string {
 	if c.Admin || c.Principal == api.LegacyPrincipal {
 		return SelectorAll
 	}
-	return SelectorAll + "," + keys.LabelPrincipal + "=" + PrincipalLabelValue(c.Principal)
+	return SelectorAllWith(labels.Set{keys.LabelPrincipal: PrincipalLabelValue(c.Principal)})
 }
 
 // SelectorReplicaSetServices selects the Services of ReplicaSet sandboxes.
-var SelectorReplicaSetServices = SelectorAll + "," + keys.LabelWorkload + "=" + keys.WorkloadReplicaSetValue
+var SelectorReplicaSetServices = SelectorAllWith(labels.Set{keys.LabelWorkload: keys.WorkloadReplicaSetValue})
 
 // LabelValue returns v if it is a valid label value, otherwise a stable hash
 // of it: user and thread ids may be 64 characters or start with '_'.

@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
@@ -36,8 +37,13 @@ import (
 // Wired reports whether pooled Pods are wired under cfg.
 func Wired(cfg config.Objects) bool { return cfg.ServiceType != config.ServiceHeadless }
 
+// wireLabels are the labels every pooled Pod's wire carries.
+func wireLabels() labels.Set {
+	return labels.Set{keys.LabelComponent: keys.ComponentWireValue, keys.LabelManagedBy: keys.ManagedByValue}
+}
+
 // SelectorWires selects every pooled Pod's wire, claimed or not.
-var SelectorWires = keys.LabelComponent + "=" + keys.ComponentWireValue + "," + keys.LabelManagedBy + "=" + keys.ManagedByValue
+var SelectorWires = wireLabels().String()
 
 // PoolPrefix begins the name of every warm pool's ReplicaSet,
 // sandbox-pool-<pool>, hence of its Pods and their wires,
@@ -45,7 +51,9 @@ var SelectorWires = keys.LabelComponent + "=" + keys.ComponentWireValue + "," + 
 const PoolPrefix = "sandbox-pool-"
 
 // PoolWires selects the wires of the pool whose label value is pool.
-func PoolWires(pool string) string { return SelectorWires + "," + keys.LabelPool + "=" + pool }
+func PoolWires(pool string) string {
+	return labels.Merge(wireLabels(), labels.Set{keys.LabelPool: pool}).String()
+}
 
 // WireName is the name of pod's wire: the Pod's own (a pool's Pod names
 // are sandbox-pool-<pool>-<suffix>, at most 59 characters, a valid Service
