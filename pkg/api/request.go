@@ -153,7 +153,6 @@ const (
 )
 
 var (
-	idPattern       = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 	safeNamePattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 	quantityPattern = regexp.MustCompile(`^[0-9]{1,9}(\.[0-9]{1,6})?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$`)
 )
@@ -165,7 +164,7 @@ func ValidateID(id string) error {
 		return Invalidf("sandbox_id is required")
 	case len(id) > MaxIDLen:
 		return Invalidf("sandbox_id %q is %d characters; at most %d fit the Service name sandbox-<id>-svc", Truncate(id), len(id), MaxIDLen)
-	case !idPattern.MatchString(id):
+	case len(validation.IsDNS1123Label(id)) > 0: // what a Pod and Service name needs
 		return Invalidf("sandbox_id %q must be lowercase letters, digits and '-', starting and ending with a letter or digit", Truncate(id))
 	}
 	return nil

@@ -3,9 +3,10 @@ package config
 import (
 	"errors"
 	"fmt"
-	"regexp"
 	"slices"
 	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // DefaultPrincipal is the principal of PROVISIONER_API_KEY.
@@ -23,12 +24,14 @@ var Operations = []string{"create", "get", "list", "destroy", "pause", "resume",
 // guessable or a placeholder.
 const minKeyBytes = 16
 
-var keyName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+// isKeyName accepts an API key's (or group's) name: a DNS label, as a
+// principal's name is written into labels and object names.
+func isKeyName(s string) bool { return len(validation.IsDNS1123Label(s)) == 0 }
 
 // validPrincipal accepts what can be a principal: an API key's name (a DNS
 // label) or a service account's username, system:serviceaccount:<ns>:<name>.
 func validPrincipal(p string) error {
-	if (keyName.MatchString(p) && len(p) <= 63) || (subjectPattern.MatchString(p) && !strings.HasSuffix(p, ":*")) {
+	if isKeyName(p) || (subjectPattern.MatchString(p) && !strings.HasSuffix(p, ":*")) {
 		return nil
 	}
 	return fmt.Errorf("%q is not a principal: use an API key's name (lowercase letters, digits, '-') or system:serviceaccount:<namespace>:<name>", p)
@@ -52,7 +55,7 @@ func ParseAPIKeys(raw, single string) (map[string]string, error) {
 		switch {
 		case !ok || key == "":
 			return nil, fmt.Errorf("entry %q must be name=key", name)
-		case !keyName.MatchString(name) || len(name) > 63:
+		case !isKeyName(name):
 			return nil, fmt.Errorf("key name %q must be lowercase letters, digits and '-' (a principal's name)", name)
 		case name == DefaultPrincipal:
 			// "default" owns the sandboxes that record no principal (made
@@ -160,7 +163,7 @@ func ParsePrincipalGroups(raw string) (map[string]string, error) {
 // collides with a key's name is checkPrincipalNames', which sees the keys.
 func validGroup(g string) error {
 	switch {
-	case !keyName.MatchString(g) || len(g) > 63:
+	case !isKeyName(g):
 		return fmt.Errorf("group name %q must be lowercase letters, digits and '-' (a service account's username is a token's principal, not a group)", g)
 	case g == AnonymousPrincipal:
 		return fmt.Errorf("group name %q is every caller's principal under PROVISIONER_AUTH_DISABLED; choose another name", g)
