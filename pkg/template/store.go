@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/lru"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
@@ -40,11 +40,14 @@ type Store struct {
 	now      func() time.Time
 	informer cache.SharedIndexInformer
 	running  atomic.Bool
-	mu       sync.Mutex
-	entries  map[string]entry
+	// entries holds the validated templates by name (entry), the least
+	// recently used dropped first: names come from requests, so a caller
+	// naming templates that do not exist only pushes out the names it
+	// made up, not the templates in use. It locks itself.
+	entries *lru.Cache
 }
 
-// maxCached bounds the entries a Store holds: names come from requests.
+// maxCached bounds the entries a Store holds.
 const maxCached = 256
 
 type entry struct {
@@ -70,7 +73,7 @@ func WithTenancy(ten Tenancy) Option { return func(s *Store) { s.ten = ten } }
 func NewStore(client kubernetes.Interface, cfg config.Objects, opts ...Option) *Store {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(cfg.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = keys.LabelTemplate }))
-	s := &Store{client: client, cfg: cfg, ttl: cfg.TemplateCacheTTL, now: time.Now, entries: map[string]entry{},
+	s := &Store{client: client, cfg: cfg, ttl: cfg.TemplateCacheTTL, now: time.Now, entries: lru.New(maxCached),
 		informer: factory.Core().V1().PodTemplates().Informer()}
 	for _, o := range opts {
 		o(s)
@@ -147,9 +150,7 @@ func (s *Store) lookup(ctx context.Context, name string) (entry, error) {
 	if name == "" {
 		name = Default
 	}
-	s.mu.Lock()
-	e, ok := s.entries[name]
-	s.mu.Unlock()
+	e, ok := s.cached(name)
 	if pt, known := s.watched(name); known {
 		if pt == nil {
 			return entry{}, nil // no PodTemplate default: the built-in Pod
@@ -190,15 +191,17 @@ func (s *Store) validated(pt *corev1.PodTemplate, e entry, cached bool) entry {
 	return entry{tmpl: t, err: err, principals: principalsOf(pt), rv: pt.ResourceVersion}
 }
 
-// remember keeps the validated e for name.
-func (s *Store) remember(name string, e entry) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.entries) >= maxCached {
-		clear(s.entries)
+// cached is name's entry, if the Store holds one.
+func (s *Store) cached(name string) (entry, bool) {
+	v, ok := s.entries.Get(name)
+	if !ok {
+		return entry{}, false
 	}
-	s.entries[name] = e
+	return v.(entry), true
 }
+
+// remember keeps the validated e for name.
+func (s *Store) remember(name string, e entry) { s.entries.Add(name, e) }
 
 // Summary is one template as GET /api/templates lists it.
 type Summary struct {
@@ -304,9 +307,7 @@ func (s *Store) podTemplates(ctx context.Context) ([]*corev1.PodTemplate, error)
 // entryOf is pt's entry, validated once per resourceVersion (the entry a
 // create's Get uses too), and remembered as read now.
 func (s *Store) entryOf(pt *corev1.PodTemplate) entry {
-	s.mu.Lock()
-	e, ok := s.entries[pt.Name]
-	s.mu.Unlock()
+	e, ok := s.cached(pt.Name)
 	e = s.validated(pt, e, ok)
 	e.checked = s.now()
 	s.remember(pt.Name, e)

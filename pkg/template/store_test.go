@@ -3,6 +3,7 @@ package template
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -46,6 +47,33 @@ func TestStoreReadsOnDemandUntilWatched(t *testing.T) {
 	}
 	if n := gets(cs); n != 2 {
 		t.Errorf("%d GETs for two uses with a TTL of 0 and no watch, want 2", n)
+	}
+}
+
+// TestStoreKeepsTheTemplatesInUseWhenFull: names come from requests, so
+// a caller naming more templates than the Store holds pushes out the
+// least recently used ones, never the template every create uses: it is
+// read once within its TTL, however many made-up names come between.
+func TestStoreKeepsTheTemplatesInUseWhenFull(t *testing.T) {
+	pt := python()
+	pt.Namespace = "ns"
+	cs := fake.NewClientset(pt)
+	s := storeFor(t, cs)
+	s.ttl = time.Hour
+	ctx := context.Background()
+	for i := range 3 * maxCached {
+		if got, err := s.Get(ctx, "python"); err != nil || got == nil || got.Name != "python" {
+			t.Fatalf("Get(python) = %v, %v", got, err)
+		}
+		if _, err := s.Get(ctx, fmt.Sprintf("made-up-%d", i)); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("Get(made-up-%d) = %v, want ErrNotFound", i, err)
+		}
+	}
+	if n, want := gets(cs), 1+3*maxCached; n != want {
+		t.Errorf("%d GETs, want %d: python once, each made-up name once", n, want)
+	}
+	if n := s.entries.Len(); n != maxCached {
+		t.Errorf("the Store holds %d entries, want its bound, %d", n, maxCached)
 	}
 }
 
