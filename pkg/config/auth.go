@@ -65,9 +65,7 @@ func (c *AuthConfig) Validate() error {
 		p.bad("AUTH_TOKEN_AUDIENCE", "%q must be one audience without spaces or commas", c.TokenAudience)
 	}
 	keys, err := ParseAPIKeys(c.APIKeys, c.APIKey)
-	if err != nil {
-		p.bad("PROVISIONER_API_KEYS", "%v", err)
-	}
+	p.join(err) // its errors name PROVISIONER_API_KEYS
 	for _, a := range c.Admins {
 		if err := validPrincipal(a); err != nil {
 			p.bad("PROVISIONER_ADMINS", "%v", err)

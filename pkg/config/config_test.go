@@ -185,14 +185,20 @@ func TestParseAPIKeys(t *testing.T) {
 	}{
 		{raw: "", single: "", want: map[string]string{}},
 		{raw: "", single: "the-single-key-0123", want: map[string]string{"default": "the-single-key-0123"}},
+		// A key is trimmed, as every entry's value is (a header cannot
+		// carry its leading space anyway), and keeps its own '='.
 		{raw: " alice = alice-key-0123456789=, bob=bob-key-0123456789ab ", single: "the-single-key-0123",
-			want: map[string]string{"alice": " alice-key-0123456789=", "bob": "bob-key-0123456789ab", "default": "the-single-key-0123"}},
+			want: map[string]string{"alice": "alice-key-0123456789=", "bob": "bob-key-0123456789ab", "default": "the-single-key-0123"}},
 		{raw: "default=another-key-0123456789", err: "PROVISIONER_API_KEY's principal"},
 		{raw: "default=another-key-0123456789", single: "the-single-key-0123", err: "PROVISIONER_API_KEY's principal"},
 		{raw: "anonymous=another-key-0123456789", err: "PROVISIONER_AUTH_DISABLED"},
 		{raw: "alice=the-single-key-0123", single: "the-single-key-0123", err: "same key as PROVISIONER_API_KEY"},
 		{raw: "a.b=0123456789abcdef", err: "lowercase"},
-		{raw: "alice=", err: "name=key"},
+		{raw: "alice=", err: `PROVISIONER_API_KEYS: entry "alice=" must be name=key`},
+		{raw: "alice=alice-key-0123456789,alice=other-key-0123456789", err: `PROVISIONER_API_KEYS: name "alice" is listed twice`},
+		{raw: "alice=alice-key-0123456789,bob=alice-key-0123456789", err: `name "bob": it has the same key as "alice"`},
+		{raw: "alice=short", err: `name "alice": its key is shorter than 16 bytes`},
+		{raw: "alice={{ .Key }}-0123456789", err: "unexpanded template"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.raw, func(t *testing.T) {

@@ -43,7 +43,7 @@ func TestParseEntries(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var got result
-			err := parseEntries("SETTING", tc.raw, "principal=thing", validKey, func(k, v string) error {
+			err := parseEntries("SETTING", tc.raw, ";", "principal=thing", validKey, func(k, v string) error {
 				got.Read = append(got.Read, k+"→"+v)
 				if v == "fail" {
 					return errors.New(`cannot read "fail"`)

@@ -35,7 +35,7 @@ func ParsePrincipalIngress(raw string) (map[string][]IngressSource, error) {
 		}
 		return nil
 	}
-	err := parseEntries("PROVISIONER_PRINCIPAL_INGRESS", raw, "principal=source[|source...]", validKey, func(who, list string) error {
+	err := parseEntries("PROVISIONER_PRINCIPAL_INGRESS", raw, ";", "principal=source[|source...]", validKey, func(who, list string) error {
 		var sources []IngressSource
 		for _, raw := range strings.Split(list, "|") {
 			s, err := parseIngressSource(strings.TrimSpace(raw))

@@ -45,41 +45,39 @@ func validPrincipal(p string) error {
 // report, as before; a named key with such a problem stops start-up.
 func ParseAPIKeys(raw, single string) (map[string]string, error) {
 	keys := map[string]string{}
-	for _, entry := range strings.Split(raw, ",") {
-		entry = strings.TrimSpace(entry)
-		if entry == "" {
-			continue
-		}
-		name, key, ok := strings.Cut(entry, "=")
-		name = strings.TrimSpace(name)
+	validKey := func(name string) error {
 		switch {
-		case !ok || key == "":
-			return nil, fmt.Errorf("entry %q must be name=key", name)
 		case !isKeyName(name):
-			return nil, fmt.Errorf("key name %q must be lowercase letters, digits and '-' (a principal's name)", name)
+			return fmt.Errorf("key name %q must be lowercase letters, digits and '-' (a principal's name)", name)
 		case name == DefaultPrincipal:
 			// "default" owns the sandboxes that record no principal (made
 			// before principals): only PROVISIONER_API_KEY, DeerFlow's key,
 			// may be it.
-			return nil, fmt.Errorf("key name %q is PROVISIONER_API_KEY's principal; set that variable for it, or choose another name", name)
+			return fmt.Errorf("key name %q is PROVISIONER_API_KEY's principal; set that variable for it, or choose another name", name)
 		case name == AnonymousPrincipal:
-			return nil, fmt.Errorf("key name %q is every caller's principal under PROVISIONER_AUTH_DISABLED, an administrator; choose another name", name)
-		case keys[name] != "":
-			return nil, fmt.Errorf("key name %q is listed twice", name)
+			return fmt.Errorf("key name %q is every caller's principal under PROVISIONER_AUTH_DISABLED, an administrator; choose another name", name)
+		}
+		return nil
+	}
+	err := parseEntries("PROVISIONER_API_KEYS", raw, ",", "name=key", validKey, func(name, key string) error {
+		switch {
 		case strings.Contains(key, "{{"):
-			return nil, fmt.Errorf("the key of %q holds an unexpanded template (it contains \"{{\"); set it from a Secret at deploy time", name)
+			return errors.New(`its key holds an unexpanded template (it contains "{{"); set it from a Secret at deploy time`)
 		case len(key) < minKeyBytes:
-			return nil, fmt.Errorf("the key of %q is shorter than %d bytes", name, minKeyBytes)
+			return fmt.Errorf("its key is shorter than %d bytes", minKeyBytes)
+		case key == single:
+			return errors.New("it has the same key as PROVISIONER_API_KEY; each principal needs its own")
 		}
 		for other, k := range keys {
 			if k == key {
-				return nil, fmt.Errorf("%q and %q have the same key; each principal needs its own", other, name)
+				return fmt.Errorf("it has the same key as %q; each principal needs its own", other)
 			}
 		}
-		if key == single {
-			return nil, fmt.Errorf("%q has the same key as PROVISIONER_API_KEY; each principal needs its own", name)
-		}
 		keys[name] = key
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	if single != "" {
 		keys[DefaultPrincipal] = single
@@ -99,7 +97,7 @@ func ParsePrincipalOperations(raw string) (map[string][]string, error) {
 		}
 		return validPrincipal(p)
 	}
-	err := parseEntries("PROVISIONER_PRINCIPAL_OPERATIONS", raw, "principal=operation[,operation...]", validKey, func(p, list string) error {
+	err := parseEntries("PROVISIONER_PRINCIPAL_OPERATIONS", raw, ";", "principal=operation[,operation...]", validKey, func(p, list string) error {
 		var ops []string
 		for _, op := range strings.Split(list, ",") {
 			op = strings.TrimSpace(op)
@@ -128,7 +126,7 @@ func ParsePrincipalGroups(raw string) (map[string]string, error) {
 	const setting = "PROVISIONER_PRINCIPAL_GROUPS"
 	out := map[string]string{}
 	groups := map[string]bool{}
-	err := parseEntries(setting, raw, "group=member[,member...]", validGroup, func(g, list string) error {
+	err := parseEntries(setting, raw, ";", "group=member[,member...]", validGroup, func(g, list string) error {
 		groups[g] = true
 		for _, m := range strings.Split(list, ",") {
 			m = strings.TrimSpace(m)
