@@ -34,65 +34,96 @@ import (
 
 // Pod follows one Pod by watch, from the version we already hold, until
 // done says stop, the Pod is deleted (nil is passed to done), or ctx ends.
-// Watches the server closes are resumed; nothing here polls.
+// client-go's RetryWatcher resumes the watches the server closes from the
+// last version seen, with backoff, and retries those it cannot open, until
+// ctx ends. It gives up on a version the server no longer holds ("too
+// old", 410): then one read, and a new watch from it. A watch refused
+// (403, 401) ends the wait with that error. No list: a list of Pods by name
+// scans the namespace's Pods in the API server.
 func Pod(ctx context.Context, pods typedcorev1.PodInterface, pod *corev1.Pod, done func(*corev1.Pod) bool) (*corev1.Pod, error) {
+	byName := fields.OneTermEqualSelector("metadata.name", pod.Name).String()
+	lw := &cache.ListWatch{WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		o.FieldSelector = byName
+		return pods.Watch(ctx, o)
+	}}
 	current := pod
-	rv := pod.ResourceVersion
 	for {
-		w, err := pods.Watch(ctx, metav1.ListOptions{
-			FieldSelector:   fields.OneTermEqualSelector("metadata.name", pod.Name).String(),
-			ResourceVersion: rv,
-		})
+		w, err := watchFrom(ctx, lw, current.ResourceVersion)
 		if err != nil {
-			if ctx.Err() != nil {
-				return current, ctx.Err()
-			}
 			return current, api.Classify(err, "watch the sandbox Pod")
 		}
-		expired := false
-		for !expired {
-			select {
-			case <-ctx.Done():
-				w.Stop()
-				return current, ctx.Err()
-			case ev, ok := <-w.ResultChan():
-				if !ok {
-					expired = true
-					break
+		next, finished, err := podEvents(ctx, w, pod.UID, current, done)
+		w.Stop()
+		if finished || err != nil {
+			return next, err
+		}
+		current = next
+		// The version is too old: start over from a fresh read.
+		fresh, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err) || (err == nil && fresh.UID != pod.UID):
+			if done(nil) {
+				return nil, nil
+			}
+			// Nothing left to follow: wait for ctx, as a watch of a Pod
+			// that never changes would.
+			<-ctx.Done()
+			return current, ctx.Err()
+		case err != nil:
+			return current, api.Classify(err, "read the sandbox Pod")
+		}
+		current = fresh
+		if done(current) {
+			return current, nil
+		}
+	}
+}
+
+// watchFrom watches from rv with a RetryWatcher. An object without a
+// version (one a fake clientset made; an API server always sets it) has
+// no version to resume from: it gets one plain watch, which starts with
+// the object as it is now.
+func watchFrom(ctx context.Context, lw *cache.ListWatch, rv string) (watch.Interface, error) {
+	if rv == "" {
+		return lw.WatchWithContext(ctx, metav1.ListOptions{})
+	}
+	return watchtools.NewRetryWatcherWithContext(ctx, rv, lw)
+}
+
+// podEvents hands w's events for the Pod uid to done until it says stop
+// (finished), ctx ends or the watch fails. It returns unfinished, without
+// an error, when the watch's version is too old.
+func podEvents(ctx context.Context, w watch.Interface, uid types.UID, current *corev1.Pod, done func(*corev1.Pod) bool) (*corev1.Pod, bool, error) {
+	for {
+		select {
+		case <-ctx.Done():
+			return current, false, ctx.Err()
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				// The RetryWatcher closes only when ctx ends or after
+				// the error it sent; a plain watch (watchFrom) that
+				// closes is read afresh, as a version too old is.
+				return current, false, ctx.Err()
+			}
+			switch ev.Type {
+			case watch.Error:
+				err := apierrors.FromObject(ev.Object)
+				if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
+					return current, false, nil
 				}
-				switch ev.Type {
-				case watch.Error:
-					// Usually "resource version too old": start over from a fresh read.
-					w.Stop()
-					fresh, err := pods.Get(ctx, pod.Name, metav1.GetOptions{})
-					if apierrors.IsNotFound(err) || (err == nil && fresh.UID != pod.UID) {
-						if done(nil) {
-							return nil, nil
-						}
-					} else if err != nil {
-						return current, api.Classify(err, "read the sandbox Pod")
-					} else {
-						current, rv = fresh, fresh.ResourceVersion
-						if done(current) {
-							return current, nil
-						}
-					}
-					expired = true
-				case watch.Deleted:
-					w.Stop()
-					if done(nil) {
-						return nil, nil
-					}
-				case watch.Added, watch.Modified:
-					p, ok := ev.Object.(*corev1.Pod)
-					if !ok || p.UID != pod.UID {
-						continue
-					}
-					current, rv = p, p.ResourceVersion
-					if done(current) {
-						w.Stop()
-						return current, nil
-					}
+				return current, false, api.Classify(err, "watch the sandbox Pod")
+			case watch.Deleted:
+				if done(nil) {
+					return nil, true, nil
+				}
+			case watch.Added, watch.Modified:
+				p, ok := ev.Object.(*corev1.Pod)
+				if !ok || p.UID != uid {
+					continue
+				}
+				current = p
+				if done(current) {
+					return current, true, nil
 				}
 			}
 		}
