@@ -79,7 +79,7 @@ YAML
     if [[ "$name" == *@* ]]; then digest=${name#*@}; name=${name%%@*}; fi
     last=${name##*/}
     if [[ "$last" == *:* ]]; then tag=${last#*:}; name=${name%:*}; fi
-    printf 'images:\n  - name: ghcr.io/deerflow-sandbox/sandbox-provisioner\n    newName: %s\n' "$name"
+    printf 'images:\n  - name: deploy.invalid/sandbox-provisioner\n    newName: %s\n' "$name"
     [[ -z "$digest" ]] || printf '    digest: %s\n' "$digest"
     [[ -z "$tag" || -n "$digest" ]] || printf '    newTag: %s\n' "$tag"
   fi

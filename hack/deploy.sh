@@ -96,15 +96,15 @@ resources:
   - $(realpath --relative-to="$overlay" "${KUSTOMIZE_DIR:-$REPO_ROOT/config}")
   - envd-image.yaml
 images:
-  - name: ghcr.io/deerflow-sandbox/sandbox-provisioner
+  - name: deploy.invalid/sandbox-provisioner
     newName: $name
     digest: $digest
   # config/300-egress-proxy.yaml's and 310-router.yaml's placeholders,
   # which no registry serves.
-  - name: sandbox-egress-proxy
+  - name: deploy.invalid/sandbox-egress-proxy
     newName: $proxy_name
     digest: $proxy_digest
-  - name: sandbox-router
+  - name: deploy.invalid/sandbox-router
     newName: $router_name
     digest: $router_digest
 replacements:

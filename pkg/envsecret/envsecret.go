@@ -1,5 +1,5 @@
-// Package envsecret writes the Secret that holds a create's env values
-// (issue 45 finding 8): the sandbox's own, sandbox-<id>-env, owned by its
+// Package envsecret writes the Secret that holds a create's env values:
+// the sandbox's own, sandbox-<id>-env, owned by its
 // Service (resources.EnvSecret builds it), written before the workload that
 // takes each variable from it by reference. pkg/sandbox's create calls it
 // once it holds the id's slot; removing one is pkg/remove's.
@@ -15,7 +15,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
-	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 	"github.com/deerflow-sandbox/provisioner/pkg/sleep"
 )
 
@@ -34,14 +33,19 @@ type Secrets struct {
 // failed explains a create the API server refused (an admission policy, a
 // missing namespace) in the caller's terms.
 //
-// The slot is the id's lock, so no other create of the id writes a Secret
-// while this one holds it. A Secret of the name that is already there is
-// this create's own (a write cut after it landed: owned by svc's UID), or
-// one left by a sandbox of the id whose Service is gone, which the garbage
-// collector has not removed yet: that one goes (with its UID as
-// precondition) and this create writes its own. A Secret of the name that
-// is not a sandbox's is never touched: 409.
-func (e Secrets) Ensure(ctx context.Context, want *corev1.Secret, id string, svc *corev1.Service, failed func(error) error) (*corev1.Secret, error) {
+// The function never reads a Secret back: its Role grants create and
+// delete, no get, so neither a bug nor a stolen token of the function
+// reads a tenant's values or the API keys. The slot is the id's lock, so
+// no other create of the id writes a Secret while this one holds it, and
+// no live sandbox of the id owns one: a Secret of the name that is already
+// there is this create's own (a write cut after it landed) or one left by
+// a sandbox of the id whose Service is gone, which the garbage collector
+// has not removed yet. Either goes, by name, and this create writes its
+// own. A Secret of the name that is not a sandbox's env Secret is the
+// admission policy's to keep (config/800-admission-policy.yaml admits the
+// delete of a sandbox's env Secret alone): its refusal is a 409, and the
+// Secret is left as it was.
+func (e Secrets) Ensure(ctx context.Context, want *corev1.Secret, id string, failed func(error) error) (*corev1.Secret, error) {
 	secrets := e.Client.CoreV1().Secrets(e.Namespace)
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		created, err := secrets.Create(ctx, want, metav1.CreateOptions{})
@@ -51,20 +55,12 @@ func (e Secrets) Ensure(ctx context.Context, want *corev1.Secret, id string, svc
 		if !apierrors.IsAlreadyExists(err) {
 			return nil, failed(err)
 		}
-		existing, err := secrets.Get(ctx, want.Name, metav1.GetOptions{})
+		err = secrets.Delete(ctx, want.Name, metav1.DeleteOptions{})
 		switch {
-		case apierrors.IsNotFound(err):
-			continue
-		case err != nil:
-			return nil, api.Classify(err, "read the existing env Secret of the sandbox")
-		case !resources.IsEnvSecret(existing, id):
-			return nil, &api.Error{Kind: api.KindConflict, Detail: "a Secret named " + existing.Name + " exists and is not a sandbox's; choose another sandbox_id"}
-		case resources.EnvSecretOwnedBy(existing, svc.UID) && existing.DeletionTimestamp == nil:
-			return existing, nil
-		}
-		// Of a Service gone (this create holds the id's Service): stale.
-		err = secrets.Delete(ctx, existing.Name, metav1.DeleteOptions{Preconditions: metav1.NewUIDPreconditions(string(existing.UID))})
-		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		case err == nil || apierrors.IsNotFound(err):
+		case apierrors.IsForbidden(err) || apierrors.IsInvalid(err):
+			return nil, &api.Error{Kind: api.KindConflict, Detail: "a Secret named " + want.Name + " exists and is not a sandbox's env Secret; choose another sandbox_id"}
+		default:
 			return nil, api.Classify(err, "replace a stale env Secret of the sandbox")
 		}
 		if err := sleep.For(ctx, time.Duration(attempt)*50*time.Millisecond); err != nil {

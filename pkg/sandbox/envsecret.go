@@ -17,7 +17,7 @@ func (m *Manager) ensureEnvSecret(ctx context.Context, s api.Spec, svc *corev1.S
 	if len(s.Env) == 0 {
 		return nil, nil
 	}
-	return m.env.Ensure(ctx, resources.EnvSecret(m.cfg.Objects(), s, svc), s.ID, svc, func(err error) error {
+	return m.env.Ensure(ctx, resources.EnvSecret(m.cfg.Objects(), s, svc), s.ID, func(err error) error {
 		return m.createFailed(err, "Secret", s)
 	})
 }

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -39,13 +40,13 @@ func writesOf(actions []k8stesting.Action) []string {
 	return out
 }
 
-// TestCreateKeepsEnvInItsSecret (issue 45 finding 8): a create with env
+// TestCreateKeepsEnvInItsSecret: a create with env
 // writes the values into the sandbox's own Secret, owned by its Service
 // (its slot, by UID) and written before the workload, which takes each
 // variable by reference; a create without env (DeerFlow's) writes what it
 // always did, and reads no Secret either. A Secret of the name left by a
 // sandbox whose Service is gone is replaced, another Secret of the name is
-// never touched, and a create that fails removes its Secret with the rest.
+// never touched, no Secret is ever read, and a create that fails removes its Secret with the rest.
 func TestCreateKeepsEnvInItsSecret(t *testing.T) {
 	type outcome struct {
 		Kind    api.Kind // -1: no error
@@ -98,7 +99,7 @@ func TestCreateKeepsEnvInItsSecret(t *testing.T) {
 				t.Fatal(err)
 			}
 		},
-		want: outcome{Kind: api.KindConflict, Writes: []string{"create services", "create secrets", "delete services"},
+		want: outcome{Kind: api.KindConflict, Writes: []string{"create services", "create secrets", "delete secrets", "delete services"},
 			Objects: []string{"Secret sandbox-env1-env"}},
 	}, {
 		name: "the Pod refused (4xx): the slot and the Secret go",
@@ -156,6 +157,7 @@ func TestCreateKeepsEnvInItsSecret(t *testing.T) {
 			cfg := testConfig(t, nil)
 			client := fake.NewClientset(sharedPolicies(cfg)...)
 			apiServerWrites(t, client)
+			admissionDeletesEnvSecretsOnly(client)
 			m := NewManager(cfg, client)
 			ctx, cancel := context.WithCancel(api.WithCaller(context.Background(), api.Caller{Principal: "alice"}))
 			defer cancel()
@@ -179,6 +181,11 @@ func TestCreateKeepsEnvInItsSecret(t *testing.T) {
 			client.ClearActions()
 			_, err := m.Create(ctx, s, 0)
 			got := outcome{Kind: -1, Writes: writesOf(client.Actions()), Objects: objectsLeft(t, client)}
+			for _, a := range client.Actions() {
+				if v := a.GetVerb(); a.GetResource().Resource == "secrets" && (v == "get" || v == "list" || v == "watch") {
+					t.Errorf("the create read Secrets (%s): the function's Role grants no read", v)
+				}
+			}
 			if err != nil {
 				got.Kind = api.KindOf(err)
 			}
@@ -203,6 +210,28 @@ func TestCreateKeepsEnvInItsSecret(t *testing.T) {
 			checkEnvHeldBySecret(t, client, id, tc.env, slices.Contains(tc.want.Objects, "Secret "+resources.EnvSecretName(id)))
 		})
 	}
+}
+
+// admissionDeletesEnvSecretsOnly stands in for the delete rule of
+// config/800-admission-policy.yaml that the fake clientset does not run
+// (TestAdmissionPinsEnvSecrets runs the policy itself on the real API
+// server): a Secret delete is refused unless the Secret is a sandbox's env
+// Secret, sandbox-<id>-env labelled with that id, app=deer-flow-sandbox and
+// managed by the provisioner.
+func admissionDeletesEnvSecretsOnly(client *fake.Clientset) {
+	client.PrependReactor("delete", "secrets", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		d := a.(k8stesting.DeleteAction)
+		o, err := client.Tracker().Get(corev1.SchemeGroupVersion.WithResource("secrets"), d.GetNamespace(), d.GetName())
+		if err != nil {
+			return false, nil, nil // not found: the tracker answers
+		}
+		l := o.(*corev1.Secret).Labels
+		id := l[keys.LabelID]
+		if id != "" && d.GetName() == resources.EnvSecretName(id) && l[keys.LabelApp] == keys.LabelAppValue && l[keys.LabelManagedBy] == keys.ManagedByValue {
+			return false, nil, nil
+		}
+		return true, nil, apierrors.NewForbidden(corev1.Resource("secrets"), d.GetName(), errors.New("ValidatingAdmissionPolicy 'sandbox-provisioner-deletes' denied request"))
+	})
 }
 
 // checkEnvHeldBySecret: no Pod or ReplicaSet holds an env value, and the

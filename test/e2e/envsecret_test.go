@@ -170,12 +170,13 @@ func TestEnvLivesInItsSecret(t *testing.T) {
 	holdsNoEnvValue(t, "the function's log", string(logs))
 }
 
-// TestAdmissionPinsEnvSecrets (issue 45 finding 8): as the provisioner's
+// TestAdmissionPinsEnvSecrets: as the provisioner's
 // ServiceAccount, on the real API server, a sandbox (a Pod, a ReplicaSet's
 // Pod template) may reference its own env Secret and no other; the only
 // Secret the ServiceAccount may create is a sandbox's env Secret as the
 // function builds it, and the only Secret it may delete; it may not list
-// Secrets. Each refusal beside its positive control.
+// Secrets, nor read one by name (another sandbox's env Secret, the API
+// keys'). Each refusal beside its positive control.
 func TestAdmissionPinsEnvSecrets(t *testing.T) {
 	ns, sa := serviceAccountNamespace(t)
 	ctx := context.Background()
@@ -285,7 +286,8 @@ func TestAdmissionPinsEnvSecrets(t *testing.T) {
 		if _, err := client().CoreV1().Secrets(ns).Create(ctx, other, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		if err := sa.CoreV1().Secrets(ns).Delete(ctx, other.Name, metav1.DeleteOptions{}); !refusedBy(err, deletePolicy, "the provisioner deletes only sandboxes") {
+		if err := sa.CoreV1().Secrets(ns).Delete(ctx, other.Name, metav1.DeleteOptions{}); !refusedBy(err, deletePolicy, "the provisioner deletes only sandboxes") || !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) {
+			// envsecret.Secrets.Ensure takes a 403 or 422 as this refusal.
 			t.Errorf("deleting Secret %s as the ServiceAccount: %v, want refused by %s", other.Name, err, deletePolicy)
 		}
 	}
@@ -294,5 +296,26 @@ func TestAdmissionPinsEnvSecrets(t *testing.T) {
 	}
 	if _, err := sa.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("listing Secrets as the ServiceAccount: %v, want Forbidden", err)
+	}
+
+	// Reads: none. Another sandbox's env Secret and the API keys' Secret,
+	// both there, are Forbidden by name; the positive control is a read the
+	// Role grants (the sandbox's Service) by the same client.
+	keysSecret, err := client().CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-provisioner"},
+		StringData: map[string]string{"api-key": "not-a-real-key-0123456789"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := client().CoreV1().Secrets(ns).Create(ctx, resources.EnvSecret(a.cfg.Objects(), a.spec("e4", withEnv, ""), owner), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sa.CoreV1().Services(ns).Get(ctx, owner.Name, metav1.GetOptions{}); err != nil {
+		t.Errorf("reading a sandbox's Service as the ServiceAccount (the control): %v", err)
+	}
+	for _, name := range []string{other.Name, keysSecret.Name} {
+		if _, err := sa.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("reading Secret %s as the ServiceAccount: %v, want Forbidden", name, err)
+		}
 	}
 }

@@ -649,3 +649,51 @@ func undeclared(at string, v any, s map[string]any) []string {
 	}
 	return nil
 }
+
+// placeholderRegistry is the registry of config/'s image names until `make
+// deploy` pins each to a digest: ".invalid" never resolves (RFC 6761), so
+// `kubectl apply -k config/` as shipped fails closed (ErrImagePull) rather
+// than pulling whatever someone pushed under a name nobody here owns.
+const placeholderRegistry = "deploy.invalid/"
+
+// TestImagesFailClosed: every image config/ names for the components built
+// here (the function, the egress proxy, the router) is a placeholder under
+// placeholderRegistry, without a tag, or is pinned by digest. The sandbox
+// templates under config/templates are the operator's choice of sandbox
+// image (DeerFlow's own by default) and are not walked.
+func TestImagesFailClosed(t *testing.T) {
+	var images func(at string, v any) []string
+	images = func(at string, v any) []string {
+		var out []string
+		switch v := v.(type) {
+		case map[string]any:
+			for k, sub := range v {
+				if s, ok := sub.(string); ok && k == "image" {
+					out = append(out, at+": "+s)
+				} else {
+					out = append(out, images(at+"."+k, sub)...)
+				}
+			}
+		case []any:
+			for _, sub := range v {
+				out = append(out, images(at, sub)...)
+			}
+		}
+		return out
+	}
+	var found []string
+	for _, o := range configObjects(t) {
+		for _, img := range images(o.file, o.obj) {
+			found = append(found, img)
+			_, ref, _ := strings.Cut(img, ": ")
+			placeholder := strings.HasPrefix(ref, placeholderRegistry) && !strings.ContainsAny(strings.TrimPrefix(ref, placeholderRegistry), ":@")
+			if !placeholder && !strings.Contains(ref, "@sha256:") {
+				t.Errorf("%s: want %s<name> (no tag) or an image pinned by digest", img, placeholderRegistry)
+			}
+		}
+	}
+	// The walk itself: the three components' images are found.
+	if len(found) < 3 {
+		t.Errorf("images found in config/: %q, want the function's, the proxy's and the router's", found)
+	}
+}

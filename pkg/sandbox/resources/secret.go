@@ -70,18 +70,6 @@ func EnvSecretOwnedBy(secret *corev1.Secret, uid types.UID) bool {
 	})
 }
 
-// IsEnvSecret reports whether secret is sandbox id's env Secret, as
-// EnvSecret builds it: of its name, labelled with the id, and owned by
-// the id's Service (of any UID). Another Secret of the name is not the
-// provisioner's to replace.
-func IsEnvSecret(secret *corev1.Secret, id string) bool {
-	return secret.Name == EnvSecretName(id) && secret.Labels[keys.LabelID] == id &&
-		secret.Labels[keys.LabelManagedBy] == keys.ManagedByValue &&
-		slices.ContainsFunc(secret.OwnerReferences, func(r metav1.OwnerReference) bool {
-			return r.APIVersion == "v1" && r.Kind == "Service" && r.Name == ServiceName(id)
-		})
-}
-
 // requestEnv is the request's env in name order, each a reference to its
 // key in the sandbox's env Secret (EnvSecret), never its value.
 func requestEnv(id string, in map[string]string) []corev1.EnvVar {

@@ -47,7 +47,7 @@ func TestEnvSecret(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("EnvSecret (-want +got):\n%s", diff)
 	}
-	if !IsEnvSecret(got, s.ID) || !EnvSecretOwnedBy(got, "uid-slot") || EnvSecretOwnedBy(got, "uid-other") {
+	if !EnvSecretOwnedBy(got, "uid-slot") || EnvSecretOwnedBy(got, "uid-other") {
 		t.Errorf("EnvSecret is not recognised as the sandbox's own, owned by its slot alone")
 	}
 }
@@ -93,39 +93,5 @@ func TestWorkloadsCarryNoEnvValue(t *testing.T) {
 	noEnv := testSpec()
 	if UsesEnvSecret(&BuildPodFor(cfg.Objects(), noEnv).Spec, noEnv.ID) {
 		t.Error("a Pod without env references an env Secret")
-	}
-}
-
-// TestIsEnvSecret: a create replaces a stale env Secret of its id only
-// when it is one (a sandbox's, owned by the id's Service); any other
-// Secret of the name is left alone.
-func TestIsEnvSecret(t *testing.T) {
-	cfg := testConfig(t, nil)
-	s := testSpec()
-	s.Env = envValues
-	mutated := func(f func(*corev1.Secret)) *corev1.Secret {
-		sec := EnvSecret(cfg.Objects(), s, slotOf(s))
-		f(sec)
-		return sec
-	}
-	for _, tc := range []struct {
-		name   string
-		secret *corev1.Secret
-		want   bool
-	}{
-		{"as built", mutated(func(*corev1.Secret) {}), true},
-		{"of a Service of the id since gone (another UID)", mutated(func(c *corev1.Secret) { c.OwnerReferences[0].UID = "uid-gone" }), true},
-		{"no owner", mutated(func(c *corev1.Secret) { c.OwnerReferences = nil }), false},
-		{"owned by a Pod", mutated(func(c *corev1.Secret) { c.OwnerReferences[0].Kind = "Pod" }), false},
-		{"owned by another id's Service", mutated(func(c *corev1.Secret) { c.OwnerReferences[0].Name = ServiceName("other") }), false},
-		{"not labelled with the id", mutated(func(c *corev1.Secret) { delete(c.Labels, "sandbox-id") }), false},
-		{"not managed by the provisioner", mutated(func(c *corev1.Secret) { delete(c.Labels, "app.kubernetes.io/managed-by") }), false},
-		{"another name", mutated(func(c *corev1.Secret) { c.Name = "sandbox-provisioner" }), false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if got := IsEnvSecret(tc.secret, s.ID); got != tc.want {
-				t.Errorf("IsEnvSecret = %v, want %v", got, tc.want)
-			}
-		})
 	}
 }
