@@ -243,7 +243,16 @@ type NewSandbox struct {
 	MCP                 json.RawMessage   `json:"mcp"`
 	Network             json.RawMessage   `json:"network"`
 	VolumeMounts        json.RawMessage   `json:"volumeMounts"`
-	AutoResume          json.RawMessage   `json:"autoResume"`
+	IAM                 json.RawMessage   `json:"iam"`
+	AutoResume          *AutoResume       `json:"autoResume"`
+	AutoPauseMemory     *bool             `json:"autoPauseMemory"`
+}
+
+// AutoResume is E2B's SandboxAutoResumeConfig: whether a paused sandbox
+// resumes on its first request. E2B's Python SDK sends it on every create,
+// as {"enabled": false}, the default.
+type AutoResume struct {
+	Enabled *bool `json:"enabled"`
 }
 
 // Sandbox is a created or connected sandbox (E2B's Sandbox).
@@ -365,7 +374,10 @@ func orUnknown(s string) string {
 }
 
 // unsupported says which requested feature this provisioner does not offer,
-// so the request fails instead of silently running without it.
+// so the request fails instead of silently running without it. A field
+// that only restates E2B's default (autoResume {"enabled": false}, as
+// E2B's Python SDK sends on every create; autoPauseMemory false, which is
+// what a pause here is) asks for nothing and is accepted.
 func unsupported(b NewSandbox) string {
 	for _, f := range []struct {
 		name string
@@ -375,11 +387,17 @@ func unsupported(b NewSandbox) string {
 		{"mcp", b.MCP, "the MCP gateway is not offered"},
 		{"network", b.Network, "a sandbox's egress is its template's (sandbox.deerflow.dev/egress and egress-allow; grants: POST /api/sandboxes/{id}/egress)"},
 		{"volumeMounts", b.VolumeMounts, "E2B volumes are not offered; a template's own volumes and DeerFlow's mounts are"},
-		{"autoResume", b.AutoResume, "a paused sandbox resumes on Sandbox.connect only"},
+		{"iam", b.IAM, "workload identity tokens are not offered"},
 	} {
 		if len(f.raw) > 0 && string(f.raw) != "null" && string(f.raw) != "{}" && string(f.raw) != "[]" {
 			return f.name + ": " + f.why
 		}
+	}
+	if b.AutoResume != nil && b.AutoResume.Enabled != nil && *b.AutoResume.Enabled {
+		return "autoResume: a paused sandbox resumes on Sandbox.connect only, not on its first request; create with autoResume disabled and call connect"
+	}
+	if b.AutoPauseMemory != nil && *b.AutoPauseMemory {
+		return "autoPauseMemory: a pause here keeps the sandbox's files, not its memory or processes; create with autoPauseMemory false (onTimeout {action: 'pause', keepMemory: false})"
 	}
 	return ""
 }

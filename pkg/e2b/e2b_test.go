@@ -255,6 +255,10 @@ func TestBadCreatesWriteNothing(t *testing.T) {
 		{"auto pause on a deleting template", `{"templateID":"base","autoPause":true}`, 400, "autoPause"},
 		{"metadata too long", `{"templateID":"base","metadata":{"k":"` + strings.Repeat("v", 2000) + `"}}`, 400, "metadata value"},
 		{"env var name", `{"templateID":"base","envVars":{"1X":"v"}}`, 400, "1X"},
+		{"resume on traffic", `{"templateID":"base","autoResume":{"enabled":true}}`, 400, "autoResume"},
+		{"autoResume of the wrong type", `{"templateID":"base","autoResume":true}`, 400, `"autoResume"`},
+		{"a pause that keeps memory", `{"templateID":"base","autoPauseMemory":true}`, 400, "autoPauseMemory"},
+		{"workload identity", `{"templateID":"base","iam":{"tokens":{"t":{"audience":"a","tokenType":"jwt"}}}}`, 400, "iam"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -267,6 +271,18 @@ func TestBadCreatesWriteNothing(t *testing.T) {
 	}
 	if slices.Contains(ops.calls, "create") {
 		t.Errorf("a refused create reached the sandbox operations: %v", ops.calls)
+	}
+	// What E2B's SDKs send that restates a default asks for nothing: the
+	// Python SDK's autoResume on every create, keepMemory false.
+	for _, body := range []string{
+		`{"templateID":"base","autoResume":{"enabled":false}}`,
+		`{"templateID":"base","autoResume":{}}`,
+		`{"templateID":"base","autoPauseMemory":false}`,
+		`{"templateID":"base","iam":null,"mcp":null}`,
+	} {
+		if got := call(t, a, "POST", "/sandboxes", aliceKey, body); got.code != 201 {
+			t.Errorf("create %s = %d %v, want 201", body, got.code, got.body)
+		}
 	}
 	// Refused here, but allowed where the template says so.
 	if got := call(t, a, "POST", "/sandboxes", aliceKey, `{"templateID":"offline","allow_internet_access":false}`); got.code != 201 {

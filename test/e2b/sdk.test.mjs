@@ -399,6 +399,23 @@ describe('the e2b SDK drives our sandboxes', { concurrency: false }, () => {
     assert.ok(err.statusCode === 404 || err instanceof NotFoundError, `statusCode ${err.statusCode}: ${err.message}`)
   })
 
+  it("a create restating E2B's defaults is a sandbox; resume on traffic is refused by name", { timeout: createTestTimeoutMs + 30_000 }, async () => {
+    // autoResume false is what E2B's Python SDK sends on every create
+    // (autoResume {enabled: false}); the JS SDK sends the same for it.
+    const sbx = await create(cfg.template, { lifecycle: { onTimeout: 'kill', autoResume: false } })
+    const r = await sbx.commands.run('echo restated', { requestTimeoutMs: 30_000 })
+    assert.equal(r.stdout.trim(), 'restated')
+    await sbx.kill()
+    const err = await rejectsWith(
+      Sandbox.create(cfg.template, { metadata, requestTimeoutMs: 30_000, lifecycle: { onTimeout: 'pause', autoResume: true } }).then((s) =>
+        tracker.track(s),
+      ),
+      SandboxError,
+      'a create with autoResume true',
+    )
+    assert.match(err.message, /autoResume/)
+  })
+
   it('kill: then getInfo, connect and the envd are gone', { timeout: createTestTimeoutMs + 90_000 }, async () => {
     const victim = await second()
     const id = victim.sandboxId
