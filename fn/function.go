@@ -32,7 +32,7 @@ type Function struct {
 	log     *slog.Logger
 	cfg     *config.Config
 	api     http.Handler
-	e2b     http.Handler
+	e2b     *e2b.API
 	events  *events.Handler
 	backend *backend
 	stop    context.CancelFunc
@@ -126,9 +126,9 @@ func (f *Function) Ready(ctx context.Context) (bool, error) {
 // readiness, not liveness, so an outage does not get us restarted.
 func (f *Function) Alive(context.Context) (bool, error) { return true, nil }
 
-// Handle routes one request: CloudEvents to the events door, POST / to the
-// invoke door, /e2b/... to E2B's control plane, everything else to the
-// DeerFlow-compatible HTTP API.
+// Handle routes one request: api.<E2B_DOMAIN> and /e2b/... to E2B's control
+// plane, CloudEvents to the events door, POST / to the invoke door,
+// everything else to the DeerFlow-compatible HTTP API.
 func (f *Function) Handle(w http.ResponseWriter, r *http.Request) {
 	id := reqid.Sanitize(r.Header.Get(reqid.Header))
 	w.Header().Set(reqid.Header, id)
@@ -142,6 +142,9 @@ func (f *Function) Handle(w http.ResponseWriter, r *http.Request) {
 	}
 	r = r.WithContext(reqid.With(r.Context(), f.log, id))
 	switch {
+	case e2b.IsAPIHost(r.Host, f.cfg.Domain):
+		// E2B's own host serves E2B's API alone, at its root.
+		f.e2b.ServeRoot(w, r)
 	case events.IsCloudEvent(r):
 		f.events.ServeHTTP(w, r)
 	case r.Method == http.MethodPost && (r.URL.Path == "/" || r.URL.Path == ""):

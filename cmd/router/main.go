@@ -13,6 +13,9 @@
 //	ROUTER_ADDR          listen address of the router (default :8080);
 //	                     HTTP/1.1 and HTTP/2 without TLS (h2c, prior knowledge)
 //	ROUTER_METRICS_ADDR  /metrics, /healthz, /readyz (default :9090)
+//	E2B_DOMAIN           E2B's addressing: a Host <port>-<sandbox id>.<domain>
+//	                     names the sandbox and port (default: unset, the
+//	                     headers alone); the function's own E2B_DOMAIN
 //
 // RBAC: a Role in POD_NAMESPACE granting get, list and watch on pods and
 // services (apiGroups [""]), bound to the router's ServiceAccount; nothing
@@ -41,6 +44,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/access"
+	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/kube"
 	"github.com/deerflow-sandbox/provisioner/pkg/monitor"
@@ -61,8 +65,8 @@ func main() {
 }
 
 type settings struct {
-	addr, metricsAddr, namespace string
-	key                          access.Key
+	addr, metricsAddr, namespace, domain string
+	key                                  access.Key
 }
 
 func loadSettings(getenv func(string) string) (settings, error) {
@@ -73,6 +77,10 @@ func loadSettings(getenv func(string) string) (settings, error) {
 	}
 	if s.namespace == "" {
 		return s, errors.New("POD_NAMESPACE is required (the namespace whose sandboxes the router serves)")
+	}
+	s.domain = strings.TrimSpace(getenv("E2B_DOMAIN"))
+	if err := config.ValidE2BDomain(s.domain); err != nil {
+		return s, fmt.Errorf("E2B_DOMAIN: %w", err)
 	}
 	path := strings.TrimSpace(getenv("E2B_TOKEN_KEY_FILE"))
 	if path == "" {
@@ -117,7 +125,7 @@ func run(log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	h := router.New(router.Options{Resolver: c.resolver, Key: set.key, Log: log, Metrics: metrics, CacheGrace: router.DefaultCacheGrace})
+	h := router.New(router.Options{Resolver: c.resolver, Key: set.key, Log: log, Metrics: metrics, CacheGrace: router.DefaultCacheGrace, Domain: set.domain})
 
 	msrv := monitor.Start(ctx, set.metricsAddr, reg, ready.Load, "the Pod and Service caches have not synced", log, stop)
 
@@ -126,7 +134,7 @@ func run(log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listening on ROUTER_ADDR %s: %w", set.addr, err)
 	}
-	log.Info("sandbox router listening", "addr", ln.Addr().String(), "metrics_addr", set.metricsAddr, "namespace", set.namespace)
+	log.Info("sandbox router listening", "addr", ln.Addr().String(), "metrics_addr", set.metricsAddr, "namespace", set.namespace, "e2b_domain", set.domain)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -107,6 +108,24 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	http.StripPrefix(Prefix, a.mux).ServeHTTP(w, r)
 }
 
+// ServeRoot serves a request for E2B's own API host, api.<E2B_DOMAIN>
+// (IsAPIHost), where the paths are E2B's without a prefix.
+func (a *API) ServeRoot(w http.ResponseWriter, r *http.Request) {
+	a.mux.ServeHTTP(w, r)
+}
+
+// IsAPIHost reports whether host (a request's Host, with or without its
+// port, in any case) is api.<domain>, E2B's control plane host.
+func IsAPIHost(host, domain string) bool {
+	if domain == "" {
+		return false
+	}
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	return strings.EqualFold(strings.TrimSuffix(host, "."), "api."+domain)
+}
+
 // keyFile is the token key, read from its file when first needed and, while
 // it cannot be, again at most once a second: the Secret is optional in the
 // function's manifest, so an operator may create it after the function
@@ -189,9 +208,19 @@ func (a *API) route(pattern, operation string, h handler) {
 		start := a.now()
 		code, principal := a.serve(w, r, operation, h)
 		a.metrics.ObserveRequest(operation, "e2b", code, time.Since(start))
-		reqid.Logger(r.Context()).Info("request", "operation", operation, "method", r.Method, "path", Prefix+r.URL.Path,
+		reqid.Logger(r.Context()).Info("request", "operation", operation, "method", r.Method, "path", sentPath(r),
 			"principal", principal, "status", code, "duration_ms", time.Since(start).Milliseconds())
 	})
+}
+
+// sentPath is the path the client sent (under Prefix, or at the root of
+// api.<E2B_DOMAIN>), for the log.
+func sentPath(r *http.Request) string {
+	if r.RequestURI == "" {
+		return r.URL.Path
+	}
+	p, _, _ := strings.Cut(r.RequestURI, "?")
+	return p
 }
 
 func (a *API) serve(w http.ResponseWriter, r *http.Request, operation string, h handler) (int, string) {
@@ -452,14 +481,24 @@ func (a *API) tokenSandbox(principal, id, createdAt string) access.Sandbox {
 
 func (a *API) sandbox(sb api.Sandbox, tok access.Sandbox) Sandbox {
 	return Sandbox{TemplateID: sb.Template, SandboxID: sb.ID, ClientID: clientID, EnvdVersion: a.envdVersion,
-		EnvdAccessToken: a.key().Token(access.Envd, tok), TrafficAccessToken: a.key().Token(access.Traffic, tok)}
+		EnvdAccessToken: a.key().Token(access.Envd, tok), TrafficAccessToken: a.key().Token(access.Traffic, tok), Domain: a.domain()}
+}
+
+// domain is what the answers carry as the sandbox's domain: E2B_DOMAIN, or
+// null without it (the SDK then keeps its own).
+func (a *API) domain() *string {
+	if a.cfg.Domain == "" {
+		return nil
+	}
+	d := a.cfg.Domain
+	return &d
 }
 
 // detail is sb as E2B's get and list show it; withToken adds the envd
 // token (get does, as E2B's does; list does not).
 func (a *API) detail(sb api.Sandbox, withToken bool) Detail {
 	d := Detail{TemplateID: orDefault(sb.Template), SandboxID: sb.ID, ClientID: clientID, StartedAt: sb.CreatedAt, EndAt: sb.ExpiresAt,
-		Metadata: sb.Metadata, State: "running"}
+		Metadata: sb.Metadata, State: "running", Domain: a.domain()}
 	if d.Metadata == nil {
 		d.Metadata = map[string]string{}
 	}

@@ -498,3 +498,53 @@ func TestTheKeyAsAValue(t *testing.T) {
 		})
 	}
 }
+
+// TestIsAPIHost: E2B's control plane host is api.<E2B_DOMAIN>, in any
+// case, with or without a port or the root's dot; nothing is without a
+// domain.
+func TestIsAPIHost(t *testing.T) {
+	for _, tc := range []struct {
+		host, domain string
+		want         bool
+	}{
+		{"api.sandboxes.example.com", "sandboxes.example.com", true},
+		{"API.Sandboxes.Example.com:443", "sandboxes.example.com", true},
+		{"api.sandboxes.example.com.", "sandboxes.example.com", true},
+		{"49983-abc.sandboxes.example.com", "sandboxes.example.com", false},
+		{"api.sandboxes.example.com.evil.test", "sandboxes.example.com", false},
+		{"xapi.sandboxes.example.com", "sandboxes.example.com", false},
+		{"api.sandboxes.example.com", "", false},
+		{"127.0.0.1:8080", "sandboxes.example.com", false},
+	} {
+		if got := IsAPIHost(tc.host, tc.domain); got != tc.want {
+			t.Errorf("IsAPIHost(%q, %q) = %v, want %v", tc.host, tc.domain, got, tc.want)
+		}
+	}
+}
+
+// TestAnswersCarryTheDomain: with E2B_DOMAIN set, create, connect and get
+// answer it as the sandbox's domain (the SDK builds <port>-<id>.<domain>
+// from it); without, null, as before.
+func TestAnswersCarryTheDomain(t *testing.T) {
+	for _, domain := range []string{"", "sandboxes.example.com"} {
+		t.Run("domain "+domain, func(t *testing.T) {
+			t.Setenv("E2B_DOMAIN", domain)
+			a, _, _ := newTestAPI(t, true)
+			var want any
+			if domain != "" {
+				want = domain
+			}
+			created := call(t, a, "POST", "/sandboxes", aliceKey, `{"templateID":"base"}`)
+			if created.code != http.StatusCreated || created.body["domain"] != want {
+				t.Fatalf("create = %d, domain %v; want 201 and %v", created.code, created.body["domain"], want)
+			}
+			id, _ := created.body["sandboxID"].(string)
+			for _, c := range []struct{ method, path string }{{"POST", "/sandboxes/" + id + "/connect"}, {"GET", "/sandboxes/" + id}} {
+				got := call(t, a, c.method, c.path, aliceKey, `{"timeout":60}`)
+				if got.code >= 300 || got.body["domain"] != want {
+					t.Errorf("%s %s = %d, domain %v; want %v", c.method, c.path, got.code, got.body["domain"], want)
+				}
+			}
+		})
+	}
+}

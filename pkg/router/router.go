@@ -1,6 +1,7 @@
 // Package router is the sandbox router of E2B's data plane (docs/e2b.md):
 // one address for every sandbox (E2B_SANDBOX_URL), which E2B's SDK names a
-// sandbox and port to in the E2b-Sandbox-Id and E2b-Sandbox-Port headers.
+// sandbox and port to in the E2b-Sandbox-Id and E2b-Sandbox-Port headers,
+// or E2B's own addressing, <port>-<sandbox id>.<E2B_DOMAIN> in the Host.
 // The router finds the sandbox's Pod in an informer's cache (Cache), checks
 // the sandbox's token for that port (pkg/access) and forwards the request to
 // the Pod's IP, streaming both ways.
@@ -26,8 +27,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/access"
 	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
@@ -63,6 +62,10 @@ type Options struct {
 	Key     access.Key
 	Log     *slog.Logger
 	Metrics *Metrics
+	// Domain is E2B_DOMAIN: a request whose Host is
+	// <port>-<sandbox id>.<Domain> is for that sandbox and port, whatever
+	// its headers say ("": the headers alone name it).
+	Domain string
 	// DialTimeout bounds the connection to the sandbox (DefaultDialTimeout).
 	DialTimeout time.Duration
 	// Dial replaces the dialer (tests); it must honour ctx.
@@ -271,11 +274,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	status, msg, detail := h.admit(r, rt)
 	if status != 0 {
 		lvl := slog.LevelInfo
-		if status >= 500 {
+		if status >= 500 && msg != SandboxNotFound {
 			lvl = slog.LevelWarn
 		}
 		log.Log(r.Context(), lvl, "refused", "sandbox", rt.id, "port", rt.port, "status", status, "reason", detail)
-		writeError(rec, status, msg)
+		if msg == SandboxNotFound {
+			writeBody(rec, status, errorBody{Code: status, Message: msg, SandboxID: rt.id})
+		} else {
+			writeError(rec, status, msg)
+		}
 		return
 	}
 	if rt.kind == KindEnvd {
@@ -299,25 +306,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // admit decides a request: 0 to forward it, or the status and message to
 // answer with (and a detail for the log).
 func (h *Handler) admit(r *http.Request, rt *route) (int, string, string) {
-	id, err := single(r.Header, HeaderSandboxID)
+	id, port, err := target(r, h.opts.Domain)
 	if err != nil {
 		return http.StatusBadRequest, err.Error(), err.Error()
 	}
-	if errs := validation.IsValidLabelValue(id); len(errs) > 0 {
-		msg := fmt.Sprintf("header %s: %q is no sandbox id", HeaderSandboxID, clip(id))
-		return http.StatusBadRequest, msg, msg
-	}
-	rt.id = id
-	ps, err := single(r.Header, HeaderSandboxPort)
-	if err != nil {
-		return http.StatusBadRequest, err.Error(), err.Error()
-	}
-	port, perr := strconv.ParseUint(ps, 10, 16)
-	if perr != nil || port == 0 {
-		msg := fmt.Sprintf("header %s: %q is no port (1 to 65535)", HeaderSandboxPort, clip(ps))
-		return http.StatusBadRequest, msg, msg
-	}
-	rt.port, rt.kind = int(port), KindTraffic
+	rt.id, rt.port, rt.kind = id, port, KindTraffic
 	kind, header := access.Traffic, HeaderTrafficToken
 	if port == EnvdPort {
 		rt.kind, kind, header = KindEnvd, access.Envd, HeaderAccessToken
@@ -325,7 +318,9 @@ func (h *Handler) admit(r *http.Request, rt *route) (int, string, string) {
 	t, err := h.resolve(r.Context(), id)
 	switch {
 	case errors.Is(err, ErrNotFound):
-		return http.StatusNotFound, fmt.Sprintf("sandbox %s not found", id), err.Error()
+		// E2B's answer for a sandbox gone or never made, on every port:
+		// its SDK reads a 502 from the agent as the sandbox having ended.
+		return http.StatusBadGateway, SandboxNotFound, err.Error()
 	case errors.Is(err, ErrNotRunning):
 		return http.StatusBadGateway, fmt.Sprintf("sandbox %s is not running", id), err.Error()
 	case err != nil:
@@ -333,7 +328,16 @@ func (h *Handler) admit(r *http.Request, rt *route) (int, string, string) {
 	}
 	rt.target = t
 	// The token before the port: a caller without it learns nothing of the
-	// sandbox's ports.
+	// sandbox's ports. A signed file URL carries no token: its signature,
+	// checked here, stands for the envd token, which the agent is then
+	// handed.
+	if kind == access.Envd && signed(r) && t.Sandbox.Principal != "" && t.Sandbox.CreatedAt != "" {
+		token, err := signedToken(r, h.opts.Key, t.Sandbox, time.Now())
+		if err != nil {
+			return http.StatusUnauthorized, err.Error(), err.Error()
+		}
+		r.Header.Set(HeaderAccessToken, token)
+	}
 	got, err := single(r.Header, header)
 	switch {
 	case err != nil:
@@ -436,14 +440,23 @@ func clip(s string) string {
 	return s
 }
 
+// SandboxNotFound is E2B's message for a sandbox that is not there (gone,
+// or never made), which clients such as DeerFlow's E2B provider match.
+const SandboxNotFound = "The sandbox was not found"
+
 // errorBody is E2B's error shape: its SDK reads message.
 type errorBody struct {
-	Code    int    `json:"code"`
-	Message string `json:"message"`
+	Code      int    `json:"code"`
+	Message   string `json:"message"`
+	SandboxID string `json:"sandboxId,omitempty"`
 }
 
 func writeError(w http.ResponseWriter, code int, msg string) {
-	b, _ := json.Marshal(errorBody{Code: code, Message: msg})
+	writeBody(w, code, errorBody{Code: code, Message: msg})
+}
+
+func writeBody(w http.ResponseWriter, code int, body errorBody) {
+	b, _ := json.Marshal(body)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
 	w.WriteHeader(code)

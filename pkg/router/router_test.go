@@ -256,7 +256,7 @@ func TestRefusals(t *testing.T) {
 		{"a port too large", with(envd("abc"), HeaderSandboxPort, "65536"), 400, `header E2b-Sandbox-Port: "65536" is no port (1 to 65535)`, KindNone, false},
 		{"an id that is no label value", with(envd("abc"), HeaderSandboxID, "../etc"), 400, `header E2b-Sandbox-Id: "../etc" is no sandbox id`, KindNone, false},
 		{"two ids", with(envd("abc"), HeaderSandboxID, "abc, bare"), 400, "header E2b-Sandbox-Id has more than one value", KindNone, false},
-		{"an unknown sandbox", envd("nope"), 404, "sandbox nope not found", KindEnvd, false},
+		{"an unknown sandbox (E2B's answer, on every port)", envd("nope"), 502, SandboxNotFound, KindEnvd, false},
 		{"a sandbox not running", envd("sleep"), 502, "sandbox sleep is not running", KindEnvd, false},
 		{"a cache that fails", envd("flaky"), 502, "sandbox flaky cannot be resolved now", KindEnvd, false},
 		{"no envd token", with(envd("abc"), HeaderAccessToken, ""), 401, "sandbox abc port 49983 needs its token in X-Access-Token", KindEnvd, false},
@@ -283,6 +283,9 @@ func TestRefusals(t *testing.T) {
 				t.Fatalf("body: %v", err)
 			}
 			want := map[string]any{"code": float64(r.code), "message": r.msg}
+			if r.msg == SandboxNotFound {
+				want["sandboxId"] = r.hdr[HeaderSandboxID]
+			}
 			if d := cmp.Diff(want, body); resp.StatusCode != r.code || d != "" {
 				t.Errorf("answer %d (-want +got):\n%s", resp.StatusCode, d)
 			}
@@ -633,8 +636,8 @@ func TestWaitsForCachesBehindACreate(t *testing.T) {
 	}{
 		{"not there yet, then there", 4, ErrNotFound, time.Second, http.StatusNoContent},
 		{"not running yet, then running", 4, ErrNotRunning, time.Second, http.StatusNoContent},
-		{"never there within the grace", 1 << 30, ErrNotFound, 100 * time.Millisecond, http.StatusNotFound},
-		{"no grace", 4, ErrNotFound, 0, http.StatusNotFound},
+		{"never there within the grace", 1 << 30, ErrNotFound, 100 * time.Millisecond, http.StatusBadGateway},
+		{"no grace", 4, ErrNotFound, 0, http.StatusBadGateway},
 		{"a broken cache is not waited on", 4, errors.New("the cache broke"), time.Second, http.StatusBadGateway},
 	} {
 		t.Run(c.name, func(t *testing.T) {

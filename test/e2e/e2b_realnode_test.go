@@ -5,14 +5,18 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -59,6 +63,7 @@ func startE2B(t *testing.T) *e2bStack {
 		"PROVISIONER_ADMINS": "default",
 		"SANDBOX_ENVD_IMAGE": realnode.EnvdImage,
 		"E2B_TOKEN_KEY_FILE": keyFile,
+		"E2B_DOMAIN":         realnode.E2BDomain,
 	})
 	// The router's sandbox policy is built from the configuration of this
 	// test's namespace.
@@ -283,7 +288,7 @@ func TestE2BRouterRefusesAndIsolates(t *testing.T) {
 	}{
 		{"the agent with its token", aID, "49983", aTok, 204, ""},
 		{"no sandbox named", "", "49983", aTok, 400, "E2b-Sandbox-Id"},
-		{"an unknown sandbox", "nosuchsandbox0000000", "49983", aTok, 404, "not found"},
+		{"an unknown sandbox: E2B's 502", "nosuchsandbox0000000", "49983", aTok, 502, `"message":"The sandbox was not found","sandboxId":"nosuchsandbox0000000"`},
 		{"a port not exposed (with the traffic token)", aID, "2222", aTraffic, 404, "2222"},
 		{"a port not exposed, without the traffic token", aID, "2222", "", 401, ""},
 		{"the container's port with the envd token", aID, "8080", aTok, 401, ""},
@@ -298,6 +303,76 @@ func TestE2BRouterRefusesAndIsolates(t *testing.T) {
 	}
 	if code, _ := route(aID, "49983", aTok); code != 204 {
 		t.Errorf("after the refusals the router answers %d; want it still up (204)", code)
+	}
+
+	// E2B's own addressing: the Host names the sandbox and port, with no
+	// header, as the SDK sends when E2B_DOMAIN alone is set (here on a
+	// request to the router's address, as a wildcard ingress passes it).
+	byHost := func(host, path string, hdr map[string]string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", s.router.URL+path, nil)
+		req.Host = host
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := freshClient(15 * time.Second).Do(req)
+		if err != nil {
+			t.Fatalf("the router: %v", err)
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(raw)
+	}
+	signedURL := func(path string, exp int64, token string) string {
+		raw := path + ":read::" + token
+		q := url.Values{"path": {path}}
+		if exp != 0 {
+			raw += ":" + strconv.FormatInt(exp, 10)
+			q.Set("signature_expiration", strconv.FormatInt(exp, 10))
+		}
+		sum := sha256.Sum256([]byte(raw))
+		q.Set("signature", "v1_"+strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "="))
+		return "/files?" + q.Encode()
+	}
+	bTok := b["envdAccessToken"].(string)
+	aHost, bHost := "49983-"+aID+"."+realnode.E2BDomain, "49983-"+bID+"."+realnode.E2BDomain
+	for _, c := range []struct {
+		name, host, path string
+		hdr              map[string]string
+		code             int
+		says             string
+	}{
+		{"the agent by host with its token", aHost, "/health", map[string]string{"X-Access-Token": aTok}, 204, ""},
+		{"by host, without its token", aHost, "/health", nil, 401, "X-Access-Token"},
+		{"another sandbox by host with a's token", bHost, "/health", map[string]string{"X-Access-Token": aTok}, 401, ""},
+		{"a host that names no sandbox", "nosuch." + realnode.E2BDomain, "/health", nil, 400, "names no sandbox"},
+		{"a gone sandbox by host", "49983-nosuchsandbox0000000." + realnode.E2BDomain, "/health", nil, 502, "The sandbox was not found"},
+		{"a signed download, with neither header nor token", aHost, signedURL("/etc/hostname", 0, aTok), nil, 200, ""},
+		{"a signed download before its expiry", aHost, signedURL("/etc/hostname", time.Now().Add(time.Hour).Unix(), aTok), nil, 200, ""},
+		{"a signed download past its expiry", aHost, signedURL("/etc/hostname", time.Now().Add(-time.Minute).Unix(), aTok), nil, 401, "expired"},
+		{"b's signature at a's host", aHost, signedURL("/etc/hostname", 0, bTok), nil, 401, "invalid signature"},
+	} {
+		code, body := byHost(c.host, c.path, c.hdr)
+		if code != c.code || !strings.Contains(body, c.says) {
+			t.Errorf("%s: %d %q; want %d saying %q", c.name, code, body, c.code, c.says)
+		}
+	}
+
+	// The control plane at api.<domain>, on its root path.
+	req, _ := http.NewRequest("GET", s.fn.URL+"/sandboxes", nil)
+	req.Host = "api." + realnode.E2BDomain
+	req.Header.Set("X-API-Key", aliceKey)
+	resp, err := freshClient(15 * time.Second).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(raw), aID) {
+		t.Errorf("GET /sandboxes at api.%s: %d %s; want 200 listing %s", realnode.E2BDomain, resp.StatusCode, raw, aID)
+	}
+	if d, _ := a["domain"].(string); d != realnode.E2BDomain {
+		t.Errorf("the create answered domain %v, want %s", a["domain"], realnode.E2BDomain)
 	}
 
 	// From inside sandbox a: the router's Service and Pods, and b's agent.

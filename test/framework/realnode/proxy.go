@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -66,8 +67,14 @@ func DeployRouter(ctx context.Context, client kubernetes.Interface, manifest, ns
 	} else if err != nil {
 		return fmt.Errorf("the router's key: %w", err)
 	}
-	return deploy(ctx, client, manifest, ns, RouterName, RouterImage)
+	return deploy(ctx, client, manifest, ns, RouterName, RouterImage, corev1.EnvVar{Name: "E2B_DOMAIN", Value: E2BDomain})
 }
+
+// E2BDomain is the E2B_DOMAIN the tests give the router and the function:
+// under .test (RFC 2606), which no resolver answers, so the tests reach
+// <port>-<id>.<domain> by setting the Host on a request to the router's
+// own address, as an ingress with a wildcard rule would pass it on.
+const E2BDomain = "e2b.sandbox.test"
 
 // deploy applies a component's manifest into ns, its Deployment on the real
 // node with image and env added, and waits until its replicas are Ready.
@@ -126,7 +133,14 @@ func onTheRealNode(o *unstructured.Unstructured, image string, env []corev1.EnvV
 	}
 	c := &spec.Containers[0]
 	c.Image, c.ImagePullPolicy = image, corev1.PullNever
-	c.Env = append(c.Env, env...)
+	for _, e := range env {
+		// A variable the manifest names takes the test's value.
+		if i := slices.IndexFunc(c.Env, func(v corev1.EnvVar) bool { return v.Name == e.Name }); i >= 0 {
+			c.Env[i] = e
+		} else {
+			c.Env = append(c.Env, e)
+		}
+	}
 	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&d)
 	if err != nil {
 		return err
