@@ -653,7 +653,9 @@ func (a *API) connect(w http.ResponseWriter, r *http.Request) int {
 		}
 		status = http.StatusCreated
 	}
-	if body.Timeout != nil && *body.Timeout > 0 {
+	// A resumed sandbox's end is the connect's timeout from now, as E2B's
+	// resume sets it; a running one's only moves later.
+	if body.Timeout != nil && *body.Timeout > 0 && (status == http.StatusCreated || a.extends(sb, time.Duration(*body.Timeout)*time.Second)) {
 		if _, err := a.ops.SetTimeout(ctx, id, time.Duration(*body.Timeout)*time.Second); err != nil {
 			return fail(w, err)
 		}
@@ -665,6 +667,16 @@ func (a *API) connect(w http.ResponseWriter, r *http.Request) int {
 	}
 	problem.WriteJSON(w, status, a.sandbox(sb, a.tokenSandbox(sb.Principal, sb.ID, sb.CreatedAt)))
 	return status
+}
+
+// extends reports whether a connect's timeout d moves sb's end later: a
+// connect never shortens a sandbox's life, as E2B's does not (DeerFlow's
+// E2B provider connects every minute with the SDK's default 300 s, which
+// would otherwise cut a sandbox created for an hour). An end that cannot
+// be read is moved.
+func (a *API) extends(sb api.Sandbox, d time.Duration) bool {
+	end, err := time.Parse(time.RFC3339, sb.ExpiresAt)
+	return err != nil || a.now().Add(d).After(end)
 }
 
 // sandboxMetrics answers E2B's metrics of a sandbox: none are collected

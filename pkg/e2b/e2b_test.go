@@ -380,6 +380,15 @@ func TestPauseAndConnect(t *testing.T) {
 	if got := call(t, a, "POST", "/v2/sandboxes/"+id+"/connect", aliceKey, `{"timeout":30}`); got.code != 200 {
 		t.Errorf("connect to a running sandbox = %d %v; want 200", got.code, got.body)
 	}
+	// A connect never shortens a running sandbox's end (the SDK's default
+	// 300 s, sent every minute by DeerFlow's E2B provider, against the
+	// template's hour): only a later end is set.
+	if slices.Contains(ops.calls, "timeout 30s") {
+		t.Errorf("a connect shortened a running sandbox's end: %v", ops.calls)
+	}
+	if got := call(t, a, "POST", "/v2/sandboxes/"+id+"/connect", aliceKey, `{"timeout":86400}`); got.code != 200 || !slices.Contains(ops.calls, "timeout 24h0m0s") {
+		t.Errorf("connect with a later end = %d, calls %v; want 200 and the end moved", got.code, ops.calls)
+	}
 	if got := call(t, a, "POST", "/sandboxes/"+id+"/pause", aliceKey, ""); got.code != 204 {
 		t.Errorf("pause = %d %v; want 204", got.code, got.body)
 	}
