@@ -10,9 +10,14 @@
 // the SHA-256 (ENVD_ACCESS_TOKEN_SHA256, pkg/access): with none configured,
 // it refuses every call.
 //
+// Pseudo-terminals (sandbox.pty) are real terminals (github.com/creack/pty):
+// a size, typed input, resize, reattach and kill, the output streamed as pty
+// data.
+//
 // What it does not do (and Version is chosen so that the SDK does not ask):
-// pseudo-terminals (sandbox.pty answers Unimplemented), file metadata
+// file metadata
 // (envd 0.6.2), entries in watch events and watches of network mounts
-// (0.6.3, 0.6.4), and signed /files URLs (downloadUrl, uploadUrl), whose
-// signature needs the token itself.
+// (0.6.3, 0.6.4), and the check of signed /files URLs (downloadUrl,
+// uploadUrl), whose signature needs the token itself: the router checks it
+// and hands the agent the token.
 package envd

@@ -96,8 +96,8 @@ func TestStartRefuses(t *testing.T) {
 		{"no such cwd", &pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-c", "true"}, Cwd: new("/nonexistent")}},
 			connect.CodeNotFound, "/nonexistent"},
 		{"no cmd", &pb.StartRequest{Process: &pb.ProcessConfig{}}, connect.CodeInvalidArgument, "no cmd"},
-		{"pty", &pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/bin/bash"}, Pty: &pb.PTY{Size: &pb.PTY_Size{Cols: 80, Rows: 24}}},
-			connect.CodeUnimplemented, "pseudo-terminals"},
+		{"no bash, on a terminal", &pb.StartRequest{Process: &pb.ProcessConfig{Cmd: "/nonexistent/bin/bash"}, Pty: &pb.PTY{Size: &pb.PTY_Size{Cols: 80, Rows: 24}}},
+			connect.CodeFailedPrecondition, "needs /bin/bash"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

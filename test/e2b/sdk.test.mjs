@@ -290,6 +290,45 @@ describe('the e2b SDK drives our sandboxes', { concurrency: false }, () => {
     })
   })
 
+  it('pty: create with a size, type, resize, reattach, exit', { timeout: 60_000 }, async () => {
+    const decoder = new TextDecoder()
+    let first = ''
+    const term = await sbx.pty.create({
+      cols: 80,
+      rows: 24,
+      envs: { PTY_TEST: 'on-the-terminal' },
+      onData: (d) => {
+        first += decoder.decode(d)
+      },
+      requestTimeoutMs: 30_000,
+    })
+    const until = async (what, cond) => {
+      const deadline = Date.now() + 20_000
+      while (!cond()) {
+        assert.ok(Date.now() < deadline, `timed out waiting for ${what}; the terminal showed ${JSON.stringify(first + second)}`)
+        await sleep(50)
+      }
+    }
+    let second = ''
+    await sbx.pty.sendInput(term.pid, new TextEncoder().encode('echo "v=$PTY_TEST"; stty size\n'))
+    await until('the env and the size', () => first.includes('v=on-the-terminal') && first.includes('24 80'))
+    await sbx.pty.resize(term.pid, { cols: 120, rows: 40 })
+    await sbx.pty.sendInput(term.pid, new TextEncoder().encode('stty size\n'))
+    await until('the new size', () => first.includes('40 120'))
+    await term.disconnect()
+    const again = await sbx.pty.connect(term.pid, {
+      onData: (d) => {
+        second += decoder.decode(d)
+      },
+    })
+    assert.equal(again.pid, term.pid)
+    await sbx.pty.sendInput(term.pid, new TextEncoder().encode('echo "again=$PTY_TEST"; exit 0\n'))
+    const r = await withTimeout(again.wait(), 20_000, 'the terminal to end')
+    assert.equal(r.exitCode, 0)
+    assert.ok(second.includes('again=on-the-terminal'), `the reattached handle got ${JSON.stringify(second)}`)
+    assert.equal(await sbx.pty.kill(term.pid), false, 'a terminal that ended is not there to kill')
+  })
+
   it('setTimeout moves the end both ways', { timeout: 60_000 }, async () => {
     await sbx.setTimeout(20 * 60_000)
     let info = await Sandbox.getInfo(sbx.sandboxId)

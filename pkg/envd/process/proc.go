@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/creack/pty"
 
 	pb "github.com/deerflow-sandbox/provisioner/pkg/envd/gen/process"
 )
@@ -47,6 +48,10 @@ type proc struct {
 	cmd    *exec.Cmd
 	stdout *os.File
 	stderr *os.File
+	// tty is the pseudo-terminal's controlling side when the process was
+	// started with one (sandbox.pty): its output is read from it, its
+	// input written to it, and stdout and stderr are nil.
+	tty *os.File
 
 	stdinMu sync.Mutex
 	stdin   io.WriteCloser // nil: started without stdin, or closed
@@ -133,15 +138,25 @@ func (p *proc) run() {
 			}
 		}
 	}
-	readers.Add(2)
-	go read(p.stdout, func(b []byte) *pb.ProcessEvent_DataEvent {
-		return &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stdout{Stdout: b}}
-	})
-	go read(p.stderr, func(b []byte) *pb.ProcessEvent_DataEvent {
-		return &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stderr{Stderr: b}}
-	})
-	// Stdout and stderr are *os.File, so Wait does not wait for them: it
-	// returns when the process exits.
+	files := []*os.File{p.stdout, p.stderr}
+	if p.tty != nil {
+		files = []*os.File{p.tty}
+		readers.Add(1)
+		go read(p.tty, func(b []byte) *pb.ProcessEvent_DataEvent {
+			return &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Pty{Pty: b}}
+		})
+	} else {
+		readers.Add(2)
+		go read(p.stdout, func(b []byte) *pb.ProcessEvent_DataEvent {
+			return &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stdout{Stdout: b}}
+		})
+		go read(p.stderr, func(b []byte) *pb.ProcessEvent_DataEvent {
+			return &pb.ProcessEvent_DataEvent{Output: &pb.ProcessEvent_DataEvent_Stderr{Stderr: b}}
+		})
+	}
+	// The output files are *os.File, so Wait does not wait for them: it
+	// returns when the process exits. A terminal's reader sees EIO once no
+	// process holds the terminal any more.
 	waitErr := p.cmd.Wait()
 	drained := make(chan struct{})
 	go func() { readers.Wait(); close(drained) }()
@@ -149,12 +164,22 @@ func (p *proc) run() {
 	case <-drained:
 	case <-time.After(outputGrace):
 		now := time.Now()
-		_ = p.stdout.SetReadDeadline(now)
-		_ = p.stderr.SetReadDeadline(now)
-		<-drained
+		for _, f := range files {
+			_ = f.SetReadDeadline(now)
+		}
+		select {
+		case <-drained:
+		case <-time.After(outputGrace):
+			// A file that takes no deadline: closing it ends its read.
+			for _, f := range files {
+				_ = f.Close()
+			}
+			<-drained
+		}
 	}
-	p.stdout.Close()
-	p.stderr.Close()
+	for _, f := range files {
+		_ = f.Close()
+	}
 
 	end := &pb.ProcessEvent_EndEvent{}
 	if ps := p.cmd.ProcessState; ps != nil {
@@ -207,9 +232,50 @@ func (p *proc) input(in *pb.ProcessInput) error {
 		}
 		return nil
 	case *pb.ProcessInput_Pty:
-		return connect.NewError(connect.CodeUnimplemented, errors.New("pseudo-terminals (sandbox.pty) are not supported by this agent; send stdin instead"))
+		p.stdinMu.Lock()
+		defer p.stdinMu.Unlock()
+		if p.tty == nil {
+			return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d has no pseudo-terminal: it was started without one (send stdin instead)", p.pid))
+		}
+		if _, err := p.tty.Write(v.Pty); err != nil {
+			if errors.Is(err, os.ErrClosed) || errors.Is(err, syscall.EIO) {
+				return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d's terminal is closed: %w", p.pid, err))
+			}
+			return connect.NewError(connect.CodeInternal, fmt.Errorf("writing to process %d's terminal: %w", p.pid, err))
+		}
+		return nil
 	}
 	return connect.NewError(connect.CodeInvalidArgument, errors.New("the input carries neither stdin nor pty data"))
+}
+
+// resize sets the terminal's size (sandbox.pty.resize): the process gets
+// SIGWINCH from the kernel.
+func (p *proc) resize(size *pb.PTY_Size) error {
+	if p.tty == nil {
+		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d has no pseudo-terminal to resize: it was started without one", p.pid))
+	}
+	ws, err := winsize(size)
+	if err != nil {
+		return err
+	}
+	p.stdinMu.Lock()
+	defer p.stdinMu.Unlock()
+	if err := pty.Setsize(p.tty, ws); err != nil {
+		return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("resizing process %d's terminal: %w", p.pid, err))
+	}
+	return nil
+}
+
+// maxTermSide bounds a terminal's columns and rows: more is no screen.
+const maxTermSide = 10000
+
+// winsize is a request's terminal size, 1 to maxTermSide columns and rows.
+func winsize(size *pb.PTY_Size) (*pty.Winsize, error) {
+	c, r := size.GetCols(), size.GetRows()
+	if c == 0 || r == 0 || c > maxTermSide || r > maxTermSide {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("a terminal of %d columns and %d rows: each must be 1 to %d", c, r, maxTermSide))
+	}
+	return &pty.Winsize{Cols: uint16(c), Rows: uint16(r)}, nil
 }
 
 func (p *proc) closeStdin() error {

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/creack/pty"
 
 	pb "github.com/deerflow-sandbox/provisioner/pkg/envd/gen/process"
 	"github.com/deerflow-sandbox/provisioner/pkg/envd/gen/process/processconnect"
@@ -53,9 +54,6 @@ func New(log *slog.Logger) *Service {
 // request deadline (the SDK's timeoutMs) is the process's too: when it
 // passes, the process is killed, as E2B's envd does.
 func (s *Service) Start(ctx context.Context, req *connect.Request[pb.StartRequest], stream *connect.ServerStream[pb.StartResponse]) error {
-	if req.Msg.Pty != nil {
-		return connect.NewError(connect.CodeUnimplemented, errors.New("pseudo-terminals (sandbox.pty) are not supported by this agent; run commands without a pty (sandbox.commands)"))
-	}
 	cfg := req.Msg.GetProcess()
 	if cfg.GetCmd() == "" {
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("the process has no cmd"))
@@ -75,7 +73,7 @@ func (s *Service) Start(ctx context.Context, req *connect.Request[pb.StartReques
 		}
 	}
 
-	p, err := start(cfg, cwd, req.Msg.GetStdin())
+	p, err := start(cfg, cwd, req.Msg.GetStdin(), req.Msg.Pty)
 	if err != nil {
 		return err
 	}
@@ -85,7 +83,7 @@ func (s *Service) Start(ctx context.Context, req *connect.Request[pb.StartReques
 	s.mu.Lock()
 	s.procs[p.pid] = p
 	s.mu.Unlock()
-	s.log.Info("process started", "pid", p.pid, "cmd", cfg.GetCmd(), "args", len(cfg.GetArgs()), "stdin", req.Msg.GetStdin())
+	s.log.Info("process started", "pid", p.pid, "cmd", cfg.GetCmd(), "args", len(cfg.GetArgs()), "stdin", req.Msg.GetStdin(), "pty", p.tty != nil)
 	if d, ok := ctx.Deadline(); ok {
 		t := time.AfterFunc(time.Until(d), func() {
 			if p.signal(syscall.SIGKILL) == nil {
@@ -217,9 +215,19 @@ func (s *Service) CloseStdin(_ context.Context, req *connect.Request[pb.CloseStd
 	return connect.NewResponse(&pb.CloseStdinResponse{}), nil
 }
 
-// Update resizes a process's pseudo-terminal, which this agent has none of.
-func (s *Service) Update(context.Context, *connect.Request[pb.UpdateRequest]) (*connect.Response[pb.UpdateResponse], error) {
-	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("pseudo-terminals (sandbox.pty) are not supported by this agent, so there is none to resize"))
+// Update resizes a process's pseudo-terminal (sandbox.pty.resize).
+func (s *Service) Update(_ context.Context, req *connect.Request[pb.UpdateRequest]) (*connect.Response[pb.UpdateResponse], error) {
+	p, err := s.find(req.Msg.GetProcess())
+	if err != nil {
+		return nil, err
+	}
+	if req.Msg.Pty == nil {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("the update names no terminal size (pty.size)"))
+	}
+	if err := p.resize(req.Msg.Pty.GetSize()); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&pb.UpdateResponse{}), nil
 }
 
 // find resolves a selector (a pid or a tag) to a running process.
@@ -245,8 +253,9 @@ func (s *Service) find(sel *pb.ProcessSelector) (*proc, error) {
 
 // start starts cfg's command in its own process group, with stdout and
 // stderr on pipes the agent reads, and stdin on a pipe if asked for (else
-// /dev/null).
-func start(cfg *pb.ProcessConfig, cwd string, stdin bool) (*proc, error) {
+// /dev/null); or, with term (sandbox.pty), on a pseudo-terminal of that
+// size, in a session of its own whose controlling terminal it is.
+func start(cfg *pb.ProcessConfig, cwd string, stdin bool, term *pb.PTY) (*proc, error) {
 	cmd := exec.Command(cfg.GetCmd(), cfg.GetArgs()...)
 	cmd.Dir = cwd
 	// The agent's environment (the container's), then the request's: the
@@ -259,6 +268,9 @@ func start(cfg *pb.ProcessConfig, cwd string, stdin bool) (*proc, error) {
 	sort.Strings(keys)
 	for _, k := range keys {
 		cmd.Env = append(cmd.Env, k+"="+cfg.GetEnvs()[k])
+	}
+	if term != nil {
+		return startTerminal(cmd, cfg, term)
 	}
 	// Its own group, so a signal reaches what the command started too
 	// (bash -c 'a | b', a background job).
@@ -294,17 +306,40 @@ func start(cfg *pb.ProcessConfig, cwd string, stdin bool) (*proc, error) {
 		errR.Close()
 		return nil, startError(cfg.GetCmd(), err)
 	}
+	return newProc(cmd, cfg, outR, errR, nil, in), nil
+}
+
+// startTerminal starts cmd on a new pseudo-terminal of term's size. The
+// new session makes the process its group's leader too, so a signal to
+// the group reaches what it started, as without a terminal.
+func startTerminal(cmd *exec.Cmd, cfg *pb.ProcessConfig, term *pb.PTY) (*proc, error) {
+	ws, err := winsize(term.GetSize())
+	if err != nil {
+		return nil, err
+	}
+	tty, err := pty.StartWithAttrs(cmd, ws, &syscall.SysProcAttr{Setsid: true, Setctty: true})
+	if err != nil {
+		if cmd.Process == nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, exec.ErrNotFound) && !errors.Is(err, fs.ErrPermission) {
+			return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("opening a pseudo-terminal: %w", err))
+		}
+		return nil, startError(cfg.GetCmd(), err)
+	}
+	return newProc(cmd, cfg, nil, nil, tty, nil), nil
+}
+
+func newProc(cmd *exec.Cmd, cfg *pb.ProcessConfig, stdout, stderr, tty *os.File, stdin io.WriteCloser) *proc {
 	pid := uint32(cmd.Process.Pid)
 	return &proc{
 		pid:    pid,
 		info:   &pb.ProcessInfo{Pid: pid, Config: cfg},
 		cmd:    cmd,
-		stdout: outR,
-		stderr: errR,
-		stdin:  in,
+		stdout: stdout,
+		stderr: stderr,
+		tty:    tty,
+		stdin:  stdin,
 		subs:   map[*subscriber]struct{}{},
 		ended:  make(chan struct{}),
-	}, nil
+	}
 }
 
 // startError explains a command that could not start. The SDK runs every
