@@ -60,6 +60,11 @@ node:
 e2b:
 	hack/install-e2b.sh
 
+## e2b-suite: run E2B's own SDK test suite, unmodified, from the copy at E2B_SUITE (a path) against a running `make run NODE=real` (its three E2B lines exported), and print its counts per file
+.PHONY: e2b-suite
+e2b-suite:
+	E2B_SUITE='$(E2B_SUITE)' hack/e2b-suite.sh
+
 ## knative-build: build real Knative Serving, Eventing, Traefik and CoreDNS and their images (cached), without starting them
 .PHONY: knative-build
 knative-build:

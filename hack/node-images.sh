@@ -28,7 +28,7 @@ if ! dpkg-query -W -f='${Status}' bash-static busybox-static 2>/dev/null | grep 
 fi
 links=()
 for applet in sh true false echo printf cat ls sleep env pwd mkdir rm mv cp head tail wc sha256sum id whoami kill ps test [ \
-  seq yes dd stat touch grep sed awk tr sort uniq cut date hostname uname basename dirname readlink find xargs tee chmod ln du df; do
+  seq yes dd stat touch grep sed awk tr sort uniq cut date hostname uname basename dirname readlink find xargs tee chmod ln du df stty; do
   links+=(-link "/bin/$applet=busybox")
 done
 "$work/mkimage" -ref localhost/sandbox-shell:e2e -out "$NODE_IMAGES_DIR/sandbox-shell.tar" -user 1000:1000 -entrypoint /sandbox \

@@ -365,7 +365,7 @@ func (a *API) create(w http.ResponseWriter, r *http.Request) int {
 	// where a template keeps DeerFlow's mounts, the principal's E2B
 	// sandboxes share that thread's data directory, which a pause keeps.
 	owner := OwnerID(c.Records())
-	req := api.CreateRequest{SandboxID: id, Template: name, Env: body.EnvVars, UserID: &owner, ThreadID: &owner}
+	req := api.CreateRequest{SandboxID: id, Template: tmpl.Name, Env: body.EnvVars, UserID: &owner, ThreadID: &owner}
 	if body.Timeout != nil && *body.Timeout > 0 {
 		req.IdleTimeoutSeconds = body.Timeout
 	}
@@ -391,7 +391,11 @@ func (a *API) create(w http.ResponseWriter, r *http.Request) int {
 		}
 		return writeError(w, http.StatusGatewayTimeout, "sandbox %s did not become ready within %s (%s); it was removed", id, a.cfg.MaxReadyWait, orUnknown(reason))
 	}
-	problem.WriteJSON(w, http.StatusCreated, a.sandbox(sb, tok))
+	created := a.sandbox(sb, tok)
+	if name != tmpl.Name {
+		created.Alias = name // asked for by its alias
+	}
+	problem.WriteJSON(w, http.StatusCreated, created)
 	return http.StatusCreated
 }
 
@@ -460,6 +464,20 @@ func (a *API) template(ctx context.Context, name string) (templateInfo, int, str
 		return templateInfo{}, problem.Status(err), api.DetailOf(err)
 	}
 	i := slices.IndexFunc(list, func(s template.Summary) bool { return s.Name == name })
+	if i < 0 {
+		// A name no template has may be one's alias; two templates that
+		// claim it leave it to neither.
+		var claims []string
+		for j, s := range list {
+			if slices.Contains(s.Aliases, name) {
+				i = j
+				claims = append(claims, s.Name)
+			}
+		}
+		if len(claims) > 1 {
+			return templateInfo{}, http.StatusBadRequest, "template alias '" + name + "' is claimed by the templates " + strings.Join(claims, " and ") + " (sandbox.deerflow.dev/aliases); the operator keeps it on one"
+		}
+	}
 	switch {
 	case i < 0:
 		return templateInfo{}, http.StatusNotFound, "template '" + name + "' not found: a sandbox template is a PodTemplate labelled sandbox.deerflow.dev/template in the sandboxes' namespace (docs/templates.md)"

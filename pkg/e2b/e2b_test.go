@@ -131,8 +131,8 @@ func (f *fakeOps) Resume(ctx context.Context, id string, _ time.Duration) (api.S
 
 func (f *fakeOps) Templates(context.Context) ([]template.Summary, error) {
 	return []template.Summary{
-		{Name: "base", Envd: true},
-		{Name: "pausable", Envd: true, IdleAction: template.IdlePause},
+		{Name: "base", Envd: true, Aliases: []string{"code-interpreter-v1", "shared"}},
+		{Name: "pausable", Envd: true, IdleAction: template.IdlePause, Aliases: []string{"shared", "bare"}},
 		{Name: "bare", Envd: true},
 		{Name: "offline", Envd: true, Egress: "isolated"},
 		{Name: "deerflow"},
@@ -555,5 +555,32 @@ func TestAnswersCarryTheDomain(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestCreateByAlias: a template's alias (sandbox.deerflow.dev/aliases)
+// creates its sandboxes, as DeerFlow's E2B provider asks for
+// code-interpreter-v1: the sandbox is the template's, and the answer names
+// the alias; a template's own name wins over another's alias; an alias two
+// templates claim is refused, naming both, and creates nothing.
+func TestCreateByAlias(t *testing.T) {
+	a, ops, _ := newTestAPI(t, true)
+	got := call(t, a, "POST", "/sandboxes", aliceKey, `{"templateID":"code-interpreter-v1"}`)
+	id, _ := got.body["sandboxID"].(string)
+	if got.code != http.StatusCreated || got.body["templateID"] != "base" || got.body["alias"] != "code-interpreter-v1" || ops.specs[id].Template != "base" {
+		t.Errorf("create by alias = %d %v (spec template %q); want 201 of template base, alias code-interpreter-v1", got.code, got.body, ops.specs[id].Template)
+	}
+	got = call(t, a, "POST", "/sandboxes", aliceKey, `{"templateID":"bare"}`)
+	id, _ = got.body["sandboxID"].(string)
+	if got.code != http.StatusCreated || ops.specs[id].Template != "bare" || got.body["alias"] != nil {
+		t.Errorf("create of bare (another's alias too) = %d %v; want template bare itself", got.code, got.body)
+	}
+	n := len(ops.calls)
+	got = call(t, a, "POST", "/sandboxes", aliceKey, `{"templateID":"shared"}`)
+	if msg, _ := got.body["message"].(string); got.code != 400 || !strings.Contains(msg, "base and pausable") {
+		t.Errorf("create by an alias two templates claim = %d %v; want 400 naming both", got.code, got.body)
+	}
+	if slices.Contains(ops.calls[n:], "create") {
+		t.Errorf("a refused alias reached the sandbox operations: %v", ops.calls[n:])
 	}
 }

@@ -139,6 +139,10 @@ const (
 
 // E2B sandboxes (docs/e2b.md).
 const (
+	// TemplateAliases ("a,b") are other names E2B's SDK may create a
+	// template's sandboxes by (E2B's template aliases: DeerFlow's E2B
+	// provider asks for code-interpreter-v1).
+	TemplateAliases = Prefix + "aliases"
 	// TemplateEnvd ("true") on a template puts the envd-compatible agent
 	// (cmd/envd) into its sandbox container, so E2B's SDK can drive it.
 	TemplateEnvd = Prefix + "envd"

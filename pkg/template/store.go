@@ -218,6 +218,8 @@ type Summary struct {
 	Envd bool `json:"envd,omitempty"`
 	// Egress is the sandboxes' egress mode when the template names one.
 	Egress string `json:"egress,omitempty"`
+	// Aliases are the template's other names for E2B's API.
+	Aliases []string `json:"aliases,omitempty"`
 	// Error is why the template is refused; creates with it get 422.
 	Error string `json:"error,omitempty"`
 	// Pool is the template's warm pool, when it asks for one.
@@ -316,7 +318,7 @@ func (s *Store) entryOf(pt *corev1.PodTemplate) entry {
 
 // Summarize describes a valid template.
 func Summarize(t *Template) Summary {
-	sum := Summary{Name: t.Name, Kind: t.Kind, IdleAction: t.IdleAction, DeerFlowMounts: t.DeerFlowMounts, Envd: t.Envd, Egress: string(t.Egress),
+	sum := Summary{Name: t.Name, Kind: t.Kind, IdleAction: t.IdleAction, DeerFlowMounts: t.DeerFlowMounts, Envd: t.Envd, Egress: string(t.Egress), Aliases: t.Aliases,
 		IdleTimeoutSeconds: int64(t.IdleTimeout / time.Second), MaxLifetimeSeconds: int64(t.MaxLifetime / time.Second)}
 	if c := t.Sandbox(); c != nil {
 		sum.Image = c.Image

@@ -26,6 +26,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/egress"
@@ -83,7 +84,10 @@ type Template struct {
 	// Envd puts the envd-compatible agent into the sandbox container, so
 	// E2B's SDK can drive its sandboxes (keys.TemplateEnvd).
 	Envd bool
-	Pod  corev1.PodTemplateSpec
+	// Aliases are other names E2B's API finds the template by
+	// (keys.TemplateAliases): DNS labels, none its own name.
+	Aliases []string
+	Pod     corev1.PodTemplateSpec
 }
 
 // Error is a refused template: which one, which field, and why.
@@ -205,6 +209,19 @@ func (v validator) settings(a map[string]string, t *Template) error {
 			if t.Envd && v.cfg.EnvdImage == "" {
 				return v.bad(field(key), "the agent's image is not set: the operator sets SANDBOX_ENVD_IMAGE (docs/e2b.md)")
 			}
+		case keys.TemplateAliases:
+			for _, alias := range strings.Split(val, ",") {
+				alias = strings.TrimSpace(alias)
+				switch {
+				case alias == "":
+				case len(validation.IsDNS1123Label(alias)) > 0:
+					return v.bad(field(key), "%q is no template name: lowercase letters, digits and '-'", alias)
+				case alias == v.tmpl:
+					return v.bad(field(key), "%q is the template's own name", alias)
+				case !slices.Contains(t.Aliases, alias):
+					t.Aliases = append(t.Aliases, alias)
+				}
+			}
 		case keys.TemplatePoolSize:
 			n, perr := strconv.Atoi(val)
 			switch {
@@ -217,7 +234,7 @@ func (v validator) settings(a map[string]string, t *Template) error {
 			}
 		default:
 			return v.bad(field(key), "unknown setting; the settings are %s", strings.Join([]string{keys.TemplateKind, keys.TemplateIdleTimeout,
-				keys.TemplateMaxLifetime, keys.TemplateIdleAction, keys.TemplatePausedTimeout, keys.TemplatePort, keys.TemplateDeerFlowMounts, keys.TemplatePoolSize, keys.TemplatePrincipals, keys.TemplateEgress, keys.TemplateEgressAllow, keys.TemplateEnvd}, ", "))
+				keys.TemplateMaxLifetime, keys.TemplateIdleAction, keys.TemplatePausedTimeout, keys.TemplatePort, keys.TemplateDeerFlowMounts, keys.TemplatePoolSize, keys.TemplatePrincipals, keys.TemplateEgress, keys.TemplateEgressAllow, keys.TemplateEnvd, keys.TemplateAliases}, ", "))
 		}
 		if err != nil {
 			return err

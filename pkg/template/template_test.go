@@ -296,6 +296,47 @@ func TestEnvdSetting(t *testing.T) {
 	}
 }
 
+// TestAliasesSetting: sandbox.deerflow.dev/aliases gives a template other
+// names for E2B's API, trimmed, in order, without repeats; a name that is
+// no DNS label, or the template's own, refuses the template on that field.
+func TestAliasesSetting(t *testing.T) {
+	tests := []struct {
+		name, value string
+		want        []string
+		refused     string // in the error; "" for none
+	}{
+		{"unset", "", nil, ""},
+		{"two, trimmed, one repeated", " code-interpreter-v1, base-v2 ,code-interpreter-v1,", []string{"code-interpreter-v1", "base-v2"}, ""},
+		{"no DNS label", "Code_Interpreter", nil, `"Code_Interpreter" is no template name`},
+		{"its own name", "python", nil, `"python" is the template's own name`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pt := python()
+			if tt.value != "" {
+				pt.Annotations[keys.TemplateAliases] = tt.value
+			}
+			got, err := FromPodTemplate(pt, testConfig(t).Objects())
+			if tt.refused != "" {
+				var te *Error
+				if !errors.As(err, &te) || te.Field != "metadata.annotations["+keys.TemplateAliases+"]" || !strings.Contains(te.Reason, tt.refused) {
+					t.Fatalf("error %v; want one on %s saying %q", err, keys.TemplateAliases, tt.refused)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, got.Aliases); diff != "" {
+				t.Errorf("aliases (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tt.want, Summarize(got).Aliases); diff != "" {
+				t.Errorf("the summary's aliases (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
 func TestPoolSetting(t *testing.T) {
 	tests := []struct {
 		name        string

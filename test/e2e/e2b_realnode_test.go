@@ -259,19 +259,18 @@ func TestE2BRouterRefusesAndIsolates(t *testing.T) {
 	a, b := s.create(t, aliceKey, `{"templateID":"e2b","timeout":300}`), s.create(t, aliceKey, `{"templateID":"e2b","timeout":300}`)
 	aID, bID := a["sandboxID"].(string), b["sandboxID"].(string)
 	aTok, aTraffic := a["envdAccessToken"].(string), a["trafficAccessToken"].(string)
-	route := func(id, port, token string) (int, string) {
+	// get asks the router for path with hdr; host "" is the router's own
+	// address, else the Host a wildcard ingress would pass on.
+	get := func(host, path string, hdr map[string]string) (int, string) {
 		t.Helper()
-		req, _ := http.NewRequest("GET", s.router.URL+"/health", nil)
-		if id != "" {
-			req.Header.Set("E2b-Sandbox-Id", id)
+		req, _ := http.NewRequest("GET", s.router.URL+path, nil)
+		if host != "" {
+			req.Host = host
 		}
-		if port != "" {
-			req.Header.Set("E2b-Sandbox-Port", port)
-		}
-		if token != "" && port == "49983" {
-			req.Header.Set("X-Access-Token", token)
-		} else if token != "" {
-			req.Header.Set("E2b-Traffic-Access-Token", token)
+		for k, v := range hdr {
+			if v != "" {
+				req.Header.Set(k, v)
+			}
 		}
 		resp, err := freshClient(15 * time.Second).Do(req)
 		if err != nil {
@@ -280,6 +279,16 @@ func TestE2BRouterRefusesAndIsolates(t *testing.T) {
 		defer resp.Body.Close()
 		raw, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(raw)
+	}
+	route := func(id, port, token string) (int, string) {
+		t.Helper()
+		hdr := map[string]string{"E2b-Sandbox-Id": id, "E2b-Sandbox-Port": port}
+		if port == "49983" {
+			hdr["X-Access-Token"] = token
+		} else {
+			hdr["E2b-Traffic-Access-Token"] = token
+		}
+		return get("", "/health", hdr)
 	}
 	for _, c := range []struct {
 		name, id, port, token string
@@ -308,21 +317,6 @@ func TestE2BRouterRefusesAndIsolates(t *testing.T) {
 	// E2B's own addressing: the Host names the sandbox and port, with no
 	// header, as the SDK sends when E2B_DOMAIN alone is set (here on a
 	// request to the router's address, as a wildcard ingress passes it).
-	byHost := func(host, path string, hdr map[string]string) (int, string) {
-		t.Helper()
-		req, _ := http.NewRequest("GET", s.router.URL+path, nil)
-		req.Host = host
-		for k, v := range hdr {
-			req.Header.Set(k, v)
-		}
-		resp, err := freshClient(15 * time.Second).Do(req)
-		if err != nil {
-			t.Fatalf("the router: %v", err)
-		}
-		defer resp.Body.Close()
-		raw, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(raw)
-	}
 	signedURL := func(path string, exp int64, token string) string {
 		raw := path + ":read::" + token
 		q := url.Values{"path": {path}}
@@ -352,7 +346,7 @@ func TestE2BRouterRefusesAndIsolates(t *testing.T) {
 		{"a signed download past its expiry", aHost, signedURL("/etc/hostname", time.Now().Add(-time.Minute).Unix(), aTok), nil, 401, "expired"},
 		{"b's signature at a's host", aHost, signedURL("/etc/hostname", 0, bTok), nil, 401, "invalid signature"},
 	} {
-		code, body := byHost(c.host, c.path, c.hdr)
+		code, body := get(c.host, c.path, c.hdr)
 		if code != c.code || !strings.Contains(body, c.says) {
 			t.Errorf("%s: %d %q; want %d saying %q", c.name, code, body, c.code, c.says)
 		}

@@ -153,7 +153,9 @@ func baseTemplate(ns string) *corev1.PodTemplate {
 	return &corev1.PodTemplate{
 		ObjectMeta: metav1.ObjectMeta{Name: BaseTemplate, Namespace: ns,
 			Labels:      map[string]string{keys.LabelTemplate: "true"},
-			Annotations: map[string]string{keys.TemplateEnvd: "true", keys.TemplateDeerFlowMounts: "false"}},
+			Annotations: map[string]string{keys.TemplateEnvd: "true", keys.TemplateDeerFlowMounts: "false",
+				// DeerFlow's E2B provider's default template name.
+				keys.TemplateAliases: "code-interpreter-v1"}},
 		Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
 			Containers: []corev1.Container{{Name: "sandbox", Image: realnode.ShellSandboxImage}},
 		}},
