@@ -152,7 +152,7 @@ func applyPolicy(ctx context.Context, client kubernetes.Interface, file, ns stri
 func baseTemplate(ns string) *corev1.PodTemplate {
 	return &corev1.PodTemplate{
 		ObjectMeta: metav1.ObjectMeta{Name: BaseTemplate, Namespace: ns,
-			Labels:      map[string]string{keys.LabelTemplate: "true"},
+			Labels: map[string]string{keys.LabelTemplate: "true"},
 			Annotations: map[string]string{keys.TemplateEnvd: "true", keys.TemplateDeerFlowMounts: "false",
 				// DeerFlow's E2B provider's default template name.
 				keys.TemplateAliases: "code-interpreter-v1"}},
