@@ -21,7 +21,8 @@ CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$work/sandbox" ./test/imag
   -entrypoint /bin/netpol "$NODE_BIN_DIR/kube-network-policies"
 # The E2B sandbox stand-in: the same stand-in with a shell beside it, as an
 # operator's image has (E2B's SDK runs every command as /bin/bash -l -c):
-# Debian's static bash and busybox (its applets as links), user 1000.
+# Debian's static bash and busybox (its applets as links), user 1000 with
+# its home /home/user, as E2B's user model has (relative paths land there).
 if ! dpkg-query -W -f='${Status}' bash-static busybox-static 2>/dev/null | grep -q '^install ok installed.*install ok installed$'; then
   log "installing Debian's bash-static and busybox-static (the E2B sandbox stand-in's shell)"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bash-static busybox-static >/dev/null
@@ -31,7 +32,7 @@ for applet in sh true false echo printf cat ls sleep env pwd mkdir rm mv cp head
   seq yes dd stat touch grep sed awk tr sort uniq cut date hostname uname basename dirname readlink find xargs tee chmod ln du df stty; do
   links+=(-link "/bin/$applet=busybox")
 done
-"$work/mkimage" -ref localhost/sandbox-shell:e2e -out "$NODE_IMAGES_DIR/sandbox-shell.tar" -user 1000:1000 -entrypoint /sandbox \
+"$work/mkimage" -ref localhost/sandbox-shell:e2e -out "$NODE_IMAGES_DIR/sandbox-shell.tar" -user 1000:1000 -home /home/user -entrypoint /sandbox \
   -add /bin/bash-static=/bin/bash -add /bin/busybox=/bin/busybox -link /usr/bin/env=../../bin/busybox -path /bin:/usr/bin:/ \
   "${links[@]}" "$work/sandbox"
 # The egress proxy (cmd/proxy), which allowlist sandboxes go through; the

@@ -35,6 +35,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -65,6 +66,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Var(&adds, "add", "another file, host-path=/image/path (repeatable): e.g. a static shell")
 	fs.Var(&links, "link", "a symbolic link, /image/path=target (repeatable): e.g. /bin/sh=busybox")
 	path := fs.String("path", "/", "the image's PATH")
+	home := fs.String("home", "", "the image user's home directory (absolute), owned by -user, and HOME in the environment")
 	if err := fs.Parse(args); err != nil {
 		return fmt.Errorf("%w\n%s", err, usage)
 	}
@@ -73,6 +75,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	layerExtras, imageEnv = extras, []string{"PATH=" + *path}
+	if layerHome, err = homeOf(*home, *user); err != nil {
+		return err
+	}
+	if *home != "" {
+		imageEnv = append(imageEnv, "HOME="+*home)
+	}
 	archive := *ref != "" || *out != ""
 	switch {
 	case fs.NArg() != 1:
@@ -137,6 +145,32 @@ type extra struct {
 // layerExtras are the -add and -link entries of this run.
 var layerExtras []extra
 
+// home is a directory the image's user owns (-home), as an image made
+// for E2B's SDK has (user "user", home /home/user).
+type home struct {
+	path     string
+	uid, gid int
+}
+
+// layerHome is this run's -home ("" path: none).
+var layerHome home
+
+func homeOf(path, user string) (home, error) {
+	if path == "" {
+		return home{}, nil
+	}
+	if !strings.HasPrefix(path, "/") || len(path) < 2 || strings.HasSuffix(path, "/") {
+		return home{}, fmt.Errorf("-home %q: want an absolute path", path)
+	}
+	u, g, ok := strings.Cut(user, ":")
+	uid, uerr := strconv.Atoi(u)
+	gid, gerr := strconv.Atoi(g)
+	if !ok || uerr != nil || gerr != nil {
+		return home{}, fmt.Errorf("-home needs -user UID:GID (numbers) to own it, not %q", user)
+	}
+	return home{path: path, uid: uid, gid: gid}, nil
+}
+
 func readExtras(adds, links []string) ([]extra, error) {
 	var out []extra
 	for _, a := range adds {
@@ -170,10 +204,21 @@ func layerTar(data []byte, entry string) ([]byte, error) {
 		return nil, fmt.Errorf("layer: %w", err)
 	}
 	dirs := map[string]bool{"tmp": true}
+	if h := layerHome; h.path != "" {
+		name := h.path[1:]
+		for _, d := range parents(name, dirs) {
+			if err := tw.WriteHeader(&tar.Header{Name: d + "/", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: epoch}); err != nil {
+				return nil, fmt.Errorf("layer: %w", err)
+			}
+		}
+		dirs[name] = true
+		if err := tw.WriteHeader(&tar.Header{Name: name + "/", Typeflag: tar.TypeDir, Mode: 0o755, Uid: h.uid, Gid: h.gid, ModTime: epoch}); err != nil {
+			return nil, fmt.Errorf("layer: %w", err)
+		}
+	}
 	for _, e := range layerExtras {
 		name := e.name[1:]
-		for d := filepath.Dir(name); d != "." && !dirs[d]; d = filepath.Dir(d) {
-			dirs[d] = true
+		for _, d := range parents(name, dirs) {
 			if err := tw.WriteHeader(&tar.Header{Name: d + "/", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: epoch}); err != nil {
 				return nil, fmt.Errorf("layer: %w", err)
 			}
@@ -199,6 +244,17 @@ func layerTar(data []byte, entry string) ([]byte, error) {
 		return nil, fmt.Errorf("layer: %w", err)
 	}
 	return layer.Bytes(), nil
+}
+
+// parents are name's parent directories not in dirs yet, outermost
+// first, which it adds to dirs.
+func parents(name string, dirs map[string]bool) []string {
+	var out []string
+	for d := filepath.Dir(name); d != "." && !dirs[d]; d = filepath.Dir(d) {
+		dirs[d] = true
+		out = append([]string{d}, out...)
+	}
+	return out
 }
 
 // write builds the layer, the image config, the manifest and the index.

@@ -169,6 +169,9 @@ func TestPushIsTheArchiveImage(t *testing.T) {
 		// A shell beside the binary, as the E2B sandbox stand-in has.
 		{"amd64-with-shell", elf.EM_X86_64, []string{"-add", "SHELL=/usr/bin/bash", "-link", "/bin/sh=../usr/bin/bash", "-path", "/bin:/usr/bin:/"}, "/proxy", "/bin:/usr/bin:/",
 			map[string]string{"usr/": "dir 755", "usr/bin/": "dir 755", "usr/bin/bash": "file 755 #!shell", "bin/": "dir 755", "bin/sh": "link ../usr/bin/bash"}},
+		// A home the image's user owns, as E2B's user model has.
+		{"amd64-with-home", elf.EM_X86_64, []string{"-home", "/home/user"}, "/proxy", "/",
+			map[string]string{"home/": "dir 755", "home/user/": "dir 755 owned 65532:65532"}},
 	} {
 		t.Run(tc.arch, func(t *testing.T) {
 			dir := t.TempDir()
@@ -218,7 +221,11 @@ func TestPushIsTheArchiveImage(t *testing.T) {
 				OS, Architecture, RootFSType string
 				Config                       v1.Config
 			}
-			want := platformAndConfig{"linux", strings.TrimSuffix(tc.arch, "-with-shell"), "layers", v1.Config{Entrypoint: []string{tc.entry}, Env: []string{"PATH=" + tc.path}, User: "65532:65532"}}
+			env := []string{"PATH=" + tc.path}
+			if slices.Contains(tc.args, "-home") {
+				env = append(env, "HOME=/home/user")
+			}
+			want := platformAndConfig{"linux", strings.Split(tc.arch, "-")[0], "layers", v1.Config{Entrypoint: []string{tc.entry}, Env: env, User: "65532:65532"}}
 			if diff := cmp.Diff(want, platformAndConfig{cfg.OS, cfg.Architecture, cfg.RootFS.Type, cfg.Config}); diff != "" {
 				t.Errorf("pushed image's config (-want +got):\n%s", diff)
 			}
@@ -269,6 +276,9 @@ func layerFiles(t *testing.T, layer v1.Layer) map[string]string {
 		switch h.Typeflag {
 		case tar.TypeDir:
 			files[h.Name] = fmt.Sprintf("dir %o", h.Mode)
+			if h.Uid != 0 || h.Gid != 0 {
+				files[h.Name] += fmt.Sprintf(" owned %d:%d", h.Uid, h.Gid)
+			}
 		case tar.TypeSymlink:
 			files[h.Name] = "link " + h.Linkname
 		case tar.TypeReg:
