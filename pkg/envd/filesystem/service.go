@@ -157,15 +157,13 @@ func (s *Service) ListDir(ctx context.Context, req *connect.Request[pb.ListDirRe
 }
 
 // Remove removes a file, a symlink or a directory with its contents;
-// NotFound if nothing is there.
+// nothing there is no error (E2B's envd answers so).
 func (s *Service) Remove(_ context.Context, req *connect.Request[pb.RemoveRequest]) (*connect.Response[pb.RemoveResponse], error) {
 	path, err := Resolve(req.Msg.GetPath())
 	if err != nil {
 		return nil, err
 	}
-	if _, err := os.Lstat(path); err != nil {
-		return nil, Error("removing", path, err)
-	}
+	// What is not there is removed already, as E2B's envd answers.
 	if err := os.RemoveAll(path); err != nil {
 		return nil, Error("removing", path, err)
 	}
