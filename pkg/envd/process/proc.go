@@ -224,26 +224,14 @@ func (p *proc) input(in *pb.ProcessInput) error {
 		if p.stdin == nil {
 			return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d has no open stdin: it was started without stdin (start it with stdin: true) or its stdin was closed", p.pid))
 		}
-		if _, err := p.stdin.Write(v.Stdin); err != nil {
-			if errors.Is(err, os.ErrClosed) || errors.Is(err, syscall.EPIPE) {
-				return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d no longer reads its stdin: %w", p.pid, err))
-			}
-			return connect.NewError(connect.CodeInternal, fmt.Errorf("writing to process %d's stdin: %w", p.pid, err))
-		}
-		return nil
+		return p.write(p.stdin, v.Stdin, "stdin")
 	case *pb.ProcessInput_Pty:
 		p.stdinMu.Lock()
 		defer p.stdinMu.Unlock()
 		if p.tty == nil {
 			return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d has no pseudo-terminal: it was started without one (send stdin instead)", p.pid))
 		}
-		if _, err := p.tty.Write(v.Pty); err != nil {
-			if errors.Is(err, os.ErrClosed) || errors.Is(err, syscall.EIO) {
-				return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d's terminal is closed: %w", p.pid, err))
-			}
-			return connect.NewError(connect.CodeInternal, fmt.Errorf("writing to process %d's terminal: %w", p.pid, err))
-		}
-		return nil
+		return p.write(p.tty, v.Pty, "terminal")
 	}
 	return connect.NewError(connect.CodeInvalidArgument, errors.New("the input carries neither stdin nor pty data"))
 }
@@ -276,6 +264,19 @@ func winsize(size *pb.PTY_Size) (*pty.Winsize, error) {
 		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("a terminal of %d columns and %d rows: each must be 1 to %d", c, r, maxTermSide))
 	}
 	return &pty.Winsize{Cols: uint16(c), Rows: uint16(r)}, nil
+}
+
+// write hands data to the process's input, its stdin or its terminal
+// (what): one it no longer reads (a closed pipe, EPIPE; a terminal whose
+// side has gone, EIO) is a precondition failed, not the agent's error.
+func (p *proc) write(w io.Writer, data []byte, what string) error {
+	if _, err := w.Write(data); err != nil {
+		if errors.Is(err, os.ErrClosed) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.EIO) {
+			return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d no longer reads its %s: %w", p.pid, what, err))
+		}
+		return connect.NewError(connect.CodeInternal, fmt.Errorf("writing to process %d's %s: %w", p.pid, what, err))
+	}
+	return nil
 }
 
 func (p *proc) closeStdin() error {
