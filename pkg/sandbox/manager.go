@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -163,6 +165,41 @@ func (nopObserver) CreateToReady(time.Duration) {}
 func (nopObserver) Reaped(string)               {}
 func (nopObserver) QuotaRefused(string)         {}
 func (nopObserver) Isolation(string, bool)      {}
+
+// found is what exists of one sandbox: its Service and either a bare Pod or
+// a ReplicaSet and (unless paused or between Pods) its current Pod.
+type found struct {
+	pod *corev1.Pod
+	rs  *appsv1.ReplicaSet
+	svc *corev1.Service
+	// stray is a bare Pod of the id beside its ReplicaSet.
+	stray *corev1.Pod
+	// wire is the Service svc names for the sandbox's URL
+	// (resources.URLService): the wire of the pooled Pod it was claimed
+	// from; nil when svc names none, or it is gone.
+	wire *corev1.Service
+	// ending: the pooled Pod svc names carries the id and is being
+	// deleted. Its claim landed; svc holds the id for nothing to come.
+	ending bool
+}
+
+// pending reports whether svc holds id for a workload still to come
+// (resources.Pending), not for one already going.
+func (f found) pending(id string) bool {
+	return f.svc != nil && !f.ending && resources.Pending(f.svc, id)
+}
+
+// workload is the object that carries the sandbox's identity and lifecycle
+// annotations: the ReplicaSet, or the bare Pod.
+func (f found) workload() workloadObject {
+	if f.rs != nil {
+		return f.rs
+	}
+	if f.pod != nil {
+		return f.pod
+	}
+	return nil
+}
 
 // view joins what exists of a sandbox into a Sandbox (resources.View).
 func (m *Manager) view(id string, f found) api.Sandbox {

@@ -11,7 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
-	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/poolapi"
 	"github.com/deerflow-sandbox/provisioner/pkg/pooled"
@@ -153,23 +152,4 @@ func (m *Manager) giveUp(ctx context.Context, c *pooled.Create, s api.Spec, wait
 		m.observer.QuotaRefused(qe.Scope)
 	}
 	return api.Sandbox{}, true, err
-}
-
-// answer is a create's answer: the sandbox once Ready with wait > 0, at
-// once otherwise (in Headless mode both once its name resolves).
-func (m *Manager) answer(ctx context.Context, id string, f found, wait time.Duration) (api.Sandbox, bool, error) {
-	if wait > 0 {
-		sb, err := m.waitReady(ctx, id, f, wait)
-		return sb, true, err
-	}
-	if m.cfg.ServiceType == config.ServiceHeadless && (f.rs == nil || !resources.Paused(f.rs)) {
-		// The name's wait holds a watch, as a wait for Ready does: it takes
-		// one of this replica's wait tokens, and is left out when none is
-		// free rather than refusing a create that asked for no wait.
-		if release, err := m.admitWait(ctx, m.nameWait); err == nil {
-			m.awaitName(ctx, f.svc, f.pod, m.nameWait)
-			release()
-		}
-	}
-	return m.view(id, f), true, nil
 }

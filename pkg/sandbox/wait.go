@@ -12,6 +12,25 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
+// answer is a create's answer: the sandbox once Ready with wait > 0, at
+// once otherwise (in Headless mode both once its name resolves).
+func (m *Manager) answer(ctx context.Context, id string, f found, wait time.Duration) (api.Sandbox, bool, error) {
+	if wait > 0 {
+		sb, err := m.waitReady(ctx, id, f, wait)
+		return sb, true, err
+	}
+	if m.cfg.ServiceType == config.ServiceHeadless && (f.rs == nil || !resources.Paused(f.rs)) {
+		// The name's wait holds a watch, as a wait for Ready does: it takes
+		// one of this replica's wait tokens, and is left out when none is
+		// free rather than refusing a create that asked for no wait.
+		if release, err := m.admitWait(ctx, m.nameWait); err == nil {
+			m.awaitName(ctx, f.svc, f.pod, m.nameWait)
+			release()
+		}
+	}
+	return m.view(id, f), true, nil
+}
+
 // waitReady waits up to wait for the sandbox's Pod to become Ready. When
 // the wait ends first it still answers, with the reason the Pod is not
 // ready. A paused sandbox is answered at once: there is no Pod to wait for.
