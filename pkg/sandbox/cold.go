@@ -379,7 +379,13 @@ func (m *Manager) fill(ctx context.Context, s api.Spec, k workloadKind, svc *cor
 		m.dropEnv(ctx, env)
 		env = nil
 	}
-	bound, err := m.bind(ctx, svc, w, k.ref(w), s)
+	// A bare Pod this create made under its own slot is owned by it (by
+	// UID) from its create, and the slot selects its token already:
+	// nothing to bind.
+	bound := svc
+	if existed || !mine || !resources.OwnedBy(w, svc) {
+		bound, err = m.bind(ctx, svc, w, k.ref(w), s)
+	}
 	if err != nil {
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.RequestTimeout)
 		defer cancel()

@@ -89,8 +89,10 @@ func (m *Manager) create(ctx context.Context, s api.Spec, wait time.Duration) (s
 			m.undoMade(ctx, wrote)
 		}
 	}()
-	if sb, handled, err := m.createFromPool(ctx, s, wait, &wrote); handled {
-		return sb, err
+	if t := s.Resolved; m.pool != nil && t != nil && t.PoolSize > 0 {
+		if sb, handled, err := m.createFromPool(ctx, s, wait, &wrote); handled {
+			return sb, err
+		}
 	}
 	for attempt := 0; ; attempt++ {
 		var (

@@ -203,7 +203,8 @@ func (f found) workload() workloadObject {
 
 // view joins what exists of a sandbox into a Sandbox (resources.View).
 func (m *Manager) view(id string, f found) api.Sandbox {
-	sb := resources.View(m.cfg.Objects(), id, f.pod, f.rs, resources.Exposing(m.cfg.Objects(), f.svc, f.wire, f.pod))
+	objs := m.cfg.Objects()
+	sb := resources.View(objs, id, f.pod, f.rs, resources.Exposing(objs, f.svc, f.wire, f.pod))
 	var w metav1.Object
 	switch {
 	case f.rs != nil:
@@ -211,7 +212,7 @@ func (m *Manager) view(id string, f found) api.Sandbox {
 	case f.pod != nil:
 		w = f.pod
 	}
-	sb.Egress = resources.EgressView(m.cfg.Objects(), w, f.svc, time.Now())
+	sb.Egress = resources.EgressView(objs, w, f.svc, time.Now())
 	return sb
 }
 

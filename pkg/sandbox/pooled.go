@@ -21,13 +21,11 @@ import (
 // WithPool serves creates of pooled templates from warm pools.
 func WithPool(p poolapi.Pool) Option { return func(m *Manager) { m.pool = p } }
 
-// createFromPool serves a create from its template's warm pool when it can;
+// createFromPool serves a create of a template with a pool (create checks
+// that there is one) from its warm pool when it can;
 // handled false sends it the cold way, within the same request.
 func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Duration, wrote *made) (sb api.Sandbox, handled bool, err error) {
 	t := s.Resolved
-	if m.pool == nil || t == nil || t.PoolSize == 0 {
-		return api.Sandbox{}, false, nil
-	}
 	hash := resources.PoolPodTemplate(m.cfg.Objects(), s).Labels[keys.LabelPoolHash]
 	if hash != resources.PoolPodTemplate(m.cfg.Objects(), resources.PoolSpec(m.cfg.Objects(), t)).Labels[keys.LabelPoolHash] {
 		m.pool.Missed(t)
