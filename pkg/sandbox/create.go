@@ -46,7 +46,7 @@ func (m *Manager) Create(ctx context.Context, s api.Spec, wait time.Duration) (a
 }
 
 func (m *Manager) create(ctx context.Context, s api.Spec, wait time.Duration) (sb api.Sandbox, err error) {
-	release, err := m.admitWait(ctx, wait)
+	release, err := m.admitWait(s.Caller.Principal, wait)
 	if err != nil {
 		return api.Sandbox{}, err
 	}

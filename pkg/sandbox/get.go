@@ -43,7 +43,7 @@ func (m *Manager) lookup(ctx context.Context, id string, wait time.Duration) (fo
 	if err := api.ValidateID(id); err != nil {
 		return found{}, nil, err
 	}
-	release, err := m.admitWait(ctx, wait)
+	release, err := m.admitWait(principalOf(ctx), wait)
 	if err != nil {
 		return found{}, nil, err
 	}

@@ -143,16 +143,21 @@ func (m *Manager) Run(ctx context.Context) {
 	m.quota.Run(ctx)
 }
 
-// admitWait takes a wait permit for the caller (package waitlimit), or
+// admitWait takes a wait permit for the principal (package waitlimit), or
 // refuses at once. The caller calls release when done.
-func (m *Manager) admitWait(ctx context.Context, wait time.Duration) (release func(), err error) {
+func (m *Manager) admitWait(principal string, wait time.Duration) (release func(), err error) {
 	if wait <= 0 {
 		return func() {}, nil
 	}
-	// A request without a caller fails closed further on (api.RequireCaller); until
-	// then it waits as nobody's, in a share of its own.
+	return m.waits.Take(principal)
+}
+
+// principalOf is the caller's principal in ctx. A request without a caller
+// fails closed further on (api.RequireCaller); until then it waits as
+// nobody's, in a share of its own.
+func principalOf(ctx context.Context) string {
 	c, _ := api.CallerFrom(ctx)
-	return m.waits.Take(c.Principal)
+	return c.Principal
 }
 
 type nopRecorder struct{}
