@@ -379,9 +379,8 @@ func (m *Manager) fill(ctx context.Context, s api.Spec, k workloadKind, svc *cor
 		m.dropEnv(ctx, env)
 		env = nil
 	}
-	// A bare Pod this create made under its own slot is owned by it (by
-	// UID) from its create, and the slot selects its token already:
-	// nothing to bind.
+	// A bare Pod made under this create's own slot is owned by it from its
+	// create, and the slot selects its token already: nothing to bind.
 	bound := svc
 	if existed || !mine || !resources.OwnedBy(w, svc) {
 		bound, err = m.bind(ctx, svc, w, k.ref(w), s)

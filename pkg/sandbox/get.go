@@ -43,7 +43,8 @@ func (m *Manager) lookup(ctx context.Context, id string, wait time.Duration) (fo
 	if err := api.ValidateID(id); err != nil {
 		return found{}, nil, err
 	}
-	release, err := m.admitWait(principalOf(ctx), wait)
+	c, _ := api.CallerFrom(ctx)
+	release, err := m.admitWait(c.Principal, wait)
 	if err != nil {
 		return found{}, nil, err
 	}

@@ -144,20 +144,13 @@ func (m *Manager) Run(ctx context.Context) {
 }
 
 // admitWait takes a wait permit for the principal (package waitlimit), or
-// refuses at once. The caller calls release when done.
+// refuses at once; "" (no caller: it fails closed further on) waits in a
+// share of its own. The caller calls release when done.
 func (m *Manager) admitWait(principal string, wait time.Duration) (release func(), err error) {
 	if wait <= 0 {
 		return func() {}, nil
 	}
 	return m.waits.Take(principal)
-}
-
-// principalOf is the caller's principal in ctx. A request without a caller
-// fails closed further on (api.RequireCaller); until then it waits as
-// nobody's, in a share of its own.
-func principalOf(ctx context.Context) string {
-	c, _ := api.CallerFrom(ctx)
-	return c.Principal
 }
 
 type nopRecorder struct{}

@@ -21,9 +21,8 @@ import (
 // WithPool serves creates of pooled templates from warm pools.
 func WithPool(p poolapi.Pool) Option { return func(m *Manager) { m.pool = p } }
 
-// createFromPool serves a create of a template with a pool (create checks
-// that there is one) from its warm pool when it can;
-// handled false sends it the cold way, within the same request.
+// createFromPool serves a create of a template with a pool from its warm
+// pool when it can; handled false sends it the cold way, in the request.
 func (m *Manager) createFromPool(ctx context.Context, s api.Spec, wait time.Duration, wrote *made) (sb api.Sandbox, handled bool, err error) {
 	t := s.Resolved
 	hash := resources.PoolPodTemplate(m.cfg.Objects(), s).Labels[keys.LabelPoolHash]

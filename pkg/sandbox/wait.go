@@ -23,7 +23,8 @@ func (m *Manager) answer(ctx context.Context, id string, f found, wait time.Dura
 		// The name's wait holds a watch, as a wait for Ready does: it takes
 		// one of this replica's wait tokens, and is left out when none is
 		// free rather than refusing a create that asked for no wait.
-		if release, err := m.admitWait(principalOf(ctx), m.nameWait); err == nil {
+		c, _ := api.CallerFrom(ctx)
+		if release, err := m.admitWait(c.Principal, m.nameWait); err == nil {
 			m.awaitName(ctx, f.svc, f.pod, m.nameWait)
 			release()
 		}

@@ -1,0 +1,3 @@
+module github.com/deerflow-sandbox/provisioner/hack/tools/createpath
+
+go 1.26
