@@ -18,8 +18,10 @@
 //	                     headers alone); the function's own E2B_DOMAIN
 //
 // RBAC: a Role in POD_NAMESPACE granting get, list and watch on pods and
-// services (apiGroups [""]), bound to the router's ServiceAccount; nothing
-// else, and nothing cluster-wide.
+// services (apiGroups [""]), and get, list, watch and patch on replicasets
+// (apiGroups ["apps"]: it resumes a paused sandbox that resumes on traffic,
+// the one change an admission policy lets it make), bound to the router's
+// ServiceAccount; nothing else, and nothing cluster-wide.
 package main
 
 import (
@@ -125,7 +127,8 @@ func run(log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	h := router.New(router.Options{Resolver: c.resolver, Key: set.key, Log: log, Metrics: metrics, CacheGrace: router.DefaultCacheGrace, Domain: set.domain})
+	h := router.New(router.Options{Resolver: c.resolver, Key: set.key, Log: log, Metrics: metrics, CacheGrace: router.DefaultCacheGrace, Domain: set.domain,
+		Waker: router.Scaler{Client: cs, Namespace: set.namespace}})
 
 	msrv := monitor.Start(ctx, set.metricsAddr, reg, ready.Load, "the Pod and Service caches have not synced", log, stop)
 
@@ -154,15 +157,15 @@ func run(log *slog.Logger) error {
 	return err
 }
 
-// caches are the router's informers: sandbox Pods (indexed by id) and
-// Services, and pooled Pods' wires, of one namespace.
+// caches are the router's informers: sandbox Pods (indexed by id),
+// Services and ReplicaSets, and pooled Pods' wires, of one namespace.
 type caches struct {
 	resolver  router.Cache
 	factories []informers.SharedInformerFactory
 }
 
-// newCaches narrows each informer by label. Sandbox Pods and Services carry
-// app=deer-flow-sandbox; pooled Pods' wires do not (they carry the wire
+// newCaches narrows each informer by label. Sandbox Pods, Services and
+// ReplicaSets carry app=deer-flow-sandbox; pooled Pods' wires do not (they carry the wire
 // component), so they have an informer of their own. Nothing else in the
 // namespace is cached.
 func newCaches(cs kubernetes.Interface, namespace string) (*caches, error) {
@@ -180,9 +183,10 @@ func newCaches(cs kubernetes.Interface, namespace string) (*caches, error) {
 	}
 	return &caches{
 		resolver: router.Cache{
-			Pods:     pods.GetIndexer(),
-			Services: sandboxes.Core().V1().Services().Lister().Services(namespace),
-			Wires:    wires.Core().V1().Services().Lister().Services(namespace),
+			Pods:        pods.GetIndexer(),
+			Services:    sandboxes.Core().V1().Services().Lister().Services(namespace),
+			Wires:       wires.Core().V1().Services().Lister().Services(namespace),
+			ReplicaSets: sandboxes.Apps().V1().ReplicaSets().Lister().ReplicaSets(namespace),
 		},
 		factories: []informers.SharedInformerFactory{sandboxes, wires},
 	}, nil

@@ -121,6 +121,10 @@ type Spec struct {
 	// metadata (keys.AnnotationMetadata). Both are set by the E2B API.
 	EnvdTokenHash string
 	Metadata      map[string]string
+	// AutoResume: once paused, the sandbox resumes on a request to any of
+	// its ports through the router (E2B's lifecycle.autoResume; a
+	// ReplicaSet template that pauses). Set by the E2B API.
+	AutoResume bool
 }
 
 // Egress is a sandbox's egress: its mode, the names an allowlist sandbox

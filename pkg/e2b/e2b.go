@@ -353,6 +353,10 @@ func (a *API) create(w http.ResponseWriter, r *http.Request) int {
 	if body.AutoPause != nil && *body.AutoPause && tmpl.IdleAction != template.IdlePause {
 		return writeError(w, http.StatusBadRequest, "autoPause: template %q's sandboxes are deleted when their time is up (%s: %s); pausing needs a template of kind ReplicaSet with %s: pause", name, "sandbox.deerflow.dev/idle-action", tmpl.IdleAction, "sandbox.deerflow.dev/idle-action")
 	}
+	autoResume := body.AutoResume != nil && body.AutoResume.Enabled != nil && *body.AutoResume.Enabled
+	if autoResume && (body.AutoPause == nil || !*body.AutoPause) {
+		return writeError(w, http.StatusBadRequest, "autoResume: only a sandbox that pauses when its time is up resumes on traffic; create with autoPause true (lifecycle onTimeout 'pause')")
+	}
 	c, err := api.RequireCaller(ctx)
 	if err != nil {
 		return fail(w, err)
@@ -374,6 +378,7 @@ func (a *API) create(w http.ResponseWriter, r *http.Request) int {
 		return fail(w, err)
 	}
 	spec.Metadata = body.Metadata
+	spec.AutoResume = autoResume
 	tok := a.tokenSandbox(c.Records(), id, resources.Annotations(spec)[keys.AnnotationCreatedAt])
 	spec.EnvdTokenHash = access.Hash(a.key().Token(access.Envd, tok))
 	sb, err := a.ops.Create(ctx, spec, a.cfg.MaxReadyWait)
@@ -408,9 +413,8 @@ func orUnknown(s string) string {
 
 // unsupported says which requested feature this provisioner does not offer,
 // so the request fails instead of silently running without it. A field
-// that only restates E2B's default (autoResume {"enabled": false}, as
-// E2B's Python SDK sends on every create; autoPauseMemory false, which is
-// what a pause here is) asks for nothing and is accepted.
+// that only restates E2B's default (autoPauseMemory false, which is what a
+// pause here is) asks for nothing and is accepted.
 func unsupported(b NewSandbox) string {
 	for _, f := range []struct {
 		name string
@@ -425,9 +429,6 @@ func unsupported(b NewSandbox) string {
 		if len(f.raw) > 0 && string(f.raw) != "null" && string(f.raw) != "{}" && string(f.raw) != "[]" {
 			return f.name + ": " + f.why
 		}
-	}
-	if b.AutoResume != nil && b.AutoResume.Enabled != nil && *b.AutoResume.Enabled {
-		return "autoResume: a paused sandbox resumes on Sandbox.connect only, not on its first request; create with autoResume disabled and call connect"
 	}
 	if b.AutoPauseMemory != nil && *b.AutoPauseMemory {
 		return "autoPauseMemory: a pause here keeps the sandbox's files, not its memory or processes; create with autoPauseMemory false (onTimeout {action: 'pause', keepMemory: false})"

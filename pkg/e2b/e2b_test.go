@@ -255,7 +255,8 @@ func TestBadCreatesWriteNothing(t *testing.T) {
 		{"auto pause on a deleting template", `{"templateID":"base","autoPause":true}`, 400, "autoPause"},
 		{"metadata too long", `{"templateID":"base","metadata":{"k":"` + strings.Repeat("v", 2000) + `"}}`, 400, "metadata value"},
 		{"env var name", `{"templateID":"base","envVars":{"1X":"v"}}`, 400, "1X"},
-		{"resume on traffic", `{"templateID":"base","autoResume":{"enabled":true}}`, 400, "autoResume"},
+		{"resume on traffic without autoPause", `{"templateID":"pausable","autoResume":{"enabled":true}}`, 400, "autoPause true"},
+		{"resume on traffic on a deleting template", `{"templateID":"base","autoPause":true,"autoResume":{"enabled":true}}`, 400, "autoPause"},
 		{"autoResume of the wrong type", `{"templateID":"base","autoResume":true}`, 400, `"autoResume"`},
 		{"a pause that keeps memory", `{"templateID":"base","autoPauseMemory":true}`, 400, "autoPauseMemory"},
 		{"workload identity", `{"templateID":"base","iam":{"tokens":{"t":{"audience":"a","tokenType":"jwt"}}}}`, 400, "iam"},
@@ -283,6 +284,13 @@ func TestBadCreatesWriteNothing(t *testing.T) {
 		if got := call(t, a, "POST", "/sandboxes", aliceKey, body); got.code != 201 {
 			t.Errorf("create %s = %d %v, want 201", body, got.code, got.body)
 		}
+	}
+	// Resume on traffic where the template pauses: the Spec says so.
+	ops.calls = nil
+	if got := call(t, a, "POST", "/sandboxes", aliceKey, `{"templateID":"pausable","autoPause":true,"autoResume":{"enabled":true}}`); got.code != 201 {
+		t.Errorf("autoResume on a pausing template: %d %v", got.code, got.body)
+	} else if spec := ops.specs[got.body["sandboxID"].(string)]; !spec.AutoResume {
+		t.Errorf("autoResume on a pausing template: the Spec does not resume on traffic")
 	}
 	// Refused here, but allowed where the template says so.
 	if got := call(t, a, "POST", "/sandboxes", aliceKey, `{"templateID":"offline","allow_internet_access":false}`); got.code != 201 {

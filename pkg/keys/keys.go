@@ -85,6 +85,10 @@ const (
 	// AnnotationPausedTimeout is how long a paused sandbox ReplicaSet may
 	// stay paused, in seconds; AnnotationPausedAt is since when it is.
 	AnnotationPausedTimeout = Prefix + "paused-timeout-seconds"
+	// AnnotationAutoResume ("true") on a paused sandbox ReplicaSet lets the
+	// router resume it for a request that carries the sandbox's token
+	// (E2B's lifecycle.autoResume).
+	AnnotationAutoResume = Prefix + "auto-resume"
 	AnnotationPausedAt      = Prefix + "paused-at"
 )
 

@@ -10,12 +10,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
+	listersappsv1 "k8s.io/client-go/listers/apps/v1"
 	listerscorev1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/access"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/status"
 )
 
 // LabelEnvd ("true") marks a sandbox Pod whose sandbox container carries the
@@ -42,6 +44,11 @@ type Target struct {
 	// Ports are the TCP containerPorts of the Pod's containers, sorted,
 	// without repeats.
 	Ports []int32
+	// Ready: the Pod's Ready condition is true (its agent answers).
+	Ready bool
+	// Paused: with ErrPaused, the sandbox's ReplicaSet has no replica yet
+	// (false: it is resuming).
+	Paused bool
 }
 
 // Resolver finds a sandbox's Pod.
@@ -58,6 +65,13 @@ var (
 	// ErrNotRunning: the sandbox's Pod exists but cannot take traffic (not
 	// Running, no IP yet, or terminating).
 	ErrNotRunning = errors.New("not running")
+	// ErrGone: the sandbox's Service is gone (or going): the sandbox is
+	// (ErrNotFound), whatever becomes of its Pod.
+	ErrGone = fmt.Errorf("%w: it has no live Service", ErrNotFound)
+	// ErrPaused: the sandbox is paused and resumes on traffic
+	// (keys.AnnotationAutoResume). Resolve's Target then says what its Pod
+	// will be (its tokens' sandbox, agent and ports), without an IP.
+	ErrPaused = errors.New("paused, resumes on traffic")
 )
 
 // IDIndex is the name of the Pod index by sandbox id (IndexByID).
@@ -82,6 +96,9 @@ type Cache struct {
 	Pods     cache.Indexer
 	Services listerscorev1.ServiceNamespaceLister
 	Wires    listerscorev1.ServiceNamespaceLister
+	// ReplicaSets are the sandbox ReplicaSets, to tell a paused sandbox
+	// that resumes on traffic (nil: none does).
+	ReplicaSets listersappsv1.ReplicaSetNamespaceLister
 }
 
 // Resolve finds the one Pod that sandbox id's Service (sandbox-<id>-svc)
@@ -95,12 +112,12 @@ type Cache struct {
 func (c Cache) Resolve(id string) (Target, error) {
 	svc, err := c.Services.Get(resources.ServiceName(id))
 	if apierrors.IsNotFound(err) {
-		return Target{}, fmt.Errorf("sandbox %s has no Service: %w", id, ErrNotFound)
+		return Target{}, fmt.Errorf("sandbox %s has no Service: %w", id, ErrGone)
 	} else if err != nil {
 		return Target{}, fmt.Errorf("sandbox %s's Service: %w", id, err)
 	}
 	if svc.DeletionTimestamp != nil || resources.ServiceID(svc) != id {
-		return Target{}, fmt.Errorf("Service %s is no live Service of sandbox %s: %w", svc.Name, id, ErrNotFound)
+		return Target{}, fmt.Errorf("Service %s is no live Service of sandbox %s: %w", svc.Name, id, ErrGone)
 	}
 	var wire *corev1.Service
 	if name := resources.URLService(svc); name != "" {
@@ -121,6 +138,9 @@ func (c Cache) Resolve(id string) (Target, error) {
 		}
 	}
 	if len(selected) == 0 {
+		if t, ok := c.paused(svc, id); ok {
+			return t, fmt.Errorf("sandbox %s is paused or resuming: %w", id, ErrPaused)
+		}
 		return Target{}, fmt.Errorf("no Pod of sandbox %s is the one its Service selects: %w", id, ErrNotFound)
 	}
 	// A ReplicaSet sandbox may briefly have a terminating Pod beside its
@@ -137,8 +157,35 @@ func (c Cache) Resolve(id string) (Target, error) {
 			return targetOf(p, id, ip), nil
 		}
 	}
+	if t, ok := c.paused(svc, id); ok {
+		return t, fmt.Errorf("sandbox %s is resuming: %w", id, ErrPaused)
+	}
 	p := selected[0]
 	return Target{}, fmt.Errorf("sandbox %s's Pod %s is not running (phase %s%s): %w", id, p.Name, p.Status.Phase, why(p), ErrNotRunning)
+}
+
+// paused finds the ReplicaSet that owns svc (by UID), when it resumes on
+// traffic (keys.AnnotationAutoResume) and is not being deleted, for a
+// sandbox with no running Pod: paused, or resuming. It returns the Target
+// its next Pod will be: its Pod template's principal, created-at, agent
+// and ports, which its tokens are bound to.
+func (c Cache) paused(svc *corev1.Service, id string) (Target, bool) {
+	if c.ReplicaSets == nil {
+		return Target{}, false
+	}
+	rs, err := c.ReplicaSets.Get(resources.PodName(id))
+	if err != nil || rs.DeletionTimestamp != nil || rs.Annotations[keys.AnnotationAutoResume] != "true" ||
+		resources.OwnerUID(svc.OwnerReferences) != rs.UID || !resources.IsSandbox(rs, id) {
+		return Target{}, false
+	}
+	p := &corev1.Pod{ObjectMeta: *rs.Spec.Template.ObjectMeta.DeepCopy(), Spec: rs.Spec.Template.Spec}
+	p.Name = rs.Name // for logs: its Pods' names are the ReplicaSet controller's
+	if p.Annotations[keys.AnnotationPrincipal] == "" {
+		p.Annotations = rs.Annotations // the principal and created-at are the ReplicaSet's too
+	}
+	t := targetOf(p, id, "")
+	t.Paused = resources.Paused(rs)
+	return t, true
 }
 
 func why(p *corev1.Pod) string {
@@ -208,7 +255,8 @@ func targetOf(p *corev1.Pod, id, ip string) Target {
 			ID:        id,
 			CreatedAt: p.Annotations[keys.AnnotationCreatedAt],
 		},
-		Envd: p.Labels[LabelEnvd] == LabelEnvdValue,
+		Envd:  p.Labels[LabelEnvd] == LabelEnvdValue,
+		Ready: status.Ready(p),
 	}
 	for _, c := range p.Spec.Containers {
 		for _, cp := range c.Ports {

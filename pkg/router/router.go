@@ -70,6 +70,15 @@ type Options struct {
 	DialTimeout time.Duration
 	// Dial replaces the dialer (tests); it must honour ctx.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Waker resumes a paused sandbox that resumes on traffic, for a
+	// request that carries its token (nil: none is woken; such a sandbox
+	// answers as one not found, as a paused one does).
+	Waker Waker
+	// WakeHold bounds how long a request waits for the sandbox it woke
+	// (DefaultWakeHold); MaxHeld bounds the requests waiting for one
+	// sandbox (DefaultMaxHeld).
+	WakeHold time.Duration
+	MaxHeld  int
 }
 
 // Handler routes requests to sandboxes.
@@ -79,6 +88,7 @@ type Handler struct {
 	// client calls the agents' /init, through the proxy's transport.
 	client *http.Client
 	inited agents
+	wakes  wakes
 }
 
 // agents are the agents (by Pod UID) this replica has given their token's
@@ -114,6 +124,12 @@ func New(o Options) *Handler {
 	}
 	if o.DialTimeout <= 0 {
 		o.DialTimeout = DefaultDialTimeout
+	}
+	if o.WakeHold <= 0 {
+		o.WakeHold = DefaultWakeHold
+	}
+	if o.MaxHeld <= 0 {
+		o.MaxHeld = DefaultMaxHeld
 	}
 	dial := o.Dial
 	if dial == nil {
@@ -316,8 +332,21 @@ func (h *Handler) admit(r *http.Request, rt *route) (int, string, string) {
 		rt.kind, kind, header = KindEnvd, access.Envd, HeaderAccessToken
 	}
 	t, err := h.resolve(r.Context(), id)
+	if errors.Is(err, ErrPaused) && h.opts.Waker != nil {
+		// The token first: a request without it wakes nothing.
+		if code, msg, detail := h.authorize(r, rt, kind, header, t); code != 0 {
+			return code, msg, detail
+		}
+		t, err = h.awaitWake(r.Context(), rt, t)
+	}
 	switch {
-	case errors.Is(err, ErrNotFound):
+	case errors.Is(err, errTooManyHeld):
+		return http.StatusTooManyRequests, fmt.Sprintf("sandbox %s is resuming and %d requests already wait for it; retry", id, h.opts.MaxHeld), err.Error()
+	case errors.Is(err, errWake):
+		return http.StatusServiceUnavailable, fmt.Sprintf("sandbox %s could not be resumed: %s; retry", id, strings.TrimPrefix(err.Error(), errWake.Error()+": ")), err.Error()
+	case errors.Is(err, errWakeTimeout):
+		return http.StatusServiceUnavailable, fmt.Sprintf("sandbox %s did not resume within %s; retry", id, h.opts.WakeHold), err.Error()
+	case errors.Is(err, ErrNotFound) || errors.Is(err, ErrPaused):
 		// E2B's answer for a sandbox gone or never made, on every port:
 		// its SDK reads a 502 from the agent as the sandbox having ended.
 		return http.StatusBadGateway, SandboxNotFound, err.Error()
@@ -327,6 +356,13 @@ func (h *Handler) admit(r *http.Request, rt *route) (int, string, string) {
 		return http.StatusBadGateway, fmt.Sprintf("sandbox %s cannot be resolved now", id), err.Error()
 	}
 	rt.target = t
+	return h.authorize(r, rt, kind, header, t)
+}
+
+// authorize checks the request's token for t, then t's port: 0 to go on,
+// or the status and message to answer with (and a detail for the log).
+func (h *Handler) authorize(r *http.Request, rt *route, kind access.Kind, header string, t Target) (int, string, string) {
+	id, port := rt.id, rt.port
 	// The token before the port: a caller without it learns nothing of the
 	// sandbox's ports. A signed file URL carries no token: its signature,
 	// checked here, stands for the envd token, which the agent is then
@@ -354,6 +390,51 @@ func (h *Handler) admit(r *http.Request, rt *route) (int, string, string) {
 		return http.StatusNotFound, msg, msg
 	}
 	return 0, "", ""
+}
+
+// The ways a wake fails.
+var (
+	errWake        = errors.New("the resume failed")
+	errWakeTimeout = errors.New("the sandbox did not resume in time")
+)
+
+// awaitWake resumes the sandbox of rt, paused or resuming as t says (once
+// for every request that asks at the same time), and waits, within
+// WakeHold, until its next Pod is Ready. A sandbox whose Service goes
+// meanwhile is ErrGone.
+func (h *Handler) awaitWake(ctx context.Context, rt *route, t Target) (Target, error) {
+	release, err := h.wakes.hold(rt.id, h.opts.MaxHeld)
+	if err != nil {
+		return Target{}, err
+	}
+	defer release()
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, h.opts.WakeHold)
+	defer cancel()
+	err = fmt.Errorf("sandbox %s: %w", rt.id, ErrPaused)
+	for {
+		if errors.Is(err, ErrPaused) && t.Paused {
+			if err := h.wakes.wake(h.opts.Waker, rt.id, h.opts.WakeHold); err != nil {
+				if errors.Is(err, ErrNotFound) {
+					return Target{}, err
+				}
+				return Target{}, fmt.Errorf("%w: %w", errWake, err)
+			}
+		}
+		switch {
+		case err == nil && t.Ready:
+			h.opts.Log.Info("resumed on traffic", "request_id", rt.request, "sandbox", rt.id, "pod", t.Pod, "seconds", time.Since(start).Seconds())
+			return t, nil
+		case errors.Is(err, ErrGone) || err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrNotRunning) && !errors.Is(err, ErrPaused):
+			return t, err
+		}
+		select {
+		case <-ctx.Done():
+			return Target{}, errWakeTimeout
+		case <-time.After(50 * time.Millisecond):
+		}
+		t, err = h.opts.Resolver.Resolve(rt.id)
+	}
 }
 
 // resolve finds the sandbox's Pod, waiting up to CacheGrace for caches

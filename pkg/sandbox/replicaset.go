@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"context"
-	"encoding/json"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -74,21 +73,7 @@ func (m *Manager) reuseReplicaSet(ctx context.Context, rs *appsv1.ReplicaSet, s 
 // (ifUnchanged) carries the resourceVersion it judged too, so a sandbox
 // used since is not paused.
 func (m *Manager) scale(ctx context.Context, rs *appsv1.ReplicaSet, replicas int32, ifUnchanged bool) (*appsv1.ReplicaSet, error) {
-	now := time.Now().UTC().Truncate(time.Second).Format(time.RFC3339)
-	ann := map[string]any{keys.AnnotationPausedAt: now}
-	if replicas > 0 {
-		ann = map[string]any{keys.AnnotationPausedAt: nil}
-		if lt, ok := resources.LifetimeOf(rs); ok {
-			lt.LastActivity = time.Now().UTC().Truncate(time.Second)
-			ann[keys.AnnotationLastActivity] = lt.LastActivity.Format(time.RFC3339)
-			ann[keys.AnnotationExpiresAt] = lt.ExpiresAt().Format(time.RFC3339)
-		}
-	}
-	meta := map[string]any{"annotations": ann, "uid": rs.UID}
-	if ifUnchanged {
-		meta["resourceVersion"] = rs.ResourceVersion
-	}
-	patch, _ := json.Marshal(map[string]any{"metadata": meta, "spec": map[string]any{"replicas": replicas}})
+	patch := resources.ScalePatch(rs, replicas, ifUnchanged, time.Now())
 	out, err := m.client.AppsV1().ReplicaSets(m.cfg.Namespace).Patch(ctx, rs.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 	if err != nil {
 		if apierrors.IsConflict(err) || api.UIDChanged(err) {

@@ -1,6 +1,7 @@
 package resources
 
 import (
+	"encoding/json"
 	"maps"
 	"slices"
 	"sort"
@@ -39,6 +40,9 @@ func BuildReplicaSet(cfg config.Objects, s api.Spec) *appsv1.ReplicaSet {
 	rsAnnotations[keys.AnnotationIdleAction] = idleAction
 	if idleAction == template.IdlePause {
 		rsAnnotations[keys.AnnotationPausedTimeout] = strconv.FormatInt(int64(pausedTimeout/time.Second), 10)
+		if s.AutoResume {
+			rsAnnotations[keys.AnnotationAutoResume] = "true"
+		}
 	}
 	podAnnotations := maps.Clone(pod.Annotations)
 	delete(podAnnotations, keys.AnnotationLastActivity)
@@ -97,4 +101,30 @@ func ControlledPods(rs *appsv1.ReplicaSet, pods []corev1.Pod) []*corev1.Pod {
 		}
 	}
 	return mine
+}
+
+// ScalePatch is the merge patch that pauses (replicas 0) or resumes
+// (replicas 1) the sandbox ReplicaSet rs at now: paused-at set or removed;
+// on resume the idle clock restarts (last activity now, expires-at
+// again), so the reap does not pause it at once. The patch names rs's UID,
+// which the API server refuses to change (so it applies to rs alone, not a
+// ReplicaSet of the name made since), and with ifUnchanged its
+// resourceVersion too.
+func ScalePatch(rs *appsv1.ReplicaSet, replicas int32, ifUnchanged bool, now time.Time) []byte {
+	now = now.UTC().Truncate(time.Second)
+	ann := map[string]any{keys.AnnotationPausedAt: now.Format(time.RFC3339)}
+	if replicas > 0 {
+		ann = map[string]any{keys.AnnotationPausedAt: nil}
+		if lt, ok := LifetimeOf(rs); ok {
+			lt.LastActivity = now
+			ann[keys.AnnotationLastActivity] = lt.LastActivity.Format(time.RFC3339)
+			ann[keys.AnnotationExpiresAt] = lt.ExpiresAt().Format(time.RFC3339)
+		}
+	}
+	meta := map[string]any{"annotations": ann, "uid": rs.UID}
+	if ifUnchanged {
+		meta["resourceVersion"] = rs.ResourceVersion
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": meta, "spec": map[string]any{"replicas": replicas}}) // maps of strings and numbers always marshal
+	return patch
 }

@@ -1,0 +1,330 @@
+package router
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	listersappsv1 "k8s.io/client-go/listers/apps/v1"
+	listerscorev1 "k8s.io/client-go/listers/core/v1"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/ptr"
+
+	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
+)
+
+// sleeper is sandbox abc, paused until woken: then, after ready, its Pod
+// is Ready (a stand-in for the Pod and ReplicaSet caches: the wake's own
+// API calls are Scaler's, tested below on a fake clientset). gone makes
+// its Service go instead.
+type sleeper struct {
+	woken atomic.Int32
+	at    atomic.Int64 // when woken, unix nanoseconds
+	ready time.Duration
+	gone  bool
+	err   error // Wake's answer
+}
+
+func (s *sleeper) Resolve(id string) (Target, error) {
+	if id != "abc" {
+		return Target{}, fmt.Errorf("sandbox %s: %w", id, ErrNotFound)
+	}
+	at := s.at.Load()
+	switch {
+	case at == 0:
+		t := abc
+		t.IP, t.Paused = "", true
+		return t, fmt.Errorf("sandbox abc: %w", ErrPaused)
+	case s.gone:
+		return Target{}, fmt.Errorf("sandbox abc: %w", ErrGone)
+	case time.Since(time.Unix(0, at)) < s.ready:
+		// Resuming: the Cache says paused until the Pod runs.
+		t := abc
+		t.IP = ""
+		return t, fmt.Errorf("sandbox abc: %w", ErrPaused)
+	}
+	t := abc
+	t.Ready = true
+	return t, nil
+}
+
+func (s *sleeper) Wake(context.Context, string) error {
+	s.woken.Add(1)
+	if s.err != nil {
+		return s.err
+	}
+	s.at.CompareAndSwap(0, time.Now().UnixNano())
+	return nil
+}
+
+// traffic is a request for abc's port 8080 with its traffic token (or
+// with token, when not empty).
+func traffic(token string) map[string]string {
+	if token == "" {
+		token = trafficToken
+	}
+	return map[string]string{HeaderSandboxID: "abc", HeaderSandboxPort: "8080", HeaderTrafficToken: token}
+}
+
+// TestWakesAPausedSandboxOnce: ten requests at once for a paused sandbox
+// that resumes on traffic start one resume, are held until its Pod is
+// Ready, and are all forwarded; a request without the token wakes nothing.
+func TestWakesAPausedSandboxOnce(t *testing.T) {
+	s := &sleeper{ready: 300 * time.Millisecond}
+	h := newHarness(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello") }, func(o *Options) {
+		o.Resolver, o.Waker = s, s
+	})
+	// Without the token: 401, and no resume.
+	resp, err := http.DefaultClient.Do(h.request(t, "GET", nil, traffic("wrong")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized || s.woken.Load() != 0 {
+		t.Fatalf("a wrong token: %d, %d resumes; want 401 and none", resp.StatusCode, s.woken.Load())
+	}
+	var wg sync.WaitGroup
+	codes := make([]int, 10)
+	start := time.Now()
+	for i := range codes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := http.DefaultClient.Do(h.request(t, "GET", nil, traffic("")))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			if string(b) == "hello" {
+				codes[i] = resp.StatusCode
+			}
+		}()
+	}
+	wg.Wait()
+	want := []int{200, 200, 200, 200, 200, 200, 200, 200, 200, 200}
+	if diff := cmp.Diff(want, codes); diff != "" {
+		t.Errorf("held requests' answers (-want +got):\n%s", diff)
+	}
+	if n := s.woken.Load(); n != 1 {
+		t.Errorf("%d resumes for ten requests at once; want 1", n)
+	}
+	if took := time.Since(start); took < s.ready {
+		t.Errorf("answered after %s, before the Pod was Ready (%s)", took, s.ready)
+	}
+}
+
+// TestWakeFailures: each way a wake can fail answers at once or within the
+// hold, with a body: the resume refused (503), the Pod not Ready within
+// the hold (503), the sandbox deleted while requests wait (E2B's 502 for a
+// sandbox gone), and the held requests' bound reached (429).
+func TestWakeFailures(t *testing.T) {
+	cases := []struct {
+		name    string
+		sleeper *sleeper
+		hold    time.Duration
+		code    int
+		says    string
+	}{
+		{"resume refused", &sleeper{err: errors.New("forbidden")}, time.Second, 503, "could not be resumed: forbidden"},
+		{"not Ready in time", &sleeper{ready: time.Hour}, 300 * time.Millisecond, 503, "did not resume within 300ms"},
+		{"deleted while waiting", &sleeper{gone: true}, time.Second, 502, SandboxNotFound},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarness(t, func(w http.ResponseWriter, r *http.Request) {}, func(o *Options) {
+				o.Resolver, o.Waker, o.WakeHold = c.sleeper, c.sleeper, c.hold
+			})
+			start := time.Now()
+			resp, err := http.DefaultClient.Do(h.request(t, "GET", nil, traffic("")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var body map[string]any
+			if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+				t.Fatal(err)
+			}
+			msg, _ := body["message"].(string)
+			if resp.StatusCode != c.code || body["code"] != float64(c.code) || !strings.Contains(msg, c.says) {
+				t.Errorf("= %d %v; want %d saying %q", resp.StatusCode, body, c.code, c.says)
+			}
+			if took := time.Since(start); took > c.hold+time.Second {
+				t.Errorf("answered after %s; want within the hold (%s)", took, c.hold)
+			}
+		})
+	}
+	t.Run("too many held", func(t *testing.T) {
+		s := &sleeper{ready: time.Hour}
+		h := newHarness(t, func(w http.ResponseWriter, r *http.Request) {}, func(o *Options) {
+			o.Resolver, o.Waker, o.WakeHold, o.MaxHeld = s, s, 2*time.Second, 2
+		})
+		var wg sync.WaitGroup
+		for range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if resp, err := http.DefaultClient.Do(h.request(t, "GET", nil, traffic(""))); err == nil {
+					resp.Body.Close()
+				}
+			}()
+		}
+		deadline := time.Now().Add(2 * time.Second)
+		for s.woken.Load() == 0 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		time.Sleep(50 * time.Millisecond) // both held
+		resp, err := http.DefaultClient.Do(h.request(t, "GET", nil, traffic("")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusTooManyRequests {
+			t.Errorf("a third request while two are held (bound 2) = %d; want 429", resp.StatusCode)
+		}
+		wg.Wait()
+	})
+}
+
+// pausedSandbox is a paused ReplicaSet sandbox abc and its Service, owned
+// by it, as the function makes them.
+func pausedSandbox(autoResume bool) (*appsv1.ReplicaSet, *corev1.Service) {
+	labels := map[string]string{keys.LabelApp: keys.LabelAppValue, keys.LabelID: "abc"}
+	ann := map[string]string{keys.AnnotationPrincipal: "alice", keys.AnnotationCreatedAt: abc.Sandbox.CreatedAt,
+		keys.AnnotationIdleTimeout: "60", keys.AnnotationMaxLifetime: "3600", keys.AnnotationLastActivity: abc.Sandbox.CreatedAt}
+	if autoResume {
+		ann[keys.AnnotationAutoResume] = "true"
+	}
+	tmpl := map[string]string{keys.LabelApp: keys.LabelAppValue, keys.LabelID: "abc", LabelEnvd: LabelEnvdValue}
+	rs := &appsv1.ReplicaSet{
+		ObjectMeta: metav1.ObjectMeta{Name: "sandbox-abc", Namespace: "ns", UID: "rs-uid", Labels: labels, Annotations: ann, ResourceVersion: "7"},
+		Spec: appsv1.ReplicaSetSpec{Replicas: ptr.To[int32](0), Template: corev1.PodTemplateSpec{
+			ObjectMeta: metav1.ObjectMeta{Labels: tmpl, Annotations: map[string]string{keys.AnnotationPrincipal: "alice", keys.AnnotationCreatedAt: abc.Sandbox.CreatedAt}},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "sandbox", Ports: []corev1.ContainerPort{{ContainerPort: 8080}}}}},
+		}},
+	}
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: resources.ServiceName("abc"), Namespace: "ns", Labels: labels,
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "sandbox-abc", UID: "rs-uid", Controller: ptr.To(true)}}}}
+	return rs, svc
+}
+
+// TestCacheTellsAPausedSandbox: a paused ReplicaSet that owns the
+// sandbox's Service and resumes on traffic is ErrPaused, with the Target
+// its tokens are bound to; one that does not resume on traffic, or owns
+// another Service, is not found, as a paused sandbox always was.
+func TestCacheTellsAPausedSandbox(t *testing.T) {
+	cases := []struct {
+		name       string
+		autoResume bool
+		otherOwner bool
+		wantErr    error
+	}{
+		{"resumes on traffic", true, false, ErrPaused},
+		{"does not", false, false, ErrNotFound},
+		{"another's Service", true, true, ErrNotFound},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rs, svc := pausedSandbox(c.autoResume)
+			if c.otherOwner {
+				svc.OwnerReferences[0].UID = "someone-else"
+			}
+			idx := func(objs ...runtime.Object) cache.Indexer {
+				i := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{IDIndex: IndexByID})
+				for _, o := range objs {
+					if err := i.Add(o); err != nil {
+						t.Fatal(err)
+					}
+				}
+				return i
+			}
+			services := idx(svc)
+			c2 := Cache{
+				Pods:        idx(),
+				Services:    listerscorev1.NewServiceLister(services).Services("ns"),
+				Wires:       listerscorev1.NewServiceLister(idx()).Services("ns"),
+				ReplicaSets: listersappsv1.NewReplicaSetLister(idx(rs)).ReplicaSets("ns"),
+			}
+			got, err := c2.Resolve("abc")
+			if !errors.Is(err, c.wantErr) || c.wantErr == ErrPaused != errors.Is(err, ErrPaused) {
+				t.Fatalf("Resolve = %v; want %v", err, c.wantErr)
+			}
+			if c.wantErr == ErrPaused {
+				want := Target{Pod: "sandbox-abc", Sandbox: abc.Sandbox, Envd: true, Ports: []int32{8080}, Paused: true}
+				if diff := cmp.Diff(want, got); diff != "" {
+					t.Errorf("paused Target (-want +got):\n%s", diff)
+				}
+			}
+		})
+	}
+}
+
+// TestScalerResumesOnly: Scaler patches a paused sandbox that resumes on
+// traffic to one replica (resources.ScalePatch, conditional on the version
+// it read), leaves a running one alone, and refuses one that does not
+// resume on traffic.
+func TestScalerResumesOnly(t *testing.T) {
+	cases := []struct {
+		name       string
+		autoResume bool
+		running    bool
+		wantErr    bool
+		patches    int
+	}{
+		{"paused, resumes on traffic", true, false, false, 1},
+		{"running already", true, true, false, 0},
+		{"paused, does not resume on traffic", false, false, true, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rs, _ := pausedSandbox(c.autoResume)
+			if c.running {
+				rs.Spec.Replicas = ptr.To[int32](1)
+			}
+			client := fake.NewClientset(rs)
+			var patches []string
+			client.PrependReactor("patch", "replicasets", func(a k8stesting.Action) (bool, runtime.Object, error) {
+				patches = append(patches, string(a.(k8stesting.PatchAction).GetPatch()))
+				return false, nil, nil
+			})
+			err := Scaler{Client: client, Namespace: "ns"}.Wake(context.Background(), "abc")
+			if (err != nil) != c.wantErr || len(patches) != c.patches {
+				t.Fatalf("Wake = %v, %d patches; want error %v, %d patches", err, len(patches), c.wantErr, c.patches)
+			}
+			if c.patches == 0 {
+				return
+			}
+			var p struct {
+				Metadata struct {
+					ResourceVersion string `json:"resourceVersion"`
+				} `json:"metadata"`
+				Spec struct {
+					Replicas int32 `json:"replicas"`
+				} `json:"spec"`
+			}
+			if err := json.Unmarshal([]byte(patches[0]), &p); err != nil {
+				t.Fatal(err)
+			}
+			if p.Spec.Replicas != 1 || p.Metadata.ResourceVersion != "7" {
+				t.Errorf("patch %s: want one replica, conditional on version 7", patches[0])
+			}
+		})
+	}
+}
