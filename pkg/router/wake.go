@@ -24,7 +24,7 @@ import (
 // Ready, then forwards them as any other. A request without the token
 // wakes nothing. The resume is the function's own (resources.ScalePatch:
 // one Pod, the idle clock restarted); an admission policy lets the
-// router's account make that change alone (config/800-admission-policy.yaml).
+// router's account make that change alone (config/802-admission-policy-router.yaml).
 
 // Waker resumes a paused sandbox.
 type Waker interface {

@@ -438,7 +438,7 @@ describe('the e2b SDK drives our sandboxes', { concurrency: false }, () => {
     assert.ok(err.statusCode === 404 || err instanceof NotFoundError, `statusCode ${err.statusCode}: ${err.message}`)
   })
 
-  it("a create restating E2B's defaults is a sandbox; resume on traffic is refused by name", { timeout: createTestTimeoutMs + 30_000 }, async () => {
+  it("a create restating E2B's defaults is a sandbox; resume on traffic where the template deletes is refused by name", { timeout: createTestTimeoutMs + 30_000 }, async () => {
     // autoResume false is what E2B's Python SDK sends on every create
     // (autoResume {enabled: false}); the JS SDK sends the same for it.
     const sbx = await create(cfg.template, { lifecycle: { onTimeout: 'kill', autoResume: false } })
@@ -452,7 +452,7 @@ describe('the e2b SDK drives our sandboxes', { concurrency: false }, () => {
       SandboxError,
       'a create with autoResume true',
     )
-    assert.match(err.message, /autoResume/)
+    assert.match(err.message, /autoPause/)
   })
 
   it('kill: then getInfo, connect and the envd are gone', { timeout: createTestTimeoutMs + 90_000 }, async () => {
@@ -499,6 +499,30 @@ describe('the e2b SDK drives our sandboxes', { concurrency: false }, () => {
       const again = await Sandbox.connect(id, { requestTimeoutMs: 60_000 })
       assert.equal((await again.commands.run('echo running')).stdout, 'running\n')
       await resumed.files.remove(path).catch(() => {})
+    })
+
+    it('resume on traffic: a paused sandbox with autoResume answers its next command', { skip, timeout: 2 * createTestTimeoutMs + 120_000 }, async () => {
+      const p = await create(cfg.pauseTemplate, { lifecycle: { onTimeout: 'pause', autoResume: true } })
+      const id = p.sandboxId
+      const path = `${cfg.pauseDir}/e2b-wake-${runId}.txt`
+      await p.files.write(path, 'kept across a wake\n')
+      assert.equal(await p.pause({ requestTimeoutMs: 120_000 }), true, 'pause of a running sandbox')
+      assert.equal((await Sandbox.getInfo(id)).state, 'paused')
+      // No connect: the same handle's next calls wake it, all at once.
+      const outs = await Promise.all([1, 2, 3].map((i) => p.commands.run(`echo woken ${i}`, { requestTimeoutMs: createRequestTimeoutMs })))
+      assert.deepEqual(outs.map((r) => r.stdout), ['woken 1\n', 'woken 2\n', 'woken 3\n'])
+      assert.equal((await Sandbox.getInfo(id)).state, 'running')
+      assert.equal(await p.files.read(path), 'kept across a wake\n')
+      // A request without its token neither wakes nor reaches it.
+      assert.equal(await p.pause({ requestTimeoutMs: 120_000 }), true, 'a second pause')
+      const intruder = await fetch(`${cfg.sandboxUrl}/health`, {
+        headers: { 'E2b-Sandbox-Id': id, 'E2b-Sandbox-Port': envdPort, 'X-Access-Token': 'not-its-token' },
+        signal: AbortSignal.timeout(30_000),
+      })
+      assert.equal(intruder.status, 401, 'a wrong token is refused')
+      await sleep(2_000)
+      assert.equal((await Sandbox.getInfo(id)).state, 'paused', 'a wrong token woke the sandbox')
+      await Sandbox.kill(id)
     })
   })
 })

@@ -126,7 +126,11 @@ func TestDeerFlowChartOverlay(t *testing.T) {
 		}
 		if o.GetKind() == "ValidatingAdmissionPolicy" {
 			conds, _, _ := unstructured.NestedSlice(o.Object, "spec", "matchConditions")
-			want := "request.userInfo.username == 'system:serviceaccount:" + ns + ":sandbox-provisioner'"
+			account := "sandbox-provisioner"
+			if o.GetName() == "sandbox-router-resume" {
+				account = "sandbox-router"
+			}
+			want := "request.userInfo.username == 'system:serviceaccount:" + ns + ":" + account + "'"
 			if len(conds) != 1 || conds[0].(map[string]any)["expression"] != want {
 				t.Errorf("ValidatingAdmissionPolicy %s matches %v, want the one condition %s", o.GetName(), conds, want)
 			}

@@ -45,7 +45,7 @@ func TestAdmissionLetsTheRouterOnlyResume(t *testing.T) {
 			rbac = append(rbac, o)
 		}
 	}
-	applyServerSide(t, rbac)
+	applyServerSide(t, append(rbac, readObjects(t, filepath.Join("..", "..", "config", "802-admission-policy-router.yaml"))...))
 	rc := rest.CopyConfig(kc.Config)
 	rc.Impersonate = rest.ImpersonationConfig{UserName: routerAccount}
 	router := kubernetes.NewForConfigOrDie(rc)

@@ -110,6 +110,19 @@ func TestBuildReplicaSet(t *testing.T) {
 		want: func(pod *corev1.Pod) *appsv1.ReplicaSet {
 			return wantReplicaSet(pod, map[string]string{"sandbox.deerflow.dev/idle-action": "pause", "sandbox.deerflow.dev/paused-timeout-seconds": "7200"})
 		},
+	}, {
+		name: "resume on traffic, on a template that pauses: said on the ReplicaSet alone",
+		spec: func(s *api.Spec) { s.Template, s.Resolved, s.AutoResume = pausing.Name, pausing, true },
+		want: func(pod *corev1.Pod) *appsv1.ReplicaSet {
+			return wantReplicaSet(pod, map[string]string{"sandbox.deerflow.dev/idle-action": "pause", "sandbox.deerflow.dev/paused-timeout-seconds": "7200",
+				"sandbox.deerflow.dev/auto-resume": "true"})
+		},
+	}, {
+		name: "resume on traffic where idle sandboxes are deleted: nothing to resume",
+		spec: func(s *api.Spec) { s.AutoResume = true },
+		want: func(pod *corev1.Pod) *appsv1.ReplicaSet {
+			return wantReplicaSet(pod, map[string]string{"sandbox.deerflow.dev/idle-action": "delete"})
+		},
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
