@@ -18,6 +18,7 @@ type Metrics struct {
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
 	inFlight prometheus.Gauge
+	wakes    *prometheus.HistogramVec
 }
 
 // NewMetrics registers the router's series on reg:
@@ -27,6 +28,9 @@ type Metrics struct {
 //     request's arrival to its response's header, the router's own answers
 //     included; a stream then lasts as long as the sandbox sends)
 //   - sandbox_router_in_flight_requests (gauge; streams included)
+//   - sandbox_router_wake_seconds{outcome} (histogram: how long a request
+//     was held for a paused sandbox it woke; outcome resumed, failed,
+//     timeout or gone)
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -42,8 +46,13 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Namespace: "sandbox_router", Name: "in_flight_requests",
 			Help: "Requests being served, open streams included.",
 		}),
+		wakes: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "sandbox_router", Name: "wake_seconds",
+			Help:    "How long a request was held for a paused sandbox that resumes on traffic, by outcome (resumed, failed, timeout, gone).",
+			Buckets: []float64{.1, .25, .5, 1, 1.5, 2, 3, 5, 10, 30, 60},
+		}, []string{"outcome"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.latency, m.inFlight} {
+	for _, c := range []prometheus.Collector{m.requests, m.latency, m.inFlight, m.wakes} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("registering the router's metrics: %w", err)
 		}
@@ -62,5 +71,11 @@ func (m *Metrics) observe(code, kind string, seconds float64) {
 func (m *Metrics) flight(delta float64) {
 	if m != nil {
 		m.inFlight.Add(delta)
+	}
+}
+
+func (m *Metrics) woke(outcome string, seconds float64) {
+	if m != nil {
+		m.wakes.WithLabelValues(outcome).Observe(seconds)
 	}
 }

@@ -409,6 +409,8 @@ func (h *Handler) awaitWake(ctx context.Context, rt *route, t Target) (Target, e
 	}
 	defer release()
 	start := time.Now()
+	outcome := "failed"
+	defer func() { h.opts.Metrics.woke(outcome, time.Since(start).Seconds()) }()
 	ctx, cancel := context.WithTimeout(ctx, h.opts.WakeHold)
 	defer cancel()
 	err = fmt.Errorf("sandbox %s: %w", rt.id, ErrPaused)
@@ -416,6 +418,7 @@ func (h *Handler) awaitWake(ctx context.Context, rt *route, t Target) (Target, e
 		if errors.Is(err, ErrPaused) && t.Paused {
 			if err := h.wakes.wake(h.opts.Waker, rt.id, h.opts.WakeHold); err != nil {
 				if errors.Is(err, ErrNotFound) {
+					outcome = "gone"
 					return Target{}, err
 				}
 				return Target{}, fmt.Errorf("%w: %w", errWake, err)
@@ -423,13 +426,18 @@ func (h *Handler) awaitWake(ctx context.Context, rt *route, t Target) (Target, e
 		}
 		switch {
 		case err == nil && t.Ready:
+			outcome = "resumed"
 			h.opts.Log.Info("resumed on traffic", "request_id", rt.request, "sandbox", rt.id, "pod", t.Pod, "seconds", time.Since(start).Seconds())
 			return t, nil
 		case errors.Is(err, ErrGone) || err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrNotRunning) && !errors.Is(err, ErrPaused):
+			if errors.Is(err, ErrGone) {
+				outcome = "gone"
+			}
 			return t, err
 		}
 		select {
 		case <-ctx.Done():
+			outcome = "timeout"
 			return Target{}, errWakeTimeout
 		case <-time.After(50 * time.Millisecond):
 		}

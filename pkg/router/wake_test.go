@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -128,6 +130,13 @@ func TestWakesAPausedSandboxOnce(t *testing.T) {
 	}
 	if took := time.Since(start); took < s.ready {
 		t.Errorf("answered after %s, before the Pod was Ready (%s)", took, s.ready)
+	}
+	var m dto.Metric
+	if err := h.metrics.wakes.WithLabelValues("resumed").(prometheus.Histogram).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if n := m.GetHistogram().GetSampleCount(); n != 10 {
+		t.Errorf("sandbox_router_wake_seconds{outcome=resumed} counts %d held requests; want 10", n)
 	}
 }
 
