@@ -247,7 +247,7 @@ func lookup(pods cache.Indexer, svcs listerscorev1.ServiceNamespaceLister, log *
 			log.Error("bad egress grants annotation", "sandbox", id, "service", svc.Name, "error", err.Error())
 			return id, egress.Policy{}, fmt.Errorf("sandbox %s's %s annotation: %w", id, keys.AnnotationEgressGrants, err)
 		}
-		return id, egress.Policy{Mode: mode, Allow: allow, Grants: grants}, nil
+		return id, egress.Policy{Mode: mode, Allow: allow, Grants: grants, Principal: pod.Labels[keys.LabelPrincipal]}, nil
 	}
 }
 

@@ -205,6 +205,9 @@ type Policy struct {
 	Mode   Mode
 	Allow  []string // the template's list (or the deployment's)
 	Grants []Grant
+	// Principal owns the sandbox (its label's value): the egress proxy
+	// bounds the connections of each principal's sandboxes together.
+	Principal string
 }
 
 // Allows says whether the sandbox may reach host at now: only an

@@ -21,6 +21,7 @@ const (
 	ReasonHostMismatch     = "host_mismatch"     // the HTTP Host is not the target
 	ReasonResolve          = "resolve"           // the name did not resolve (502)
 	ReasonUpstream         = "upstream"          // no judged address answered (502)
+	ReasonTooMany          = "too_many"          // the principal's sandboxes have MaxPerPrincipal connections open (429)
 )
 
 var reasons = []string{

@@ -86,9 +86,64 @@ type Server struct {
 	// ShutdownGrace is how long Serve lets open connections finish once
 	// its context is done, before it closes them.
 	ShutdownGrace time.Duration
+	// MaxPerPrincipal bounds the upstream connections open at once for the
+	// sandboxes of one principal (DefaultMaxPerPrincipal): past it, 429,
+	// so that one tenant's flood leaves the others their share.
+	MaxPerPrincipal int
 
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
+	// perPrincipal counts the upstream connections per principal.
+	openMu       sync.Mutex
+	perPrincipal map[string]int
+}
+
+// DefaultMaxPerPrincipal is Server.MaxPerPrincipal's default.
+const DefaultMaxPerPrincipal = 256
+
+// take counts one more upstream connection for principal, or refuses
+// (false) at the bound; release, called once, undoes it.
+func (s *Server) take(principal string) (release func(), ok bool) {
+	s.openMu.Lock()
+	defer s.openMu.Unlock()
+	if s.perPrincipal == nil {
+		s.perPrincipal = map[string]int{}
+	}
+	if s.perPrincipal[principal] >= cmp.Or(s.MaxPerPrincipal, DefaultMaxPerPrincipal) {
+		return nil, false
+	}
+	s.perPrincipal[principal]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.openMu.Lock()
+			defer s.openMu.Unlock()
+			if s.perPrincipal[principal]--; s.perPrincipal[principal] <= 0 {
+				delete(s.perPrincipal, principal)
+			}
+		})
+	}, true
+}
+
+// counted is an upstream connection that gives its principal's count back
+// when closed.
+type counted struct {
+	net.Conn
+	release func()
+}
+
+func (c counted) Close() error {
+	c.release()
+	return c.Conn.Close()
+}
+
+// CloseWrite half-closes the connection when it can (a TCP one): a tunnel
+// passes a client's half-close on.
+func (c counted) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.ErrUnsupported
 }
 
 func (s *Server) log() *slog.Logger {

@@ -146,8 +146,8 @@ func newEnv(t testing.TB, opts ...func(*Server)) *env {
 
 	policies := map[netip.Addr]egress.Policy{
 		srcExact:    {Mode: egress.Allowlist, Allow: []string{"example.com"}},
-		srcWildcard: {Mode: egress.Allowlist, Allow: []string{"*.example.com"}},
-		srcGrants: {Mode: egress.Allowlist, Grants: []egress.Grant{
+		srcWildcard: {Mode: egress.Allowlist, Allow: []string{"*.example.com"}, Principal: "alice"},
+		srcGrants: {Mode: egress.Allowlist, Principal: "bob", Grants: []egress.Grant{
 			{Name: "live.example.com", Until: ptr(now.Add(time.Minute))},
 			{Name: "expired.example.com", Until: ptr(now.Add(-time.Minute))},
 		}},
@@ -784,4 +784,39 @@ func echConfigList(t *testing.T, publicName string) []byte {
 	config = u16(config, len(contents))
 	config = append(config, contents...)
 	return append(u16(nil, len(config)), config...)
+}
+
+// TestProxyBoundsEachPrincipal: with MaxPerPrincipal 1, alice's sandbox
+// holding one tunnel has her next CONNECT refused (429, counted as
+// too_many), bob's sandbox still gets his, and once hers is closed she
+// gets one again.
+func TestProxyBoundsEachPrincipal(t *testing.T) {
+	e := newEnv(t, func(s *Server) { s.MaxPerPrincipal = 1 })
+	counter := e.metrics.requests.WithLabelValues("refused", ReasonTooMany)
+	first := e.tunnel(t, srcWildcard, "raw.example.com:80")
+	c := e.dialProxy(t, srcWildcard)
+	got := raw(t, c, "CONNECT raw.example.com:80 HTTP/1.1\r\nHost: raw.example.com:80\r\n\r\n")
+	if got.Status != http.StatusTooManyRequests || !strings.Contains(got.Body, "connections open") {
+		t.Errorf("alice's second tunnel = %+v; want 429 saying why", got)
+	}
+	if n := value(t, counter); n != 1 {
+		t.Errorf("too_many refusals counted %v; want 1", n)
+	}
+	e.tunnel(t, srcGrants, "live.example.com:80").Close()
+	first.Close()
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		c := e.dialProxy(t, srcWildcard)
+		fmt.Fprintf(c, "CONNECT raw.example.com:80 HTTP/1.1\r\nHost: raw.example.com:80\r\n\r\n")
+		b := make([]byte, 12)
+		_, err := io.ReadFull(c, b)
+		c.Close()
+		if err == nil && string(b) == "HTTP/1.1 200" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("alice's tunnel after hers closed: %q %v; want 200", b, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

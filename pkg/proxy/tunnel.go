@@ -3,9 +3,11 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -32,6 +34,15 @@ var alertAccessDenied = []byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 49}
 func (s *Server) open(ctx context.Context, c net.Conn, r *request, target func() (string, *refusal)) (net.Conn, netip.AddrPort) {
 	pol, ref := s.identify(ctx, r)
 	var addrs []netip.Addr
+	release := func() {}
+	if ref == nil {
+		var ok bool
+		if release, ok = s.take(pol.Principal); !ok {
+			release = func() {}
+			ref = &refusal{status: http.StatusTooManyRequests, reason: ReasonTooMany,
+				msg: fmt.Sprintf("this sandbox's principal has %d connections open through the egress proxy; close some or retry", cmp.Or(s.MaxPerPrincipal, DefaultMaxPerPrincipal))}
+		}
+	}
 	if ref == nil {
 		var t string
 		if t, ref = target(); ref == nil {
@@ -46,11 +57,12 @@ func (s *Server) open(ctx context.Context, c net.Conn, r *request, target func()
 		up, ap, ref = s.dial(ctx, r, addrs)
 	}
 	if ref != nil {
+		release()
 		s.record(r, ref)
 		writeStatus(c, ref.status, ref.body())
 		return nil, ap
 	}
-	return up, ap
+	return counted{Conn: up, release: release}, ap
 }
 
 // connect serves a CONNECT: the checks, the upstream connection, the 200,

@@ -79,7 +79,17 @@ type Options struct {
 	// sandbox (DefaultMaxHeld).
 	WakeHold time.Duration
 	MaxHeld  int
+	// MaxPerPrincipal bounds the requests (streams included) open through
+	// this replica to the sandboxes of one principal (DefaultMaxPerPrincipal):
+	// past it, 429, so that one tenant's flood leaves the others their
+	// share of the router.
+	MaxPerPrincipal int
 }
+
+// DefaultMaxPerPrincipal is Options.MaxPerPrincipal's default: more than
+// any one agent's open streams (each command, PTY and watch is one), far
+// fewer than a replica serves.
+const DefaultMaxPerPrincipal = 512
 
 // Handler routes requests to sandboxes.
 type Handler struct {
@@ -89,6 +99,8 @@ type Handler struct {
 	client *http.Client
 	inited agents
 	wakes  wakes
+	// open counts the requests in flight per principal (MaxPerPrincipal).
+	open counts
 }
 
 // agents are the agents (by Pod UID) this replica has given their token's
@@ -130,6 +142,9 @@ func New(o Options) *Handler {
 	}
 	if o.MaxHeld <= 0 {
 		o.MaxHeld = DefaultMaxHeld
+	}
+	if o.MaxPerPrincipal <= 0 {
+		o.MaxPerPrincipal = DefaultMaxPerPrincipal
 	}
 	dial := o.Dial
 	if dial == nil {
@@ -288,6 +303,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	log := h.opts.Log.With("request_id", id)
 	status, msg, detail := h.admit(r, rt)
+	if status == 0 {
+		release, ok := h.open.take(rt.target.Sandbox.Principal, h.opts.MaxPerPrincipal)
+		if ok {
+			defer release()
+		} else {
+			status = http.StatusTooManyRequests
+			msg = fmt.Sprintf("the sandboxes of this principal have %d requests open through this router; close some or retry", h.opts.MaxPerPrincipal)
+			detail = msg
+		}
+	}
 	if status != 0 {
 		lvl := slog.LevelInfo
 		if status >= 500 && msg != SandboxNotFound {

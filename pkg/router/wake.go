@@ -82,8 +82,7 @@ func (s Scaler) Wake(ctx context.Context, id string) error {
 // bounds the requests held for each.
 type wakes struct {
 	group singleflight.Group
-	mu    sync.Mutex
-	held  map[string]int
+	held  counts
 }
 
 // errTooManyHeld: the sandbox already holds its bound of requests.
@@ -91,22 +90,43 @@ var errTooManyHeld = errors.New("too many requests are waiting for this sandbox 
 
 // hold counts a request held for id, or refuses past max; release undoes it.
 func (w *wakes) hold(id string, max int) (release func(), err error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.held == nil {
-		w.held = map[string]int{}
-	}
-	if w.held[id] >= max {
+	release, ok := w.held.take(id, max)
+	if !ok {
 		return nil, errTooManyHeld
 	}
-	w.held[id]++
+	return release, nil
+}
+
+// counts bounds what is open per key (requests held for a sandbox, a
+// principal's requests in flight): only keys with something open take
+// memory.
+type counts struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+// take counts one more for key, or refuses (false) when max are open;
+// release, called once, undoes it.
+func (c *counts) take(key string, max int) (release func(), ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	if c.n[key] >= max {
+		return nil, false
+	}
+	c.n[key]++
+	var once sync.Once
 	return func() {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		if w.held[id]--; w.held[id] <= 0 {
-			delete(w.held, id)
-		}
-	}, nil
+		once.Do(func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			if c.n[key]--; c.n[key] <= 0 {
+				delete(c.n, key)
+			}
+		})
+	}, true
 }
 
 // wake resumes id once for all the requests that ask at the same time,

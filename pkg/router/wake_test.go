@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/access"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 )
@@ -335,5 +336,62 @@ func TestScalerResumesOnly(t *testing.T) {
 				t.Errorf("patch %s: want one replica, conditional on version 7", patches[0])
 			}
 		})
+	}
+}
+
+// TestBoundsEachPrincipal: with MaxPerPrincipal 2, two open requests to
+// alice's sandbox leave her third one refused (429, with a body), while
+// bob's sandbox is served; once one of hers ends, she is served again.
+func TestBoundsEachPrincipal(t *testing.T) {
+	unblock := make(chan struct{})
+	h := newHarness(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Block") != "" {
+			<-unblock
+		}
+		io.WriteString(w, "ok")
+	}, func(o *Options) { o.MaxPerPrincipal = 2 })
+	alice := func(block bool) *http.Request {
+		req := h.request(t, "GET", nil, traffic(""))
+		if block {
+			req.Header.Set("Block", "1")
+		}
+		return req
+	}
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if resp, err := http.DefaultClient.Do(alice(true)); err == nil {
+				resp.Body.Close()
+			}
+		}()
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for h.hits.Load() < 2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	code := func(req *http.Request) int {
+		t.Helper()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode
+	}
+	if got := code(alice(false)); got != http.StatusTooManyRequests {
+		t.Errorf("alice's third request with two open = %d; want 429", got)
+	}
+	bob := h.request(t, "GET", nil, map[string]string{HeaderSandboxID: "bare", HeaderSandboxPort: "8080",
+		HeaderTrafficToken: testKey.Token(access.Traffic, access.Sandbox{Principal: "bob", ID: "bare", CreatedAt: "2026-11-28T11:00:00Z"})})
+	if got := code(bob); got != http.StatusOK {
+		t.Errorf("bob's request while alice is at her bound = %d; want 200", got)
+	}
+	close(unblock)
+	wg.Wait()
+	if got := code(alice(false)); got != http.StatusOK {
+		t.Errorf("alice's request once hers have ended = %d; want 200", got)
 	}
 }

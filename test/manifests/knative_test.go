@@ -18,6 +18,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/yaml"
@@ -695,5 +697,44 @@ func TestImagesFailClosed(t *testing.T) {
 	// The walk itself: the three components' images are found.
 	if len(found) < 3 {
 		t.Errorf("images found in config/: %q, want the function's, the proxy's and the router's", found)
+	}
+}
+
+// TestRouterAndProxyAreBounded: the two components that carry every
+// tenant's traffic, the E2B router and the egress proxy, request and limit
+// CPU, memory and ephemeral storage, so no flood through them takes the
+// node from the sandboxes (their per-principal bounds are their own code's:
+// MaxPerPrincipal).
+func TestRouterAndProxyAreBounded(t *testing.T) {
+	want := map[string]bool{"sandbox-router": false, "sandbox-egress-proxy": false}
+	for _, o := range configObjects(t) {
+		if o.obj["kind"] != "Deployment" {
+			continue
+		}
+		raw, err := json.Marshal(o.obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d appsv1.Deployment
+		if err := json.Unmarshal(raw, &d); err != nil {
+			t.Fatalf("%s: %v", o.file, err)
+		}
+		if _, ok := want[d.Name]; !ok {
+			continue
+		}
+		want[d.Name] = true
+		for _, c := range d.Spec.Template.Spec.Containers {
+			for _, r := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory, corev1.ResourceEphemeralStorage} {
+				req, lim := c.Resources.Requests[r], c.Resources.Limits[r]
+				if req.IsZero() || lim.IsZero() || lim.Cmp(req) < 0 {
+					t.Errorf("%s: container %s: %s request %s, limit %s; want both, the limit no less", o.file, c.Name, r, req.String(), lim.String())
+				}
+			}
+		}
+	}
+	for name, seen := range want {
+		if !seen {
+			t.Errorf("no Deployment %s in config/", name)
+		}
 	}
 }
