@@ -89,7 +89,7 @@ const (
 	// router resume it for a request that carries the sandbox's token
 	// (E2B's lifecycle.autoResume).
 	AnnotationAutoResume = Prefix + "auto-resume"
-	AnnotationPausedAt      = Prefix + "paused-at"
+	AnnotationPausedAt   = Prefix + "paused-at"
 )
 
 // Warm pools: on pool ReplicaSets, their pooled Pods, and claimed Pods.
