@@ -21,6 +21,7 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/access"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/template"
 	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
 )
 
@@ -148,12 +149,15 @@ func applyPolicy(ctx context.Context, client kubernetes.Interface, file, ns stri
 // sandbox with a shell (the SDK runs every command as /bin/bash -l -c),
 // carrying the agent. Without DeerFlow's mounts: an E2B client brings no
 // DeerFlow thread, and the stand-in's user (1000) could not write the
-// thread directory the kubelet makes as root.
+// thread directory the kubelet makes as root. Its sandboxes pause, as
+// every E2B sandbox can (kind ReplicaSet, idle-action pause): pause,
+// connect, autoPause and autoResume work on the SDK's default template.
 func baseTemplate(ns string) *corev1.PodTemplate {
 	return &corev1.PodTemplate{
 		ObjectMeta: metav1.ObjectMeta{Name: BaseTemplate, Namespace: ns,
 			Labels: map[string]string{keys.LabelTemplate: "true"},
 			Annotations: map[string]string{keys.TemplateEnvd: "true", keys.TemplateDeerFlowMounts: "false",
+				keys.TemplateKind: template.KindReplicaSet, keys.TemplateIdleAction: template.IdlePause,
 				// DeerFlow's E2B provider's default template name.
 				keys.TemplateAliases: "code-interpreter-v1"}},
 		Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
