@@ -20,7 +20,7 @@ func TestShippedTemplatesAreValid(t *testing.T) {
 		t.Fatalf("no templates under config/templates: %v", err)
 	}
 	for _, f := range files {
-		if n, errs := checkFile(cfg, f); n == 0 || len(errs) > 0 {
+		if n, _, errs := checkFile(cfg, f); n == 0 || len(errs) > 0 {
 			t.Errorf("%s: %d templates, errors %v", f, n, errs)
 		}
 	}
@@ -51,7 +51,7 @@ metadata: {name: stray}
 	if err := os.WriteFile(file, []byte(manifest), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	n, errs := checkFile(cfg, file)
+	n, _, errs := checkFile(cfg, file)
 	if n != 2 || len(errs) != 3 {
 		t.Fatalf("%d templates, errors %v; want 2 templates and 3 errors", n, errs)
 	}
