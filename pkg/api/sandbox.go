@@ -30,6 +30,9 @@ type Sandbox struct {
 	Metadata  map[string]string `json:"-"`
 	// Envd says the sandbox carries the envd-compatible agent.
 	Envd bool `json:"-"`
+	// Pauses says that the sandbox pauses when its time is up (a ReplicaSet
+	// with idle-action pause) rather than being deleted.
+	Pauses bool `json:"-"`
 }
 
 // EgressView is a sandbox's egress as get and list show it: its mode, and,

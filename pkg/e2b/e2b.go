@@ -544,6 +544,9 @@ func orDefault(t string) string {
 // principal's, and one whose Pod is gone, are not found.
 func (a *API) find(ctx context.Context, w http.ResponseWriter, id string) (api.Sandbox, int) {
 	sb, err := a.ops.Get(ctx, id, 0)
+	if err == nil {
+		sb, err = a.ended(ctx, sb)
+	}
 	if err == nil && sb.Status == api.StatusNotFound {
 		err = &api.Error{Kind: api.KindNotFound, Detail: "sandbox " + id + " not found"}
 	}
@@ -554,6 +557,27 @@ func (a *API) find(ctx context.Context, w http.ResponseWriter, id string) (api.S
 		return sb, fail(w, err)
 	}
 	return sb, 0
+}
+
+// ended carries out, at once, what a sandbox whose time is up is due (E2B's
+// timeout ends a sandbox at its end, to the second): a sandbox that pauses
+// is paused, any other is deleted (then it is not found). The reap would do
+// the same on its next pass; an E2B client that asks first gets the
+// outcome now, not a sandbox that runs past its end. The router refuses
+// such a sandbox's traffic meanwhile (router.Cache).
+func (a *API) ended(ctx context.Context, sb api.Sandbox) (api.Sandbox, error) {
+	end, err := time.Parse(time.RFC3339, sb.ExpiresAt)
+	if err != nil || sb.Status == api.StatusPaused || sb.Status == api.StatusNotFound || !a.now().After(end) {
+		return sb, nil
+	}
+	if sb.Pauses {
+		return a.ops.Pause(ctx, sb.ID)
+	}
+	if err := a.ops.Destroy(ctx, sb.ID); err != nil {
+		return sb, err
+	}
+	sb.Status = api.StatusNotFound
+	return sb, nil
 }
 
 func (a *API) get(w http.ResponseWriter, r *http.Request) int {

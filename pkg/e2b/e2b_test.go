@@ -592,3 +592,48 @@ func TestCreateByAlias(t *testing.T) {
 		t.Errorf("a refused alias reached the sandbox operations: %v", ops.calls[n:])
 	}
 }
+
+// TestASandboxPastItsEndEndsWhenAsked: an E2B call on a sandbox whose time
+// is up carries out what it is due first, as the reap would later: one
+// that pauses is paused (getInfo says so, connect resumes it), any other
+// is deleted (404, and kill finds nothing). One still within its time is
+// left alone.
+func TestASandboxPastItsEndEndsWhenAsked(t *testing.T) {
+	cases := []struct {
+		name       string
+		pauses     bool
+		endsIn     time.Duration
+		wantCode   int
+		wantState  string
+		wantCalls  []string
+		wantExists bool
+	}{
+		{"within its time", false, time.Minute, 200, "running", nil, true},
+		{"past its end, pauses", true, -time.Second, 200, "paused", []string{"pause"}, true},
+		{"past its end, deleted", false, -time.Second, 404, "", []string{"destroy"}, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			a, ops, _ := newTestAPI(t, true)
+			id := call(t, a, "POST", "/sandboxes", aliceKey, `{"templateID":"pausable"}`).body["sandboxID"].(string)
+			ops.mu.Lock()
+			sb := ops.sandboxes[id]
+			sb.Pauses, sb.ExpiresAt = c.pauses, time.Now().Add(c.endsIn).UTC().Format(time.RFC3339)
+			ops.sandboxes[id] = sb
+			ops.calls = nil
+			ops.mu.Unlock()
+			got := call(t, a, "GET", "/sandboxes/"+id, aliceKey, "")
+			if got.code != c.wantCode || c.wantState != "" && got.body["state"] != c.wantState {
+				t.Errorf("getInfo = %d %v; want %d, state %q", got.code, got.body, c.wantCode, c.wantState)
+			}
+			ops.mu.Lock()
+			defer ops.mu.Unlock()
+			if diff := cmp.Diff(c.wantCalls, ops.calls); diff != "" {
+				t.Errorf("operations (-want +got):\n%s", diff)
+			}
+			if _, ok := ops.sandboxes[id]; ok != c.wantExists {
+				t.Errorf("the sandbox exists: %v; want %v", ok, c.wantExists)
+			}
+		})
+	}
+}

@@ -106,6 +106,19 @@ func BenchmarkE2BWake(b *testing.B) {
 		if r, err := fn.DoWithHeaders("POST", "/e2b/sandboxes/"+id+"/pause", nil, key); err != nil || r.Code != http.StatusNoContent {
 			b.Fatalf("round %d: pause: %v %d %s", i, err, r.Code, r.Raw)
 		}
+		// Paused once its Pod is gone: before that, the router may still
+		// reach the Pod on its way out.
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			pods, err := kc.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: keys.LabelID + "=" + id})
+			if err == nil && len(pods.Items) == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("round %d: the paused sandbox's Pod is not gone after 2 minutes: %v", i, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
 		d, err := health()
 		if err != nil {
 			b.Fatalf("round %d: the waking request: %v", i, err)

@@ -14,6 +14,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/egress"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
+	"github.com/deerflow-sandbox/provisioner/pkg/template"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/status"
 )
 
@@ -44,6 +45,7 @@ func View(cfg config.Objects, id string, pod *corev1.Pod, rs *appsv1.ReplicaSet,
 		sb.Envd = w.GetLabels()[keys.LabelEnvd] == "true"
 		if rs != nil {
 			sb.Envd = rs.Spec.Template.Labels[keys.LabelEnvd] == "true"
+			sb.Pauses = a[keys.AnnotationIdleAction] == template.IdlePause
 		}
 	}
 	switch {
