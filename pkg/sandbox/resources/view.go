@@ -14,8 +14,8 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 	"github.com/deerflow-sandbox/provisioner/pkg/egress"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
-	"github.com/deerflow-sandbox/provisioner/pkg/template"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/status"
+	"github.com/deerflow-sandbox/provisioner/pkg/template"
 )
 
 // View joins what exists of a sandbox (its bare or current Pod, its

@@ -77,7 +77,7 @@ func deployment(svc *unstructured.Unstructured) (*unstructured.Unstructured, err
 	d := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "apps/v1", "kind": "Deployment",
 		"metadata": map[string]any{"name": svc.GetName(), "namespace": svc.GetNamespace(), "labels": toAny(svc.GetLabels())},
-		"spec": map[string]any{"replicas": int64(1), "selector": map[string]any{"matchLabels": sel}, "template": tmpl},
+		"spec":     map[string]any{"replicas": int64(1), "selector": map[string]any{"matchLabels": sel}, "template": tmpl},
 	}}
 	return d, nil
 }
