@@ -64,34 +64,8 @@ const e2bRunTarget = 10 * time.Millisecond
 func BenchmarkE2B(b *testing.B) {
 	ctx := context.Background()
 	sdk := e2bsdk.Dir(b)
-	kc, err := cluster.UpWith(ctx, "benche2b", cluster.Options{APIServerSANs: []string{"10.96.0.1"}}) // the router is an in-cluster client
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer kc.Down()
-	env, down := realNodeEnv(b, kc, "E2B")
-	defer down()
-
-	// Where the key the function and the router make and check tokens
-	// with is written, for the function.
-	keyFile := filepath.Join(b.TempDir(), "key")
-	env["SANDBOX_SERVICE_TYPE"] = "ClusterIP"
-	env["SANDBOX_ENVD_IMAGE"] = realnode.EnvdImage
-	env["E2B_TOKEN_KEY_FILE"] = keyFile
-	// The router's sandbox policy is built from this configuration.
-	cfg, err := loadConfig(env)
-	if err != nil {
-		b.Fatal(err)
-	}
-	router, err := realnode.DeployE2BRouter(ctx, kc.Client, filepath.Join("..", "..", "config", "310-router.yaml"), ns, keyFile, cfg.Objects())
-	if err != nil {
-		b.Fatal(err)
-	}
-	fn, err := function.StartBinary(binary(b), env, filepath.Join(b.TempDir(), "fn.log"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer fn.Stop()
+	kc, router, fn, stop := e2bStack(b, "benche2b", "E2B")
+	defer stop()
 	const tmpl = "e2b"
 	spec := corev1.PodSpec{Containers: []corev1.Container{{Name: template.ContainerName, Image: realnode.ShellSandboxImage}}}
 	pt := &corev1.PodTemplate{ObjectMeta: metav1.ObjectMeta{Name: tmpl, Namespace: ns, Labels: map[string]string{keys.LabelTemplate: "true"},
@@ -477,4 +451,42 @@ func routerRefusals(ctx context.Context, kc *cluster.Cluster) []string {
 		}
 	}
 	return out
+}
+
+// e2bStack is what every E2B benchmark stands on: a cluster named name
+// with the real node joined (skipping, for what, when it cannot start),
+// the router with a fresh token key and its sandbox policy, and the
+// function with that key and the agent's image; stop takes all of it down.
+func e2bStack(b *testing.B, name, what string) (*cluster.Cluster, *realnode.E2BRouter, *function.Instance, func()) {
+	b.Helper()
+	ctx := context.Background()
+	kc, err := cluster.UpWith(ctx, name, cluster.Options{APIServerSANs: []string{"10.96.0.1"}}) // the router is an in-cluster client
+	if err != nil {
+		b.Fatal(err)
+	}
+	env, down := realNodeEnv(b, kc, what)
+	stop := func() { down(); kc.Down() }
+	// Where the key the function and the router make and check tokens
+	// with is written, for the function.
+	keyFile := filepath.Join(b.TempDir(), "key")
+	env["SANDBOX_SERVICE_TYPE"] = "ClusterIP"
+	env["SANDBOX_ENVD_IMAGE"] = realnode.EnvdImage
+	env["E2B_TOKEN_KEY_FILE"] = keyFile
+	// The router's sandbox policy is built from this configuration.
+	cfg, err := loadConfig(env)
+	if err != nil {
+		stop()
+		b.Fatal(err)
+	}
+	router, err := realnode.DeployE2BRouter(ctx, kc.Client, filepath.Join("..", "..", "config", "310-router.yaml"), ns, keyFile, cfg.Objects())
+	if err != nil {
+		stop()
+		b.Fatal(err)
+	}
+	fn, err := function.StartBinary(binary(b), env, filepath.Join(b.TempDir(), "fn.log"))
+	if err != nil {
+		stop()
+		b.Fatal(err)
+	}
+	return kc, router, fn, func() { fn.Stop(); stop() }
 }

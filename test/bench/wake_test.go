@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,7 +17,6 @@ import (
 	"github.com/deerflow-sandbox/provisioner/pkg/envd"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/template"
-	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
 	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
 )
@@ -41,30 +39,8 @@ const wakeRounds = 20
 //	CI=true go test -tags e2e -count=1 -run '^$' -bench '^BenchmarkE2BWake$' -benchtime 1x ./test/bench/
 func BenchmarkE2BWake(b *testing.B) {
 	ctx := context.Background()
-	kc, err := cluster.UpWith(ctx, "benchwake", cluster.Options{APIServerSANs: []string{"10.96.0.1"}}) // the router is an in-cluster client
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer kc.Down()
-	env, down := realNodeEnv(b, kc, "resume on traffic")
-	defer down()
-	keyFile := filepath.Join(b.TempDir(), "key")
-	env["SANDBOX_SERVICE_TYPE"] = "ClusterIP"
-	env["SANDBOX_ENVD_IMAGE"] = realnode.EnvdImage
-	env["E2B_TOKEN_KEY_FILE"] = keyFile
-	cfg, err := loadConfig(env)
-	if err != nil {
-		b.Fatal(err)
-	}
-	router, err := realnode.DeployE2BRouter(ctx, kc.Client, filepath.Join("..", "..", "config", "310-router.yaml"), ns, keyFile, cfg.Objects())
-	if err != nil {
-		b.Fatal(err)
-	}
-	fn, err := function.StartBinary(binary(b), env, filepath.Join(b.TempDir(), "fn.log"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer fn.Stop()
+	kc, router, fn, stop := e2bStack(b, "benchwake", "resume on traffic")
+	defer stop()
 	const tmpl = "e2b-wake"
 	pt := &corev1.PodTemplate{ObjectMeta: metav1.ObjectMeta{Name: tmpl, Namespace: ns, Labels: map[string]string{keys.LabelTemplate: "true"},
 		Annotations: map[string]string{keys.TemplateEnvd: "true", keys.TemplateDeerFlowMounts: "false", keys.TemplateKind: template.KindReplicaSet, keys.TemplateIdleAction: template.IdlePause}},
