@@ -30,7 +30,7 @@ fail() { printf '  %s\n' "$*" >&2; failed=1; }
 # Ranks, lowest first. A package missing here is refused, so a new one is
 # placed on purpose.
 declare -A rank=(
-  [pkg/keys]=0 [pkg/egress]=0 [pkg/access]=0 [pkg/monitor]=0 [pkg/sleep]=0 [pkg/reqid]=0 [pkg/metrics]=0 [pkg/eventlimit]=0
+  [pkg/keys]=0 [pkg/bounded]=0 [pkg/egress]=0 [pkg/access]=0 [pkg/monitor]=0 [pkg/sleep]=0 [pkg/reqid]=0 [pkg/metrics]=0 [pkg/eventlimit]=0
   [pkg/config]=1 [pkg/proxy]=1 [pkg/router]=5
   [pkg/envd/gen/process]=1 [pkg/envd/gen/filesystem]=1
   [pkg/envd/gen/process/processconnect]=2 [pkg/envd/gen/filesystem/filesystemconnect]=2

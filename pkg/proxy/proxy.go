@@ -36,6 +36,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/bounded"
 	"github.com/deerflow-sandbox/provisioner/pkg/egress"
 )
 
@@ -94,36 +95,11 @@ type Server struct {
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
 	// perPrincipal counts the upstream connections per principal.
-	openMu       sync.Mutex
-	perPrincipal map[string]int
+	perPrincipal bounded.Counts
 }
 
 // DefaultMaxPerPrincipal is Server.MaxPerPrincipal's default.
 const DefaultMaxPerPrincipal = 256
-
-// take counts one more upstream connection for principal, or refuses
-// (false) at the bound; release, called once, undoes it.
-func (s *Server) take(principal string) (release func(), ok bool) {
-	s.openMu.Lock()
-	defer s.openMu.Unlock()
-	if s.perPrincipal == nil {
-		s.perPrincipal = map[string]int{}
-	}
-	if s.perPrincipal[principal] >= cmp.Or(s.MaxPerPrincipal, DefaultMaxPerPrincipal) {
-		return nil, false
-	}
-	s.perPrincipal[principal]++
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			s.openMu.Lock()
-			defer s.openMu.Unlock()
-			if s.perPrincipal[principal]--; s.perPrincipal[principal] <= 0 {
-				delete(s.perPrincipal, principal)
-			}
-		})
-	}, true
-}
 
 // counted is an upstream connection that gives its principal's count back
 // when closed.

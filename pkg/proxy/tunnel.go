@@ -37,7 +37,7 @@ func (s *Server) open(ctx context.Context, c net.Conn, r *request, target func()
 	release := func() {}
 	if ref == nil {
 		var ok bool
-		if release, ok = s.take(pol.Principal); !ok {
+		if release, ok = s.perPrincipal.Take(pol.Principal, cmp.Or(s.MaxPerPrincipal, DefaultMaxPerPrincipal)); !ok {
 			release = func() {}
 			ref = &refusal{status: http.StatusTooManyRequests, reason: ReasonTooMany,
 				msg: fmt.Sprintf("this sandbox's principal has %d connections open through the egress proxy; close some or retry", cmp.Or(s.MaxPerPrincipal, DefaultMaxPerPrincipal))}

@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/access"
+	"github.com/deerflow-sandbox/provisioner/pkg/bounded"
 	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
 )
 
@@ -100,7 +101,7 @@ type Handler struct {
 	inited agents
 	wakes  wakes
 	// open counts the requests in flight per principal (MaxPerPrincipal).
-	open counts
+	open bounded.Counts
 }
 
 // agents are the agents (by Pod UID) this replica has given their token's
@@ -304,7 +305,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	log := h.opts.Log.With("request_id", id)
 	status, msg, detail := h.admit(r, rt)
 	if status == 0 {
-		release, ok := h.open.take(rt.target.Sandbox.Principal, h.opts.MaxPerPrincipal)
+		release, ok := h.open.Take(rt.target.Sandbox.Principal, h.opts.MaxPerPrincipal)
 		if ok {
 			defer release()
 		} else {
@@ -362,7 +363,7 @@ func (h *Handler) admit(r *http.Request, rt *route) (int, string, string) {
 		if code, msg, detail := h.authorize(r, rt, kind, header, t); code != 0 {
 			return code, msg, detail
 		}
-		t, err = h.awaitWake(r.Context(), rt, t)
+		t, err = h.awaitWake(r.Context(), rt, t, err)
 	}
 	switch {
 	case errors.Is(err, errTooManyHeld):
@@ -423,14 +424,14 @@ var (
 	errWakeTimeout = errors.New("the sandbox did not resume in time")
 )
 
-// awaitWake resumes the sandbox of rt, paused or resuming as t says (once
-// for every request that asks at the same time), and waits, within
-// WakeHold, until its next Pod is Ready. A sandbox whose Service goes
-// meanwhile is ErrGone.
-func (h *Handler) awaitWake(ctx context.Context, rt *route, t Target) (Target, error) {
-	release, err := h.wakes.hold(rt.id, h.opts.MaxHeld)
-	if err != nil {
-		return Target{}, err
+// awaitWake resumes the sandbox of rt, paused or resuming as t and err
+// (Resolve's answer) say (once for every request that asks at the same
+// time), and waits, within WakeHold, until its next Pod is Ready. A sandbox
+// whose Service goes meanwhile is ErrGone.
+func (h *Handler) awaitWake(ctx context.Context, rt *route, t Target, err error) (Target, error) {
+	release, herr := h.wakes.hold(rt.id, h.opts.MaxHeld)
+	if herr != nil {
+		return Target{}, herr
 	}
 	defer release()
 	start := time.Now()
@@ -438,15 +439,15 @@ func (h *Handler) awaitWake(ctx context.Context, rt *route, t Target) (Target, e
 	defer func() { h.opts.Metrics.woke(outcome, time.Since(start).Seconds()) }()
 	ctx, cancel := context.WithTimeout(ctx, h.opts.WakeHold)
 	defer cancel()
-	err = fmt.Errorf("sandbox %s: %w", rt.id, ErrPaused)
 	for {
 		if errors.Is(err, ErrPaused) && t.Paused {
-			if err := h.wakes.wake(h.opts.Waker, rt.id, h.opts.WakeHold); err != nil {
-				if errors.Is(err, ErrNotFound) {
-					outcome = "gone"
-					return Target{}, err
-				}
-				return Target{}, fmt.Errorf("%w: %w", errWake, err)
+			werr := h.wakes.wake(h.opts.Waker, rt.id, h.opts.WakeHold)
+			switch {
+			case errors.Is(werr, ErrNotFound):
+				outcome = "gone"
+				return Target{}, werr
+			case werr != nil:
+				return Target{}, fmt.Errorf("%w: %w", errWake, werr)
 			}
 		}
 		switch {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"golang.org/x/sync/singleflight"
@@ -13,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/bounded"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 )
@@ -68,11 +68,11 @@ func (s Scaler) Wake(ctx context.Context, id string) error {
 			return fmt.Errorf("sandbox %s does not resume on traffic", id)
 		}
 		_, err = rss.Patch(ctx, rs.Name, types.MergePatchType, resources.ScalePatch(rs, 1, true, time.Now()), metav1.PatchOptions{})
-		if err == nil || !apierrors.IsConflict(err) {
-			if err != nil {
-				return fmt.Errorf("resuming sandbox %s: %w", id, err)
-			}
+		switch {
+		case err == nil:
 			return nil
+		case !apierrors.IsConflict(err):
+			return fmt.Errorf("resuming sandbox %s: %w", id, err)
 		}
 	}
 	return fmt.Errorf("sandbox %s changed while being resumed; retry", id)
@@ -82,7 +82,7 @@ func (s Scaler) Wake(ctx context.Context, id string) error {
 // bounds the requests held for each.
 type wakes struct {
 	group singleflight.Group
-	held  counts
+	held  bounded.Counts
 }
 
 // errTooManyHeld: the sandbox already holds its bound of requests.
@@ -90,43 +90,11 @@ var errTooManyHeld = errors.New("too many requests are waiting for this sandbox 
 
 // hold counts a request held for id, or refuses past max; release undoes it.
 func (w *wakes) hold(id string, max int) (release func(), err error) {
-	release, ok := w.held.take(id, max)
+	release, ok := w.held.Take(id, max)
 	if !ok {
 		return nil, errTooManyHeld
 	}
 	return release, nil
-}
-
-// counts bounds what is open per key (requests held for a sandbox, a
-// principal's requests in flight): only keys with something open take
-// memory.
-type counts struct {
-	mu sync.Mutex
-	n  map[string]int
-}
-
-// take counts one more for key, or refuses (false) when max are open;
-// release, called once, undoes it.
-func (c *counts) take(key string, max int) (release func(), ok bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.n == nil {
-		c.n = map[string]int{}
-	}
-	if c.n[key] >= max {
-		return nil, false
-	}
-	c.n[key]++
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			c.mu.Lock()
-			defer c.mu.Unlock()
-			if c.n[key]--; c.n[key] <= 0 {
-				delete(c.n, key)
-			}
-		})
-	}, true
 }
 
 // wake resumes id once for all the requests that ask at the same time,
