@@ -70,22 +70,15 @@ func deployment(svc *unstructured.Unstructured) (*unstructured.Unstructured, err
 	if err := unstructured.SetNestedStringMap(tmpl, labels, "metadata", "labels"); err != nil {
 		return nil, err
 	}
-	sel := map[string]any{}
-	for k, v := range labels {
-		sel[k] = v
-	}
 	d := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "apps/v1", "kind": "Deployment",
-		"metadata": map[string]any{"name": svc.GetName(), "namespace": svc.GetNamespace(), "labels": toAny(svc.GetLabels())},
-		"spec":     map[string]any{"replicas": int64(1), "selector": map[string]any{"matchLabels": sel}, "template": tmpl},
+		"spec": map[string]any{"replicas": int64(1), "template": tmpl},
 	}}
-	return d, nil
-}
-
-func toAny(m map[string]string) map[string]any {
-	out := map[string]any{}
-	for k, v := range m {
-		out[k] = v
+	d.SetName(svc.GetName())
+	d.SetNamespace(svc.GetNamespace())
+	d.SetLabels(svc.GetLabels())
+	if err := unstructured.SetNestedStringMap(d.Object, labels, "spec", "selector", "matchLabels"); err != nil {
+		return nil, err
 	}
-	return out
+	return d, nil
 }
