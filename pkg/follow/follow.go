@@ -151,8 +151,9 @@ func Gone(ctx context.Context, pods typedcorev1.PodInterface, pod *corev1.Pod, b
 }
 
 // ReplicaSetPod follows the Pods of a ReplicaSet sandbox (list, then
-// watch, by label) until its current Pod (pick chooses it among them) satisfies done or ctx ends. A
-// deleted Pod is not the end: the ReplicaSet makes another.
+// watch, by label) until its current Pod (pick chooses it among them, nil
+// when there is none) satisfies done or ctx ends. A deleted Pod is not the
+// end unless done says so: the ReplicaSet makes another.
 func ReplicaSetPod(ctx context.Context, pods typedcorev1.PodInterface, rs *appsv1.ReplicaSet, pick func([]corev1.Pod) *corev1.Pod, done func(*corev1.Pod) bool) (*corev1.Pod, error) {
 	selector := metav1.FormatLabelSelector(&metav1.LabelSelector{MatchLabels: resources.ReplicaSetSelector(rs.Labels[keys.LabelID])})
 	lw := &cache.ListWatch{
@@ -177,7 +178,7 @@ func ReplicaSetPod(ctx context.Context, pods typedcorev1.PodInterface, rs *appsv
 			all = append(all, *o.(*corev1.Pod))
 		}
 		current = pick(all)
-		return current != nil && done(current), nil
+		return done(current), nil
 	}
 	_, err := watchtools.UntilWithSync(ctx, lw, &corev1.Pod{}, func(s cache.Store) (bool, error) {
 		store = s

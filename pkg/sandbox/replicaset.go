@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -11,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/api"
+	"github.com/deerflow-sandbox/provisioner/pkg/follow"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 )
@@ -102,6 +104,35 @@ func (m *Manager) replicaSetPods(ctx context.Context, rs *appsv1.ReplicaSet) ([]
 	return resources.ControlledPods(rs, list.Items), nil
 }
 
+// drainWait bounds how long a pause waits for its ReplicaSet's controller
+// to mark the sandbox's Pod for deletion (it does in milliseconds).
+var drainWait = 10 * time.Second
+
+// awaitDrained waits, up to drainWait, until rs controls no live Pod: its
+// controller has marked the Pod for deletion. A pause answered before that
+// left a Pod that still took traffic, which its deletion then cut: the
+// router sent a paused sandbox's next request to it rather than waking the
+// sandbox (resume on traffic). Like the name's wait it holds a watch, and
+// is left out when none of this replica's wait tokens is free.
+func (m *Manager) awaitDrained(ctx context.Context, rs *appsv1.ReplicaSet) {
+	c, _ := api.CallerFrom(ctx)
+	release, err := m.admitWait(c.Principal, drainWait)
+	if err != nil {
+		return
+	}
+	defer release()
+	wctx, cancel := context.WithTimeout(ctx, drainWait)
+	defer cancel()
+	if p, err := follow.ReplicaSetPod(wctx, m.client.CoreV1().Pods(m.cfg.Namespace), rs, currentOf(rs), func(p *corev1.Pod) bool { return p == nil }); p != nil {
+		slog.WarnContext(ctx, "paused, but its Pod is not yet marked for deletion", "sandbox", rs.Labels[keys.LabelID], "pod", p.Name, "err", err)
+	}
+}
+
+// currentOf picks the current Pod of rs among the Pods of its sandbox.
+func currentOf(rs *appsv1.ReplicaSet) func([]corev1.Pod) *corev1.Pod {
+	return func(all []corev1.Pod) *corev1.Pod { return resources.CurrentPod(resources.ControlledPods(rs, all)) }
+}
+
 // Pause scales a ReplicaSet sandbox to zero: its Pod goes, its Service, URL
 // and data stay, and it reports Paused. Pausing a paused sandbox is a no-op.
 func (m *Manager) Pause(ctx context.Context, id string) (api.Sandbox, error) {
@@ -141,6 +172,7 @@ func (m *Manager) setPaused(ctx context.Context, id string, pause bool, wait tim
 		m.recorder.Eventf(f.rs, corev1.EventTypeNormal, event, "Sandbox %s %s", id, verb)
 	}
 	if pause {
+		m.awaitDrained(ctx, f.rs)
 		f.pod = nil
 	} else if wait > 0 {
 		return m.waitReady(ctx, id, f, wait)

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	appsv1 "k8s.io/api/apps/v1"
@@ -14,6 +16,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/apimachinery/pkg/watch"
+	clientfeatures "k8s.io/client-go/features"
+	clientfeaturestesting "k8s.io/client-go/features/testing"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
@@ -207,6 +212,81 @@ func TestDestroyStopsEveryPodOfItsReplicaSet(t *testing.T) {
 			}
 			if diff := cmp.Diff(tc.wantLeft, left); diff != "" {
 				t.Errorf("Pods left after the destroy (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestPauseAnswersOnceItsPodIsGoing: a pause answers only once the
+// ReplicaSet's controller has taken the sandbox's Pod away, so the next
+// request finds the sandbox paused (and wakes it) rather than reaching a
+// Pod about to be cut. The fake has no controller: a reactor deletes the
+// Pod a while after the pause's watch starts, or never, and then the pause
+// answers at its bound, paused all the same.
+func TestPauseAnswersOnceItsPodIsGoing(t *testing.T) {
+	defer func(d time.Duration) { drainWait = d }(drainWait)
+	drainWait = 3 * time.Second
+	// The fake answers no watch-list (a watch that streams the list first),
+	// which client-go's reflector now tries first; the real API server does.
+	clientfeaturestesting.SetFeatureDuringTest(t, clientfeatures.WatchListClient, false)
+	tests := []struct {
+		name        string
+		deleteAfter time.Duration // 0: never
+	}{
+		{name: "deleted by its controller 300ms into the watch", deleteAfter: 300 * time.Millisecond},
+		{name: "never deleted: the bound"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, s, rs, svc := aliceReplicaSet(t)
+			pod := &corev1.Pod{ObjectMeta: *rs.Spec.Template.ObjectMeta.DeepCopy(), Spec: *rs.Spec.Template.Spec.DeepCopy()}
+			pod.Name, pod.Namespace, pod.UID = "sandbox-rs1-x7k2q", cfg.Namespace, "pod-1"
+			pod.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(rs, appsv1.SchemeGroupVersion.WithKind("ReplicaSet"))}
+			client := fake.NewClientset(rs, svc, pod)
+			deleted := make(chan time.Time, 1)
+			var once sync.Once
+			client.PrependWatchReactor("pods", func(k8stesting.Action) (bool, watch.Interface, error) {
+				if tc.deleteAfter > 0 {
+					once.Do(func() {
+						time.AfterFunc(tc.deleteAfter, func() {
+							// The fake deletes at once where the API server
+							// marks the Pod first: either way no live Pod.
+							if err := client.Tracker().Delete(corev1.SchemeGroupVersion.WithResource("pods"), pod.Namespace, pod.Name); err != nil {
+								t.Error(err)
+							}
+							deleted <- time.Now()
+						})
+					})
+				}
+				return false, nil, nil
+			})
+			m := NewManager(cfg, client)
+			start := time.Now()
+			sb, err := m.Pause(api.WithCaller(context.Background(), s.Caller), s.ID)
+			answered := time.Now()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sb.Status != api.StatusPaused {
+				t.Errorf("status %q, want %q", sb.Status, api.StatusPaused)
+			}
+			took := answered.Sub(start)
+			if tc.deleteAfter == 0 {
+				if took < drainWait {
+					t.Errorf("the pause answered after %s with its Pod still live, before its bound %s", took, drainWait)
+				}
+				return
+			}
+			select {
+			case at := <-deleted:
+				if took >= drainWait {
+					t.Errorf("the pause answered at its bound %s, not once its Pod went", took)
+				}
+				if answered.Before(at) {
+					t.Errorf("the pause answered %s before its Pod went", at.Sub(answered))
+				}
+			default:
+				t.Errorf("the pause answered after %s, before its Pod went", took)
 			}
 		})
 	}

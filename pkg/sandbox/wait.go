@@ -56,7 +56,8 @@ func (m *Manager) waitReady(ctx context.Context, id string, f found, wait time.D
 		err  error
 	)
 	if f.rs != nil {
-		last, err = follow.ReplicaSetPod(wctx, m.client.CoreV1().Pods(m.cfg.Namespace), f.rs, func(all []corev1.Pod) *corev1.Pod { return resources.CurrentPod(resources.ControlledPods(f.rs, all)) }, settled)
+		// No Pod yet is no answer: the ReplicaSet controller makes one.
+		last, err = follow.ReplicaSetPod(wctx, m.client.CoreV1().Pods(m.cfg.Namespace), f.rs, currentOf(f.rs), func(p *corev1.Pod) bool { return p != nil && settled(p) })
 	} else {
 		last, err = follow.Pod(wctx, m.client.CoreV1().Pods(m.cfg.Namespace), f.pod, settled)
 	}
