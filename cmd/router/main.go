@@ -33,6 +33,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -47,6 +48,7 @@ import (
 
 	"github.com/deerflow-sandbox/provisioner/pkg/access"
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
+	"github.com/deerflow-sandbox/provisioner/pkg/fairness"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/kube"
 	"github.com/deerflow-sandbox/provisioner/pkg/monitor"
@@ -69,6 +71,34 @@ func main() {
 type settings struct {
 	addr, metricsAddr, namespace, domain string
 	key                                  access.Key
+	// fairness: the function's settings of the same names, with the
+	// router's defaults (router.DefaultFairness).
+	fairness fairness.Limits
+}
+
+// fairnessFrom reads PRINCIPAL_REQUESTS_PER_SECOND, PRINCIPAL_REQUEST_BURST
+// and PRINCIPAL_MAX_CONCURRENT_REQUESTS, each router.DefaultFairness's
+// when unset.
+func fairnessFrom(getenv func(string) string) (fairness.Limits, error) {
+	d := router.DefaultFairness
+	c := config.FairnessConfig{PrincipalRequestsPerSecond: d.RequestsPerSecond, PrincipalRequestBurst: d.Burst, PrincipalMaxConcurrentRequests: d.MaxInProgress}
+	var err error
+	if v := strings.TrimSpace(getenv("PRINCIPAL_REQUESTS_PER_SECOND")); v != "" {
+		if c.PrincipalRequestsPerSecond, err = strconv.ParseFloat(v, 64); err != nil {
+			return d, fmt.Errorf("PRINCIPAL_REQUESTS_PER_SECOND: %q is not a number", v)
+		}
+	}
+	for name, to := range map[string]*int{"PRINCIPAL_REQUEST_BURST": &c.PrincipalRequestBurst, "PRINCIPAL_MAX_CONCURRENT_REQUESTS": &c.PrincipalMaxConcurrentRequests} {
+		if v := strings.TrimSpace(getenv(name)); v != "" {
+			if *to, err = strconv.Atoi(v); err != nil {
+				return d, fmt.Errorf("%s: %q is not a whole number", name, v)
+			}
+		}
+	}
+	if err := c.Validate(); err != nil {
+		return d, err
+	}
+	return fairness.Limits{RequestsPerSecond: c.PrincipalRequestsPerSecond, Burst: c.PrincipalRequestBurst, MaxInProgress: c.PrincipalMaxConcurrentRequests}, nil
 }
 
 func loadSettings(getenv func(string) string) (settings, error) {
@@ -93,7 +123,8 @@ func loadSettings(getenv func(string) string) (settings, error) {
 		return s, fmt.Errorf("E2B_TOKEN_KEY_FILE: %w", err)
 	}
 	s.key = k
-	return s, nil
+	s.fairness, err = fairnessFrom(getenv)
+	return s, err
 }
 
 func run(log *slog.Logger) error {
@@ -127,7 +158,7 @@ func run(log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	h := router.New(router.Options{Resolver: c.resolver, Key: set.key, Log: log, Metrics: metrics, CacheGrace: router.DefaultCacheGrace, Domain: set.domain,
+	h := router.New(router.Options{Resolver: c.resolver, Key: set.key, Log: log, Metrics: metrics, CacheGrace: router.DefaultCacheGrace, Domain: set.domain, Fairness: set.fairness,
 		Waker: router.Scaler{Client: cs, Namespace: set.namespace}})
 
 	msrv := monitor.Start(ctx, set.metricsAddr, reg, ready.Load, "the Pod and Service caches have not synced", log, stop)

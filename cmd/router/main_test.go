@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/deerflow-sandbox/provisioner/pkg/fairness"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/router"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
@@ -35,11 +36,16 @@ func TestLoadSettings(t *testing.T) {
 		wantErr string
 	}{
 		{"defaults", map[string]string{"POD_NAMESPACE": "sb", "E2B_TOKEN_KEY_FILE": good},
-			settings{addr: ":8080", metricsAddr: ":9090", namespace: "sb"}, ""},
+			settings{addr: ":8080", metricsAddr: ":9090", namespace: "sb", fairness: router.DefaultFairness}, ""},
 		{"addresses", map[string]string{"POD_NAMESPACE": "sb", "E2B_TOKEN_KEY_FILE": good, "ROUTER_ADDR": ":80", "ROUTER_METRICS_ADDR": "127.0.0.1:9"},
-			settings{addr: ":80", metricsAddr: "127.0.0.1:9", namespace: "sb"}, ""},
+			settings{addr: ":80", metricsAddr: "127.0.0.1:9", namespace: "sb", fairness: router.DefaultFairness}, ""},
 		{"an E2B domain", map[string]string{"POD_NAMESPACE": "sb", "E2B_TOKEN_KEY_FILE": good, "E2B_DOMAIN": " sandboxes.example.com "},
-			settings{addr: ":8080", metricsAddr: ":9090", namespace: "sb", domain: "sandboxes.example.com"}, ""},
+			settings{addr: ":8080", metricsAddr: ":9090", namespace: "sb", domain: "sandboxes.example.com", fairness: router.DefaultFairness}, ""},
+		{"fair shares", map[string]string{"POD_NAMESPACE": "sb", "E2B_TOKEN_KEY_FILE": good, "PRINCIPAL_REQUESTS_PER_SECOND": "50.5", "PRINCIPAL_REQUEST_BURST": "20", "PRINCIPAL_MAX_CONCURRENT_REQUESTS": " 8 "},
+			settings{addr: ":8080", metricsAddr: ":9090", namespace: "sb", fairness: fairness.Limits{RequestsPerSecond: 50.5, Burst: 20, MaxInProgress: 8}}, ""},
+		{"a rate that is no number", map[string]string{"POD_NAMESPACE": "sb", "E2B_TOKEN_KEY_FILE": good, "PRINCIPAL_REQUESTS_PER_SECOND": "fast"}, settings{}, "PRINCIPAL_REQUESTS_PER_SECOND"},
+		{"a burst that is no whole number", map[string]string{"POD_NAMESPACE": "sb", "E2B_TOKEN_KEY_FILE": good, "PRINCIPAL_REQUEST_BURST": "1.5"}, settings{}, "PRINCIPAL_REQUEST_BURST"},
+		{"no open request admitted", map[string]string{"POD_NAMESPACE": "sb", "E2B_TOKEN_KEY_FILE": good, "PRINCIPAL_MAX_CONCURRENT_REQUESTS": "0"}, settings{}, "PRINCIPAL_MAX_CONCURRENT_REQUESTS"},
 		{"an E2B domain of one label", map[string]string{"POD_NAMESPACE": "sb", "E2B_TOKEN_KEY_FILE": good, "E2B_DOMAIN": "localhost"}, settings{}, "E2B_DOMAIN"},
 		{"an E2B domain that is no DNS name", map[string]string{"POD_NAMESPACE": "sb", "E2B_TOKEN_KEY_FILE": good, "E2B_DOMAIN": "https://e2b.example.com"}, settings{}, "E2B_DOMAIN"},
 		{"no namespace", map[string]string{"E2B_TOKEN_KEY_FILE": good}, settings{}, "POD_NAMESPACE is required"},

@@ -1,6 +1,7 @@
-// Package fairness shares one replica between principals. Every door (the
-// HTTP API, CloudEvents, POST /) admits an authenticated request through
-// one Gate per replica before it runs: each principal has a token bucket
+// Package fairness shares one replica between principals. Every door of
+// the function (the HTTP API, CloudEvents, POST /), and the E2B router for
+// each request it forwards, admits an authenticated request through one
+// Gate per replica before it runs: each principal has a token bucket
 // (PRINCIPAL_REQUESTS_PER_SECOND, PRINCIPAL_REQUEST_BURST) and a bound on
 // the requests it has in progress (PRINCIPAL_MAX_CONCURRENT_REQUESTS).
 // Without it one principal's flood would take the replica's API client

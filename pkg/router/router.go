@@ -29,7 +29,7 @@ import (
 	"time"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/access"
-	"github.com/deerflow-sandbox/provisioner/pkg/bounded"
+	"github.com/deerflow-sandbox/provisioner/pkg/fairness"
 	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
 )
 
@@ -80,17 +80,20 @@ type Options struct {
 	// sandbox (DefaultMaxHeld).
 	WakeHold time.Duration
 	MaxHeld  int
-	// MaxPerPrincipal bounds the requests (streams included) open through
-	// this replica to the sandboxes of one principal (DefaultMaxPerPrincipal):
-	// past it, 429, so that one tenant's flood leaves the others their
-	// share of the router.
-	MaxPerPrincipal int
+	// Fairness shares this replica between principals (package fairness,
+	// DefaultFairness): each may start so many requests a second (faster
+	// ones wait their turn briefly) and have so many open (streams
+	// included); past either, 429. Without it one tenant's flood, even of
+	// refused requests, takes the CPU the others' requests need.
+	Fairness fairness.Limits
 }
 
-// DefaultMaxPerPrincipal is Options.MaxPerPrincipal's default: more than
-// any one agent's open streams (each command, PTY and watch is one), far
-// fewer than a replica serves.
-const DefaultMaxPerPrincipal = 512
+// DefaultFairness is Options.Fairness's default: more open requests than
+// any one agent's streams (each command, PTY and watch is one), and a rate
+// far above what agents send (a command, a file call or a PTY's input is
+// one request each) yet far below what a replica serves on two cores.
+// More replicas give a principal more.
+var DefaultFairness = fairness.Limits{RequestsPerSecond: 1000, Burst: 1000, MaxInProgress: 512}
 
 // Handler routes requests to sandboxes.
 type Handler struct {
@@ -100,8 +103,8 @@ type Handler struct {
 	client *http.Client
 	inited agents
 	wakes  wakes
-	// open counts the requests in flight per principal (MaxPerPrincipal).
-	open bounded.Counts
+	// gate admits each request by its principal (Fairness).
+	gate *fairness.Gate
 }
 
 // agents are the agents (by Pod UID) this replica has given their token's
@@ -144,15 +147,15 @@ func New(o Options) *Handler {
 	if o.MaxHeld <= 0 {
 		o.MaxHeld = DefaultMaxHeld
 	}
-	if o.MaxPerPrincipal <= 0 {
-		o.MaxPerPrincipal = DefaultMaxPerPrincipal
+	if o.Fairness == (fairness.Limits{}) {
+		o.Fairness = DefaultFairness
 	}
 	dial := o.Dial
 	if dial == nil {
 		dial = (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext
 	}
 	timeout := o.DialTimeout
-	h := &Handler{opts: o}
+	h := &Handler{opts: o, gate: fairness.New(o.Fairness)}
 	h.proxy = &httputil.ReverseProxy{
 		Rewrite: rewrite,
 		Transport: &http.Transport{
@@ -305,12 +308,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	log := h.opts.Log.With("request_id", id)
 	status, msg, detail := h.admit(r, rt)
 	if status == 0 {
-		release, ok := h.open.Take(rt.target.Sandbox.Principal, h.opts.MaxPerPrincipal)
-		if ok {
+		release, refused := h.gate.Admit(r.Context(), rt.target.Sandbox.Principal)
+		if refused == nil {
 			defer release()
 		} else {
-			status = http.StatusTooManyRequests
-			msg = fmt.Sprintf("the sandboxes of this principal have %d requests open through this router; close some or retry", h.opts.MaxPerPrincipal)
+			status, msg = refused.Answer(rec.Header())
 			detail = msg
 		}
 	}

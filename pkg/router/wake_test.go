@@ -28,6 +28,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/access"
+	"github.com/deerflow-sandbox/provisioner/pkg/fairness"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
 )
@@ -339,7 +340,7 @@ func TestScalerResumesOnly(t *testing.T) {
 	}
 }
 
-// TestBoundsEachPrincipal: with MaxPerPrincipal 2, two open requests to
+// TestBoundsEachPrincipal: with two requests open at most, two open requests to
 // alice's sandbox leave her third one refused (429, with a body), while
 // bob's sandbox is served; once one of hers ends, she is served again.
 func TestBoundsEachPrincipal(t *testing.T) {
@@ -349,7 +350,7 @@ func TestBoundsEachPrincipal(t *testing.T) {
 			<-unblock
 		}
 		io.WriteString(w, "ok")
-	}, func(o *Options) { o.MaxPerPrincipal = 2 })
+	}, func(o *Options) { o.Fairness = fairness.Limits{RequestsPerSecond: 1000, Burst: 1000, MaxInProgress: 2} })
 	alice := func(block bool) *http.Request {
 		req := h.request(t, "GET", nil, traffic(""))
 		if block {
@@ -393,5 +394,45 @@ func TestBoundsEachPrincipal(t *testing.T) {
 	wg.Wait()
 	if got := code(alice(false)); got != http.StatusOK {
 		t.Errorf("alice's request once hers have ended = %d; want 200", got)
+	}
+}
+
+// TestPacesEachPrincipal: with one request a second (a burst of one),
+// alice's first passes at once, her second, whose turn is a second off, is
+// refused at once (429, with a Retry-After and a body that says why), bob
+// is not slowed, and a request of hers whose turn is near waits for it.
+func TestPacesEachPrincipal(t *testing.T) {
+	wait := 300 * time.Millisecond
+	h := newHarness(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") },
+		func(o *Options) { o.Fairness = fairness.Limits{RequestsPerSecond: 1, Burst: 1, MaxInProgress: 8} })
+	send := func(req *http.Request) (int, time.Duration, http.Header, string) {
+		t.Helper()
+		start := time.Now()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, time.Since(start), resp.Header, string(b)
+	}
+	first := time.Now() // alice's next turn comes a second after her first
+	if code, took, _, _ := send(h.request(t, "GET", nil, traffic(""))); code != http.StatusOK || took > wait {
+		t.Fatalf("alice's first request: %d after %s; want 200 at once", code, took)
+	}
+	code, took, hdr, body := send(h.request(t, "GET", nil, traffic("")))
+	if code != http.StatusTooManyRequests || took > wait || hdr.Get("Retry-After") == "" || !strings.Contains(body, "PRINCIPAL_REQUESTS_PER_SECOND") {
+		t.Errorf("alice's request whose turn is a second off: %d after %s, Retry-After %q, %s; want 429 at once with Retry-After and why",
+			code, took, hdr.Get("Retry-After"), body)
+	}
+	bob := h.request(t, "GET", nil, map[string]string{HeaderSandboxID: "bare", HeaderSandboxPort: "8080",
+		HeaderTrafficToken: testKey.Token(access.Traffic, access.Sandbox{Principal: "bob", ID: "bare", CreatedAt: "2026-11-28T11:00:00Z"})})
+	if code, took, _, _ := send(bob); code != http.StatusOK || took > wait {
+		t.Errorf("bob's request while alice is paced: %d after %s; want 200 at once", code, took)
+	}
+	time.Sleep(time.Until(first.Add(700 * time.Millisecond))) // her turn is now near
+	turn := time.Until(first.Add(time.Second))
+	if code, took, _, _ := send(h.request(t, "GET", nil, traffic(""))); code != http.StatusOK || took < turn-50*time.Millisecond {
+		t.Errorf("alice's request whose turn is %s away: %d after %s; want 200 once it came", turn, code, took)
 	}
 }
