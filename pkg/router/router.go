@@ -99,6 +99,7 @@ var DefaultFairness = fairness.Limits{RequestsPerSecond: 1000, Burst: 1000, MaxI
 type Handler struct {
 	opts  Options
 	proxy *httputil.ReverseProxy
+	dial  func(ctx context.Context, network, addr string) (net.Conn, error)
 	// client calls the agents' /init, through the proxy's transport.
 	client *http.Client
 	inited agents
@@ -155,7 +156,7 @@ func New(o Options) *Handler {
 		dial = (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext
 	}
 	timeout := o.DialTimeout
-	h := &Handler{opts: o, gate: fairness.New(o.Fairness)}
+	h := &Handler{opts: o, dial: dial, gate: fairness.New(o.Fairness)}
 	h.proxy = &httputil.ReverseProxy{
 		Rewrite: rewrite,
 		Transport: &http.Transport{
@@ -428,8 +429,11 @@ var (
 
 // awaitWake resumes the sandbox of rt, paused or resuming as t and err
 // (Resolve's answer) say (once for every request that asks at the same
-// time), and waits, within WakeHold, until its next Pod is Ready. A sandbox
-// whose Service goes meanwhile is ErrGone.
+// time), and waits, within WakeHold, until its next Pod is Ready, or runs
+// and takes connections on the request's port (listening): the kubelet
+// reports Ready up to a probe period after that, as Knative's activator
+// knows, which probes a revision's Pods itself. A sandbox whose Service
+// goes meanwhile is ErrGone.
 func (h *Handler) awaitWake(ctx context.Context, rt *route, t Target, err error) (Target, error) {
 	release, herr := h.wakes.hold(rt.id, h.opts.MaxHeld)
 	if herr != nil {
@@ -453,7 +457,7 @@ func (h *Handler) awaitWake(ctx context.Context, rt *route, t Target, err error)
 			}
 		}
 		switch {
-		case err == nil && t.Ready:
+		case err == nil && (t.Ready || h.listening(ctx, t, rt.port)):
 			outcome = "resumed"
 			h.opts.Log.Info("resumed on traffic", "request_id", rt.request, "sandbox", rt.id, "pod", t.Pod, "seconds", time.Since(start).Seconds())
 			return t, nil
@@ -472,6 +476,26 @@ func (h *Handler) awaitWake(ctx context.Context, rt *route, t Target, err error)
 		t, err = h.opts.Resolver.Resolve(rt.id)
 	}
 }
+
+// listening says whether t's running Pod accepts a connection on port
+// (one dial, closed at once, bounded by listenProbe).
+func (h *Handler) listening(ctx context.Context, t Target, port int) bool {
+	if t.IP == "" {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, listenProbe)
+	defer cancel()
+	c, err := h.dial(ctx, "tcp", net.JoinHostPort(t.IP, strconv.Itoa(port)))
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+// listenProbe bounds one dial of listening: a Pod on the node answers in
+// milliseconds, or refuses.
+const listenProbe = 250 * time.Millisecond
 
 // resolve finds the sandbox's Pod, waiting up to CacheGrace for caches
 // that do not show it, or show it not running, to catch up. Bounded, and

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -41,8 +42,11 @@ type sleeper struct {
 	woken atomic.Int32
 	at    atomic.Int64 // when woken, unix nanoseconds
 	ready time.Duration
-	gone  bool
-	err   error // Wake's answer
+	// unready: for so long after ready, the Pod runs with its IP but is
+	// not yet reported Ready (the kubelet's next probe).
+	unready time.Duration
+	gone    bool
+	err     error // Wake's answer
 }
 
 func (s *sleeper) Resolve(id string) (Target, error) {
@@ -64,7 +68,7 @@ func (s *sleeper) Resolve(id string) (Target, error) {
 		return t, fmt.Errorf("sandbox abc: %w", ErrPaused)
 	}
 	t := abc
-	t.Ready = true
+	t.Ready = time.Since(time.Unix(0, at)) >= s.ready+s.unready
 	return t, nil
 }
 
@@ -434,5 +438,49 @@ func TestPacesEachPrincipal(t *testing.T) {
 	turn := time.Until(first.Add(time.Second))
 	if code, took, _, _ := send(h.request(t, "GET", nil, traffic(""))); code != http.StatusOK || took < turn-50*time.Millisecond {
 		t.Errorf("alice's request whose turn is %s away: %d after %s; want 200 once it came", turn, code, took)
+	}
+}
+
+// TestWakeForwardsOnceThePodListens: a woken sandbox whose Pod runs and
+// takes connections on the request's port is forwarded to then, not a
+// probe period later when the kubelet reports it Ready; one whose port
+// refuses waits for Ready.
+func TestWakeForwardsOnceThePodListens(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		refuses bool
+		min     time.Duration
+		max     time.Duration
+	}{
+		{name: "its port takes connections", min: 200 * time.Millisecond, max: 1500 * time.Millisecond},
+		{name: "its port refuses until Ready", refuses: true, min: 3 * time.Second, max: 5 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &sleeper{ready: 200 * time.Millisecond, unready: 3 * time.Second}
+			var h *harness
+			h = newHarness(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello") }, func(o *Options) {
+				o.Resolver, o.Waker = s, s
+				if tc.refuses {
+					dial := o.Dial
+					o.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+						if t, _ := s.Resolve("abc"); !t.Ready {
+							return nil, errors.New("connection refused")
+						}
+						return dial(ctx, network, addr)
+					}
+				}
+			})
+			start := time.Now()
+			resp, err := http.DefaultClient.Do(h.request(t, "GET", nil, traffic("")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			took := time.Since(start)
+			if resp.StatusCode != http.StatusOK || string(b) != "hello" || took < tc.min || took > tc.max {
+				t.Errorf("%d %q after %s; want 200 hello after %s to %s", resp.StatusCode, b, took, tc.min, tc.max)
+			}
+		})
 	}
 }
