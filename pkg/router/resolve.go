@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
@@ -49,6 +50,12 @@ type Target struct {
 	// Paused: with ErrPaused, the sandbox's ReplicaSet has no replica yet
 	// (false: it is resuming).
 	Paused bool
+	// Failure: with ErrPaused while resuming, why the ReplicaSet's
+	// controller could not make the next Pod, as it reported after it saw
+	// the resume (its ReplicaFailure condition: a quota, an admission
+	// policy, a deleted ServiceAccount): the held requests need not wait
+	// for their hold to end to be told.
+	Failure string
 }
 
 // Resolver finds a sandbox's Pod.
@@ -185,6 +192,15 @@ func (c Cache) paused(svc *corev1.Service, id string) (Target, bool) {
 	}
 	t := targetOf(p, id, "")
 	t.Paused = resources.Paused(rs)
+	if !t.Paused && rs.Status.ObservedGeneration >= rs.Generation {
+		// The status is of the resume (a scale is a new generation), so a
+		// failure in it is this resume's, not one from before.
+		for _, c := range rs.Status.Conditions {
+			if c.Type == appsv1.ReplicaSetReplicaFailure && c.Status == corev1.ConditionTrue {
+				t.Failure = fmt.Sprintf("%s: %s", c.Reason, c.Message)
+			}
+		}
+	}
 	return t, true
 }
 

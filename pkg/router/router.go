@@ -457,6 +457,8 @@ func (h *Handler) awaitWake(ctx context.Context, rt *route, t Target, err error)
 			}
 		}
 		switch {
+		case errors.Is(err, ErrPaused) && t.Failure != "":
+			return Target{}, fmt.Errorf("%w: %s", errWake, t.Failure)
 		case err == nil && (t.Ready || h.listening(ctx, t, rt.port)):
 			outcome = "resumed"
 			h.opts.Log.Info("resumed on traffic", "request_id", rt.request, "sandbox", rt.id, "pod", t.Pod, "seconds", time.Since(start).Seconds())

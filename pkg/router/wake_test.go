@@ -47,6 +47,9 @@ type sleeper struct {
 	unready time.Duration
 	gone    bool
 	err     error // Wake's answer
+	// failure: while resuming, the ReplicaSet's controller reports that
+	// it could not make the Pod (Target.Failure).
+	failure string
 }
 
 func (s *sleeper) Resolve(id string) (Target, error) {
@@ -64,7 +67,7 @@ func (s *sleeper) Resolve(id string) (Target, error) {
 	case time.Since(time.Unix(0, at)) < s.ready:
 		// Resuming: the Cache says paused until the Pod runs.
 		t := abc
-		t.IP = ""
+		t.IP, t.Failure = "", s.failure
 		return t, fmt.Errorf("sandbox abc: %w", ErrPaused)
 	}
 	t := abc
@@ -147,9 +150,11 @@ func TestWakesAPausedSandboxOnce(t *testing.T) {
 }
 
 // TestWakeFailures: each way a wake can fail answers at once or within the
-// hold, with a body: the resume refused (503), the Pod not Ready within
-// the hold (503), the sandbox deleted while requests wait (E2B's 502 for a
-// sandbox gone), and the held requests' bound reached (429).
+// hold, with a body: the resume refused (503), the next Pod refused (503
+// with the ReplicaSet controller's reason, as soon as it says so, not at
+// the hold's end), the Pod not Ready within the hold (503), the sandbox
+// deleted while requests wait (E2B's 502 for a sandbox gone), and the held
+// requests' bound reached (429).
 func TestWakeFailures(t *testing.T) {
 	cases := []struct {
 		name    string
@@ -159,6 +164,8 @@ func TestWakeFailures(t *testing.T) {
 		says    string
 	}{
 		{"resume refused", &sleeper{err: errors.New("forbidden")}, time.Second, 503, "could not be resumed: forbidden"},
+		{"the next Pod refused", &sleeper{ready: time.Hour, failure: "FailedCreate: pods \"sandbox-abc-x\" is forbidden: exceeded quota"}, 30 * time.Second, 503,
+			"could not be resumed: FailedCreate: pods \"sandbox-abc-x\" is forbidden: exceeded quota"},
 		{"not Ready in time", &sleeper{ready: time.Hour}, 300 * time.Millisecond, 503, "did not resume within 300ms"},
 		{"deleted while waiting", &sleeper{gone: true}, time.Second, 502, SandboxNotFound},
 	}
@@ -181,8 +188,8 @@ func TestWakeFailures(t *testing.T) {
 			if resp.StatusCode != c.code || body["code"] != float64(c.code) || !strings.Contains(msg, c.says) {
 				t.Errorf("= %d %v; want %d saying %q", resp.StatusCode, body, c.code, c.says)
 			}
-			if took := time.Since(start); took > c.hold+time.Second {
-				t.Errorf("answered after %s; want within the hold (%s)", took, c.hold)
+			if took := time.Since(start); took > c.hold+time.Second || c.sleeper.failure != "" && took > 2*time.Second {
+				t.Errorf("answered after %s; want within the hold (%s), and at once when the controller says why", took, c.hold)
 			}
 		})
 	}
@@ -286,6 +293,53 @@ func TestCacheTellsAPausedSandbox(t *testing.T) {
 				if diff := cmp.Diff(want, got); diff != "" {
 					t.Errorf("paused Target (-want +got):\n%s", diff)
 				}
+			}
+		})
+	}
+}
+
+// TestCacheTellsAFailedResume: a resuming ReplicaSet whose status, of the
+// resume's own generation, says its controller could not make the Pod gives
+// the Target that reason; one from before the resume (an older observed
+// generation) or none gives none.
+func TestCacheTellsAFailedResume(t *testing.T) {
+	failed := appsv1.ReplicaSetCondition{Type: appsv1.ReplicaSetReplicaFailure, Status: corev1.ConditionTrue, Reason: "FailedCreate", Message: "exceeded quota"}
+	cases := []struct {
+		name     string
+		observed int64
+		conds    []appsv1.ReplicaSetCondition
+		want     string
+	}{
+		{"refused, as seen after the resume", 3, []appsv1.ReplicaSetCondition{failed}, "FailedCreate: exceeded quota"},
+		{"refused before the resume", 2, []appsv1.ReplicaSetCondition{failed}, ""},
+		{"no failure", 3, nil, ""},
+		{"a failure cleared", 3, []appsv1.ReplicaSetCondition{{Type: appsv1.ReplicaSetReplicaFailure, Status: corev1.ConditionFalse}}, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rs, svc := pausedSandbox(true)
+			rs.Spec.Replicas, rs.Generation = ptr.To[int32](1), 3
+			rs.Status.ObservedGeneration, rs.Status.Conditions = c.observed, c.conds
+			idx := func(objs ...runtime.Object) cache.Indexer {
+				i := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{IDIndex: IndexByID})
+				for _, o := range objs {
+					if err := i.Add(o); err != nil {
+						t.Fatal(err)
+					}
+				}
+				return i
+			}
+			got, err := Cache{
+				Pods:        idx(),
+				Services:    listerscorev1.NewServiceLister(idx(svc)).Services("ns"),
+				Wires:       listerscorev1.NewServiceLister(idx()).Services("ns"),
+				ReplicaSets: listersappsv1.NewReplicaSetLister(idx(rs)).ReplicaSets("ns"),
+			}.Resolve("abc")
+			if !errors.Is(err, ErrPaused) || got.Paused {
+				t.Fatalf("Resolve = %+v, %v; want a resuming sandbox (ErrPaused, not Paused)", got, err)
+			}
+			if got.Failure != c.want {
+				t.Errorf("Failure = %q; want %q", got.Failure, c.want)
 			}
 		})
 	}
