@@ -846,6 +846,19 @@ func report(b *testing.B, r Results) {
 		fmt.Fprintf(&md, "| %s | %.2f | %s | %v |\n", t.Name, t.Value, t.Limit, t.Met)
 	}
 	fmt.Println(md.String())
+	// The figures benchcompare compares with docs/performance.md's record.
+	for _, x := range r.Rows {
+		if x.Operation == "create" && x.bare != nil {
+			b.ReportMetric(x.OursP50, fmt.Sprintf("create-c%d-p50-ms", x.Concurrency))
+			b.ReportMetric(x.OursOps, fmt.Sprintf("create-c%d-ops/s", x.Concurrency))
+			b.ReportMetric(x.OursP50/x.BareP50, fmt.Sprintf("create-c%d-vs-bare-x", x.Concurrency))
+		}
+	}
+	b.ReportMetric(r.List1k.OursP50, "list-1k-p50-ms")
+	b.ReportMetric(r.List1k.OursP50/r.List1k.FloorP50, "list-1k-vs-floor-x")
+	b.ReportMetric(r.ColdStartMs, "cold-start-ms")
+	b.ReportMetric(r.IdleRSSMiB, "idle-rss-MiB")
+	b.ReportMetric(r.RSSAfter1000MiB, "rss-after-1000-MiB")
 
 	dir := filepath.Join("..", "..", "results")
 	if err := os.MkdirAll(dir, 0o755); err != nil {

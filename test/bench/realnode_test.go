@@ -151,6 +151,11 @@ func benchRealNodeCreate(b *testing.B, rt benchRuntime) {
 		"The floor creates the same Pod and Service with client-go and watches the Pod until Ready (for resume: scales the same ReplicaSet to 1 and watches; "+
 		"for an id just deleted: waits until the old Pod is gone first, as ours must: the kubelet's teardown of it, not ours, is most of that row).\n")
 	fmt.Println(md.String())
+	// The figures benchcompare compares with docs/performance.md's record.
+	b.ReportMetric(pct(od, .5), "ready-p50-ms")
+	b.ReportMetric(pct(rd, .5), "resume-p50-ms")
+	b.ReportMetric(pct(dv, .5), "deerflow-view-p50-ms")
+	b.ReportMetric(pct(od, .5)/pct(fd, .5), "ready-vs-floor-x")
 }
 
 // realNodeEnv joins the real node to kc (skipping the benchmark, with what

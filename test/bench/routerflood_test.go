@@ -165,4 +165,7 @@ func BenchmarkRouterUnderPrincipalFlood(b *testing.B) {
 	fmt.Fprintf(&md, "\nbob's p50 under the flood is %.2f× his quiet p50 (target ≤ 2×: %s). Alice: 600 streams held open and 16 goroutines of short requests; %d served, %d refused with 429 (the router's bounds per principal per replica: %d open, %g started a second).\n",
 		ratio, verdict, served.Load(), refused.Load(), router.DefaultFairness.MaxInProgress, router.DefaultFairness.RequestsPerSecond)
 	fmt.Println(md.String())
+	b.ReportMetric(pct(quiet, .5), "quiet-p50-ms")
+	b.ReportMetric(pct(flooded, .5), "flooded-p50-ms")
+	b.ReportMetric(ratio, "flooded-vs-quiet-x")
 }
