@@ -114,7 +114,7 @@ func run(log *slog.Logger) error {
 		return err
 	}
 	factory := informers.NewSharedInformerFactoryWithOptions(cs, 0,
-		informers.WithNamespace(set.namespace),
+		informers.WithNamespace(set.namespace), informers.WithTransform(kube.StripManagedFields),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.LabelSelector = keys.LabelApp + "=" + keys.LabelAppValue
 		}))

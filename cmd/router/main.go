@@ -201,12 +201,12 @@ type caches struct {
 // namespace is cached.
 func newCaches(cs kubernetes.Interface, namespace string) (*caches, error) {
 	sandboxes := informers.NewSharedInformerFactoryWithOptions(cs, 0,
-		informers.WithNamespace(namespace),
+		informers.WithNamespace(namespace), informers.WithTransform(kube.StripManagedFields),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.LabelSelector = keys.LabelApp + "=" + keys.LabelAppValue
 		}))
 	wires := informers.NewSharedInformerFactoryWithOptions(cs, 0,
-		informers.WithNamespace(namespace),
+		informers.WithNamespace(namespace), informers.WithTransform(kube.StripManagedFields),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = resources.SelectorWires }))
 	pods := sandboxes.Core().V1().Pods().Informer()
 	if err := pods.AddIndexers(cache.Indexers{router.IDIndex: router.IndexByID}); err != nil {

@@ -1,6 +1,7 @@
 // Package kube builds the Kubernetes client: a token given as a value
 // (K8S_TOKEN), else the Pod's mounted ServiceAccount token, else a
-// kubeconfig, with K8S_API_SERVER overriding the server. Nothing else.
+// kubeconfig, with K8S_API_SERVER overriding the server; and the transform
+// the caches of sandbox objects store them with. Nothing else.
 package kube
 
 import (

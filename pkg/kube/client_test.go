@@ -7,7 +7,10 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/config"
 )
@@ -93,5 +96,24 @@ func TestRESTConfigUsesTheGivenToken(t *testing.T) {
 	c := config.ClientConfig{Namespace: "ns", Token: "tok", ClientQPS: 1, ClientBurst: 1}
 	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "K8S_CA_CERT") {
 		t.Errorf("a token without its CA bundle: %v, want an error naming K8S_CA_CERT", err)
+	}
+}
+
+// TestStripManagedFields: an object loses its managedFields and keeps the
+// rest; a tombstone passes unchanged.
+func TestStripManagedFields(t *testing.T) {
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-a", Labels: map[string]string{"app": "x"},
+		ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "sandbox-provisioner", Operation: metav1.ManagedFieldsOperationUpdate}}}}
+	got, err := StripManagedFields(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-a", Labels: map[string]string{"app": "x"}}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+	tomb := cache.DeletedFinalStateUnknown{Key: "ns/sandbox-a", Obj: pod}
+	if got, err := StripManagedFields(tomb); err != nil || !cmp.Equal(got, tomb) {
+		t.Errorf("a tombstone = %v, %v; want it unchanged", got, err)
 	}
 }
