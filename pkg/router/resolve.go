@@ -161,6 +161,11 @@ func (c Cache) Resolve(id string) (Target, error) {
 	})
 	for _, p := range selected {
 		if ip := podIP(p); ip != "" && p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
+			if t, ok := c.paused(svc, id); ok && t.Paused {
+				// Paused a moment ago: its controller has yet to take the
+				// Pod away, and would cut what reached it. Wake it instead.
+				return t, fmt.Errorf("sandbox %s is paused, its Pod %s going: %w", id, p.Name, ErrPaused)
+			}
 			return targetOf(p, id, ip), nil
 		}
 	}

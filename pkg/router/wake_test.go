@@ -256,17 +256,28 @@ func TestCacheTellsAPausedSandbox(t *testing.T) {
 		name       string
 		autoResume bool
 		otherOwner bool
+		podGoing   bool // its Pod still runs: the controller has yet to take it away
 		wantErr    error
 	}{
-		{"resumes on traffic", true, false, ErrPaused},
-		{"does not", false, false, ErrNotFound},
-		{"another's Service", true, true, ErrNotFound},
+		{"resumes on traffic", true, false, false, ErrPaused},
+		{"resumes on traffic, its Pod not yet taken away", true, false, true, ErrPaused},
+		{"does not", false, false, false, ErrNotFound},
+		{"another's Service", true, true, false, ErrNotFound},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			rs, svc := pausedSandbox(c.autoResume)
 			if c.otherOwner {
 				svc.OwnerReferences[0].UID = "someone-else"
+			}
+			var pods []runtime.Object
+			if c.podGoing {
+				p := &corev1.Pod{ObjectMeta: *rs.Spec.Template.ObjectMeta.DeepCopy(), Spec: rs.Spec.Template.Spec,
+					Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.244.0.7", PodIPs: []corev1.PodIP{{IP: "10.244.0.7"}}}}
+				p.Name, p.Namespace = "sandbox-abc-x7k2q", "ns"
+				p.Labels = map[string]string{keys.LabelApp: keys.LabelAppValue, keys.LabelID: "abc", LabelEnvd: LabelEnvdValue, keys.LabelToken: "t"}
+				svc.Spec.Selector = map[string]string{keys.LabelID: "abc", keys.LabelToken: "t"}
+				pods = append(pods, p)
 			}
 			idx := func(objs ...runtime.Object) cache.Indexer {
 				i := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{IDIndex: IndexByID})
@@ -279,7 +290,7 @@ func TestCacheTellsAPausedSandbox(t *testing.T) {
 			}
 			services := idx(svc)
 			c2 := Cache{
-				Pods:        idx(),
+				Pods:        idx(pods...),
 				Services:    listerscorev1.NewServiceLister(services).Services("ns"),
 				Wires:       listerscorev1.NewServiceLister(idx()).Services("ns"),
 				ReplicaSets: listersappsv1.NewReplicaSetLister(idx(rs)).ReplicaSets("ns"),
