@@ -11,5 +11,5 @@ fi
 mkdir -p "$(dirname "$ETCD_BIN")"
 log "building etcd $ETCD_VERSION (about a minute the first time)"
 cd "$REPO_ROOT/hack/tools/etcd"
-run_with_progress "etcd" go build -trimpath -ldflags "-s -w" -o "$ETCD_BIN.tmp" .
+retrying run_with_progress "etcd" go build -trimpath -ldflags "-s -w" -o "$ETCD_BIN.tmp" .
 mv "$ETCD_BIN.tmp" "$ETCD_BIN"

@@ -33,7 +33,7 @@ build() {
   local tmp
   tmp=$(mktemp -d "$dir/.build-XXXXXX")
   log "building $tag: ${missing[*]##*/} (minutes on 2 cores the first time)"
-  (cd "$REPO_ROOT/hack/tools/$mod" && run_with_progress "$tag" go build -trimpath -ldflags "-s -w" "${flags[@]}" -o "$tmp/" "${missing[@]}")
+  (cd "$REPO_ROOT/hack/tools/$mod" && retrying run_with_progress "$tag" go build -trimpath -ldflags "-s -w" "${flags[@]}" -o "$tmp/" "${missing[@]}")
   for p in "${missing[@]}"; do mv "$tmp/${p##*/}" "$dir/${p##*/}"; done
   rm -rf "$tmp"
 }
@@ -53,7 +53,7 @@ build_traefik() {
   local mod=$REPO_ROOT/hack/tools/traefik lego scratch
   # go mod download, not go list: on a cold module cache go list names no
   # directory, as the module is not downloaded yet.
-  lego=$(cd "$mod" && go mod download -json github.com/go-acme/lego/v4 | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  lego=$(cd "$mod" && retrying go mod download -json github.com/go-acme/lego/v4 | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
   [[ -d $lego ]] || die "go mod download gave no directory for github.com/go-acme/lego/v4 (hack/tools/traefik)"
   scratch=$(mktemp -d "$KNATIVE_BIN_DIR/.traefik-XXXXXX")
   cp -r "$lego" "$scratch/lego" && chmod -R u+w "$scratch/lego"

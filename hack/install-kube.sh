@@ -31,5 +31,5 @@ for c in "${missing[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
 tmp=$(mktemp -d "$KUBE_BIN_DIR/.build-XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 log "building ${missing[*]} $KUBE_VERSION in one go build (first build takes minutes on 2 cores; cached afterwards)"
-run_with_progress "kubernetes ${missing[*]}" go build -trimpath -ldflags "$ldflags" -o "$tmp/" "${pkgs[@]}"
+retrying run_with_progress "kubernetes ${missing[*]}" go build -trimpath -ldflags "$ldflags" -o "$tmp/" "${pkgs[@]}"
 for c in "${missing[@]}"; do mv "$tmp/$c" "$KUBE_BIN_DIR/$c"; done

@@ -99,6 +99,22 @@ in_background() {
   if chrt --idle 0 true 2>/dev/null; then chrt --idle 0 nice -n 19 "$@"; else nice -n 19 "$@"; fi
 }
 
+# retrying COMMAND...: runs COMMAND up to three times, 10 s and then 20 s
+# apart, until it succeeds. Go fetches modules without retrying, and one
+# TLS handshake that times out on the module proxy failed a cold CI run's
+# Knative build; a second try of a build finds what the first compiled in
+# Go's cache, so a real compile error costs little more to report.
+retrying() {
+  local try
+  for try in 1 2 3; do
+    "$@" && return 0
+    [[ $try -lt 3 ]] || break
+    log "${*:1:3} … failed (try $try of 3); trying again in $((try * 10)) s"
+    sleep $((try * 10))
+  done
+  return 1
+}
+
 # go_install DIR PKG@VERSION...: go install into a scratch directory beside
 # DIR, then each binary into DIR by rename. The scripts take a binary that
 # exists for a cached one, so one that an interrupted copy left half-written
@@ -109,7 +125,7 @@ go_install() {
   shift
   mkdir -p "$dir"
   tmp=$(mktemp -d "$dir/.install-XXXXXX")
-  if ! GOBIN=$tmp go install "$@"; then rm -rf "$tmp"; return 1; fi
+  if ! GOBIN=$tmp retrying go install "$@"; then rm -rf "$tmp"; return 1; fi
   for f in "$tmp"/*; do mv "$f" "$dir/"; done
   rmdir "$tmp"
 }
