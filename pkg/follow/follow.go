@@ -151,10 +151,11 @@ func Gone(ctx context.Context, pods typedcorev1.PodInterface, pod *corev1.Pod, b
 }
 
 // ReplicaSetPod follows the Pods of a ReplicaSet sandbox (list, then
-// watch, by label) until its current Pod (pick chooses it among them, nil
-// when there is none) satisfies done or ctx ends. A deleted Pod is not the
-// end unless done says so: the ReplicaSet makes another.
-func ReplicaSetPod(ctx context.Context, pods typedcorev1.PodInterface, rs *appsv1.ReplicaSet, pick func([]corev1.Pod) *corev1.Pod, done func(*corev1.Pod) bool) (*corev1.Pod, error) {
+// watch, by label) until its current Pod (resources.CurrentPod of the live
+// ones rs controls, nil when there is none) satisfies done or ctx ends. A
+// deleted Pod is not the end unless done says so: the ReplicaSet makes
+// another.
+func ReplicaSetPod(ctx context.Context, pods typedcorev1.PodInterface, rs *appsv1.ReplicaSet, done func(*corev1.Pod) bool) (*corev1.Pod, error) {
 	selector := metav1.FormatLabelSelector(&metav1.LabelSelector{MatchLabels: resources.ReplicaSetSelector(rs.Labels[keys.LabelID])})
 	lw := &cache.ListWatch{
 		ListFunc: func(o metav1.ListOptions) (runtime.Object, error) {
@@ -177,7 +178,7 @@ func ReplicaSetPod(ctx context.Context, pods typedcorev1.PodInterface, rs *appsv
 		for _, o := range store.List() {
 			all = append(all, *o.(*corev1.Pod))
 		}
-		current = pick(all)
+		current = resources.CurrentPod(resources.ControlledPods(rs, all))
 		return done(current), nil
 	}
 	_, err := watchtools.UntilWithSync(ctx, lw, &corev1.Pod{}, func(s cache.Store) (bool, error) {
@@ -188,6 +189,15 @@ func ReplicaSetPod(ctx context.Context, pods typedcorev1.PodInterface, rs *appsv
 		return current, api.Classify(err, "watch the sandbox's Pods")
 	}
 	return current, err
+}
+
+// Drained waits, up to bound, until rs controls no live Pod: its
+// controller has marked them for deletion, as it does once rs is scaled to
+// zero. It returns the live Pod still there when bound passed, or nil.
+func Drained(ctx context.Context, pods typedcorev1.PodInterface, rs *appsv1.ReplicaSet, bound time.Duration) (*corev1.Pod, error) {
+	wctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	return ReplicaSetPod(wctx, pods, rs, func(p *corev1.Pod) bool { return p == nil })
 }
 
 // WarningReason is what the kubelet last warned about pod, "" when it said

@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"context"
-	"log/slog"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -104,33 +103,18 @@ func (m *Manager) replicaSetPods(ctx context.Context, rs *appsv1.ReplicaSet) ([]
 	return resources.ControlledPods(rs, list.Items), nil
 }
 
-// drainWait bounds how long a pause waits for its ReplicaSet's controller
-// to mark the sandbox's Pod for deletion (it does in milliseconds).
+// drainWait bounds a pause's wait for the controller to mark the Pod for
+// deletion (milliseconds): answered before, the Pod still took traffic that
+// the router should have woken the sandbox for, and its deletion cut it.
 var drainWait = 10 * time.Second
 
-// awaitDrained waits, up to drainWait, until rs controls no live Pod: its
-// controller has marked the Pod for deletion. A pause answered before that
-// left a Pod that still took traffic, which its deletion then cut: the
-// router sent a paused sandbox's next request to it rather than waking the
-// sandbox (resume on traffic). Like the name's wait it holds a watch, and
-// is left out when none of this replica's wait tokens is free.
+// awaitDrained holds a watch, so takes a wait token; none free, no wait.
 func (m *Manager) awaitDrained(ctx context.Context, rs *appsv1.ReplicaSet) {
 	c, _ := api.CallerFrom(ctx)
-	release, err := m.admitWait(c.Principal, drainWait)
-	if err != nil {
-		return
+	if release, err := m.admitWait(c.Principal, drainWait); err == nil {
+		defer release()
+		_, _ = follow.Drained(ctx, m.client.CoreV1().Pods(m.cfg.Namespace), rs, drainWait) // late: paused all the same
 	}
-	defer release()
-	wctx, cancel := context.WithTimeout(ctx, drainWait)
-	defer cancel()
-	if p, err := follow.ReplicaSetPod(wctx, m.client.CoreV1().Pods(m.cfg.Namespace), rs, currentOf(rs), func(p *corev1.Pod) bool { return p == nil }); p != nil {
-		slog.WarnContext(ctx, "paused, but its Pod is not yet marked for deletion", "sandbox", rs.Labels[keys.LabelID], "pod", p.Name, "err", err)
-	}
-}
-
-// currentOf picks the current Pod of rs among the Pods of its sandbox.
-func currentOf(rs *appsv1.ReplicaSet) func([]corev1.Pod) *corev1.Pod {
-	return func(all []corev1.Pod) *corev1.Pod { return resources.CurrentPod(resources.ControlledPods(rs, all)) }
 }
 
 // Pause scales a ReplicaSet sandbox to zero: its Pod goes, its Service, URL

@@ -56,8 +56,7 @@ func (m *Manager) waitReady(ctx context.Context, id string, f found, wait time.D
 		err  error
 	)
 	if f.rs != nil {
-		// No Pod yet is no answer: the ReplicaSet controller makes one.
-		last, err = follow.ReplicaSetPod(wctx, m.client.CoreV1().Pods(m.cfg.Namespace), f.rs, currentOf(f.rs), func(p *corev1.Pod) bool { return p != nil && settled(p) })
+		last, err = follow.ReplicaSetPod(wctx, m.client.CoreV1().Pods(m.cfg.Namespace), f.rs, func(p *corev1.Pod) bool { return p != nil && settled(p) })
 	} else {
 		last, err = follow.Pod(wctx, m.client.CoreV1().Pods(m.cfg.Namespace), f.pod, settled)
 	}
