@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/access"
+	"github.com/deerflow-sandbox/provisioner/pkg/bounded"
 	"github.com/deerflow-sandbox/provisioner/pkg/fairness"
 	"github.com/deerflow-sandbox/provisioner/pkg/reqid"
 )
@@ -86,7 +87,23 @@ type Options struct {
 	// included); past either, 429. Without it one tenant's flood, even of
 	// refused requests, takes the CPU the others' requests need.
 	Fairness fairness.Limits
+	// RefusalDelay holds a request that Fairness refuses for so long
+	// before its 429 (DefaultRefusalDelay; at most MaxHeldRefusals a
+	// principal, past which they are answered at once), so that a client
+	// that ignores Retry-After cannot turn refusals into a flood of their
+	// own: each refusal is as cheap as a request, and a loop of them took
+	// the CPU the other tenants' requests need.
+	RefusalDelay    time.Duration
+	MaxHeldRefusals int
 }
+
+// DefaultRefusalDelay and DefaultMaxHeldRefusals are Options'
+// RefusalDelay's and MaxHeldRefusals' defaults: a refused client waits
+// what its Retry-After (one second) asks anyway.
+const (
+	DefaultRefusalDelay    = time.Second
+	DefaultMaxHeldRefusals = 256
+)
 
 // DefaultFairness is Options.Fairness's default: more open requests than
 // any one agent's streams (each command, PTY and watch is one), and a rate
@@ -104,8 +121,10 @@ type Handler struct {
 	client *http.Client
 	inited agents
 	wakes  wakes
-	// gate admits each request by its principal (Fairness).
+	// gate admits each request by its principal (Fairness); held counts
+	// the refused requests held per principal (RefusalDelay).
 	gate *fairness.Gate
+	held bounded.Counts
 }
 
 // agents are the agents (by Pod UID) this replica has given their token's
@@ -150,6 +169,12 @@ func New(o Options) *Handler {
 	}
 	if o.Fairness == (fairness.Limits{}) {
 		o.Fairness = DefaultFairness
+	}
+	if o.RefusalDelay == 0 {
+		o.RefusalDelay = DefaultRefusalDelay
+	}
+	if o.MaxHeldRefusals <= 0 {
+		o.MaxHeldRefusals = DefaultMaxHeldRefusals
 	}
 	dial := o.Dial
 	if dial == nil {
@@ -315,6 +340,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		} else {
 			status, msg = refused.Answer(rec.Header())
 			detail = msg
+			h.holdRefusal(r.Context(), rt.target.Sandbox.Principal)
 		}
 	}
 	if status != 0 {
@@ -476,6 +502,26 @@ func (h *Handler) awaitWake(ctx context.Context, rt *route, t Target, err error)
 		case <-time.After(50 * time.Millisecond):
 		}
 		t, err = h.opts.Resolver.Resolve(rt.id)
+	}
+}
+
+// holdRefusal waits RefusalDelay (or until the client leaves) before a
+// refusal of principal's is answered, unless MaxHeldRefusals of its
+// refusals are held already.
+func (h *Handler) holdRefusal(ctx context.Context, principal string) {
+	if h.opts.RefusalDelay < 0 {
+		return
+	}
+	release, ok := h.held.Take(principal, h.opts.MaxHeldRefusals)
+	if !ok {
+		return
+	}
+	defer release()
+	t := time.NewTimer(h.opts.RefusalDelay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
 	}
 }
 

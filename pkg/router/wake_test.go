@@ -473,7 +473,9 @@ func TestBoundsEachPrincipal(t *testing.T) {
 func TestPacesEachPrincipal(t *testing.T) {
 	wait := 300 * time.Millisecond
 	h := newHarness(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") },
-		func(o *Options) { o.Fairness = fairness.Limits{RequestsPerSecond: 1, Burst: 1, MaxInProgress: 8} })
+		func(o *Options) {
+			o.Fairness, o.RefusalDelay = fairness.Limits{RequestsPerSecond: 1, Burst: 1, MaxInProgress: 8}, -1
+		})
 	send := func(req *http.Request) (int, time.Duration, http.Header, string) {
 		t.Helper()
 		start := time.Now()
@@ -547,5 +549,64 @@ func TestWakeForwardsOnceThePodListens(t *testing.T) {
 				t.Errorf("%d %q after %s; want 200 hello after %s to %s", resp.StatusCode, b, took, tc.min, tc.max)
 			}
 		})
+	}
+}
+
+// TestHoldsRefusals: a refused request is answered after RefusalDelay, so
+// a client that ignores Retry-After loops no faster than that; past
+// MaxHeldRefusals held for one principal, at once; another principal's
+// requests are not held behind them.
+func TestHoldsRefusals(t *testing.T) {
+	const delay = 400 * time.Millisecond
+	h := newHarness(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }, func(o *Options) {
+		o.Fairness = fairness.Limits{RequestsPerSecond: 0.001, Burst: 1, MaxInProgress: 8}
+		o.RefusalDelay, o.MaxHeldRefusals = delay, 2
+	})
+	send := func(req *http.Request) (int, time.Duration) {
+		start := time.Now()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err)
+			return 0, 0
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, time.Since(start)
+	}
+	if code, _ := send(h.request(t, "GET", nil, traffic(""))); code != http.StatusOK {
+		t.Fatalf("alice's first request = %d; want 200 (her burst)", code)
+	}
+	type answer struct {
+		code int
+		held bool
+	}
+	got := make([]answer, 3)
+	var wg sync.WaitGroup
+	for i := range got {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			code, took := send(h.request(t, "GET", nil, traffic("")))
+			got[i] = answer{code, took >= delay-20*time.Millisecond}
+		}()
+	}
+	time.Sleep(100 * time.Millisecond) // the three refusals are in
+	bob := h.request(t, "GET", nil, map[string]string{HeaderSandboxID: "bare", HeaderSandboxPort: "8080",
+		HeaderTrafficToken: testKey.Token(access.Traffic, access.Sandbox{Principal: "bob", ID: "bare", CreatedAt: "2026-11-28T11:00:00Z"})})
+	if code, took := send(bob); code != http.StatusOK || took > delay/2 {
+		t.Errorf("bob's request while alice's refusals are held: %d after %s; want 200 at once", code, took)
+	}
+	wg.Wait()
+	held := 0
+	for _, a := range got {
+		if a.code != http.StatusTooManyRequests {
+			t.Errorf("alice's request past her rate = %d; want 429", a.code)
+		}
+		if a.held {
+			held++
+		}
+	}
+	if held != 2 {
+		t.Errorf("%d of alice's three refusals were held %s; want 2 (MaxHeldRefusals), the third answered at once: %+v", held, delay, got)
 	}
 }
