@@ -97,17 +97,7 @@ func UpWith(ctx context.Context, name string, o Options) (*Cluster, error) {
 			return nil, fmt.Errorf("%s is missing; run hack/install-tools.sh (make tools) first: %w", f, err)
 		}
 	}
-	// The work directory goes in /dev/shm where the machine has it, so
-	// etcd's data, and the fsync of its every write, stay in memory. On a
-	// disk shared with a build writing gigabytes into Go's cache (a cold CI
-	// run builds real Knative in the background), creates of three e2e
-	// tests timed out at the API server (504). A test cluster's data goes
-	// with it (Down removes the directory); nothing is lost by not keeping
-	// it on disk. Elsewhere, the system's temporary directory.
-	workdir, err := os.MkdirTemp("/dev/shm", "kwok-"+name+"-")
-	if err != nil {
-		workdir, err = os.MkdirTemp("", "kwok-"+name+"-")
-	}
+	workdir, err := os.MkdirTemp("", "kwok-"+name+"-")
 	if err != nil {
 		return nil, err
 	}
