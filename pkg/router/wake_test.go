@@ -279,21 +279,12 @@ func TestCacheTellsAPausedSandbox(t *testing.T) {
 				svc.Spec.Selector = map[string]string{keys.LabelID: "abc", keys.LabelToken: "t"}
 				pods = append(pods, p)
 			}
-			idx := func(objs ...runtime.Object) cache.Indexer {
-				i := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{IDIndex: IndexByID})
-				for _, o := range objs {
-					if err := i.Add(o); err != nil {
-						t.Fatal(err)
-					}
-				}
-				return i
-			}
-			services := idx(svc)
+			services := indexOf(t, svc)
 			c2 := Cache{
-				Pods:        idx(pods...),
+				Pods:        indexOf(t, pods...),
 				Services:    listerscorev1.NewServiceLister(services).Services("ns"),
-				Wires:       listerscorev1.NewServiceLister(idx()).Services("ns"),
-				ReplicaSets: listersappsv1.NewReplicaSetLister(idx(rs)).ReplicaSets("ns"),
+				Wires:       listerscorev1.NewServiceLister(indexOf(t)).Services("ns"),
+				ReplicaSets: listersappsv1.NewReplicaSetLister(indexOf(t, rs)).ReplicaSets("ns"),
 			}
 			got, err := c2.Resolve("abc")
 			if !errors.Is(err, c.wantErr) || c.wantErr == ErrPaused != errors.Is(err, ErrPaused) {
@@ -331,20 +322,11 @@ func TestCacheTellsAFailedResume(t *testing.T) {
 			rs, svc := pausedSandbox(true)
 			rs.Spec.Replicas, rs.Generation = ptr.To[int32](1), 3
 			rs.Status.ObservedGeneration, rs.Status.Conditions = c.observed, c.conds
-			idx := func(objs ...runtime.Object) cache.Indexer {
-				i := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{IDIndex: IndexByID})
-				for _, o := range objs {
-					if err := i.Add(o); err != nil {
-						t.Fatal(err)
-					}
-				}
-				return i
-			}
 			got, err := Cache{
-				Pods:        idx(),
-				Services:    listerscorev1.NewServiceLister(idx(svc)).Services("ns"),
-				Wires:       listerscorev1.NewServiceLister(idx()).Services("ns"),
-				ReplicaSets: listersappsv1.NewReplicaSetLister(idx(rs)).ReplicaSets("ns"),
+				Pods:        indexOf(t),
+				Services:    listerscorev1.NewServiceLister(indexOf(t, svc)).Services("ns"),
+				Wires:       listerscorev1.NewServiceLister(indexOf(t)).Services("ns"),
+				ReplicaSets: listersappsv1.NewReplicaSetLister(indexOf(t, rs)).ReplicaSets("ns"),
 			}.Resolve("abc")
 			if !errors.Is(err, ErrPaused) || got.Paused {
 				t.Fatalf("Resolve = %+v, %v; want a resuming sandbox (ErrPaused, not Paused)", got, err)
@@ -609,4 +591,16 @@ func TestHoldsRefusals(t *testing.T) {
 	if held != 2 {
 		t.Errorf("%d of alice's three refusals were held %s; want 2 (MaxHeldRefusals), the third answered at once: %+v", held, delay, got)
 	}
+}
+
+// indexOf is an informer's store holding objs, indexed by sandbox id.
+func indexOf(t *testing.T, objs ...runtime.Object) cache.Indexer {
+	t.Helper()
+	i := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{IDIndex: IndexByID})
+	for _, o := range objs {
+		if err := i.Add(o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return i
 }

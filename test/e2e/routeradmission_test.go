@@ -52,17 +52,7 @@ const (
 func TestAdmissionLetsTheRouterOnlyResume(t *testing.T) {
 	ns, _ := serviceAccountNamespace(t)
 	ctx := context.Background()
-	var rbac []*unstructured.Unstructured
-	for _, o := range readObjects(t, filepath.Join("..", "..", "config", "310-router.yaml")) {
-		if k := o.GetKind(); k == "Role" || k == "RoleBinding" {
-			o.SetNamespace(ns)
-			rbac = append(rbac, o)
-		}
-	}
-	applyServerSide(t, append(rbac, readObjects(t, filepath.Join("..", "..", "config", "802-admission-policy-router.yaml"))...))
-	rc := rest.CopyConfig(kc.Config)
-	rc.Impersonate = rest.ImpersonationConfig{UserName: routerAccount}
-	router := kubernetes.NewForConfigOrDie(rc)
+	router := routerIn(t, ns)
 	rss := client().AppsV1().ReplicaSets(ns)
 	a := newAdmission(t, ns, nil)
 	paused := func(id string, autoResume bool) *appsv1.ReplicaSet {
@@ -163,16 +153,6 @@ func TestAdmissionLetsTheRouterOnlyResume(t *testing.T) {
 func TestRouterAnswersARefusedResume(t *testing.T) {
 	ns := namespace(t)
 	ctx := context.Background()
-	var rbac []*unstructured.Unstructured
-	for _, o := range readObjects(t, filepath.Join("..", "..", "config", "310-router.yaml")) {
-		if k := o.GetKind(); k == "Role" || k == "RoleBinding" {
-			o.SetNamespace(ns)
-			rbac = append(rbac, o)
-		}
-	}
-	applyServerSide(t, append(rbac, readObjects(t, filepath.Join("..", "..", "config", "802-admission-policy-router.yaml"))...))
-	rc := rest.CopyConfig(kc.Config)
-	rc.Impersonate = rest.ImpersonationConfig{UserName: routerAccount}
 
 	quotas := client().CoreV1().ResourceQuotas(ns)
 	if _, err := quotas.Create(ctx, &corev1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: "no-pods"},
@@ -215,7 +195,7 @@ func TestRouterAnswersARefusedResume(t *testing.T) {
 	h := router.New(router.Options{
 		Resolver: router.Cache{Pods: pods.GetIndexer(), Services: services, Wires: services, ReplicaSets: replicaSets},
 		Key:      key, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), WakeHold: 30 * time.Second,
-		Waker: router.Scaler{Client: kubernetes.NewForConfigOrDie(rc), Namespace: ns},
+		Waker: router.Scaler{Client: routerIn(t, ns), Namespace: ns},
 	})
 	srv := httptest.NewServer(h)
 	defer srv.Close()
@@ -258,4 +238,21 @@ func TestRouterAnswersARefusedResume(t *testing.T) {
 		got, err := client().AppsV1().ReplicaSets(ns).Get(ctx, rs.Name, metav1.GetOptions{})
 		return err == nil && got.Status.Replicas == 1, err
 	})
+}
+
+// routerIn is a client as the router's account, with config/'s Role and
+// RoleBinding for it copied into ns and its admission policy applied.
+func routerIn(t *testing.T, ns string) kubernetes.Interface {
+	t.Helper()
+	var rbac []*unstructured.Unstructured
+	for _, o := range readObjects(t, filepath.Join("..", "..", "config", "310-router.yaml")) {
+		if k := o.GetKind(); k == "Role" || k == "RoleBinding" {
+			o.SetNamespace(ns)
+			rbac = append(rbac, o)
+		}
+	}
+	applyServerSide(t, append(rbac, readObjects(t, filepath.Join("..", "..", "config", "802-admission-policy-router.yaml"))...))
+	rc := rest.CopyConfig(kc.Config)
+	rc.Impersonate = rest.ImpersonationConfig{UserName: routerAccount}
+	return kubernetes.NewForConfigOrDie(rc)
 }
