@@ -32,7 +32,7 @@ for p in "${patches[@]}"; do
 done
 cd "$src"
 tmp="$FUNC_BIN.tmp.$$"
-retrying run_with_progress "func" env CGO_ENABLED=0 GOFLAGS=-trimpath go build -ldflags "$ldflags" -o "$tmp" ./cmd/func
+CGO_ENABLED=0 GOFLAGS=-trimpath retrying run_with_progress "func" go build -ldflags "$ldflags" -o "$tmp" ./cmd/func
 mv "$tmp" "$FUNC_BIN"
 printf '%s\n' "$stamp" >"$FUNC_BIN.patches"
 "$FUNC_BIN" version >&2

