@@ -35,7 +35,7 @@ build:
 run:
 	LDFLAGS='$(LDFLAGS)' hack/run.sh $(BIN_DIR)/provisioner
 
-## tools: build/install etcd, kwok, the Kubernetes control plane and kubectl, the func CLI and a registry (cached)
+## tools: build/install etcd, kwok, the Kubernetes control plane and kubectl, and the func CLI (cached)
 .PHONY: tools
 tools:
 	hack/install-tools.sh

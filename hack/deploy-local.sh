@@ -24,7 +24,6 @@ if [[ -z "${KUBECONFIG:-}" ]]; then
 fi
 export KUBECONFIG
 KUBE_COMPONENTS=kubectl "$REPO_ROOT/hack/install-kube.sh"
-"$REPO_ROOT/hack/install-registry.sh"
 kubectl="$KUBE_BIN_DIR/kubectl"
 NS=deer-flow
 
@@ -33,9 +32,10 @@ REGISTRY_ADDR=${REGISTRY_ADDR:-127.0.0.1:5001}
 reg="$CACHE_DIR/local-registry-${REGISTRY_ADDR//[:.]/-}"
 if ! curl -fsS "http://$REGISTRY_ADDR/v2/" >/dev/null 2>&1; then
   log "starting a registry on $REGISTRY_ADDR (data in $reg)"
-  mkdir -p "$reg/data"
-  printf 'version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: %s\n' "$reg/data" "$REGISTRY_ADDR" >"$reg/config.yml"
-  setsid nohup "$REGISTRY_BIN" serve "$reg/config.yml" >"$reg/registry.log" 2>&1 </dev/null &
+  mkdir -p "$reg"
+  # The test registry (test/framework/registry), built from this module.
+  (cd "$REPO_ROOT" && go build -trimpath -ldflags "-s -w" -o "$reg/registry" ./test/framework/registry/cmd/registry)
+  setsid nohup "$reg/registry" -addr "$REGISTRY_ADDR" -dir "$reg/blobs" >"$reg/registry.log" 2>&1 </dev/null &
   echo $! >"$reg/pid"
   for _ in $(seq 1 50); do curl -fsS "http://$REGISTRY_ADDR/v2/" >/dev/null 2>&1 && break; sleep 0.2; done
   curl -fsS "http://$REGISTRY_ADDR/v2/" >/dev/null || die "the registry on $REGISTRY_ADDR did not start (log: $reg/registry.log)"

@@ -35,6 +35,7 @@ import (
 	"github.com/deerflow-sandbox/provisioner/test/framework/cluster"
 	"github.com/deerflow-sandbox/provisioner/test/framework/function"
 	"github.com/deerflow-sandbox/provisioner/test/framework/realnode"
+	"github.com/deerflow-sandbox/provisioner/test/framework/registry"
 	"github.com/deerflow-sandbox/provisioner/test/framework/skip"
 )
 
@@ -264,33 +265,17 @@ func TestImage(t *testing.T) {
 }
 
 // TestPushedImageIsWhatDeployNames pushes the image with `make deploy`'s
-// script (DRY_RUN: build, push, render; nothing applied) to a distribution
-// registry on 127.0.0.1, and checks that the rendered manifests name the
+// script (DRY_RUN: build, push, render; nothing applied) to a registry on
+// 127.0.0.1 (test/framework/registry: go-containerregistry's, the stand-in
+// for an operator's), and checks that the rendered manifests name the
 // digest the registry holds.
 func TestPushedImageIsWhatDeployNames(t *testing.T) {
-	registry := filepath.Join(cluster.CacheDir(), "registry-"+cluster.EnvOr("REGISTRY_VERSION", "v3.1.2"), "registry")
-	if _, err := os.Stat(registry); err != nil {
-		skip.Unavailable(t, "no registry binary at %s: hack/install-registry.sh builds it (make test-e2e does so first): %v", registry, err)
-	}
-	addr, err := function.FreeAddr()
+	reg, err := registry.Start("127.0.0.1:0", t.TempDir(), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	conf := fmt.Sprintf("version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: %s\n", filepath.Join(dir, "data"), addr)
-	if err := os.WriteFile(filepath.Join(dir, "config.yml"), []byte(conf), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	reg := command(t, filepath.Join(dir, "registry.log"), registry, "serve", filepath.Join(dir, "config.yml"))
-	defer reg.stop()
-	eventually(t, 20*time.Second, "registry answers /v2/", func() (bool, error) {
-		resp, err := http.Get("http://" + addr + "/v2/")
-		if err != nil {
-			return false, err
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200, nil
-	})
+	defer reg.Close()
+	addr := reg.Addr
 
 	image := addr + "/deer-flow/sandbox-provisioner:e2e"
 	// PLATFORM: this machine's only. make deploy builds func's three by
