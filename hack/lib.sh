@@ -77,11 +77,20 @@ run_with_progress() {
     exit "$rc"
   ) &
   local pid=$!
+  local ticks=0
   while kill -0 "$pid" 2>/dev/null; do
-    sleep 10
-    kill -0 "$pid" 2>/dev/null && log "$label: still working ($((SECONDS - start))s)"
+    sleep 1
+    ((++ticks % 10 == 0)) && kill -0 "$pid" 2>/dev/null && log "$label: still working ($((SECONDS - start))s)"
   done
-  wait "$pid"
+  # Its status by hand: called where errexit does not apply (retrying's
+  # `"$@" && return 0`), a bare wait that failed would go on to say done,
+  # and a failed build would pass for a built one.
+  local rc=0
+  wait "$pid" || rc=$?
+  if [[ $rc -ne 0 ]]; then
+    log "$label: failed (exit $rc) after $((SECONDS - start))s"
+    return "$rc"
+  fi
   log "$label: done in $((SECONDS - start))s"
 }
 # side_by_side LABEL=COMMAND...: runs each COMMAND (a script or a function,
