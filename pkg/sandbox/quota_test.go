@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -167,6 +168,51 @@ func TestCreateAgainWritesNoService(t *testing.T) {
 			}
 			if n := int(svcCreates.Load()); n != tc.wantSvcCreates {
 				t.Errorf("the create again wrote %d Services, want %d", n, tc.wantSvcCreates)
+			}
+		})
+	}
+}
+
+// TestContendedQuotaAnswersItsRefusal: a create that racing creates keep
+// refusing (the limit held by a sandbox seconds old, which may yet
+// withdraw) retries a few rounds, and when the request's deadline ends
+// them it answers the quota's refusal (429), not a timeout that blames the
+// API server (504), and leaves nothing. Client-go's fake clientset stands
+// in for the API server, each Service create slowed as on a busy one.
+func TestContendedQuotaAnswersItsRefusal(t *testing.T) {
+	young := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: resources.PodName("young"), Namespace: "deer-flow", UID: "pod-young",
+		Labels: resources.Labels(api.Spec{ID: "young"}), ResourceVersion: "50"}}
+	youngSvc := resources.BuildService(testConfig(t, nil).Objects(), api.Spec{ID: "young"}, resources.PodOwnerRef(young))
+	youngSvc.CreationTimestamp, youngSvc.ResourceVersion = metav1.Now(), "51"
+	for _, slow := range []time.Duration{0, 300 * time.Millisecond} {
+		t.Run(fmt.Sprintf("Service creates take %s", slow), func(t *testing.T) {
+			client := fake.NewClientset(young, youngSvc)
+			var rv atomic.Int64
+			rv.Store(100)
+			client.PrependReactor("create", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+				if o, err := meta.Accessor(a.(k8stesting.CreateAction).GetObject()); err == nil {
+					o.SetResourceVersion(strconv.FormatInt(rv.Add(1), 10))
+				}
+				if a.GetResource().Resource == "services" {
+					time.Sleep(slow)
+				}
+				return false, nil, nil
+			})
+			m := NewManager(testConfig(t, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "true", "MAX_SANDBOXES": "1"}), client)
+			run, stop := context.WithCancel(context.Background())
+			defer stop()
+			m.Run(run)
+			if !m.quota.Synced(run, 5*time.Second) || !cache.WaitForCacheSync(run.Done(), m.templates.HasSynced) {
+				t.Fatal("the caches did not sync")
+			}
+			ctx, cancel := context.WithTimeout(api.WithCaller(context.Background(), api.Caller{Principal: "default"}), 700*time.Millisecond)
+			defer cancel()
+			_, err := m.Create(ctx, api.Spec{ID: "new1", UserID: "u", ThreadID: "t", IdleTimeout: time.Hour, MaxLifetime: time.Hour}, 0)
+			if api.KindOf(err) != api.KindQuota {
+				t.Errorf("create against a contended limit: %v (kind %v), want the quota's refusal", err, api.KindOf(err))
+			}
+			if diff := cmp.Diff([]string{"Pod " + young.Name, "Service " + youngSvc.Name}, standing(t, client)); diff != "" {
+				t.Errorf("objects after the create (-want +got):\n%s", diff)
 			}
 		})
 	}
