@@ -3,7 +3,6 @@ package sandbox
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -94,61 +93,32 @@ func (m *Manager) create(ctx context.Context, s api.Spec, wait time.Duration) (s
 			return sb, err
 		}
 	}
-	// refused is the last round's refusal by a contended quota: what the
-	// create answers (429) if the request's deadline leaves no room for
-	// another round or ends one, rather than a timeout (504) that would
-	// blame the API server for a limit that racing creates filled.
-	var refused *quota.Error
-	for attempt := 0; ; attempt++ {
-		var (
-			a   made
-			err error
-		)
-		if attempt > 0 {
-			// Racing creates refused each other: back off for a random moment
-			// so that the next round admits some of them, and create again only
-			// if a count shows room, so that a quota full of young sandboxes
-			// does not cost a workload created and deleted per round.
-			backoff := time.Duration(attempt) * time.Duration(50+rand.IntN(150)) * time.Millisecond
-			if d, ok := ctx.Deadline(); ok && time.Until(d) < backoff+quotaRetryRoom {
-				m.observer.QuotaRefused(refused.Scope)
-				return api.Sandbox{}, refused
-			}
-			if err := sleep.For(ctx, backoff); err != nil {
-				return api.Sandbox{}, api.Classify(err, "create the sandbox")
-			}
-			err = m.quota.Check(ctx, s, nil)
-		}
-		if err == nil {
-			a, err = m.createOnce(ctx, s)
-		}
-		if err == nil && !a.existed {
+	// Racing creates can refuse each other at the limit: the rounds retry
+	// them (quota.Counter.Rounds).
+	var a made
+	err = m.quota.Rounds(ctx, s, func() error {
+		var err error
+		if a, err = m.createOnce(ctx, s); err == nil && !a.existed {
 			wrote = a
 		}
-		var qe *quota.Error
-		if errors.As(err, &qe) && qe.Contended && attempt < maxQuotaRetries {
-			refused = qe
-			continue
-		}
-		if refused != nil && qe == nil && err != nil && ctx.Err() != nil {
-			err, qe = refused, refused // the deadline ended a retry: the refusal stands (what the round wrote is undone)
-		}
-		if qe != nil {
-			m.observer.QuotaRefused(qe.Scope) // once per refused request, not per round
-		}
-		if err != nil {
-			return api.Sandbox{}, err
-		}
-		obj := a.workload().(runtime.Object)
-		switch {
-		case !a.existed:
-			m.recorder.Eventf(obj, corev1.EventTypeNormal, "SandboxCreated", "Created sandbox %s for user %s", s.ID, s.UserID)
-		case a.repaired:
-			m.recorder.Eventf(obj, corev1.EventTypeNormal, "SandboxRepaired", "Recreated the missing Service of sandbox %s", s.ID)
-		}
-		sb, _, err := m.answer(ctx, s.ID, a.found, wait)
-		return sb, err
+		return err
+	})
+	var qe *quota.Error
+	if errors.As(err, &qe) {
+		m.observer.QuotaRefused(qe.Scope) // once per refused request, not per round
 	}
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	obj := a.workload().(runtime.Object)
+	switch {
+	case !a.existed:
+		m.recorder.Eventf(obj, corev1.EventTypeNormal, "SandboxCreated", "Created sandbox %s for user %s", s.ID, s.UserID)
+	case a.repaired:
+		m.recorder.Eventf(obj, corev1.EventTypeNormal, "SandboxRepaired", "Recreated the missing Service of sandbox %s", s.ID)
+	}
+	sb, _, err = m.answer(ctx, s.ID, a.found, wait)
+	return sb, err
 }
 
 // undoMade removes what a create that ends without its answer wrote (a
@@ -177,15 +147,6 @@ type made struct {
 	env               *corev1.Secret
 	existed, repaired bool
 }
-
-// maxQuotaRetries bounds the rounds a create spends on a contended quota.
-const maxQuotaRetries = 4
-
-// quotaRetryRoom is the time before the request's deadline that a retry
-// of a contended quota needs after its backoff (one more slot, count and
-// workload, with room to spare on a busy API server); with less left,
-// the create answers the refusal.
-var quotaRetryRoom = time.Second
 
 // createOnce makes one attempt with the workload kind of the template. An
 // id already taken by a sandbox of the other kind (a paused ReplicaSet
