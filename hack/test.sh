@@ -25,8 +25,12 @@ trap 'kill -- "-$knpid" 2>/dev/null || true' EXIT
 # Every tier runs even when an earlier one failed (they test different
 # things, and a CI run should say all it can); make test fails at the end,
 # naming the tiers that failed.
-failed=()
-tier() { make --no-print-directory "$1" || failed+=("$1"); }
+failed=() times=()
+tier() {
+  local start=$SECONDS
+  make --no-print-directory "$1" || failed+=("$1")
+  times+=("$(printf '%-22s %5d s' "$1" $((SECONDS - start)))")
+}
 tier test-unit
 tier test-e2e
 tier test-run
@@ -37,7 +41,11 @@ else
   log "real Knative's background build failed (its log's last lines below); building it in the foreground"
   tail -n 20 "$knlog" >&2
 fi
+times+=("$(printf '%-22s %5d s' "waiting for Knative" $((SECONDS - start)))")
 trap - EXIT
 tier test-knative
+# Where the time went, tier by tier, whatever failed.
+log "make test: tier times"
+printf '    %s\n' "${times[@]}" >&2
 [[ ${#failed[@]} -eq 0 ]] || die "make test: ${failed[*]} failed (each tier's output is above; its last lines name the failed tests)"
 log "make test: every tier passed"
