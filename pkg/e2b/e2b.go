@@ -54,7 +54,7 @@ const Prefix = "/e2b"
 // which the SDK reads to know what the agent can do. It is pkg/envd's
 // Version (a test keeps the two equal); it is repeated here so that the
 // function's binary does not carry the agent's code.
-const EnvdVersion = "0.5.7"
+const EnvdVersion = "0.6.4"
 
 // Operations is what the E2B API calls: the sandbox operations every door
 // calls, and the timeout only E2B sets (package lifetime).

@@ -20,9 +20,10 @@ import (
 // writtenFile is one entry of an upload's answer, as the SDK's write()
 // reads it.
 type writtenFile struct {
-	Name string `json:"name"`
-	Type string `json:"type"`
-	Path string `json:"path"`
+	Name     string            `json:"name"`
+	Type     string            `json:"type"`
+	Path     string            `json:"path"`
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 // download answers GET /files?path=P: the file's bytes, with ranges and
@@ -63,6 +64,14 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 // file is overwritten. The answer is [{name, type, path}] per file.
 func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 	query := r.URL.Query().Get("path")
+	// The request's X-Metadata-* pairs become every file's metadata, in
+	// place of what it had (none sent: none kept); checked before anything
+	// is written.
+	meta, err := filesystem.MetadataFrom(r.Header)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
 	mediaType, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	var written []writtenFile
 	if mediaType == "multipart/form-data" {
@@ -88,7 +97,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 			if dest == "" {
 				dest = rawFileName(part)
 			}
-			wf, status, err := s.writeFile(dest, part)
+			wf, status, err := s.writeFile(dest, part, meta)
 			part.Close()
 			if err != nil {
 				writeError(w, status, err.Error())
@@ -120,7 +129,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusBadRequest, fmt.Sprintf("Content-Encoding %q: only gzip is understood", enc))
 			return
 		}
-		wf, status, err := s.writeFile(query, body)
+		wf, status, err := s.writeFile(query, body, meta)
 		if err != nil {
 			writeError(w, status, err.Error())
 			return
@@ -141,9 +150,11 @@ func rawFileName(p *multipart.Part) string {
 	return params["filename"]
 }
 
-// writeFile streams body into dest, making its parent directories. On
-// failure it answers the HTTP status the SDK maps (400, 404, 507...).
-func (s *Server) writeFile(dest string, body io.Reader) (writtenFile, int, error) {
+// writeFile streams body into dest, making its parent directories, and
+// gives it the metadata meta. On failure it answers the HTTP status the SDK
+// maps (400, 404, 507...); metadata the filesystem cannot keep is a 400
+// after the file was written.
+func (s *Server) writeFile(dest string, body io.Reader, meta map[string]string) (writtenFile, int, error) {
 	path, err := filesystem.Resolve(dest)
 	if err != nil {
 		return writtenFile{}, http.StatusBadRequest, errors.New("a file to upload has no destination path (the path query parameter or the part's filename)")
@@ -171,7 +182,14 @@ func (s *Server) writeFile(dest string, body io.Reader) (writtenFile, int, error
 		}
 		return writtenFile{}, filesystem.HTTPStatus(err), fmt.Errorf("writing %q: %w", path, err)
 	}
-	return writtenFile{Name: filepath.Base(path), Type: "file", Path: path}, 0, nil
+	if err := filesystem.SetMetadata(path, meta); err != nil {
+		return writtenFile{}, filesystem.HTTPStatus(err), err
+	}
+	wf := writtenFile{Name: filepath.Base(path), Type: "file", Path: path}
+	if len(meta) > 0 {
+		wf.Metadata = meta
+	}
+	return wf, 0, nil
 }
 
 // readErrors remembers its reader's error other than EOF, so a failed copy

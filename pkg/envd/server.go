@@ -21,9 +21,10 @@ import (
 // reports as a sandbox's envdVersion. The SDK gates features on it: 0.3.0
 // stdin on or off, 0.4.0 no default user ("user" sent only when asked),
 // 0.5.2 closeStdin, 0.5.7 application/octet-stream uploads (streams and
-// gzip). 0.6.2 (file metadata) and later are not implemented, so the SDK
-// refuses those features itself with a clear TemplateError.
-const Version = "0.5.7"
+// gzip), 0.6.2 file metadata (filesystem/metadata.go), 0.6.3 the entry in
+// watch events, 0.6.4 watches allowed on network mounts (this agent
+// refuses no mount, so the flag asks for nothing more).
+const Version = "0.6.4"
 
 const (
 	// Port is envd's port, on which the SDK (through the router) calls it.

@@ -257,6 +257,18 @@ describe('the e2b SDK drives our sandboxes', { concurrency: false }, () => {
       assert.equal((await sbx.commands.run(`cat ${workDir}/seen.txt`)).stdout, 'by files\n')
     })
 
+    it('file metadata: kept on write, shown by getInfo and list, replaced by the next write', { timeout: 60_000 }, async () => {
+      const path = `${workDir}/meta/tagged.txt`
+      const metadata = { author: 'mish', purpose: 'upload' }
+      const written = await sbx.files.write(path, 'tagged\n', { metadata })
+      assert.deepEqual(written.metadata, metadata)
+      assert.deepEqual((await sbx.files.getInfo(path)).metadata, metadata)
+      const listed = (await sbx.files.list(`${workDir}/meta`)).find((e) => e.name === 'tagged.txt')
+      assert.deepEqual(listed?.metadata, metadata)
+      await sbx.files.write(path, 'untagged\n')
+      assert.equal((await sbx.files.getInfo(path)).metadata, undefined)
+    })
+
     it('a missing file: FileNotFoundError from read and getInfo', { timeout: 60_000 }, async () => {
       await rejectsWith(sbx.files.read(`${workDir}/nope`), FileNotFoundError, 'read of a missing file')
       await rejectsWith(sbx.files.getInfo(`${workDir}/nope`), FileNotFoundError, 'getInfo of a missing file')

@@ -79,6 +79,11 @@ func entryInfo(path string, fi fs.FileInfo, n *names) *pb.EntryInfo {
 		Permissions:  fi.Mode().String(),
 		ModifiedTime: timestamppb.New(fi.ModTime()),
 	}
+	if fi.Mode().IsRegular() || fi.IsDir() {
+		// Best effort, as the rest: a filesystem without extended
+		// attributes has none.
+		e.Metadata, _ = Metadata(path)
+	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		e.Owner = n.user(st.Uid)
 		e.Group = n.group(st.Gid)

@@ -33,7 +33,8 @@ func Code(err error) connect.Code {
 	case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS):
 		return connect.CodePermissionDenied
 	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.EINVAL),
-		errors.Is(err, syscall.ENAMETOOLONG), errors.Is(err, syscall.ELOOP), errors.Is(err, syscall.EXDEV):
+		errors.Is(err, syscall.ENAMETOOLONG), errors.Is(err, syscall.ELOOP), errors.Is(err, syscall.EXDEV),
+		errors.Is(err, syscall.ENOTSUP), errors.Is(err, syscall.E2BIG): // the last two: metadata a filesystem cannot keep
 		return connect.CodeInvalidArgument
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
 		return connect.CodeResourceExhausted
