@@ -6,10 +6,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	listersappsv1 "k8s.io/client-go/listers/apps/v1"
 	listerscorev1 "k8s.io/client-go/listers/core/v1"
@@ -106,6 +108,8 @@ type Cache struct {
 	// ReplicaSets are the sandbox ReplicaSets, to tell a paused sandbox
 	// that resumes on traffic (nil: none does).
 	ReplicaSets listersappsv1.ReplicaSetNamespaceLister
+	// Now is the clock a sandbox's end is read against (nil: time.Now).
+	Now func() time.Time
 }
 
 // Resolve finds the one Pod that sandbox id's Service (sandbox-<id>-svc)
@@ -166,6 +170,9 @@ func (c Cache) Resolve(id string) (Target, error) {
 				// Pod away, and would cut what reached it. Wake it instead.
 				return t, fmt.Errorf("sandbox %s is paused, its Pod %s going: %w", id, p.Name, ErrPaused)
 			}
+			if c.ended(p, id) {
+				return Target{}, fmt.Errorf("sandbox %s is past its end: %w", id, ErrNotFound)
+			}
 			return targetOf(p, id, ip), nil
 		}
 	}
@@ -174,6 +181,32 @@ func (c Cache) Resolve(id string) (Target, error) {
 	}
 	p := selected[0]
 	return Target{}, fmt.Errorf("sandbox %s's Pod %s is not running (phase %s%s): %w", id, p.Name, p.Status.Phase, why(p), ErrNotRunning)
+}
+
+// ended says the sandbox's end (its idle deadline capped by its lifetime,
+// on its workload: resources.LifetimeOf) has passed, so it takes no more
+// traffic from that second (E2B's setTimeout), though the reap that
+// deletes or pauses it runs later. A sandbox that resumes on traffic still
+// takes it, as traffic would wake it once paused; one whose workload
+// records no lifetime (or whose ReplicaSet is not in the cache) has none.
+func (c Cache) ended(p *corev1.Pod, id string) bool {
+	var w metav1.Object = p
+	if p.Labels[keys.LabelWorkload] == keys.WorkloadReplicaSetValue {
+		if c.ReplicaSets == nil {
+			return false
+		}
+		rs, err := c.ReplicaSets.Get(resources.PodName(id))
+		if err != nil || rs.Annotations[keys.AnnotationAutoResume] == "true" {
+			return false
+		}
+		w = rs
+	}
+	l, ok := resources.LifetimeOf(w)
+	now := time.Now
+	if c.Now != nil {
+		now = c.Now
+	}
+	return ok && !now().Before(l.ExpiresAt())
 }
 
 // paused finds the ReplicaSet that owns svc (by UID), when it resumes on

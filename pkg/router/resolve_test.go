@@ -6,9 +6,11 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	listersappsv1 "k8s.io/client-go/listers/apps/v1"
 	listerscorev1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 
@@ -274,6 +276,54 @@ func TestTargetPorts(t *testing.T) {
 			}
 			if got := r.t.PortList(); got != r.listing {
 				t.Errorf("PortList = %q; want %q", got, r.listing)
+			}
+		})
+	}
+}
+
+// TestResolveEndsAtTheSandboxEnd: from the second a sandbox's end (last
+// activity plus idle timeout, capped by its lifetime) passes, it takes no
+// traffic (E2B's setTimeout: isRunning is false then), though the reap
+// removes it later; one that resumes on traffic still takes it, and one
+// that records no lifetime never ends here.
+func TestResolveEndsAtTheSandboxEnd(t *testing.T) {
+	at := created.Add(time.Minute) // abc's activity, idle timeout 60 s: its end is created + 2m
+	withLifetime := func(a map[string]string) {
+		a[keys.AnnotationLastActivity], a[keys.AnnotationIdleTimeout], a[keys.AnnotationMaxLifetime] = at.Format(time.RFC3339), "60", "3600"
+	}
+	rsPod := func(p *corev1.Pod) { p.Labels[keys.LabelWorkload] = keys.WorkloadReplicaSetValue }
+	rsOf := func(autoResume bool) *appsv1.ReplicaSet {
+		a := map[string]string{keys.AnnotationCreatedAt: "2026-11-28T11:00:00Z"}
+		withLifetime(a)
+		if autoResume {
+			a[keys.AnnotationAutoResume] = "true"
+		}
+		return &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: "sandbox-abc", Namespace: ns, Annotations: a}}
+	}
+	cases := []struct {
+		name  string
+		pod   func(*corev1.Pod)
+		rs    *appsv1.ReplicaSet
+		now   time.Duration // after the end
+		ended bool
+	}{
+		{name: "a bare Pod a second before its end", pod: func(p *corev1.Pod) { withLifetime(p.Annotations) }, now: -time.Second},
+		{name: "a bare Pod at its end", pod: func(p *corev1.Pod) { withLifetime(p.Annotations) }, ended: true},
+		{name: "a bare Pod with no lifetime", now: time.Hour},
+		{name: "a ReplicaSet's Pod past its ReplicaSet's end", pod: rsPod, rs: rsOf(false), now: time.Second, ended: true},
+		{name: "one that resumes on traffic", pod: rsPod, rs: rsOf(true), now: time.Second},
+		{name: "a ReplicaSet's Pod, its ReplicaSet not cached", pod: rsPod, now: time.Second},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cc := newCache(t, []*corev1.Pod{sandboxPod(c.pod)}, sandboxService(nil))
+			if c.rs != nil {
+				cc.ReplicaSets = listersappsv1.NewReplicaSetLister(indexOf(t, c.rs)).ReplicaSets(ns)
+			}
+			cc.Now = func() time.Time { return at.Add(time.Minute + c.now) }
+			_, err := cc.Resolve("abc")
+			if ended := errors.Is(err, ErrNotFound); ended != c.ended || !ended && err != nil {
+				t.Errorf("Resolve = %v; want ended %v", err, c.ended)
 			}
 		})
 	}

@@ -467,6 +467,21 @@ describe('the e2b SDK drives our sandboxes', { concurrency: false }, () => {
     assert.match(err.message, /autoPause/)
   })
 
+  it('a shortened timeout: the sandbox answers no more from its end, and a lengthened one keeps it', { timeout: createTestTimeoutMs + 60_000 }, async () => {
+    const short = await create()
+    assert.equal((await short.commands.run('echo up')).stdout, 'up\n')
+    await short.setTimeout(5_000)
+    await sleep(1_000)
+    await short.setTimeout(10_000) // lengthened again: still running 6 s on
+    await sleep(6_000)
+    assert.equal(await short.isRunning({ requestTimeoutMs: 15_000 }), true, 'running 7 s after a 5 s timeout lengthened to 10 s')
+    await short.setTimeout(5_000)
+    await sleep(6_000)
+    // E2B's SDK test: isRunning is false once the end has passed (the reap
+    // removes the sandbox later; the router answers it as gone at once).
+    assert.equal(await short.isRunning({ requestTimeoutMs: 15_000 }), false, 'running 6 s after a 5 s timeout')
+  })
+
   it('kill: then getInfo, connect and the envd are gone', { timeout: createTestTimeoutMs + 90_000 }, async () => {
     const victim = await second()
     const id = victim.sandboxId
