@@ -228,8 +228,8 @@ func attackFromInside(t *testing.T, mode string) {
 	// reached (the finding the guard exists for); everything else is as
 	// expected already.
 	without := map[string]bool{}
-	for _, a := range attacks {
-		ok, detail := execIn(t, attacker.Status.PodIP, a.action)
+	for i, r := range execEach(t, attacker.Status.PodIP, attacks) {
+		a, ok, detail := attacks[i], r.ok, r.detail
 		without[a.name] = ok
 		if !a.node && ok == a.blocked {
 			t.Errorf("%s: from the sandbox %s (%s), want %s", a.name, word(ok), detail, word(!a.blocked))
@@ -243,8 +243,8 @@ func attackFromInside(t *testing.T, mode string) {
 	// the guard's doing. (The backend Pod's own row it reaches on its own
 	// address: its server is up.)
 	control := map[string]bool{}
-	for _, a := range attacks {
-		ok, detail := execIn(t, backendIP, a.action)
+	for i, r := range execEach(t, backendIP, attacks) {
+		a, ok, detail := attacks[i], r.ok, r.detail
 		control[a.name] = ok
 		if !ok {
 			t.Errorf("%s: the backend cannot reach it either (%s): the target is down", a.name, detail)
@@ -255,8 +255,8 @@ func attackFromInside(t *testing.T, mode string) {
 		t.Fatal(err)
 	}
 	defer rn.RemoveNodeGuard()
-	for _, a := range attacks {
-		ok, detail := execIn(t, attacker.Status.PodIP, a.action)
+	for i, r := range execEach(t, attacker.Status.PodIP, attacks) {
+		a, ok, detail := attacks[i], r.ok, r.detail
 		fmt.Fprintf(&table, "| %s | %s | %s | %s | %s |\n", a.name, word(!a.blocked), word(ok), word(without[a.name]), word(control[a.name]))
 		if ok == a.blocked {
 			t.Errorf("%s: from the sandbox with the node guard %s (%s), want %s", a.name, word(ok), detail, word(!a.blocked))

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -18,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -145,10 +147,20 @@ func execIn(t *testing.T, podIP string, action map[string]any) (ok bool, detail 
 // real node's surroundings (the public host's, on port 80).
 func execAt(t *testing.T, addr string, action map[string]any) (ok bool, detail string) {
 	t.Helper()
+	ok, detail, err := tryExecAt(addr, action)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ok, detail
+}
+
+// tryExecAt is execAt for any goroutine: the stand-in's failure to answer
+// is an error, for the test's own goroutine to fail on.
+func tryExecAt(addr string, action map[string]any) (ok bool, detail string, err error) {
 	body, _ := json.Marshal(action)
 	resp, err := freshClient(10*time.Second).Post("http://"+addr+"/v1/exec", "application/json", bytes.NewReader(body))
 	if err != nil {
-		t.Fatalf("exec at %s: %v", addr, err)
+		return false, "", fmt.Errorf("exec at %s: %w", addr, err)
 	}
 	defer resp.Body.Close()
 	var r struct {
@@ -158,12 +170,42 @@ func execAt(t *testing.T, addr string, action map[string]any) (ok bool, detail s
 		Items  []string `json:"items"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
-		t.Fatalf("exec at %s: %v", addr, err)
+		return false, "", fmt.Errorf("exec at %s: %w", addr, err)
 	}
 	if r.OK {
-		return true, strings.TrimSpace(r.Output + " " + strings.Join(r.Items, ","))
+		return true, strings.TrimSpace(r.Output + " " + strings.Join(r.Items, ",")), nil
 	}
-	return false, r.Error
+	return false, r.Error, nil
+}
+
+// probed is one attack row's outcome.
+type probed struct {
+	ok     bool
+	detail string
+}
+
+// execEach runs every attack's action in the stand-in at podIP, at most
+// eight at once, and returns the outcomes in the attacks' order. A blocked
+// row waits out its action's timeout (2 to 3 s), which one after another
+// made the attack table the e2e tier's longest test; the rows are
+// independent (each its own connection or query, judged alone).
+func execEach(t *testing.T, podIP string, attacks []attack) []probed {
+	t.Helper()
+	out := make([]probed, len(attacks))
+	errs := make([]error, len(attacks))
+	var g errgroup.Group
+	g.SetLimit(8)
+	for i, a := range attacks {
+		g.Go(func() error {
+			out[i].ok, out[i].detail, errs[i] = tryExecAt(net.JoinHostPort(podIP, "8080"), a.action)
+			return nil
+		})
+	}
+	_ = g.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // runningPod waits for the sandbox's Pod to be Ready on the real node and
