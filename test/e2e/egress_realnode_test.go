@@ -171,8 +171,8 @@ func TestEgressModes(t *testing.T) {
 	before := proxyCounts(t, ns)
 	var table strings.Builder
 	fmt.Fprintf(&table, "\n| mode | attempt from a sandbox | expected | observed | what the sandbox saw |\n|---|---|---|---|---|\n")
-	for _, r := range rows {
-		ok, detail := execIn(t, r.from, r.action)
+	for i, seen := range execAll(t, len(rows), func(i int) (string, map[string]any) { return rows[i].from, rows[i].action }) {
+		r, ok, detail := rows[i], seen.ok, seen.detail
 		// A refusal inside an answer (a 403 body) is a block for the row.
 		reached := ok && !strings.HasPrefix(detail, "403") && !strings.HasPrefix(detail, "502")
 		fmt.Fprintf(&table, "| %s | %s | %s | %s | %.90s |\n", r.mode, r.name, word(r.reached), word(reached), strings.ReplaceAll(detail, "|", "/"))

@@ -184,20 +184,27 @@ type probed struct {
 	detail string
 }
 
-// execEach runs every attack's action in the stand-in at podIP, at most
-// eight at once, and returns the outcomes in the attacks' order. A blocked
-// row waits out its action's timeout (2 to 3 s), which one after another
-// made the attack table the e2e tier's longest test; the rows are
-// independent (each its own connection or query, judged alone).
+// execEach runs every attack's action in the stand-in at podIP (execAll).
 func execEach(t *testing.T, podIP string, attacks []attack) []probed {
 	t.Helper()
-	out := make([]probed, len(attacks))
-	errs := make([]error, len(attacks))
+	return execAll(t, len(attacks), func(i int) (string, map[string]any) { return podIP, attacks[i].action })
+}
+
+// execAll runs n actions, the i-th in the stand-in of the Pod at(i) names,
+// at most eight at once, and returns the outcomes in order. A blocked row
+// waits out its action's timeout (2 to 3 s), which one after another made
+// the network tables the e2e tier's longest tests; the rows are
+// independent (each its own connection or query, judged alone).
+func execAll(t *testing.T, n int, at func(i int) (podIP string, action map[string]any)) []probed {
+	t.Helper()
+	out := make([]probed, n)
+	errs := make([]error, n)
 	var g errgroup.Group
 	g.SetLimit(8)
-	for i, a := range attacks {
+	for i := range n {
+		ip, action := at(i)
 		g.Go(func() error {
-			out[i].ok, out[i].detail, errs[i] = tryExecAt(net.JoinHostPort(podIP, "8080"), a.action)
+			out[i].ok, out[i].detail, errs[i] = tryExecAt(net.JoinHostPort(ip, "8080"), action)
 			return nil
 		})
 	}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -125,45 +126,67 @@ func tenantNetwork(t *testing.T, mode string) {
 
 	var table strings.Builder
 	fmt.Fprintf(&table, "\n%s mode, who reaches whose sandbox:\n| from | to | expected | observed | from the host (control) |\n|---|---|---|---|---|\n", mode)
-	probe := func(tg target) {
+	// probe checks every target from both backends: first that each
+	// answers the host (the control, once kube-proxy has programmed its
+	// Service), then the rows that must be blocked, eight at once (each
+	// waits out its connect timeout), then those that must reach it.
+	probe := func(tgs []target) {
 		t.Helper()
-		// The control: the target answers the host, once kube-proxy has
-		// programmed its Service.
-		answers(t, "http://"+tg.addr+"/v1/sandbox", "")
-		for _, who := range []string{"alice", "bob"} {
-			want := tg.owner == who
-			var ok bool
-			var detail string
-			if want {
-				// A new policy or label is in force within moments.
-				eventually(t, 10*time.Second, who+"'s backend reaches "+tg.what, func() (bool, error) {
-					ok, detail = execAt(t, net.JoinHostPort(backends[who+"-backend"], "8080"), connect(tg.addr))
-					return ok, fmt.Errorf("%s", detail)
-				})
-			} else {
-				ok, detail = execAt(t, net.JoinHostPort(backends[who+"-backend"], "8080"), connect(tg.addr))
+		for _, tg := range tgs {
+			answers(t, "http://"+tg.addr+"/v1/sandbox", "")
+		}
+		type row struct {
+			tg  target
+			who string
+		}
+		var blocked []row
+		for _, tg := range tgs {
+			for _, who := range []string{"alice", "bob"} {
+				if tg.owner != who {
+					blocked = append(blocked, row{tg, who})
+				}
 			}
-			fmt.Fprintf(&table, "| %s's backend | %s | %s | %s | reached |\n", who, tg.what, word(want), word(ok))
-			if ok != want {
-				t.Errorf("%s's backend → %s (%s): %s (%s), want %s", who, tg.what, tg.addr, word(ok), detail, word(want))
+		}
+		seen := execAll(t, len(blocked), func(i int) (string, map[string]any) {
+			return backends[blocked[i].who+"-backend"], connect(blocked[i].tg.addr)
+		})
+		for _, tg := range tgs {
+			for _, who := range []string{"alice", "bob"} {
+				want := tg.owner == who
+				var ok bool
+				var detail string
+				if want {
+					// A new policy or label is in force within moments.
+					eventually(t, 10*time.Second, who+"'s backend reaches "+tg.what, func() (bool, error) {
+						ok, detail = execAt(t, net.JoinHostPort(backends[who+"-backend"], "8080"), connect(tg.addr))
+						return ok, fmt.Errorf("%s", detail)
+					})
+				} else {
+					i := slices.IndexFunc(blocked, func(r row) bool { return r.tg == tg && r.who == who })
+					ok, detail = seen[i].ok, seen[i].detail
+				}
+				fmt.Fprintf(&table, "| %s's backend | %s | %s | %s | reached |\n", who, tg.what, word(want), word(ok))
+				if ok != want {
+					t.Errorf("%s's backend → %s (%s): %s (%s), want %s", who, tg.what, tg.addr, word(ok), detail, word(want))
+				}
 			}
 		}
 	}
-	for _, tg := range targets {
-		probe(tg)
-	}
+	probe(targets)
 
 	// alice claims the pooled Pod: it is hers now, by every way to it.
 	claimed := create(aliceKey, "alice2", "warm")
 	if claimed["pooled"] != true {
 		t.Fatalf("alice's create of the pooled template answered %v; want the pooled Pod claimed", claimed)
 	}
+	var again []target
 	for _, tg := range targets {
 		if tg.owner == "" {
 			tg.owner, tg.what = "alice", strings.Replace(tg.what, "an unclaimed pooled Pod", "the pooled Pod alice claimed", 1)
-			probe(tg)
+			again = append(again, tg)
 		}
 	}
+	probe(again)
 	t.Log(table.String())
 }
 
