@@ -32,8 +32,13 @@ for applet in sh true false echo printf cat ls sleep env pwd mkdir rm mv cp head
   seq yes dd stat touch grep sed awk tr sort uniq cut date hostname uname basename dirname readlink find xargs tee chmod ln du df stty; do
   links+=(-link "/bin/$applet=busybox")
 done
+# E2B's user: uid 1000 is named "user" (file owners, whoami), as E2B's
+# images have it.
+printf 'root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000:user:/home/user:/bin/bash\n' >"$work/passwd"
+printf 'root:x:0:\nuser:x:1000:\n' >"$work/group"
 "$work/mkimage" -ref localhost/sandbox-shell:e2e -out "$NODE_IMAGES_DIR/sandbox-shell.tar" -user 1000:1000 -home /home/user -entrypoint /sandbox \
   -add /bin/bash-static=/bin/bash -add /bin/busybox=/bin/busybox -link /usr/bin/env=../../bin/busybox -path /bin:/usr/bin:/ \
+  -add "$work/passwd=/etc/passwd" -add "$work/group=/etc/group" \
   "${links[@]}" "$work/sandbox"
 # The egress proxy (cmd/proxy), which allowlist sandboxes go through; the
 # E2B agent (cmd/envd) and router (cmd/router).

@@ -262,7 +262,9 @@ describe('the e2b SDK drives our sandboxes', { concurrency: false }, () => {
       const metadata = { author: 'mish', purpose: 'upload' }
       const written = await sbx.files.write(path, 'tagged\n', { metadata })
       assert.deepEqual(written.metadata, metadata)
-      assert.deepEqual((await sbx.files.getInfo(path)).metadata, metadata)
+      const info = await sbx.files.getInfo(path)
+      assert.deepEqual(info.metadata, metadata)
+      assert.equal(info.owner, 'user', "E2B's user owns what it writes, by name")
       const listed = (await sbx.files.list(`${workDir}/meta`)).find((e) => e.name === 'tagged.txt')
       assert.deepEqual(listed?.metadata, metadata)
       await sbx.files.write(path, 'untagged\n')
