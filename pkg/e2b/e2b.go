@@ -18,6 +18,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base32"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -735,9 +736,10 @@ func (a *API) sandboxMetrics(w http.ResponseWriter, r *http.Request) int {
 }
 
 // list answers the caller's sandboxes, filtered by metadata (E2B's
-// "k=v&k2=v2", each part URL-encoded), and, in v2, by state and template,
-// and paged by limit and nextToken (the id to start after: ids are
-// listed in order).
+// "k=v&k2=v2", each part URL-encoded), and, in v2, by state, template and
+// startedAfter, ordered by start time (order: desc, E2B's default, or asc;
+// the id breaks ties) across the whole list, and paged by limit and
+// nextToken (a pageToken: where the last page ended).
 func (a *API) list(v2 bool) handler {
 	return func(w http.ResponseWriter, r *http.Request) int {
 		q := r.URL.Query()
@@ -746,7 +748,9 @@ func (a *API) list(v2 bool) handler {
 			return writeError(w, http.StatusBadRequest, "metadata: %v", err)
 		}
 		states := map[string]bool{"running": true, "paused": true}
-		limit := 0
+		limit, desc := 0, v2
+		var after pageToken
+		var startedAfter time.Time
 		if v2 {
 			if s := q.Get("state"); s != "" {
 				states = map[string]bool{}
@@ -762,6 +766,23 @@ func (a *API) list(v2 bool) handler {
 					return writeError(w, http.StatusBadRequest, "limit %q: want a whole number from 1 to 1000", s)
 				}
 			}
+			switch o := q.Get("order"); o {
+			case "", "desc":
+			case "asc":
+				desc = false
+			default:
+				return writeError(w, http.StatusBadRequest, "order %q: want asc or desc", o)
+			}
+			if s := q.Get("startedAfter"); s != "" {
+				if startedAfter, err = time.Parse(time.RFC3339Nano, s); err != nil {
+					return writeError(w, http.StatusBadRequest, "startedAfter %q: want an RFC 3339 time", s)
+				}
+			}
+			if s := q.Get("nextToken"); s != "" {
+				if after, err = parsePageToken(s); err != nil {
+					return writeError(w, http.StatusBadRequest, "nextToken %q: not one this API gave (%v); list from the start", s, err)
+				}
+			}
 		}
 		ctx, cancel := readywait.Deadline(r.Context(), a.cfg.ServerConfig, 0)
 		defer cancel()
@@ -769,13 +790,29 @@ func (a *API) list(v2 bool) handler {
 		if err != nil {
 			return fail(w, err)
 		}
-		slices.SortFunc(all, func(x, y api.Sandbox) int { return strings.Compare(x.ID, y.ID) })
-		after, tmpl := q.Get("nextToken"), q.Get("template")
+		keys := make([]pageToken, len(all))
+		for i, sb := range all {
+			keys[i] = pageTokenOf(sb)
+		}
+		order := make([]int, len(all))
+		for i := range order {
+			order[i] = i
+		}
+		slices.SortFunc(order, func(x, y int) int {
+			if desc {
+				return keys[y].compare(keys[x])
+			}
+			return keys[x].compare(keys[y])
+		})
+		tmpl := q.Get("template")
 		out := []Detail{}
+		var last pageToken
 		more := false
-		for _, sb := range all {
+		for _, i := range order {
+			sb := all[i]
 			d := a.detail(sb, false)
-			if sb.Status == api.StatusNotFound || !states[d.State] || (v2 && after != "" && sb.ID <= after) ||
+			past := after.id == "" || (desc && keys[i].compare(after) < 0) || (!desc && keys[i].compare(after) > 0)
+			if sb.Status == api.StatusNotFound || !states[d.State] || !past || keys[i].started.Before(startedAfter) ||
 				(v2 && tmpl != "" && d.TemplateID != tmpl) || !matches(d.Metadata, meta) {
 				continue
 			}
@@ -783,14 +820,51 @@ func (a *API) list(v2 bool) handler {
 				more = true
 				break
 			}
-			out = append(out, d)
+			out, last = append(out, d), keys[i]
 		}
 		if more {
-			w.Header().Set("X-Next-Token", out[len(out)-1].SandboxID)
+			w.Header().Set("X-Next-Token", last.String())
 		}
 		problem.WriteJSON(w, http.StatusOK, out)
 		return http.StatusOK
 	}
+}
+
+// pageToken is where a page of a list ends: its last sandbox's start
+// time and id, the list's order. E2B's nextToken is opaque to its SDK.
+type pageToken struct {
+	started time.Time
+	id      string
+}
+
+func pageTokenOf(sb api.Sandbox) pageToken {
+	t, _ := time.Parse(time.RFC3339, sb.CreatedAt) // none: the zero time, first in asc
+	return pageToken{started: t, id: sb.ID}
+}
+
+func (p pageToken) compare(o pageToken) int {
+	if c := p.started.Compare(o.started); c != 0 {
+		return c
+	}
+	return strings.Compare(p.id, o.id)
+}
+
+// String is the token as the API gives it: base64url of "<unix seconds>.<id>".
+func (p pageToken) String() string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(p.started.Unix(), 10) + "." + p.id))
+}
+
+func parsePageToken(s string) (pageToken, error) {
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return pageToken{}, errors.New("not base64url")
+	}
+	secs, id, ok := strings.Cut(string(b), ".")
+	n, err := strconv.ParseInt(secs, 10, 64)
+	if !ok || err != nil || id == "" {
+		return pageToken{}, errors.New("no start time and id")
+	}
+	return pageToken{started: time.Unix(n, 0).UTC(), id: id}, nil
 }
 
 func parseMetadataQuery(s string) (map[string]string, error) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -373,11 +374,72 @@ func TestListFiltersAndPages(t *testing.T) {
 	first := call(t, a, "GET", "/v2/sandboxes?limit=2", aliceKey, "")
 	next := first.hdr.Get("X-Next-Token")
 	second := call(t, a, "GET", "/v2/sandboxes?limit=2&nextToken="+next, aliceKey, "")
-	if d := cmp.Diff(all, append(idsOf(first.list), idsOf(second.list)...)); d != "" || next == "" || second.hdr.Get("X-Next-Token") != "" {
+	if d := cmp.Diff(all, sorted(append(idsOf(first.list), idsOf(second.list)...)...)); d != "" || next == "" || second.hdr.Get("X-Next-Token") != "" {
 		t.Errorf("pages: next %q then %q (-want +got):\n%s", next, second.hdr.Get("X-Next-Token"), d)
 	}
 	if got := call(t, a, "GET", "/v2/sandboxes?state=sleeping", aliceKey, ""); got.code != 400 {
 		t.Errorf("state=sleeping = %d; want 400", got.code)
+	}
+}
+
+// TestListOrdersByStartTime: E2B's v2 list is ordered by start time,
+// newest first unless order=asc, across pages (a page ends where the last
+// one did, whatever sandboxes came and went), filtered by startedAfter (at
+// or after); bad parameters are 400 in E2B's shape.
+func TestListOrdersByStartTime(t *testing.T) {
+	a, ops, _ := newTestAPI(t, true)
+	base := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	var ids []string // in start order; the last two start in the same second
+	for _, at := range []time.Duration{0, time.Minute, 2 * time.Minute, 2 * time.Minute} {
+		id := call(t, a, "POST", "/sandboxes", aliceKey, `{"templateID":"pausable"}`).body["sandboxID"].(string)
+		ops.mu.Lock()
+		sb := ops.sandboxes[id]
+		sb.CreatedAt = base.Add(at).Format(time.RFC3339)
+		ops.sandboxes[id] = sb
+		ops.mu.Unlock()
+		ids = append(ids, id)
+	}
+	if ids[3] < ids[2] { // ties go by id
+		ids[2], ids[3] = ids[3], ids[2]
+	}
+	pages := func(query string) (got []string) {
+		t.Helper()
+		next := ""
+		for range 10 {
+			q := query
+			if next != "" {
+				q += "&nextToken=" + next
+			}
+			r := call(t, a, "GET", "/v2/sandboxes?limit=2"+q, aliceKey, "")
+			if r.code != 200 {
+				t.Fatalf("list %s: %d", q, r.code)
+			}
+			for _, s := range r.list {
+				got = append(got, s["sandboxID"].(string))
+			}
+			if next = r.hdr.Get("X-Next-Token"); next == "" {
+				return got
+			}
+		}
+		t.Fatalf("list %s: more than 10 pages", query)
+		return nil
+	}
+	rev := slices.Clone(ids)
+	slices.Reverse(rev)
+	if d := cmp.Diff(rev, pages("")); d != "" {
+		t.Errorf("newest first by default (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff(ids, pages("&order=asc")); d != "" {
+		t.Errorf("order=asc (-want +got):\n%s", d)
+	}
+	after := url.QueryEscape(base.Add(time.Minute).Format(time.RFC3339))
+	if d := cmp.Diff(ids[1:], pages("&order=asc&startedAfter="+after)); d != "" {
+		t.Errorf("startedAfter, at or after (-want +got):\n%s", d)
+	}
+	for _, q := range []string{"order=up", "startedAfter=yesterday", "nextToken=%21%21", "nextToken=bm9kb3Q"} {
+		if r := call(t, a, "GET", "/v2/sandboxes?"+q, aliceKey, ""); r.code != 400 {
+			t.Errorf("%s: %d, want 400", q, r.code)
+		}
 	}
 }
 
