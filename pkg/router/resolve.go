@@ -184,7 +184,8 @@ func (c Cache) Resolve(id string) (Target, error) {
 }
 
 // ended says the sandbox's end (its idle deadline capped by its lifetime,
-// on its workload: resources.LifetimeOf) has passed, so it takes no more
+// on its workload: resources.LifetimeOf, the idle time counted from its
+// Pod's readiness when that came later) has passed, so it takes no more
 // traffic from that second (E2B's setTimeout), though the reap that
 // deletes or pauses it runs later. A sandbox that resumes on traffic still
 // takes it, as traffic would wake it once paused; one whose workload
@@ -202,11 +203,22 @@ func (c Cache) ended(p *corev1.Pod, id string) bool {
 		w = rs
 	}
 	l, ok := resources.LifetimeOf(w)
+	if !ok {
+		return false
+	}
+	// The idle timeout runs from the later of the last activity and the
+	// Pod's readiness: a create marks its activity before a cold start of
+	// seconds, and a sandbox asked to live 5 s should have them running.
+	for _, cond := range p.Status.Conditions {
+		if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue && cond.LastTransitionTime.After(l.LastActivity) {
+			l.LastActivity = cond.LastTransitionTime.Time
+		}
+	}
 	now := time.Now
 	if c.Now != nil {
 		now = c.Now
 	}
-	return ok && !now().Before(l.ExpiresAt())
+	return !now().Before(l.ExpiresAt())
 }
 
 // paused finds the ReplicaSet that owns svc (by UID), when it resumes on

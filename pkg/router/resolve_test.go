@@ -310,6 +310,14 @@ func TestResolveEndsAtTheSandboxEnd(t *testing.T) {
 		{name: "a bare Pod a second before its end", pod: func(p *corev1.Pod) { withLifetime(p.Annotations) }, now: -time.Second},
 		{name: "a bare Pod at its end", pod: func(p *corev1.Pod) { withLifetime(p.Annotations) }, ended: true},
 		{name: "a bare Pod with no lifetime", now: time.Hour},
+		{name: "a bare Pod Ready 30 s after its activity, 20 s past the end its activity gives", now: 20 * time.Second, pod: func(p *corev1.Pod) {
+			withLifetime(p.Annotations)
+			p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.NewTime(at.Add(30 * time.Second))}}
+		}},
+		{name: "the same, 30 s past it", now: 30 * time.Second, ended: true, pod: func(p *corev1.Pod) {
+			withLifetime(p.Annotations)
+			p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.NewTime(at.Add(30 * time.Second))}}
+		}},
 		{name: "a ReplicaSet's Pod past its ReplicaSet's end", pod: rsPod, rs: rsOf(false), now: time.Second, ended: true},
 		{name: "one that resumes on traffic", pod: rsPod, rs: rsOf(true), now: time.Second},
 		{name: "a ReplicaSet's Pod, its ReplicaSet not cached", pod: rsPod, now: time.Second},
