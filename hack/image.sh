@@ -41,9 +41,8 @@ PLATFORM=${PLATFORM:-linux/$(go env GOARCH)}
 [[ -n "$IMAGE" ]] && args+=(--image "$IMAGE")
 [[ "${PUSH:-0}" == 1 ]] && args+=(--push)
 cd "$stage"
-# func's host builder runs go build itself: the build settings of hack/lib.sh's go.
-run_with_progress "func build" env GOFLAGS="-mod=mod -trimpath -ldflags=-s" GOGC=off GOMEMLIMIT="${GO_BUILD_MEMLIMIT:-1536MiB}" \
-  FUNC_VERBOSE=false "$FUNC_BIN" "${args[@]}"
+# func's host builder runs go build itself: in hack/lib.sh's go_build_env.
+run_with_progress "func build" env GOFLAGS="-mod=mod -trimpath -ldflags=-s" "${go_build_env[@]}" FUNC_VERBOSE=false "$FUNC_BIN" "${args[@]}"
 
 rm -rf "$IMAGE_DIR/oci"
 cp -r "$stage/.func/build/oci" "$IMAGE_DIR/oci"

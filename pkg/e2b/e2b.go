@@ -790,37 +790,37 @@ func (a *API) list(v2 bool) handler {
 		if err != nil {
 			return fail(w, err)
 		}
-		keys := make([]pageToken, len(all))
+		type listed struct {
+			key pageToken
+			sb  api.Sandbox
+		}
+		sorted := make([]listed, len(all))
 		for i, sb := range all {
-			keys[i] = pageTokenOf(sb)
+			sorted[i] = listed{pageTokenOf(sb), sb}
 		}
-		order := make([]int, len(all))
-		for i := range order {
-			order[i] = i
-		}
-		slices.SortFunc(order, func(x, y int) int {
+		// inOrder compares keys as the list goes: later start first when desc.
+		inOrder := func(x, y pageToken) int {
 			if desc {
-				return keys[y].compare(keys[x])
+				return y.compare(x)
 			}
-			return keys[x].compare(keys[y])
-		})
+			return x.compare(y)
+		}
+		slices.SortFunc(sorted, func(x, y listed) int { return inOrder(x.key, y.key) })
 		tmpl := q.Get("template")
 		out := []Detail{}
 		var last pageToken
 		more := false
-		for _, i := range order {
-			sb := all[i]
-			d := a.detail(sb, false)
-			past := after.id == "" || (desc && keys[i].compare(after) < 0) || (!desc && keys[i].compare(after) > 0)
-			if sb.Status == api.StatusNotFound || !states[d.State] || !past || keys[i].started.Before(startedAfter) ||
-				(v2 && tmpl != "" && d.TemplateID != tmpl) || !matches(d.Metadata, meta) {
+		for _, l := range sorted {
+			d := a.detail(l.sb, false)
+			if l.sb.Status == api.StatusNotFound || !states[d.State] || (after.id != "" && inOrder(l.key, after) <= 0) ||
+				l.key.started.Before(startedAfter) || (v2 && tmpl != "" && d.TemplateID != tmpl) || !matches(d.Metadata, meta) {
 				continue
 			}
 			if limit > 0 && len(out) == limit {
 				more = true
 				break
 			}
-			out, last = append(out, d), keys[i]
+			out, last = append(out, d), l.key
 		}
 		if more {
 			w.Header().Set("X-Next-Token", last.String())

@@ -209,10 +209,8 @@ func (c Cache) ended(p *corev1.Pod, id string) bool {
 	// The idle timeout runs from the later of the last activity and the
 	// Pod's readiness: a create marks its activity before a cold start of
 	// seconds, and a sandbox asked to live 5 s should have them running.
-	for _, cond := range p.Status.Conditions {
-		if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue && cond.LastTransitionTime.After(l.LastActivity) {
-			l.LastActivity = cond.LastTransitionTime.Time
-		}
+	if ready := status.ReadySince(p); status.Ready(p) && ready.After(l.LastActivity) {
+		l.LastActivity = ready
 	}
 	now := time.Now
 	if c.Now != nil {

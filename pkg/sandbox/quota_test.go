@@ -187,15 +187,9 @@ func TestContendedQuotaAnswersItsRefusal(t *testing.T) {
 	for _, slow := range []time.Duration{0, 300 * time.Millisecond} {
 		t.Run(fmt.Sprintf("Service creates take %s", slow), func(t *testing.T) {
 			client := fake.NewClientset(young, youngSvc)
-			var rv atomic.Int64
-			rv.Store(100)
-			client.PrependReactor("create", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
-				if o, err := meta.Accessor(a.(k8stesting.CreateAction).GetObject()); err == nil {
-					o.SetResourceVersion(strconv.FormatInt(rv.Add(1), 10))
-				}
-				if a.GetResource().Resource == "services" {
-					time.Sleep(slow)
-				}
+			apiServerWrites(t, client)
+			client.PrependReactor("create", "services", func(k8stesting.Action) (bool, runtime.Object, error) {
+				time.Sleep(slow)
 				return false, nil, nil
 			})
 			m := NewManager(testConfig(t, map[string]string{"SANDBOX_NETWORK_POLICY_ENSURE": "true", "MAX_SANDBOXES": "1"}), client)

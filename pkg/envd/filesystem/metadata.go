@@ -25,12 +25,12 @@ const (
 	maxMetadataTotal = 4096
 )
 
-// MetadataHeader is the prefix of the upload headers that carry metadata:
+// metadataHeader is the prefix of the upload headers that carry metadata:
 // X-Metadata-<key>: <value>.
-const MetadataHeader = "X-Metadata-"
+const metadataHeader = "X-Metadata-"
 
-// ErrMetadata is a metadata pair an upload may not carry.
-var ErrMetadata = errors.New("invalid file metadata")
+// errMetadata is a metadata pair an upload may not carry.
+var errMetadata = errors.New("invalid file metadata")
 
 // MetadataFrom is the metadata an upload's headers carry: each
 // X-Metadata-<key>, the key lower-cased (HTTP header names are not case
@@ -40,21 +40,21 @@ func MetadataFrom(h http.Header) (map[string]string, error) {
 	m := map[string]string{}
 	total := 0
 	for name, values := range h {
-		if len(name) <= len(MetadataHeader) || !strings.EqualFold(name[:len(MetadataHeader)], MetadataHeader) {
+		if len(name) <= len(metadataHeader) || !strings.EqualFold(name[:len(metadataHeader)], metadataHeader) {
 			continue
 		}
-		key, value := strings.ToLower(name[len(MetadataHeader):]), values[0]
+		key, value := strings.ToLower(name[len(metadataHeader):]), values[0]
 		switch {
 		case len(key) > maxMetadataKey:
-			return nil, fmt.Errorf("%w: the key %q is longer than %d bytes", ErrMetadata, key, maxMetadataKey)
+			return nil, fmt.Errorf("%w: the key %q is longer than %d bytes", errMetadata, key, maxMetadataKey)
 		case !printable(key) || !printable(value):
-			return nil, fmt.Errorf("%w: the pair %q must be printable US-ASCII (0x20 to 0x7e)", ErrMetadata, key)
+			return nil, fmt.Errorf("%w: the pair %q must be printable US-ASCII (0x20 to 0x7e)", errMetadata, key)
 		}
 		m[key] = value
 		total += len(metadataNamespace) + len(key) + len(value)
 	}
 	if total > maxMetadataTotal {
-		return nil, fmt.Errorf("%w: %d bytes in all, more than %d", ErrMetadata, total, maxMetadataTotal)
+		return nil, fmt.Errorf("%w: %d bytes in all, more than %d", errMetadata, total, maxMetadataTotal)
 	}
 	return m, nil
 }
@@ -127,36 +127,36 @@ func Metadata(path string) (map[string]string, error) {
 
 // listxattr is path's extended attribute names, sorted.
 func listxattr(path string) ([]string, error) {
-	for size := 256; ; size *= 4 {
-		buf := make([]byte, size)
-		n, err := unix.Llistxattr(path, buf)
-		if errors.Is(err, unix.ERANGE) && size < 1<<20 {
+	b, err := readXattr(func(buf []byte) (int, error) { return unix.Llistxattr(path, buf) })
+	if err != nil {
+		return nil, err
+	}
+	names := strings.FieldsFunc(string(b), func(r rune) bool { return r == 0 })
+	sort.Strings(names)
+	return names, nil
+}
+
+func getxattr(path, name string) (string, error) {
+	b, err := readXattr(func(buf []byte) (int, error) { return unix.Lgetxattr(path, name, buf) })
+	return string(b), err
+}
+
+// readXattr reads a list or a value the kernel sizes: asked with no
+// buffer, it says how large one must be; a change between the two calls
+// is ERANGE, and the read starts over (a few times).
+func readXattr(read func([]byte) (int, error)) ([]byte, error) {
+	for try := 0; ; try++ {
+		n, err := read(nil)
+		if err != nil || n == 0 {
+			return nil, err
+		}
+		buf := make([]byte, n)
+		if n, err = read(buf); errors.Is(err, unix.ERANGE) && try < 3 {
 			continue
 		}
 		if err != nil {
 			return nil, err
 		}
-		var names []string
-		for _, name := range strings.Split(string(buf[:n]), "\x00") {
-			if name != "" {
-				names = append(names, name)
-			}
-		}
-		sort.Strings(names)
-		return names, nil
-	}
-}
-
-func getxattr(path, name string) (string, error) {
-	for size := 256; ; size *= 4 {
-		buf := make([]byte, size)
-		n, err := unix.Lgetxattr(path, name, buf)
-		if errors.Is(err, unix.ERANGE) && size < 1<<20 {
-			continue
-		}
-		if err != nil {
-			return "", err
-		}
-		return string(buf[:n]), nil
+		return buf[:n], nil
 	}
 }
