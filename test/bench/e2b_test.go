@@ -459,6 +459,13 @@ func routerRefusals(ctx context.Context, kc *cluster.Cluster) []string {
 // function with that key and the agent's image; stop takes all of it down.
 func e2bStack(b *testing.B, name, what string) (*cluster.Cluster, *realnode.E2BRouter, *function.Instance, func()) {
 	b.Helper()
+	return e2bStackIn(b, name, what, "ClusterIP")
+}
+
+// e2bStackIn is e2bStack with the sandbox Services of mode (the router
+// reaches Pods by address in any).
+func e2bStackIn(b *testing.B, name, what, mode string) (*cluster.Cluster, *realnode.E2BRouter, *function.Instance, func()) {
+	b.Helper()
 	ctx := context.Background()
 	kc, err := cluster.UpWith(ctx, name, cluster.Options{APIServerSANs: []string{"10.96.0.1"}}) // the router is an in-cluster client
 	if err != nil {
@@ -469,7 +476,7 @@ func e2bStack(b *testing.B, name, what string) (*cluster.Cluster, *realnode.E2BR
 	// Where the key the function and the router make and check tokens
 	// with is written, for the function.
 	keyFile := filepath.Join(b.TempDir(), "key")
-	env["SANDBOX_SERVICE_TYPE"] = "ClusterIP"
+	env["SANDBOX_SERVICE_TYPE"] = mode
 	env["SANDBOX_ENVD_IMAGE"] = realnode.EnvdImage
 	env["E2B_TOKEN_KEY_FILE"] = keyFile
 	// The router's sandbox policy is built from this configuration.
