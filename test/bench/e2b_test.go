@@ -297,25 +297,7 @@ func e2bBreakdown(b *testing.B, kc *cluster.Cluster, fn *function.Instance, tmpl
 		}
 	}
 	start := func(c processconnect.ProcessClient, cmd string, args ...string) func(context.Context) error {
-		return func(ctx context.Context) error {
-			stream, err := c.Start(ctx, connect.NewRequest(&process.StartRequest{Process: &process.ProcessConfig{Cmd: cmd, Args: args}}))
-			if err != nil {
-				return err
-			}
-			defer stream.Close()
-			for stream.Receive() {
-				if end := stream.Msg().GetEvent().GetEnd(); end != nil {
-					if !end.GetExited() || end.GetExitCode() != 0 {
-						return fmt.Errorf("%s %v ended %s (exit %d)", cmd, args, end.GetStatus(), end.GetExitCode())
-					}
-					return nil
-				}
-			}
-			if err := stream.Err(); err != nil {
-				return err
-			}
-			return fmt.Errorf("%s %v: the stream ended without an end event", cmd, args)
-		}
+		return func(ctx context.Context) error { return runToEnd(ctx, c, cmd, args...) }
 	}
 	calls := []*e2bCall{
 		{name: "GET /health through the router (no RPC)", do: health},
@@ -343,6 +325,28 @@ func e2bBreakdown(b *testing.B, kc *cluster.Cluster, fn *function.Instance, tmpl
 		}
 	}
 	return calls
+}
+
+// runToEnd starts cmd with args through c and reads its events to the end
+// one, which must say it exited 0.
+func runToEnd(ctx context.Context, c processconnect.ProcessClient, cmd string, args ...string) error {
+	stream, err := c.Start(ctx, connect.NewRequest(&process.StartRequest{Process: &process.ProcessConfig{Cmd: cmd, Args: args}}))
+	if err != nil {
+		return err
+	}
+	defer stream.Close()
+	for stream.Receive() {
+		if end := stream.Msg().GetEvent().GetEnd(); end != nil {
+			if !end.GetExited() || end.GetExitCode() != 0 {
+				return fmt.Errorf("%s %v ended %s (exit %d)", cmd, args, end.GetStatus(), end.GetExitCode())
+			}
+			return nil
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return err
+	}
+	return fmt.Errorf("%s %v: the stream ended without an end event", cmd, args)
 }
 
 // e2bReport is BenchmarkE2B's table, as Markdown.

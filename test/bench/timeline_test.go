@@ -20,7 +20,6 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/deerflow-sandbox/provisioner/pkg/envd"
-	"github.com/deerflow-sandbox/provisioner/pkg/envd/gen/process"
 	"github.com/deerflow-sandbox/provisioner/pkg/envd/gen/process/processconnect"
 	"github.com/deerflow-sandbox/provisioner/pkg/keys"
 	"github.com/deerflow-sandbox/provisioner/pkg/sandbox/resources"
@@ -68,6 +67,7 @@ type timeline map[string]time.Duration
 // timelineKind is one kind of create the benchmark times.
 type timelineKind struct {
 	name   string
+	slug   string // name in a sandbox id and a metric's unit
 	pooled bool
 	e2b    bool
 	tmpl   string
@@ -97,10 +97,10 @@ func BenchmarkRealNodeTimeline(b *testing.B) {
 	defer stop()
 	images := map[bool]string{false: realnode.SandboxImage, true: realnode.ShellSandboxImage}
 	kinds := []*timelineKind{
-		{name: "DeerFlow, cold", tmpl: "tl-cold"},
-		{name: "DeerFlow, pooled", tmpl: "tl-pool", pooled: true},
-		{name: "E2B, cold", tmpl: "tl-e2b", e2b: true},
-		{name: "E2B, pooled", tmpl: "tl-e2b-pool", e2b: true, pooled: true},
+		{name: "DeerFlow, cold", slug: "deerflow-cold", tmpl: "tl-cold"},
+		{name: "DeerFlow, pooled", slug: "deerflow-pooled", tmpl: "tl-pool", pooled: true},
+		{name: "E2B, cold", slug: "e2b-cold", tmpl: "tl-e2b", e2b: true},
+		{name: "E2B, pooled", slug: "e2b-pooled", tmpl: "tl-e2b-pool", e2b: true, pooled: true},
 	}
 	for _, k := range kinds {
 		ann := map[string]string{}
@@ -125,17 +125,19 @@ func BenchmarkRealNodeTimeline(b *testing.B) {
 			if k.pooled {
 				awaitPool(b, kc, fn, k.tmpl)
 			}
-			id := fmt.Sprintf("tl%d-%s", i, strings.NewReplacer(", ", "-", " ", "").Replace(strings.ToLower(k.name)))
+			id := fmt.Sprintf("tl%d-%s", i, k.slug)
 			k.steps = append(k.steps, timeOne(b, kc, fn, router.URL, k, id))
 		}
 	}
 	fmt.Println(timelineReport(kinds, n))
 	for _, k := range kinds {
-		unit := strings.NewReplacer(", ", "-", " ", "").Replace(strings.ToLower(k.name))
-		b.ReportMetric(pct(stepOf(k.steps, stepReady), .5), unit+"-ready-p50-ms")
-		b.ReportMetric(pct(stepOf(k.steps, stepReached), .5), unit+"-reached-p50-ms")
+		b.ReportMetric(pct(stepOf(k.steps, stepReady), .5), k.slug+"-ready-p50-ms")
+		// An E2B sandbox's first answer is its first run; it has no
+		// node-port row to report (a 0 would be a figure of record).
 		if k.e2b {
-			b.ReportMetric(pct(stepOf(k.steps, stepRan), .5), unit+"-ran-p50-ms")
+			b.ReportMetric(pct(stepOf(k.steps, stepRan), .5), k.slug+"-ran-p50-ms")
+		} else {
+			b.ReportMetric(pct(stepOf(k.steps, stepReached), .5), k.slug+"-reached-p50-ms")
 		}
 	}
 }
@@ -213,16 +215,15 @@ func timeOne(b *testing.B, kc *cluster.Cluster, fn *function.Instance, routerURL
 			b.Fatalf("E2B create of %s: %v %d %s", k.tmpl, err, r.Code, r.Raw)
 		}
 		mark(stepAnswered, start)
-		sid, _ := r.Body["sandboxID"].(string)
+		id, _ = r.Body["sandboxID"].(string)
 		token, _ := r.Body["envdAccessToken"].(string)
 		destroy = func() {
-			if r, err := fn.DoWithHeaders("DELETE", "/e2b/sandboxes/"+sid, nil, key); err != nil || r.Code != http.StatusNoContent {
-				b.Fatalf("E2B kill %s: %v %d %s", sid, err, r.Code, r.Raw)
+			if r, err := fn.DoWithHeaders("DELETE", "/e2b/sandboxes/"+id, nil, key); err != nil || r.Code != http.StatusNoContent {
+				b.Fatalf("E2B kill %s: %v %d %s", id, err, r.Code, r.Raw)
 			}
-			id = sid
 		}
-		if err := firstRun(ctx, routerURL, sid, token); err != nil {
-			b.Fatalf("the first commands.run in %s: %v", sid, err)
+		if err := firstRun(ctx, routerURL, id, token); err != nil {
+			b.Fatalf("the first commands.run in %s: %v", id, err)
 		}
 		mark(stepRan, start)
 	} else {
@@ -244,14 +245,16 @@ func timeOne(b *testing.B, kc *cluster.Cluster, fn *function.Instance, routerURL
 	}
 	// The address answers within moments of the answer, or the row says
 	// how late: wait for it before the next create. (An E2B sandbox's
-	// first answer is its first commands.run.)
-	if err := wait.PollUntilContextTimeout(ctx, 5*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		_, ok := tl[stepReached]
-		return ok || k.e2b, nil
-	}); err != nil {
-		b.Fatalf("%s: its address never answered: %v", id, err)
+	// first answer is its first commands.run, already in.)
+	if !k.e2b {
+		if err := wait.PollUntilContextTimeout(ctx, 5*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			_, ok := tl[stepReached]
+			return ok, nil
+		}); err != nil {
+			b.Fatalf("%s: its address never answered: %v", id, err)
+		}
 	}
 	destroy()
 	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 45*time.Second, true, func(ctx context.Context) (bool, error) {
@@ -313,24 +316,7 @@ func pollAddress(ctx context.Context, kc *cluster.Cluster, id string, reached fu
 func firstRun(ctx context.Context, routerURL, id, token string) error {
 	hc := &http.Client{Timeout: 30 * time.Second, Transport: headerTransport{base: &http.Transport{DisableKeepAlives: true},
 		headers: map[string]string{"E2b-Sandbox-Id": id, "E2b-Sandbox-Port": strconv.Itoa(envd.Port), envd.TokenHeader: token}}}
-	stream, err := processconnect.NewProcessClient(hc, routerURL, connect.WithProtoJSON()).Start(ctx,
-		connect.NewRequest(&process.StartRequest{Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", "true"}}}))
-	if err != nil {
-		return err
-	}
-	defer stream.Close()
-	for stream.Receive() {
-		if end := stream.Msg().GetEvent().GetEnd(); end != nil {
-			if !end.GetExited() || end.GetExitCode() != 0 {
-				return fmt.Errorf("ended %s (exit %d)", end.GetStatus(), end.GetExitCode())
-			}
-			return nil
-		}
-	}
-	if err := stream.Err(); err != nil {
-		return err
-	}
-	return fmt.Errorf("the stream ended without an end event")
+	return runToEnd(ctx, processconnect.NewProcessClient(hc, routerURL, connect.WithProtoJSON()), "/bin/bash", "-l", "-c", "true")
 }
 
 // awaitPool waits until the pool of tmpl stands a Ready Pod that no one

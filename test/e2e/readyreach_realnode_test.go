@@ -39,7 +39,8 @@ import (
 // an endpoint that appears 1.3 s after the Service (the Pod's address and
 // Ready arrive together, in the kubelet's status write after the
 // container starts) is programmed some 0.8 s after Ready
-// (docs/performance.md, "Ready and reachable"). That other tenants
+// (docs/performance.md, "Where a create's time goes, and Ready against
+// reachable"). That other tenants
 // cannot reach a sandbox is TestTenantNetwork's.
 func TestReadyMeansReachable(t *testing.T) {
 	needRealNode(t)
@@ -52,9 +53,9 @@ func TestReadyMeansReachable(t *testing.T) {
 	backend := standInPods(t, ns, map[string]map[string]string{"alice-backend": {"tenant": "alice"}})["alice-backend"]
 	alice := map[string]string{"X-API-Key": aliceKey}
 
-	// Two at a time bounds the test's time (a create is about 1.5 s here)
-	// and keeps kube-proxy busy with the other's changes, as a shared node
-	// is: each create's rules then wait on a sync another change started.
+	// Two at a time bounds the test's time (a create is about 1.5 s here),
+	// and each create's answer then comes while another sandbox starts or
+	// goes beside it, as on a shared node.
 	const n, workers = 100, 2
 	var (
 		mu     sync.Mutex
